@@ -1,0 +1,173 @@
+"""A session: the conversation, its mode notices, and the main agent loop with Workflow and bash.
+
+The history is append-only (a truncated or refused reply is the one thing ever dropped) so
+every request extends the previous one and the prompt cache keeps hitting. Whatever
+happens inside a turn — a failed request, a tool that raises, a cancellation — the history
+is left valid for the next turn: every ``tool_use`` gets its ``tool_result``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from .environment import command_environment
+from .errors import AuthError, OrchmodeError
+from .events import EventBus, TurnDone
+from .journal import Journal
+from .mode import ModeState
+from .model import Message, ModelGateway
+from .prompts import MAIN_SYSTEM, MAIN_TOOLS, MAX_TOKENS_NOTE, NOTICES, turn_limit_note
+from .settings import Settings
+from .shell import BashSession
+from .tools import Block, run_bash, tool_result, unknown_tool
+from .workflow import Workflow
+
+log = logging.getLogger("orchmode")
+
+#: Stop reasons whose reply is not kept in the history, with the note the user sees.
+_DROPPED = {
+    "max_tokens": MAX_TOKENS_NOTE,
+    "model_context_window_exceeded": (
+        "[orchmode: the conversation no longer fits the model's context window; the reply "
+        "was dropped]"
+    ),
+    "refusal": "[orchmode: the model declined to continue (refusal); the reply was dropped]",
+}
+
+
+@dataclass(frozen=True)
+class TurnResult:
+    text: str
+    #: end_turn, stop_sequence, max_tokens, refusal, model_context_window_exceeded,
+    #: turn_limit, empty or error
+    stop: str
+    model_calls: int
+    #: set when the turn ended because a model request failed
+    error: OrchmodeError | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.stop != "error"
+
+
+class Session:
+    """One conversation with the main agent."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        gateway: ModelGateway,
+        *,
+        workdir: Path,
+        journal: Journal | None = None,
+        events: EventBus | None = None,
+        on_text: Callable[[str], None] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.gateway = gateway
+        self.workdir = workdir
+        self.events = events or gateway.events
+        self.on_text = on_text
+        self.mode = ModeState(mode_on=settings.mode, refresh_every=settings.refresh_every)
+        self.history: list[Message] = []
+        self.shell = self.make_shell()
+        self.workflow = Workflow(settings, gateway, journal, self.events, self.make_shell)
+
+    def make_shell(self) -> BashSession:
+        """A fresh persistent shell in the working directory, with no credentials in reach."""
+        secrets = (self.gateway.credentials.api_key or "", self.gateway.credentials.auth_token or "")
+        return BashSession(
+            self.workdir,
+            timeout=self.settings.bash_timeout,
+            output_limit=self.settings.output_limit,
+            env=command_environment(os.environ, secrets),
+        )
+
+    def set_mode(self, on: bool) -> None:
+        """Switch orchestration mode; the model hears of it with the next user turn."""
+        self.mode.set_mode(on)
+
+    async def turn(self, text: str) -> TurnResult:
+        text = text.strip()
+        if not text:
+            raise OrchmodeError("a user turn needs some text")
+        self.history.append({"role": "user", "content": text})
+        for notice in self.mode.user_turn():
+            self.history.append({"role": "system", "content": NOTICES[notice]})
+        result = await self._loop()
+        self.events.emit(TurnDone(result.stop, result.model_calls))
+        return result
+
+    async def _loop(self) -> TurnResult:
+        limit = self.settings.main_turns
+        paused_text: list[str] = []
+        for call in range(1, limit + 1):
+            try:
+                reply = await self.gateway.complete(
+                    agent="main",
+                    system=MAIN_SYSTEM,
+                    messages=self.history,
+                    tools=MAIN_TOOLS,
+                    on_text=self.on_text,
+                )
+            except AuthError:
+                raise
+            except OrchmodeError as exc:
+                return TurnResult(
+                    f"[orchmode: the model request failed: {exc}]", "error", call, exc
+                )
+            stop = reply.stop_reason or "end_turn"
+            if stop == "pause_turn":
+                if reply.content:
+                    self.history.append({"role": "assistant", "content": reply.content})
+                    paused_text.append(reply.text)
+                continue
+            if stop != "tool_use" or not reply.tool_uses:
+                text = "\n\n".join(t for t in [*paused_text, reply.text] if t)
+                if stop in _DROPPED:
+                    return TurnResult(f"{text}\n\n{_DROPPED[stop]}".strip(), stop, call)
+                if not reply.content:
+                    return TurnResult("[orchmode: the model sent an empty reply]", "empty", call)
+                self.history.append({"role": "assistant", "content": reply.content})
+                return TurnResult(text, stop, call)
+            paused_text.clear()
+            self.history.append({"role": "assistant", "content": reply.content})
+            await self._run_tools(reply.tool_uses)
+        return TurnResult(turn_limit_note(limit), "turn_limit", limit)
+
+    async def _run_tools(self, tool_uses: list[Block]) -> None:
+        """Run the calls in order and append all results in one user message, whatever happens."""
+        results: list[Block] = []
+        try:
+            for tool_use in tool_uses:
+                results.append(await self._run_tool(tool_use))
+        finally:
+            answered = {r["tool_use_id"] for r in results}
+            for tool_use in tool_uses:
+                if tool_use["id"] not in answered:
+                    results.append(
+                        tool_result(tool_use["id"], "[orchmode: interrupted]", is_error=True)
+                    )
+            self.history.append({"role": "user", "content": results})
+
+    async def _run_tool(self, tool_use: Block) -> Block:
+        name = tool_use.get("name")
+        if name == "bash":
+            return await run_bash(self.shell, tool_use, agent="main", events=self.events)
+        if name == "Workflow":
+            try:
+                text, is_error = await self.workflow.run(tool_use.get("input"))
+            except AuthError:
+                raise
+            except Exception as exc:
+                log.exception("the Workflow tool failed")
+                text, is_error = f"error: the workflow failed: {exc}", True
+            return tool_result(tool_use["id"], text, is_error=is_error)
+        return unknown_tool(tool_use, [str(t["name"]) for t in MAIN_TOOLS])
+
+    async def close(self) -> None:
+        await self.shell.close()

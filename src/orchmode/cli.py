@@ -1,0 +1,172 @@
+"""The command line: ``orchmode run`` and friends; every failure is one line, never a traceback.
+
+Heavy modules (the SDK, the agent loops) are imported inside the commands, so ``--help``
+stays quick.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import typing
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+from . import __version__
+from .errors import ConfigError, OrchmodeError
+from .settings import Settings, env_var, flag, load_settings
+
+log = logging.getLogger("orchmode")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad flag is one line in orchmode's voice."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"orchmode: {message} — see `{self.prog} --help`\n")
+
+
+def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("settings (flags > ORCHMODE_* variables > orchmode.toml)")
+    for name, field in Settings.model_fields.items():
+        help_text = f"{field.description} [{env_var(name)}; default: {field.default}]"
+        if field.annotation is bool:
+            group.add_argument(
+                flag(name), dest=name, action=argparse.BooleanOptionalAction, help=help_text
+            )
+            continue
+        choices = typing.get_args(field.annotation)
+        if choices and all(isinstance(c, str) for c in choices):
+            group.add_argument(flag(name), dest=name, choices=choices, help=help_text)
+        else:
+            group.add_argument(flag(name), dest=name, metavar=name.upper(), help=help_text)
+    group.add_argument(
+        "--config", type=Path, metavar="FILE", help="settings file (default: ./orchmode.toml)"
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="orchmode",
+        description="Run Claude as an orchestrator of parallel, verified subagents.",
+    )
+    parser.add_argument("--version", action="version", version=f"orchmode {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    run = commands.add_parser(
+        "run",
+        help="one orchestrated turn on a task, then a brief summary turn",
+        description=(
+            "Run TASK with orchestration mode on (scout, fan out, verify, synthesise), then "
+            "switch the mode off and ask for a brief summary. Both answers go to stdout, "
+            "progress to stderr. Needs ANTHROPIC_API_KEY (or ANTHROPIC_AUTH_TOKEN)."
+        ),
+    )
+    run.add_argument("task", nargs="?", help="what to do (default: review this directory)")
+    run.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    _add_setting_flags(run)
+    return parser
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    flags = {name: getattr(args, name, None) for name in Settings.model_fields}
+    return load_settings(flags, env=os.environ, cwd=Path.cwd(), config_file=args.config)
+
+
+_FIXTURE = {
+    "README.md": "# tally\n\nCounts words in text files.\n",
+    "tally.py": (
+        "import sys\n\n\ndef count_words(path):\n    return len(open(path).read().split(' '))\n\n\n"
+        "if __name__ == '__main__':\n    print(count_words(sys.argv[1]))\n"
+    ),
+}
+
+
+def _make_fixture() -> Path:
+    """The throw-away directory the test mode works in."""
+    root = Path(tempfile.mkdtemp(prefix="orchmode-test-"))
+    for name, text in _FIXTURE.items():
+        (root / name).write_text(text, encoding="utf-8")
+    return root
+
+
+async def _run(settings: Settings, task: str, workdir: Path) -> None:
+    from .agent import Session
+    from .events import EventBus
+    from .journal import Journal
+    from .model import Credentials, ModelGateway
+    from .progress import StderrProgress
+    from .prompts import SUMMARY_TASK
+
+    credentials = Credentials.from_env(os.environ)
+    events = EventBus()
+    events.subscribe(StderrProgress())
+    journal = Journal.open(settings.journal_path(workdir))
+    gateway = ModelGateway(settings, credentials, events)
+    session = Session(settings, gateway, workdir=workdir, journal=journal, events=events)
+    try:
+        session.set_mode(True)
+        first = await session.turn(task)
+        if first.error is not None:
+            raise first.error
+        print(first.text, flush=True)
+        session.set_mode(False)
+        second = await session.turn(SUMMARY_TASK)
+        if second.error is not None:
+            raise second.error
+        print(f"\n---\n\n{second.text}", flush=True)
+    finally:
+        await session.close()
+        await gateway.close()
+        journal.close()
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from .prompts import DEFAULT_TASK
+
+    settings = _settings(args)
+    fixture = _make_fixture() if settings.test_mode else None
+    try:
+        workdir = (fixture or settings.workdir or Path.cwd()).resolve()
+        if not workdir.is_dir():
+            raise ConfigError(f"the working directory {workdir} does not exist")
+        asyncio.run(_run(settings, args.task or DEFAULT_TASK, workdir))
+    finally:
+        if fixture is not None:
+            shutil.rmtree(fixture, ignore_errors=True)
+    return 0
+
+
+def _configure_logging(debug: bool) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("orchmode: %(levelname)s: %(message)s"))
+    log.addHandler(handler)
+    log.setLevel(logging.DEBUG if debug else logging.WARNING)
+    log.propagate = False
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _configure_logging(args.debug)
+    handlers: dict[str, Any] = {"run": cmd_run}
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        code: int = handlers[args.command](args)
+        return code
+    except OrchmodeError as exc:
+        if args.debug:
+            raise
+        print(f"orchmode: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("orchmode: interrupted — finished results are kept in the journal", file=sys.stderr)
+        return 130

@@ -1,0 +1,42 @@
+"""One exception hierarchy whose messages are written for the person at the terminal.
+
+The CLI prints ``orchmode: <message>`` and exits non-zero; tracebacks only with ``--debug``.
+"""
+
+from __future__ import annotations
+
+
+class OrchmodeError(Exception):
+    """A problem the user can act on; ``str(err)`` is the whole explanation."""
+
+    exit_code = 1
+
+
+class ConfigError(OrchmodeError):
+    """A bad flag, environment variable or ``orchmode.toml`` entry."""
+
+    exit_code = 2
+
+
+class AuthError(OrchmodeError):
+    """Missing or rejected credentials: retrying cannot help."""
+
+    exit_code = 3
+
+
+class EndpointError(OrchmodeError):
+    """The Messages API could not be reached or kept failing."""
+
+    exit_code = 4
+
+
+class ModelRequestError(OrchmodeError):
+    """The API refused a request (a 4xx other than authentication)."""
+
+    exit_code = 5
+
+
+class JournalError(OrchmodeError):
+    """The journal database cannot be opened or is not one of ours."""
+
+    exit_code = 6

@@ -1,0 +1,123 @@
+"""Typed events: what happened, emitted in one place and consumed by progress output and tests.
+
+Events are small frozen dataclasses. Subscribers are plain callables run synchronously in
+the event loop, so they must be quick and must not raise (a raising subscriber is logged
+and ignored: a display bug never stops a run).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+log = logging.getLogger("orchmode")
+
+Role = Literal["main", "worker", "verifier"]
+
+
+@dataclass(frozen=True)
+class TokenUsage:
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+
+    def __add__(self, other: TokenUsage) -> TokenUsage:
+        return TokenUsage(
+            self.input_tokens + other.input_tokens,
+            self.output_tokens + other.output_tokens,
+            self.cache_read_tokens + other.cache_read_tokens,
+            self.cache_write_tokens + other.cache_write_tokens,
+        )
+
+    @property
+    def total_input(self) -> int:
+        return self.input_tokens + self.cache_read_tokens + self.cache_write_tokens
+
+
+@dataclass(frozen=True)
+class ModelRequestDone:
+    agent: str
+    message_id: str
+    stop_reason: str | None
+    usage: TokenUsage
+    duration: float
+
+
+@dataclass(frozen=True)
+class BashDone:
+    agent: str
+    command: str
+    exit_code: int | None
+    timed_out: bool
+    duration: float
+
+
+@dataclass(frozen=True)
+class FanoutStarted:
+    call: int
+    subtasks: int
+    not_run: int
+
+
+@dataclass(frozen=True)
+class SubagentStarted:
+    call: int
+    index: int
+    role: Role
+    title: str
+
+
+@dataclass(frozen=True)
+class SubagentDone:
+    call: int
+    index: int
+    role: Role
+    status: str
+    turns: int
+    usage: TokenUsage
+    duration: float
+    from_journal: bool = False
+    verdict: str | None = None
+
+
+@dataclass(frozen=True)
+class FanoutDone:
+    call: int
+    duration: float
+
+
+@dataclass(frozen=True)
+class TurnDone:
+    stop: str
+    model_calls: int
+
+
+Event = (
+    ModelRequestDone
+    | BashDone
+    | FanoutStarted
+    | SubagentStarted
+    | SubagentDone
+    | FanoutDone
+    | TurnDone
+)
+
+Subscriber = Callable[[Event], None]
+
+
+@dataclass
+class EventBus:
+    subscribers: list[Subscriber] = field(default_factory=list)
+
+    def subscribe(self, subscriber: Subscriber) -> None:
+        self.subscribers.append(subscriber)
+
+    def emit(self, event: Event) -> None:
+        for subscriber in self.subscribers:
+            try:
+                subscriber(event)
+            except Exception:  # a display bug must never stop a run
+                log.exception("event subscriber failed on %s", type(event).__name__)

@@ -1,0 +1,46 @@
+"""Plain progress lines on stderr, drawn from events: what the agents are doing, as it happens."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import TextIO
+
+from .events import BashDone, Event, FanoutDone, FanoutStarted, SubagentDone
+
+
+def _one_line(text: str, width: int = 100) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= width else line[: width - 1] + "…"
+
+
+@dataclass
+class StderrProgress:
+    stream: TextIO = field(default_factory=lambda: sys.stderr)
+
+    def __call__(self, event: Event) -> None:
+        line = self.describe(event)
+        if line:
+            print(line, file=self.stream, flush=True)
+
+    @staticmethod
+    def describe(event: Event) -> str | None:
+        match event:
+            case BashDone(agent=agent, command=command, exit_code=code, timed_out=timed_out):
+                status = "timed out" if timed_out else f"exit {code}"
+                return f"[{agent}] $ {_one_line(command)}  ({event.duration:.1f} s, {status})"
+            case FanoutStarted(call=call, subtasks=n, not_run=not_run):
+                extra = f", {not_run} over the per-call limit not run" if not_run else ""
+                return f"[workflow {call}] fanning out {n} subtasks{extra}"
+            case SubagentDone(from_journal=True, role=role, call=call, index=i):
+                return f"[workflow {call}] {role} {i}: result taken from the journal"
+            case SubagentDone(role="verifier", call=call, index=i, verdict=verdict):
+                return f"[workflow {call}] verify {i}: {verdict}"
+            case SubagentDone(role=role, call=call, index=i, status=status, turns=turns):
+                return (
+                    f"[workflow {call}] {role} {i}: {status} after {turns} turns "
+                    f"({event.duration:.1f} s)"
+                )
+            case FanoutDone(call=call, duration=duration):
+                return f"[workflow {call}] done in {duration:.1f} s"
+        return None

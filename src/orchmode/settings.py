@@ -1,0 +1,155 @@
+"""Every knob with its default, in one definition: flags > environment > orchmode.toml > defaults.
+
+The command-line flags, the ``ORCHMODE_*`` variables, the TOML keys, the README table and
+``--help`` are all derived from the fields of :class:`Settings`, so they cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .errors import ConfigError
+
+CONFIG_FILE = "orchmode.toml"
+ENV_PREFIX = "ORCHMODE_"
+#: Older name for the journal path, honoured for compatibility with the original design.
+LEGACY_JOURNAL_ENV = "ORCH_JOURNAL"
+
+Effort = Literal["low", "medium", "high", "xhigh", "max"]
+
+
+class Settings(BaseModel):
+    """The effective configuration of one orchmode process."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    model: str = Field("claude-opus-5-5", description="Model for the main agent and subagents.")
+    effort: Effort = Field("xhigh", description="`output_config.effort` sent on every request.")
+    max_tokens: int = Field(64000, gt=0, description="`max_tokens` of every model request.")
+    request_timeout: float = Field(600.0, gt=0, description="Seconds one model request may take.")
+    max_retries: int = Field(
+        2, ge=0, description="Retries of a failed model request (429, 5xx, connection)."
+    )
+    bash_timeout: float = Field(60.0, gt=0, description="Seconds one bash command may run.")
+    output_limit: int = Field(8000, gt=0, description="Characters of tool output sent back.")
+    max_concurrent: int = Field(10, gt=0, description="Subagents in flight at once.")
+    max_subtasks: int = Field(200, gt=0, description="Subtasks run per Workflow call.")
+    subagent_turns: int = Field(15, gt=0, description="Model turns per subagent.")
+    main_turns: int = Field(30, gt=0, description="Model calls per main-agent user turn.")
+    refresh_every: int = Field(10, gt=0, description="User turns between mode refreshers.")
+    mode: bool = Field(True, description="Start sessions with orchestration mode on.")
+    verify: bool = Field(True, description="Run the adversarial verification wave.")
+    journal: Path | None = Field(
+        None,
+        description="Journal database (default `.orchmode/journal.db` in the working directory; "
+        "`ORCH_JOURNAL` also works).",
+    )
+    fresh: bool = Field(False, description="Ignore recorded results; recompute every subagent.")
+    base_url: str | None = Field(
+        None, description="Messages API endpoint (default: `ANTHROPIC_BASE_URL` or Anthropic's)."
+    )
+    workdir: Path | None = Field(
+        None, description="Directory bash runs in (default: the current directory)."
+    )
+    test_mode: bool = Field(
+        False,
+        description="Small limits (2 subtasks, 1 turn each) in a throw-away fixture directory.",
+    )
+
+    def with_test_limits(self) -> Settings:
+        """The spec's small-limits mode: it wins over every other source."""
+        return self.model_copy(update={"max_subtasks": 2, "subagent_turns": 1, "main_turns": 1})
+
+    def journal_path(self, workdir: Path) -> Path:
+        return self.journal or workdir / ".orchmode" / "journal.db"
+
+
+def setting_names() -> list[str]:
+    return list(Settings.model_fields)
+
+
+def env_var(name: str) -> str:
+    return ENV_PREFIX + name.upper()
+
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _from_env(env: Mapping[str, str]) -> dict[str, tuple[str, str]]:
+    found: dict[str, tuple[str, str]] = {}
+    if env.get(LEGACY_JOURNAL_ENV):
+        found["journal"] = (env[LEGACY_JOURNAL_ENV], LEGACY_JOURNAL_ENV)
+    for name in setting_names():
+        value = env.get(env_var(name))
+        if value is not None and value != "":
+            found[name] = (value, env_var(name))
+    return found
+
+
+def _from_toml(path: Path) -> dict[str, tuple[Any, str]]:
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read {path}: {exc}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path} is not valid TOML: {exc}") from exc
+    found: dict[str, tuple[Any, str]] = {}
+    for key, value in data.items():
+        name = key.replace("-", "_")
+        if name not in Settings.model_fields:
+            raise ConfigError(
+                f"unknown setting {key!r} in {path} — known settings: {', '.join(setting_names())}"
+            )
+        found[name] = (value, f"{path} key {key!r}")
+    return found
+
+
+def load_settings(
+    flags: Mapping[str, Any],
+    *,
+    env: Mapping[str, str],
+    cwd: Path,
+    config_file: Path | None = None,
+) -> Settings:
+    """Layer the sources and validate once, naming the source of any bad value."""
+    layers: dict[str, tuple[Any, str]] = {}
+    toml_path = config_file or cwd / CONFIG_FILE
+    if config_file is not None or toml_path.is_file():
+        layers.update(_from_toml(toml_path))
+    layers.update(_from_env(env))
+    layers.update({k: (v, flag(k)) for k, v in flags.items() if v is not None})
+    values = {name: value for name, (value, _source) in layers.items()}
+    try:
+        settings = Settings(**values)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        name = str(error["loc"][0]) if error["loc"] else "?"
+        source = layers.get(name, (None, name))[1]
+        raise ConfigError(f"{source}: {error['msg']} (got {error.get('input')!r})") from exc
+    return settings.with_test_limits() if settings.test_mode else settings
+
+
+def settings_table() -> str:
+    """The README's configuration table, generated so that it always matches the code."""
+    rows = [
+        "| setting | flag | environment | default | meaning |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for name, field in Settings.model_fields.items():
+        default = field.default
+        if default is None:
+            shown = "—"
+        elif isinstance(default, bool):
+            shown = f"`{str(default).lower()}`"
+        else:
+            shown = f"`{default}`"
+        rows.append(
+            f"| `{name}` | `{flag(name)}` | `{env_var(name)}` | {shown} | {field.description} |"
+        )
+    return "\n".join(rows)

@@ -1,0 +1,566 @@
+"""Persistent, asyncio-driven bash sessions that back the model's ``bash_20250124`` tool."""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import contextlib
+import os
+import secrets
+import shlex
+import shutil
+import signal
+import subprocess
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+__all__ = ["BashSession", "ShellResult"]
+
+# How long to wait for the kernel to deliver a killed shell's exit status, and for the
+# output pipe to reach EOF once everything holding it is dead. Both are upper bounds on
+# waiting for events, not sleeps: they only matter if something escaped the kill.
+_REAP_GRACE = 5.0
+_DRAIN_GRACE = 1.0
+# Output that background jobs write between two commands is shown with the next command;
+# this caps how much of it we hold on to.
+_STRAY_CAP = 64 * 1024
+# The end-of-command line is "\n<nonce> <status>\n"; a status is a few digits at most.
+_STATUS_MAX_BYTES = 16
+
+# The shell's output pipe is duplicated onto this descriptor at start-up, and every command
+# runs with stdout/stderr redirected from it. The redirection is undone after each command,
+# so a command's `exec >file` or `exec 1>&-` cannot swallow the end marker or later output.
+_OUT_FD = 19
+
+_RESET_NOTE = "so the working directory and environment are reset"
+_USAGE = 'send {"command": "<shell command>"} to run a command, or {"restart": true}'
+
+
+@dataclass(frozen=True)
+class ShellResult:
+    """What one tool call produced; ``output`` is ready to be the tool_result content."""
+
+    output: str
+    is_error: bool
+    exit_code: int | None
+    timed_out: bool
+    duration: float
+
+
+def _error(message: str, duration: float = 0.0) -> ShellResult:
+    """An error result that never reached (or never came back from) a command."""
+    return ShellResult(
+        output=message, is_error=True, exit_code=None, timed_out=False, duration=duration
+    )
+
+
+class _OutputCollector:
+    """Bounded view of one command's output that also spots the end-of-command marker.
+
+    Bytes are held back only while they might be the start of the marker; everything
+    before it is decoded at once, and only the first ``limit`` characters (after leading
+    whitespace) are kept, so a flood costs a counter, not memory.
+    """
+
+    def __init__(self, marker: bytes, limit: int) -> None:
+        self._marker = marker
+        self._limit = limit
+        self._pending = bytearray()
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._head: list[str] = []
+        self._head_len = 0
+        self._seen_text = False  # leading whitespace is dropped until the first other char
+        self._total = 0  # characters after leading whitespace, kept or not
+        self._trailing_ws = 0  # how many of those are (so far) trailing whitespace
+        self.finished = False
+        self.status: int | None = None
+        self.leftover = b""  # bytes after the marker line: output for the next command
+
+    def feed(self, data: bytes) -> bool:
+        """Take a chunk of the pipe; True once the marker line has been seen."""
+        if self.finished:
+            self.leftover += data
+            return True
+        self._pending += data
+        search_from = 0
+        while True:
+            idx = self._pending.find(self._marker, search_from)
+            if idx < 0:
+                break
+            start = idx + len(self._marker)
+            newline = self._pending.find(b"\n", start, start + _STATUS_MAX_BYTES + 1)
+            if newline < 0:
+                if len(self._pending) - start <= _STATUS_MAX_BYTES:
+                    # The status line is incomplete: keep it pending, commit the rest.
+                    self._commit(bytes(self._pending[:idx]))
+                    del self._pending[:idx]
+                    return False
+                search_from = idx + 1  # not our line after all
+                continue
+            digits = bytes(self._pending[start:newline])
+            if not digits.isdigit():
+                search_from = idx + 1
+                continue
+            self._commit(bytes(self._pending[:idx]))
+            self.status = int(digits)
+            self.leftover = bytes(self._pending[newline + 1 :])
+            self._pending.clear()
+            self.finished = True
+            return True
+        keep = len(self._marker) - 1  # a suffix that could be the marker's beginning
+        if len(self._pending) > keep:
+            cut = len(self._pending) - keep
+            self._commit(bytes(self._pending[:cut]))
+            del self._pending[:cut]
+        return False
+
+    def _commit(self, data: bytes, final: bool = False) -> None:
+        """Decode output bytes, keeping the head and counting the rest."""
+        text = self._decoder.decode(data, final)
+        if not self._seen_text:
+            text = text.lstrip()
+            if not text:
+                return
+            self._seen_text = True
+        self._total += len(text)
+        stripped = len(text.rstrip())
+        if stripped == 0:
+            self._trailing_ws += len(text)
+        else:
+            self._trailing_ws = len(text) - stripped
+        room = self._limit - self._head_len
+        if room > 0:
+            piece = text[:room]
+            self._head.append(piece)
+            self._head_len += len(piece)
+
+    def render(self) -> str:
+        """The stripped, possibly truncated output text (``(no output)`` when empty)."""
+        if not self.finished and self._pending:
+            self._commit(bytes(self._pending))
+            self._pending.clear()
+        self._commit(b"", final=True)
+        head = "".join(self._head)
+        length = self._total - self._trailing_ws
+        if length <= self._limit:
+            text = head.rstrip()
+            return text if text else "(no output)"
+        return f"{head}\n… [output truncated: {len(head)} of {length} characters shown]"
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes not yet decoded (for tests that check memory stays bounded)."""
+        return len(self._pending)
+
+    @property
+    def held_chars(self) -> int:
+        """Characters kept for the result (for tests that check memory stays bounded)."""
+        return self._head_len
+
+
+class _ShellProtocol(asyncio.SubprocessProtocol):
+    """Routes the shell's merged stdout/stderr into the current command's collector."""
+
+    def __init__(self) -> None:
+        self.collector: _OutputCollector | None = None
+        self.stray = bytearray()
+        self.exited = asyncio.Event()  # the shell has been reaped
+        self.eof = asyncio.Event()  # nothing can write to the output pipe any more
+        self.wake = asyncio.Event()  # something the waiting command should look at
+
+    def begin(self, collector: _OutputCollector) -> None:
+        """Make ``collector`` receive output, starting with anything left over."""
+        self.collector = collector
+        if self.stray:
+            data = bytes(self.stray)
+            self.stray.clear()
+            collector.feed(data)
+
+    def _keep_stray(self, data: bytes) -> None:
+        room = _STRAY_CAP - len(self.stray)
+        if room > 0:
+            self.stray += data[:room]
+
+    def pipe_data_received(self, fd: int, data: bytes | str) -> None:
+        if isinstance(data, str):  # never happens with pipes; keeps the types honest
+            data = data.encode()
+        collector = self.collector
+        if collector is None or collector.finished:
+            self._keep_stray(data)
+            return
+        if collector.feed(data):
+            self._keep_stray(collector.leftover)
+            collector.leftover = b""
+            self.wake.set()
+
+    def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
+        if fd == 1:
+            self.eof.set()
+            self.wake.set()
+
+    def process_exited(self) -> None:
+        self.exited.set()
+        self.wake.set()
+
+
+def _group_members(leader: int) -> list[int]:
+    """PIDs whose process group or session is ``leader`` (empty if /proc is unavailable).
+
+    Catches children that moved to their own process group (``timeout``, ``set -m``)
+    but stayed in the shell's session, which ``killpg`` alone would miss.
+    """
+    members: list[int] = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return members
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        if len(fields) < 4:
+            continue
+        if int(fields[2]) == leader or int(fields[3]) == leader:
+            members.append(int(entry))
+    return members
+
+
+def _kill_tree(leader: int, leader_reaped: bool) -> None:
+    """SIGKILL the shell's process group and whatever else is left in its session.
+
+    While the leader is unreaped (or any member is alive) its PID cannot be reused, so
+    ``killpg`` is safe; once it is reaped we only signal processes that still carry its
+    group/session id, and never the bare PID itself.
+    """
+    if not leader_reaped:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(leader, signal.SIGKILL)
+    for pid in _group_members(leader):
+        if pid == leader and leader_reaped:
+            continue
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _signal_name(number: int) -> str:
+    """``SIGKILL`` for 9, or ``signal 99`` for numbers Python has no name for."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+async def _wait_event(event: asyncio.Event, timeout: float) -> bool:
+    """Wait for ``event`` at most ``timeout`` seconds; True if it was set."""
+    try:
+        await asyncio.wait_for(event.wait(), timeout)
+    except TimeoutError:
+        return False
+    return True
+
+
+@dataclass
+class _Shell:
+    """One running bash process and the pieces needed to talk to it."""
+
+    transport: asyncio.SubprocessTransport
+    protocol: _ShellProtocol
+    pid: int
+    nonce: str
+
+    @property
+    def marker(self) -> bytes:
+        return b"\n" + self.nonce.encode() + b" "
+
+    def alive(self) -> bool:
+        proto = self.protocol
+        return not (proto.exited.is_set() or proto.eof.is_set() or self.transport.is_closing())
+
+    def send(self, line: str) -> None:
+        stdin = self.transport.get_pipe_transport(0)
+        if not isinstance(stdin, asyncio.WriteTransport):
+            raise RuntimeError("the shell has no stdin pipe")
+        stdin.write(line.encode())
+
+    def kill(self) -> None:
+        _kill_tree(self.pid, self.protocol.exited.is_set())
+
+    def returncode(self) -> int | None:
+        return self.transport.get_returncode()
+
+
+class BashSession:
+    """One agent's persistent bash shell: cwd, variables and functions survive calls.
+
+    The shell starts on the first command. Calls are serialised. A timeout, ``exit`` or
+    ``restart`` kills the shell's whole process group and the next command gets a fresh
+    shell. After :meth:`close` the session may be used again: the next command simply
+    starts a new shell (and a new private temp dir).
+    """
+
+    def __init__(
+        self,
+        cwd: str | os.PathLike[str],
+        *,
+        timeout: float = 60.0,
+        output_limit: int = 8000,
+        env: Mapping[str, str] | None = None,
+        argv_prefix: Sequence[str] = (),
+    ) -> None:
+        if timeout <= 0:
+            raise ValueError(f"timeout must be positive, got {timeout!r}")
+        if output_limit < 1:
+            raise ValueError(f"output_limit must be at least 1, got {output_limit!r}")
+        self._cwd = os.fspath(cwd)
+        self._timeout = float(timeout)
+        self._output_limit = output_limit
+        self._env = dict(os.environ if env is None else env)
+        self._argv = [*argv_prefix, "bash", "--noprofile", "--norc"]
+        self._lock = asyncio.Lock()
+        self._shell: _Shell | None = None
+        self._tmpdir: str | None = None
+
+    @property
+    def pid(self) -> int | None:
+        """PID (and process-group id) of the running shell; None when none is running."""
+        shell = self._shell
+        return shell.pid if shell is not None and shell.alive() else None
+
+    async def handle(self, tool_input: object) -> ShellResult:
+        """Run one model-supplied ``bash_20250124`` input; bad shapes become error results."""
+        if not isinstance(tool_input, Mapping):
+            return _error(
+                f"(error: the bash tool input must be a JSON object, "
+                f"got {type(tool_input).__name__}; {_USAGE})"
+            )
+        command = tool_input.get("command")
+        restart = tool_input.get("restart")
+        if restart is not None and not isinstance(restart, bool):
+            return _error(
+                f"(error: 'restart' must be true or false, got {type(restart).__name__}; {_USAGE})"
+            )
+        if restart:
+            if command is not None:
+                return _error(
+                    "(error: send either 'command' or 'restart', not both; the shell was "
+                    "not restarted and nothing ran)"
+                )
+            return await self.restart()
+        if command is None:
+            return _error(f"(error: the input has no 'command'; {_USAGE})")
+        if not isinstance(command, str):
+            return _error(
+                f"(error: 'command' must be a string, got {type(command).__name__}; {_USAGE})"
+            )
+        return await self.run(command)
+
+    async def run(self, command: str | None) -> ShellResult:
+        """Run ``command`` in the persistent shell, waiting at most ``timeout`` seconds."""
+        if command is None or not command.strip():
+            return _error(f"(error: a non-empty command is required; {_USAGE})")
+        async with self._lock:
+            return await self._run_locked(command)
+
+    async def restart(self) -> ShellResult:
+        """Drop the current shell; the next command starts a fresh one."""
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        async with self._lock:
+            if self._shell is not None:
+                await self._discard(self._shell)
+        return ShellResult(
+            output="shell restarted",
+            is_error=False,
+            exit_code=None,
+            timed_out=False,
+            duration=loop.time() - started,
+        )
+
+    async def close(self) -> None:
+        """Kill the shell's process group and remove the temp dir; safe to call twice."""
+        shell = self._shell
+        if shell is not None:
+            shell.kill()  # at once, so a command in progress ends instead of blocking us
+        async with self._lock:
+            if self._shell is not None:
+                await self._discard(self._shell)
+            if self._tmpdir is not None:
+                shutil.rmtree(self._tmpdir, ignore_errors=True)
+                self._tmpdir = None
+
+    def __del__(self) -> None:
+        # Last resort for a session that was never closed: no background job outlives it.
+        shell = getattr(self, "_shell", None)
+        if shell is not None:
+            with contextlib.suppress(Exception):
+                shell.kill()
+        tmpdir = getattr(self, "_tmpdir", None)
+        if tmpdir is not None:
+            with contextlib.suppress(Exception):
+                shutil.rmtree(tmpdir, ignore_errors=True)
+
+    async def __aenter__(self) -> BashSession:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def _spawn(self) -> _Shell:
+        """Start bash in its own session, with a private dir for command files."""
+        if self._tmpdir is None or not os.path.isdir(self._tmpdir):
+            self._tmpdir = tempfile.mkdtemp(prefix="orchmode-shell-")
+        loop = asyncio.get_running_loop()
+        transport, protocol = await loop.subprocess_exec(
+            _ShellProtocol,
+            *self._argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            cwd=self._cwd,
+            env=self._env,
+            start_new_session=True,
+        )
+        shell = _Shell(transport, protocol, transport.get_pid(), secrets.token_hex(16))
+        self._shell = shell
+        shell.send(f"exec {_OUT_FD}>&1\n")
+        return shell
+
+    async def _discard(self, shell: _Shell) -> None:
+        """Kill ``shell``'s processes, reap it and release its pipes."""
+        if self._shell is shell:
+            self._shell = None
+        proto = shell.protocol
+        try:
+            shell.kill()
+            await _wait_event(proto.exited, _REAP_GRACE)
+            shell.kill()  # stragglers that changed process group but kept our session
+            await _wait_event(proto.eof, _DRAIN_GRACE)
+        finally:
+            shell.transport.close()
+
+    def _abandon(self, shell: _Shell) -> None:
+        """Synchronous kill for cancellation paths, where we cannot await the reaping."""
+        if self._shell is shell:
+            self._shell = None
+        shell.kill()
+        shell.transport.close()
+
+    async def _run_locked(self, command: str) -> ShellResult:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        notes: list[str] = []
+        shell = self._shell
+        if shell is not None and not shell.alive():
+            await self._discard(shell)
+            shell = None
+            notes.append(
+                f"(note: the previous shell had exited, so this ran in a fresh shell, "
+                f"{_RESET_NOTE})"
+            )
+        if shell is None:
+            try:
+                shell = await self._spawn()
+            except OSError as exc:
+                return _error(f"(error: could not start the shell: {exc})", loop.time() - started)
+        assert self._tmpdir is not None
+        script = Path(self._tmpdir, "command.sh")
+        try:
+            script.write_text(command, encoding="utf-8", errors="replace")
+        except OSError as exc:
+            return _error(f"(error: could not stage the command: {exc})", loop.time() - started)
+
+        # The nonce is split in two so that `set -x` tracing never prints it whole.
+        half = len(shell.nonce) // 2
+        line = (
+            f"{{ . {shlex.quote(str(script))} ; }} < /dev/null >&{_OUT_FD} 2>&1; "
+            f"printf '\\n%s%s %d\\n' {shell.nonce[:half]} {shell.nonce[half:]} \"$?\" "
+            f">&{_OUT_FD}\n"
+        )
+        collector = _OutputCollector(shell.marker, self._output_limit)
+        proto = shell.protocol
+        proto.begin(collector)
+        try:
+            shell.send(line)
+            timed_out = not await self._wait(shell, collector, started + self._timeout)
+        except asyncio.CancelledError:
+            self._abandon(shell)
+            raise
+
+        if timed_out:
+            await self._discard(shell)
+            notes.insert(
+                0,
+                f"(timed out after {self._timeout:g} s; the shell was restarted, {_RESET_NOTE})",
+            )
+            return self._result(notes, collector, None, True, loop.time() - started)
+
+        if collector.finished:
+            code = collector.status
+        else:
+            # The shell exited (or closed its output) before finishing the command. EOF on
+            # the pipe usually arrives just before the exit status, so give it a moment.
+            died_by_itself = await _wait_event(proto.exited, _DRAIN_GRACE)
+            await self._discard(shell)
+            rc = shell.returncode()
+            if died_by_itself and rc is not None and rc >= 0:
+                code = rc
+                notes.append(
+                    f"(the shell exited; the next command starts a fresh shell, {_RESET_NOTE})"
+                )
+            elif died_by_itself and rc is not None:
+                code = 128 - rc
+                notes.append(
+                    f"(the shell was killed by {_signal_name(-rc)}; the next command "
+                    f"starts a fresh shell, {_RESET_NOTE})"
+                )
+            else:
+                code = None
+                notes.append(f"(the shell closed its output and was restarted, {_RESET_NOTE})")
+        return self._result(notes, collector, code, False, loop.time() - started)
+
+    async def _wait(self, shell: _Shell, collector: _OutputCollector, deadline: float) -> bool:
+        """Wait for the marker, the shell's death or the deadline; False on timeout."""
+        loop = asyncio.get_running_loop()
+        proto = shell.protocol
+        while not (collector.finished or proto.exited.is_set() or proto.eof.is_set()):
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return False
+            proto.wake.clear()
+            await _wait_event(proto.wake, remaining)
+        return True
+
+    @staticmethod
+    def _result(
+        notes: list[str],
+        collector: _OutputCollector,
+        code: int | None,
+        timed_out: bool,
+        duration: float,
+    ) -> ShellResult:
+        """Assemble the model-facing text: status lines first, then the output."""
+        header = list(notes)
+        if code is not None and code != 0:
+            header.insert(0, f"(exit code {code})")
+        output = "\n".join([*header, collector.render()])
+        is_error = timed_out or code is None or code != 0
+        return ShellResult(
+            output=output,
+            is_error=is_error,
+            exit_code=code,
+            timed_out=timed_out,
+            duration=duration,
+        )

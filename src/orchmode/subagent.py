@@ -1,0 +1,153 @@
+"""The subagent loop: one subtask, bash and report_findings, a bounded number of model turns."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from .events import EventBus, TokenUsage
+from .model import Message, ModelGateway
+from .prompts import MAX_TOKENS_NOTE
+from .shell import BashSession
+from .tools import Block, run_bash, tool_result, unknown_tool
+
+
+class Status(StrEnum):
+    """How a subagent ended. Only ``FINISHED`` results are served from the journal."""
+
+    FINISHED = "finished"
+    TURN_LIMIT = "turn_limit"
+    MAX_TOKENS = "max_tokens"
+    REFUSAL = "refusal"
+    CONTEXT_EXCEEDED = "context_exceeded"
+    EMPTY = "empty"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class AgentResult:
+    text: str
+    status: Status
+    turns: int = 0
+    usage: TokenUsage = field(default_factory=TokenUsage)
+
+    @property
+    def finished(self) -> bool:
+        return self.status is Status.FINISHED
+
+
+class Finding(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    claim: str = Field(min_length=1)
+    evidence: str = Field(min_length=1)
+    severity: Literal["high", "medium", "low", "info"]
+
+    @field_validator("severity", mode="before")
+    @classmethod
+    def _lower(cls, value: object) -> object:
+        return value.strip().lower() if isinstance(value, str) else value
+
+
+class Report(BaseModel):
+    """The input of report_findings: the subagent's structured result."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    summary: str = Field(min_length=1)
+    findings: list[Finding]
+
+
+def parse_report(tool_input: object) -> Report | str:
+    """The validated report, or an explanation the model can act on."""
+    try:
+        return Report.model_validate(tool_input)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'input'}: {e['msg']}" for e in exc.errors()
+        )
+        return (
+            f"error: report_findings input is invalid ({problems}). Call report_findings "
+            "again with a summary string and a findings list of {claim, evidence, severity}."
+        )
+
+
+_STOP_STATUS = {
+    "max_tokens": Status.MAX_TOKENS,
+    "refusal": Status.REFUSAL,
+    "model_context_window_exceeded": Status.CONTEXT_EXCEEDED,
+}
+
+
+@dataclass
+class Subagent:
+    gateway: ModelGateway
+    shell: BashSession
+    events: EventBus
+    name: str
+    system: str
+    tools: list[Block]
+    max_turns: int
+
+    async def run(self, prompt: str) -> AgentResult:
+        messages: list[Message] = [{"role": "user", "content": prompt}]
+        usage = TokenUsage()
+        last_text = ""
+        for turn in range(1, self.max_turns + 1):
+            reply = await self.gateway.complete(
+                agent=self.name, system=self.system, messages=messages, tools=self.tools
+            )
+            usage = usage + reply.usage
+            last_text = reply.text or last_text
+            if reply.stop_reason == "pause_turn":
+                if reply.content:
+                    messages.append({"role": "assistant", "content": reply.content})
+                continue
+            if reply.stop_reason != "tool_use" or not reply.tool_uses:
+                return self._stopped(reply.stop_reason, reply.text, turn, usage)
+            messages.append({"role": "assistant", "content": reply.content})
+            results: list[Block] = []
+            for tool_use in reply.tool_uses:
+                if tool_use["name"] == "report_findings":
+                    report = parse_report(tool_use["input"])
+                    if isinstance(report, Report):
+                        text = json.dumps(report.model_dump(), ensure_ascii=False)
+                        return AgentResult(text, Status.FINISHED, turn, usage)
+                    results.append(tool_result(tool_use["id"], report, is_error=True))
+                elif tool_use["name"] == "bash":
+                    results.append(
+                        await run_bash(self.shell, tool_use, agent=self.name, events=self.events)
+                    )
+                else:
+                    results.append(unknown_tool(tool_use, [t["name"] for t in self.tools]))
+            messages.append({"role": "user", "content": results})
+        note = (
+            f"[orchmode: the subagent used its {self.max_turns} model turns without calling "
+            "report_findings]"
+        )
+        return AgentResult(f"{note}\n{last_text}".strip(), Status.TURN_LIMIT, self.max_turns, usage)
+
+    @staticmethod
+    def _stopped(stop_reason: str | None, text: str, turn: int, usage: TokenUsage) -> AgentResult:
+        status = _STOP_STATUS.get(stop_reason or "", Status.FINISHED)
+        if status is Status.FINISHED and not text:
+            return AgentResult(
+                "[orchmode: the subagent ended without a report or any text]",
+                Status.EMPTY,
+                turn,
+                usage,
+            )
+        if status is Status.MAX_TOKENS:
+            text = f"{text}\n{MAX_TOKENS_NOTE}".strip()
+        elif status is not Status.FINISHED:
+            text = f"[orchmode: the subagent stopped: {stop_reason}]\n{text}".strip()
+        return AgentResult(text, status, turn, usage)
+
+
+def describe_failure(exc: BaseException) -> str:
+    detail: Any = str(exc) or type(exc).__name__
+    return f"error: the subagent failed: {detail}"

@@ -1,0 +1,26 @@
+"""Test doubles for orchmode: a scripted Anthropic Messages API server over real HTTP."""
+
+from .server import (
+    Fault,
+    FaultKind,
+    LoggedRequest,
+    Reply,
+    Responder,
+    ScriptedRequest,
+    ScriptedServer,
+    StopReason,
+)
+from .validate import InvalidRequest, validate_request
+
+__all__ = [
+    "Fault",
+    "FaultKind",
+    "InvalidRequest",
+    "LoggedRequest",
+    "Reply",
+    "Responder",
+    "ScriptedRequest",
+    "ScriptedServer",
+    "StopReason",
+    "validate_request",
+]

@@ -1,0 +1,238 @@
+"""A deterministic stand-in for prompt caching and cache-miss diagnostics.
+
+The real API caches prompt prefixes in the order tools -> system -> messages and bills a
+request as ``cache_read`` (prefix found), ``cache_creation`` (newly written up to the last
+breakpoint) and plain ``input`` (the rest). This module reproduces that arithmetic so a
+harness can be tested for *cache-friendly* behaviour, using these approximations:
+
+* A prompt is a list of *segments*: each tool definition, each system text block and each
+  message content block (a string ``content`` counts as one text block; a block is keyed
+  with its message role). ``cache_control`` markers are stripped before comparing, so
+  moving a breakpoint never changes what matches.
+* Tokens are ``characters of canonical JSON // 4``, cumulated over segments.
+* A *breakpoint* is any segment carrying ``cache_control``; a top-level
+  ``cache_control`` marks the last segment. A request with no breakpoint neither reads
+  nor writes the cache.
+* Each breakpoint's prefix is remembered (per model) forever: no TTL, no minimum
+  cacheable length, no 20-block lookback limit. A later request reads the longest
+  remembered prefix of itself that ends at or before its last breakpoint.
+* Diagnostics compare with the request that produced ``previous_message_id``: model,
+  then tools, then system, then whether the old messages are a prefix of the new ones.
+  ``cache_missed_input_tokens`` is the old prompt's tokens past the common prefix.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["CacheUsage", "PromptCache", "canonical_json", "estimate_tokens"]
+
+_CHARS_PER_TOKEN = 4
+
+
+def canonical_json(value: Any) -> str:
+    """Serialise deterministically, so equal prompts give equal strings."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def estimate_tokens(value: Any) -> int:
+    """The module-wide token estimate: four characters of canonical JSON per token."""
+    return len(canonical_json(value)) // _CHARS_PER_TOKEN
+
+
+def _strip_cache_control(value: Any) -> Any:
+    """Drop every ``cache_control`` key: markers move between turns, content does not."""
+    if isinstance(value, dict):
+        return {k: _strip_cache_control(v) for k, v in value.items() if k != "cache_control"}
+    if isinstance(value, list):
+        return [_strip_cache_control(v) for v in value]
+    return value
+
+
+def _blocks(content: Any) -> list[Any]:
+    """String content is shorthand for one text block; the API treats both alike."""
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    return list(content) if isinstance(content, list) else []
+
+
+@dataclass(frozen=True)
+class _Segment:
+    part: str  # "tools" | "system" | "messages"
+    message: int  # index into messages, -1 for tools/system
+    text: str
+    ttl: str | None  # the cache_control ttl if this segment is a breakpoint, else None
+
+
+def _ttl(marker: Any) -> str | None:
+    if not isinstance(marker, dict):
+        return None
+    return "1h" if marker.get("ttl") == "1h" else "5m"
+
+
+def _segments(body: dict[str, Any]) -> list[_Segment]:
+    segments: list[_Segment] = []
+    for tool in body.get("tools") or []:
+        ttl = _ttl(tool.get("cache_control")) if isinstance(tool, dict) else None
+        segments.append(_Segment("tools", -1, canonical_json(_strip_cache_control(tool)), ttl))
+    for block in _blocks(body.get("system")):
+        ttl = _ttl(block.get("cache_control")) if isinstance(block, dict) else None
+        segments.append(_Segment("system", -1, canonical_json(_strip_cache_control(block)), ttl))
+    for i, message in enumerate(body.get("messages") or []):
+        if not isinstance(message, dict):
+            continue
+        role = message.get("role")
+        for block in _blocks(message.get("content")):
+            ttl = _ttl(block.get("cache_control")) if isinstance(block, dict) else None
+            text = canonical_json([role, _strip_cache_control(block)])
+            segments.append(_Segment("messages", i, text, ttl))
+    top = _ttl(body.get("cache_control"))
+    if top is not None and segments:
+        last = segments[-1]
+        segments[-1] = _Segment(last.part, last.message, last.text, top)
+    return segments
+
+
+@dataclass(frozen=True)
+class CacheUsage:
+    """Input-token accounting for one request, split the way the API reports it."""
+
+    input_tokens: int
+    cache_creation_input_tokens: int
+    cache_read_input_tokens: int
+    ephemeral_5m_input_tokens: int
+    ephemeral_1h_input_tokens: int
+
+    @property
+    def total_input_tokens(self) -> int:
+        return self.input_tokens + self.cache_creation_input_tokens + self.cache_read_input_tokens
+
+
+@dataclass(frozen=True)
+class _Fingerprint:
+    """What diagnostics need to remember about a request that produced a message."""
+
+    model: str
+    tools: str
+    system: str
+    messages: tuple[str, ...]
+    tools_tokens: int
+    system_tokens: int
+    message_tokens: tuple[int, ...]
+
+    @property
+    def total_tokens(self) -> int:
+        return self.tools_tokens + self.system_tokens + sum(self.message_tokens)
+
+
+class PromptCache:
+    """Remembered prefixes plus per-message fingerprints; one per server.
+
+    Thread-safe so it can be shared, though the server only uses it from its own loop.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._prefixes: set[tuple[str, str]] = set()
+        self._fingerprints: dict[str, _Fingerprint] = {}
+
+    def account(self, body: dict[str, Any]) -> CacheUsage:
+        """Bill ``body`` against the cache, then remember its breakpoint prefixes."""
+        model = str(body.get("model", ""))
+        segments = _segments(body)
+        cumulative = [0]
+        hashes = [""]
+        digest = hashlib.sha256()
+        for seg in segments:
+            cumulative.append(cumulative[-1] + len(seg.text))
+            digest.update(seg.text.encode())
+            digest.update(b"\x00")
+            hashes.append(digest.copy().hexdigest())
+        total = cumulative[-1] // _CHARS_PER_TOKEN
+        breakpoints = [k + 1 for k, seg in enumerate(segments) if seg.ttl is not None]
+        if not breakpoints:
+            return CacheUsage(total, 0, 0, 0, 0)
+        last = breakpoints[-1]
+        with self._lock:
+            hit = max(
+                (k for k in range(1, last + 1) if (model, hashes[k]) in self._prefixes),
+                default=0,
+            )
+            self._prefixes.update((model, hashes[k]) for k in breakpoints)
+        read = cumulative[hit] // _CHARS_PER_TOKEN
+        created = max(0, cumulative[last] // _CHARS_PER_TOKEN - read)
+        long_lived = created if segments[last - 1].ttl == "1h" else 0
+        return CacheUsage(
+            input_tokens=max(0, total - read - created),
+            cache_creation_input_tokens=created,
+            cache_read_input_tokens=read,
+            ephemeral_5m_input_tokens=created - long_lived,
+            ephemeral_1h_input_tokens=long_lived,
+        )
+
+    def remember(self, message_id: str, body: dict[str, Any]) -> None:
+        """Record the request that produced ``message_id`` for later diagnostics."""
+        fingerprint = _fingerprint(body)
+        with self._lock:
+            self._fingerprints[message_id] = fingerprint
+
+    def diagnose(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        """The response's ``diagnostics`` object, or None when the request did not ask."""
+        request = body.get("diagnostics")
+        if not isinstance(request, dict):
+            return None
+        previous_id = request.get("previous_message_id")
+        if previous_id is None:
+            return {"cache_miss_reason": None}
+        with self._lock:
+            previous = self._fingerprints.get(str(previous_id))
+        if previous is None:
+            return {"cache_miss_reason": {"type": "previous_message_not_found"}}
+        current = _fingerprint(body)
+        if current.model != previous.model:
+            reason, common = "model_changed", 0
+        elif current.tools != previous.tools:
+            reason, common = "tools_changed", 0
+        elif current.system != previous.system:
+            reason, common = "system_changed", previous.tools_tokens
+        else:
+            same = 0
+            for old, new in zip(previous.messages, current.messages, strict=False):
+                if old != new:
+                    break
+                same += 1
+            if same == len(previous.messages):
+                return {"cache_miss_reason": None}
+            reason = "messages_changed"
+            common = previous.tools_tokens + previous.system_tokens
+            common += sum(previous.message_tokens[:same])
+        missed = max(0, previous.total_tokens - common)
+        return {"cache_miss_reason": {"type": reason, "cache_missed_input_tokens": missed}}
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _fingerprint(body: dict[str, Any]) -> _Fingerprint:
+    """Hashes and sizes only: a benchmark may keep thousands of these."""
+    tools = canonical_json(_strip_cache_control(body.get("tools") or []))
+    system = canonical_json(_strip_cache_control(_blocks(body.get("system"))))
+    messages = [
+        canonical_json([m.get("role"), _strip_cache_control(_blocks(m.get("content")))])
+        for m in body.get("messages") or []
+        if isinstance(m, dict)
+    ]
+    return _Fingerprint(
+        model=str(body.get("model", "")),
+        tools=_digest(tools),
+        system=_digest(system),
+        messages=tuple(_digest(m) for m in messages),
+        tools_tokens=len(tools) // _CHARS_PER_TOKEN,
+        system_tokens=len(system) // _CHARS_PER_TOKEN,
+        message_tokens=tuple(len(m) // _CHARS_PER_TOKEN for m in messages),
+    )

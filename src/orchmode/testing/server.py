@@ -1,0 +1,862 @@
+"""A scripted Anthropic Messages API server, spoken over real HTTP.
+
+No real model is reachable in tests, so every test drives the official ``anthropic`` SDK
+against this server instead of mocking it: retries, SSE parsing, timeouts and error
+mapping are then exercised exactly as in production. A *responder* decides what the
+"model" says (a :class:`Reply`) or how the API fails (a :class:`Fault`); the server does
+the wire format, strict request validation (see :mod:`.validate`), authentication,
+concurrency limits and a prompt-cache simulation (see :mod:`.cache`).
+
+Usage::
+
+    async with ScriptedServer(lambda req: Reply.text("hi")) as server:
+        client = AsyncAnthropic(base_url=server.url, api_key="test-key")
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import inspect
+import json
+import logging
+import math
+import secrets
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, replace
+from types import TracebackType
+from typing import Any, Literal, get_args
+
+from aiohttp import web
+
+from .cache import CacheUsage, PromptCache, estimate_tokens
+from .validate import InvalidRequest, validate_request
+
+__all__ = [
+    "Fault",
+    "FaultKind",
+    "LoggedRequest",
+    "Reply",
+    "Responder",
+    "ScriptedRequest",
+    "ScriptedServer",
+    "StopReason",
+]
+
+log = logging.getLogger(__name__)
+
+StopReason = Literal[
+    "end_turn",
+    "max_tokens",
+    "stop_sequence",
+    "tool_use",
+    "pause_turn",
+    "refusal",
+    "model_context_window_exceeded",
+]
+FaultKind = Literal["overloaded", "rate_limit", "server_error", "drop", "sse_error"]
+
+_STOP_REASONS = frozenset(get_args(StopReason))
+_FAULT_KINDS = frozenset(get_args(FaultKind))
+_BLOCK_TYPES = frozenset({"text", "tool_use", "thinking"})
+_REDACTED_HEADERS = frozenset({"x-api-key", "authorization", "proxy-authorization"})
+_MAX_BODY_BYTES = 32 * 1024 * 1024  # the real API's request size limit
+_SHUTDOWN_GRACE = 1.0  # seconds stop() lets unfinished handlers run before cancelling
+
+
+def _new_id(prefix: str) -> str:
+    return f"{prefix}_{secrets.token_urlsafe(18).replace('-', 'A').replace('_', 'B')}"
+
+
+# --------------------------------------------------------------------------- script types
+
+
+@dataclass
+class Reply:
+    """What the scripted model answers: API content blocks plus stop reason and pacing.
+
+    ``content`` holds ``text``, ``tool_use`` (``id`` optional) and ``thinking`` blocks.
+    ``delay`` is waited (asynchronously) before the response starts; ``event_delay``
+    between streamed events, to simulate a token rate.
+    """
+
+    content: list[dict[str, Any]]
+    stop_reason: str | None = None
+    delay: float = 0.0
+    output_tokens: int | None = None
+    event_delay: float = 0.0
+
+    def __post_init__(self) -> None:
+        """Reject malformed scripts at construction, where the mistake is."""
+        for i, block in enumerate(self.content):
+            kind = block.get("type") if isinstance(block, dict) else None
+            if kind not in _BLOCK_TYPES:
+                raise ValueError(f"Reply.content[{i}]: type must be one of {sorted(_BLOCK_TYPES)}")
+            if kind == "text" and not isinstance(block.get("text"), str):
+                raise ValueError(f"Reply.content[{i}]: text block needs a str 'text'")
+            if kind == "tool_use" and (
+                not isinstance(block.get("name"), str) or not isinstance(block.get("input"), dict)
+            ):
+                raise ValueError(f"Reply.content[{i}]: tool_use needs str 'name', dict 'input'")
+            if kind == "thinking" and not isinstance(block.get("thinking"), str):
+                raise ValueError(f"Reply.content[{i}]: thinking block needs a str 'thinking'")
+        if self.stop_reason is not None and self.stop_reason not in _STOP_REASONS:
+            raise ValueError(f"Reply.stop_reason must be one of {sorted(_STOP_REASONS)}")
+
+    @classmethod
+    def text(cls, text: str, **kwargs: Any) -> Reply:
+        """A plain text answer."""
+        return cls([{"type": "text", "text": text}], **kwargs)
+
+    @classmethod
+    def tool_use(
+        cls,
+        name: str,
+        input: dict[str, Any],
+        *,
+        id: str | None = None,
+        preamble: str | None = None,
+        **kwargs: Any,
+    ) -> Reply:
+        """A single tool call, optionally preceded by some text."""
+        block: dict[str, Any] = {"type": "tool_use", "name": name, "input": input}
+        if id is not None:
+            block["id"] = id
+        content = [{"type": "text", "text": preamble}] if preamble else []
+        return cls([*content, block], **kwargs)
+
+    @property
+    def effective_stop_reason(self) -> str:
+        """``stop_reason`` or the API's default for this content."""
+        if self.stop_reason is not None:
+            return self.stop_reason
+        has_tool = any(b.get("type") == "tool_use" for b in self.content)
+        return "tool_use" if has_tool else "end_turn"
+
+    def finalised(self) -> Reply:
+        """A deep copy with tool_use ids, stop reason and output tokens filled in."""
+        content: list[dict[str, Any]] = []
+        for block in copy.deepcopy(self.content):
+            if block["type"] == "tool_use":
+                tool_id = block.pop("id", None) or _new_id("toolu")
+                block = {"type": "tool_use", "id": tool_id, **block}
+            elif block["type"] == "thinking":
+                block.setdefault("signature", _new_id("sig"))
+            content.append(block)
+        tokens = self.output_tokens
+        if tokens is None:
+            tokens = max(1, estimate_tokens(content))
+        return replace(
+            self, content=content, stop_reason=self.effective_stop_reason, output_tokens=tokens
+        )
+
+
+@dataclass
+class Fault:
+    """A failure instead of, or part-way through, a reply.
+
+    ``overloaded`` -> 529, ``rate_limit`` -> 429 with ``retry-after``/``retry-after-ms``,
+    ``server_error`` -> 500; ``drop`` streams ``after_events`` events of ``partial`` then
+    aborts the TCP connection; ``sse_error`` streams them then sends an SSE ``error``
+    event. ``after_events`` is capped so ``message_stop`` is never sent. Without
+    streaming, ``drop`` aborts before any response and ``sse_error`` becomes a 529.
+    """
+
+    kind: FaultKind
+    retry_after: float | None = None
+    after_events: int = 3
+    partial: Reply | None = None
+    delay: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.kind not in _FAULT_KINDS:
+            raise ValueError(f"Fault.kind must be one of {sorted(_FAULT_KINDS)}")
+        if self.after_events < 0:
+            raise ValueError("Fault.after_events must be >= 0")
+
+
+_DEFAULT_PARTIAL = Reply.text(
+    "This reply was interrupted part-way through; the rest of it never arrived, "
+    "because the scripted server cut the stream on purpose."
+)
+
+
+def _flatten_text(content: Any) -> str:
+    """Text of a content value, with tool_result contents flattened in."""
+    if isinstance(content, str):
+        return content
+    parts: list[str] = []
+    for block in content if isinstance(content, list) else []:
+        if not isinstance(block, dict):
+            continue
+        if block.get("type") == "text":
+            parts.append(str(block.get("text", "")))
+        elif block.get("type") == "tool_result":
+            parts.append(_flatten_text(block.get("content", "")))
+    return "\n".join(p for p in parts if p)
+
+
+@dataclass(frozen=True)
+class ScriptedRequest:
+    """A valid request as the responder sees it.
+
+    ``index`` counts requests handed to the responder (0-based, in arrival order), so a
+    scripted list is not thrown off by requests the server rejected on its own.
+    """
+
+    index: int
+    body: dict[str, Any]
+    headers: dict[str, str]
+
+    @property
+    def model(self) -> str:
+        return str(self.body.get("model", ""))
+
+    @property
+    def stream(self) -> bool:
+        return bool(self.body.get("stream", False))
+
+    @property
+    def system(self) -> str:
+        """The top-level system prompt, text blocks joined by newlines."""
+        return _flatten_text(self.body.get("system", ""))
+
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        return list(self.body.get("messages", []))
+
+    @property
+    def tools(self) -> list[dict[str, Any]]:
+        return list(self.body.get("tools") or [])
+
+    @property
+    def tool_names(self) -> set[str]:
+        return {str(t.get("name")) for t in self.tools}
+
+    def _last_user(self) -> dict[str, Any] | None:
+        return next((m for m in reversed(self.messages) if m.get("role") == "user"), None)
+
+    @property
+    def last_user_text(self) -> str:
+        """Text of the final user message, tool_result contents included."""
+        message = self._last_user()
+        return _flatten_text(message["content"]) if message else ""
+
+    @property
+    def tool_results(self) -> list[dict[str, Any]]:
+        """The tool_result blocks of the final user message."""
+        message = self._last_user()
+        content = message["content"] if message else []
+        if not isinstance(content, list):
+            return []
+        return [b for b in content if isinstance(b, dict) and b.get("type") == "tool_result"]
+
+
+@dataclass(frozen=True)
+class LoggedRequest:
+    """One HTTP request as the server handled it; immutable, replaced when it finishes.
+
+    ``outcome`` is ``pending``, ``ok``, ``fault:<kind>``, ``invalid:<message>``, ``auth``,
+    ``rate_limited``, ``not_found``, ``disconnected`` (client went away),
+    ``cancelled`` (server stopped) or ``error:<exception>`` (the responder raised).
+    """
+
+    index: int
+    method: str
+    path: str
+    body: dict[str, Any]
+    headers: dict[str, str]
+    started: float
+    status: int | None = None
+    finished: float | None = None
+    outcome: str = "pending"
+    reply: Reply | None = None
+    message_id: str | None = None
+
+    @property
+    def duration(self) -> float | None:
+        return None if self.finished is None else self.finished - self.started
+
+
+Responder = Callable[[ScriptedRequest], Reply | Fault | Awaitable[Reply | Fault]]
+
+
+# --------------------------------------------------------------------------- wire helpers
+
+
+def _usage(cache: CacheUsage, output_tokens: int) -> dict[str, Any]:
+    return {
+        "input_tokens": cache.input_tokens,
+        "cache_creation_input_tokens": cache.cache_creation_input_tokens,
+        "cache_read_input_tokens": cache.cache_read_input_tokens,
+        "cache_creation": {
+            "ephemeral_5m_input_tokens": cache.ephemeral_5m_input_tokens,
+            "ephemeral_1h_input_tokens": cache.ephemeral_1h_input_tokens,
+        },
+        "output_tokens": output_tokens,
+        "service_tier": "standard",
+    }
+
+
+def _stop_fields(stop_reason: str) -> dict[str, Any]:
+    fields: dict[str, Any] = {"stop_reason": stop_reason, "stop_sequence": None}
+    if stop_reason == "refusal":
+        fields["stop_details"] = {"type": "refusal", "category": None, "explanation": None}
+    return fields
+
+
+def _chunks(text: str, size: int) -> list[str]:
+    return [text[i : i + size] for i in range(0, len(text), size)]
+
+
+@dataclass(frozen=True)
+class _Answer:
+    """Everything needed to render one reply, streamed or not."""
+
+    message_id: str
+    model: str
+    reply: Reply  # finalised
+    cache: CacheUsage
+    diagnostics: dict[str, Any] | None
+
+    def message(self) -> dict[str, Any]:
+        """The non-streaming ``Message`` body."""
+        assert self.reply.output_tokens is not None and self.reply.stop_reason is not None
+        body: dict[str, Any] = {
+            "id": self.message_id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.model,
+            "content": self.reply.content,
+            **_stop_fields(self.reply.stop_reason),
+            "usage": _usage(self.cache, self.reply.output_tokens),
+        }
+        if self.diagnostics is not None:
+            body["diagnostics"] = self.diagnostics
+        return body
+
+    def events(self, chunk_size: int) -> list[tuple[str, dict[str, Any]]]:
+        """The SSE events (without pings), in the order the API sends them."""
+        assert self.reply.output_tokens is not None and self.reply.stop_reason is not None
+        start: dict[str, Any] = {
+            "id": self.message_id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.model,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": _usage(self.cache, 1),
+        }
+        if self.diagnostics is not None:
+            # Delta has no diagnostics field; the SDK keeps message_start's message.
+            start["diagnostics"] = self.diagnostics
+        events: list[tuple[str, dict[str, Any]]] = [
+            ("message_start", {"type": "message_start", "message": start})
+        ]
+        for index, block in enumerate(self.reply.content):
+            events.extend(_block_events(index, block, chunk_size))
+        usage = {
+            "input_tokens": self.cache.input_tokens,
+            "cache_creation_input_tokens": self.cache.cache_creation_input_tokens,
+            "cache_read_input_tokens": self.cache.cache_read_input_tokens,
+            "output_tokens": self.reply.output_tokens,
+        }
+        delta = {"type": "message_delta", "delta": _stop_fields(self.reply.stop_reason)}
+        events.append(("message_delta", {**delta, "usage": usage}))
+        events.append(("message_stop", {"type": "message_stop"}))
+        return events
+
+
+def _block_events(
+    index: int, block: dict[str, Any], chunk_size: int
+) -> list[tuple[str, dict[str, Any]]]:
+    def delta(payload: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        body = {"type": "content_block_delta", "index": index, "delta": payload}
+        return ("content_block_delta", body)
+
+    kind = block["type"]
+    deltas: list[tuple[str, dict[str, Any]]]
+    if kind == "text":
+        opening: dict[str, Any] = {"type": "text", "text": ""}
+        deltas = [
+            delta({"type": "text_delta", "text": c}) for c in _chunks(block["text"], chunk_size)
+        ]
+    elif kind == "tool_use":
+        opening = {"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}
+        encoded = json.dumps(block["input"], ensure_ascii=False)
+        # Short inputs still arrive in several pieces, as they do from the API.
+        size = max(1, min(chunk_size, math.ceil(len(encoded) / 3)))
+        deltas = [
+            delta({"type": "input_json_delta", "partial_json": c}) for c in _chunks(encoded, size)
+        ]
+    else:  # thinking
+        opening = {"type": "thinking", "thinking": "", "signature": ""}
+        deltas = [
+            delta({"type": "thinking_delta", "thinking": c})
+            for c in _chunks(block["thinking"], chunk_size)
+        ]
+        deltas.append(delta({"type": "signature_delta", "signature": block["signature"]}))
+    start = {"type": "content_block_start", "index": index, "content_block": opening}
+    stop = {"type": "content_block_stop", "index": index}
+    return [("content_block_start", start), *deltas, ("content_block_stop", stop)]
+
+
+def _sse(name: str, data: dict[str, Any]) -> bytes:
+    return f"event: {name}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
+
+
+def _error_body(kind: str, message: str, request_id: str) -> dict[str, Any]:
+    return {"type": "error", "error": {"type": kind, "message": message}, "request_id": request_id}
+
+
+def _retry_headers(seconds: float) -> dict[str, str]:
+    """``retry-after`` in (possibly fractional) seconds, which the SDK accepts, plus ms."""
+    return {"retry-after": f"{seconds:g}", "retry-after-ms": str(round(seconds * 1000))}
+
+
+def _redact(headers: dict[str, str]) -> dict[str, str]:
+    return {k: ("***" if k in _REDACTED_HEADERS else v) for k, v in headers.items()}
+
+
+class _Outcome(Exception):
+    """Internal: ends a request early with a JSON error response and a log outcome."""
+
+    def __init__(
+        self,
+        status: int,
+        kind: str,
+        message: str,
+        outcome: str,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.kind = kind
+        self.message = message
+        self.outcome = outcome
+        self.headers = headers or {}
+
+
+# --------------------------------------------------------------------------- the server
+
+
+class ScriptedServer:
+    """The scripted Messages API; see the module docstring.
+
+    ``max_in_flight`` caps concurrently *admitted* requests; a request arriving while
+    the cap is reached gets 429 ``rate_limit_error`` (retry-after
+    ``rate_limit_retry_after``) and is not counted. ``max_in_flight_seen`` is the peak
+    number of admitted requests open at once, a streamed one until its last byte.
+    ``ping_every=0`` sends one ping after ``message_start``; N > 0 sends one after every
+    N events. ``api_key=None`` accepts any key.
+    """
+
+    def __init__(
+        self,
+        responder: Responder,
+        *,
+        api_key: str | None = "test-key",
+        max_in_flight: int | None = None,
+        rate_limit_retry_after: float = 0.05,
+        chunk_size: int = 24,
+        ping_every: int = 0,
+        host: str = "127.0.0.1",
+        port: int = 0,
+    ) -> None:
+        if chunk_size < 1:
+            raise ValueError("chunk_size must be >= 1")
+        if max_in_flight is not None and max_in_flight < 1:
+            raise ValueError("max_in_flight must be >= 1 or None")
+        self.responder = responder
+        self.api_key = api_key
+        self.max_in_flight = max_in_flight
+        self.rate_limit_retry_after = rate_limit_retry_after
+        self.chunk_size = chunk_size
+        self.ping_every = ping_every
+        self.host = host
+        self.port = port
+        self.cache = PromptCache()
+        self._lock = threading.Lock()
+        self._log: list[LoggedRequest] = []
+        self._in_flight = 0
+        self._max_in_flight_seen = 0
+        self._responder_calls = 0
+        self._runner: web.AppRunner | None = None
+        self._url: str | None = None
+        self._thread: threading.Thread | None = None
+        self._thread_loop: asyncio.AbstractEventLoop | None = None
+
+    # ----------------------------------------------------------------- observation
+
+    @property
+    def url(self) -> str:
+        """Base URL for ``AsyncAnthropic(base_url=...)``; only valid once started."""
+        if self._url is None:
+            raise RuntimeError("ScriptedServer is not running; call start() first")
+        return self._url
+
+    @property
+    def log(self) -> list[LoggedRequest]:
+        """A snapshot of every request so far, in arrival order (safe from any thread)."""
+        with self._lock:
+            return list(self._log)
+
+    @property
+    def max_in_flight_seen(self) -> int:
+        with self._lock:
+            return self._max_in_flight_seen
+
+    @property
+    def in_flight(self) -> int:
+        with self._lock:
+            return self._in_flight
+
+    @property
+    def responder_calls(self) -> int:
+        """How many times the responder has been called."""
+        with self._lock:
+            return self._responder_calls
+
+    # ----------------------------------------------------------------- lifecycle
+
+    async def start(self) -> None:
+        """Bind and start serving on the current event loop."""
+        if self._runner is not None:
+            raise RuntimeError("ScriptedServer already started")
+        app = web.Application(client_max_size=_MAX_BODY_BYTES)
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=_SHUTDOWN_GRACE)
+        await runner.setup()
+        site = web.TCPSite(runner, self.host, self.port)
+        try:
+            await site.start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        host, port = runner.addresses[0][:2]
+        self._runner = runner
+        self._url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+    async def stop(self) -> None:
+        """Stop listening; unfinished handlers get a short grace period, then are cancelled."""
+        runner, self._runner = self._runner, None
+        self._url = None
+        if runner is not None:
+            await runner.cleanup()
+
+    async def __aenter__(self) -> ScriptedServer:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    def start_in_thread(self, timeout: float = 10.0) -> None:
+        """Serve from a private event loop in a daemon thread (for sync tests, subprocesses)."""
+        if self._thread is not None:
+            raise RuntimeError("ScriptedServer thread already running")
+        loop = asyncio.new_event_loop()
+        ready = threading.Event()
+        failure: list[BaseException] = []
+
+        def run() -> None:
+            asyncio.set_event_loop(loop)
+            try:
+                loop.run_until_complete(self.start())
+            except BaseException as exc:
+                failure.append(exc)
+                ready.set()
+                loop.close()
+                return
+            ready.set()
+            try:
+                loop.run_forever()
+            finally:
+                loop.run_until_complete(loop.shutdown_asyncgens())
+                loop.close()
+
+        thread = threading.Thread(target=run, name="scripted-anthropic-server", daemon=True)
+        thread.start()
+        if not ready.wait(timeout):
+            raise TimeoutError("ScriptedServer thread did not start in time")
+        if failure:
+            thread.join()
+            raise failure[0]
+        self._thread, self._thread_loop = thread, loop
+
+    def stop_thread(self, timeout: float = 10.0) -> None:
+        """Stop a server started with :meth:`start_in_thread` and join its thread."""
+        thread, loop = self._thread, self._thread_loop
+        if thread is None or loop is None:
+            return
+        try:
+            asyncio.run_coroutine_threadsafe(self.stop(), loop).result(timeout)
+        finally:
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(timeout)
+            self._thread = self._thread_loop = None
+
+    @contextlib.contextmanager
+    def in_thread(self) -> Iterator[ScriptedServer]:
+        """``with server.in_thread():`` runs it in a background thread for the block."""
+        self.start_in_thread()
+        try:
+            yield self
+        finally:
+            self.stop_thread()
+
+    # ----------------------------------------------------------------- bookkeeping
+
+    def _arrive(self, entry: LoggedRequest) -> int:
+        with self._lock:
+            index = len(self._log)
+            self._log.append(replace(entry, index=index))
+            return index
+
+    def _finish(self, index: int, status: int, outcome: str, **extra: Any) -> None:
+        with self._lock:
+            self._log[index] = replace(
+                self._log[index], status=status, outcome=outcome, finished=time.monotonic(), **extra
+            )
+
+    def _admit(self) -> bool:
+        """Take an in-flight slot, or refuse if the simulated limit is reached."""
+        with self._lock:
+            if self.max_in_flight is not None and self._in_flight >= self.max_in_flight:
+                return False
+            self._in_flight += 1
+            self._max_in_flight_seen = max(self._max_in_flight_seen, self._in_flight)
+            return True
+
+    def _release(self) -> None:
+        with self._lock:
+            self._in_flight -= 1
+
+    def _next_responder_index(self) -> int:
+        with self._lock:
+            self._responder_calls += 1
+            return self._responder_calls - 1
+
+    # ----------------------------------------------------------------- HTTP handling
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        """Every request lands here, so every request is logged the same way."""
+        request_id = _new_id("req")
+        headers = _redact({k.lower(): v for k, v in request.headers.items()})
+        try:
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raw = None
+        body: Any = None
+        parse_error: str | None = None
+        try:
+            body = json.loads(raw) if raw else None
+        except ValueError as exc:
+            parse_error = f"There was an error parsing the body of your request: {exc}"
+        entry = LoggedRequest(
+            index=-1,
+            method=request.method,
+            path=request.path,
+            body=body if isinstance(body, dict) else {},
+            headers=headers,
+            started=time.monotonic(),
+        )
+        index = self._arrive(entry)
+        try:
+            if request.method != "POST" or request.path.rstrip("/") != "/v1/messages":
+                raise _Outcome(404, "not_found_error", "Not found", "not_found")
+            self._authenticate(request)
+            if raw is None:
+                message = "Request exceeds the maximum allowed size"
+                raise _Outcome(413, "request_too_large", message, f"invalid:{message}")
+            if parse_error is not None:
+                raise _Outcome(400, "invalid_request_error", parse_error, f"invalid:{parse_error}")
+            try:
+                valid = validate_request(body)
+            except InvalidRequest as exc:
+                raise _Outcome(400, "invalid_request_error", str(exc), f"invalid:{exc}") from None
+            if not self._admit():
+                raise _Outcome(
+                    429,
+                    "rate_limit_error",
+                    "Number of concurrent connections has exceeded your rate limit. "
+                    "Please try again later.",
+                    "rate_limited",
+                    _retry_headers(self.rate_limit_retry_after),
+                )
+            try:
+                return await self._serve(request, index, valid, headers, request_id)
+            finally:
+                self._release()
+        except _Outcome as out:
+            self._finish(index, out.status, out.outcome)
+            return web.json_response(
+                _error_body(out.kind, out.message, request_id),
+                status=out.status,
+                headers={"request-id": request_id, **out.headers},
+            )
+        except asyncio.CancelledError:
+            self._finish(index, 499, "cancelled")
+            raise
+
+    def _authenticate(self, request: web.Request) -> None:
+        if self.api_key is None:
+            return
+        key = request.headers.get("x-api-key")
+        if key is None:
+            bearer = request.headers.get("authorization", "")
+            key = bearer[7:] if bearer.lower().startswith("bearer ") else None
+        if key is None:
+            raise _Outcome(401, "authentication_error", "x-api-key header is required", "auth")
+        if not secrets.compare_digest(key.encode(), self.api_key.encode()):
+            raise _Outcome(401, "authentication_error", "invalid x-api-key", "auth")
+
+    async def _ask(self, scripted: ScriptedRequest) -> Reply | Fault:
+        answer: Any = self.responder(scripted)
+        if inspect.isawaitable(answer):
+            answer = await answer
+        if not isinstance(answer, Reply | Fault):
+            raise TypeError(f"responder returned {type(answer).__name__}, not Reply or Fault")
+        return answer
+
+    async def _serve(
+        self,
+        request: web.Request,
+        index: int,
+        body: dict[str, Any],
+        headers: dict[str, str],
+        request_id: str,
+    ) -> web.StreamResponse:
+        scripted = ScriptedRequest(index=self._next_responder_index(), body=body, headers=headers)
+        try:
+            answer = await self._ask(scripted)
+        except Exception as exc:
+            log.exception("scripted responder failed on request %d", index)
+            # x-should-retry: false stops the SDK retrying, so the test fails loudly once.
+            raise _Outcome(
+                500,
+                "api_error",
+                f"scripted responder raised {type(exc).__name__}: {exc}",
+                f"error:{type(exc).__name__}: {exc}",
+                {"x-should-retry": "false"},
+            ) from None
+        await asyncio.sleep(answer.delay)
+        streaming = bool(body.get("stream", False))
+        if isinstance(answer, Fault):
+            return await self._fault(request, index, body, answer, streaming, request_id)
+        prepared = self._answer(body, answer)
+        if not streaming:
+            gone = request.transport is None or request.transport.is_closing()
+            outcome = "disconnected" if gone else "ok"
+            self._finish(index, 200, outcome, reply=prepared.reply, message_id=prepared.message_id)
+            return web.json_response(prepared.message(), headers={"request-id": request_id})
+        events = prepared.events(self.chunk_size)
+        response, delivered = await self._send_events(
+            request, request_id, events, prepared.reply.event_delay
+        )
+        outcome = "ok" if delivered else "disconnected"
+        self._finish(index, 200, outcome, reply=prepared.reply, message_id=prepared.message_id)
+        return response
+
+    def _answer(self, body: dict[str, Any], reply: Reply) -> _Answer:
+        """Finalise the reply and do the cache/diagnostics accounting for a 200 response."""
+        message_id = _new_id("msg")
+        diagnostics = self.cache.diagnose(body)
+        usage = self.cache.account(body)
+        self.cache.remember(message_id, body)
+        return _Answer(message_id, str(body["model"]), reply.finalised(), usage, diagnostics)
+
+    async def _fault(
+        self,
+        request: web.Request,
+        index: int,
+        body: dict[str, Any],
+        fault: Fault,
+        streaming: bool,
+        request_id: str,
+    ) -> web.StreamResponse:
+        outcome = f"fault:{fault.kind}"
+        retry = {} if fault.retry_after is None else _retry_headers(fault.retry_after)
+        kind = fault.kind
+        if kind == "sse_error" and not streaming:
+            kind = "overloaded"
+        if kind == "overloaded":
+            raise _Outcome(529, "overloaded_error", "Overloaded", outcome, retry)
+        if kind == "rate_limit":
+            seconds = (
+                self.rate_limit_retry_after if fault.retry_after is None else fault.retry_after
+            )
+            message = "This request would exceed your organization's rate limit."
+            raise _Outcome(429, "rate_limit_error", message, outcome, _retry_headers(seconds))
+        if kind == "server_error":
+            raise _Outcome(500, "api_error", "Internal server error", outcome, retry)
+        if not streaming:  # drop without streaming: vanish before answering
+            self._finish(index, 0, outcome)
+            _abort(request)
+            return web.Response(status=500)  # never reaches the client
+        prepared = self._answer(body, fault.partial or _DEFAULT_PARTIAL)
+        events = prepared.events(self.chunk_size)
+        events = events[: min(fault.after_events, len(events) - 1)]
+        if kind == "sse_error":
+            error = _error_body("overloaded_error", "Overloaded", request_id)
+            del error["request_id"]
+            events.append(("error", error))
+        response, _ = await self._send_events(
+            request, request_id, events, prepared.reply.event_delay, abort=kind == "drop"
+        )
+        self._finish(index, 200, outcome, reply=prepared.reply, message_id=prepared.message_id)
+        return response
+
+    async def _send_events(
+        self,
+        request: web.Request,
+        request_id: str,
+        events: list[tuple[str, dict[str, Any]]],
+        event_delay: float,
+        *,
+        abort: bool = False,
+    ) -> tuple[web.StreamResponse, bool]:
+        """Stream events one write each (so each is flushed), pings interleaved.
+
+        Returns the response and whether the client was still connected at the end.
+        """
+        response = web.StreamResponse(
+            status=200,
+            headers={
+                "content-type": "text/event-stream; charset=utf-8",
+                "cache-control": "no-cache",
+                "request-id": request_id,
+            },
+        )
+        try:
+            await response.prepare(request)
+            for n, (name, data) in enumerate(events, start=1):
+                if n > 1 and event_delay:
+                    await asyncio.sleep(event_delay)
+                await response.write(_sse(name, data))
+                ping = n == 1 if self.ping_every == 0 else n % self.ping_every == 0
+                if ping:
+                    await response.write(_sse("ping", {"type": "ping"}))
+            if abort:
+                _abort(request)
+            else:
+                await response.write_eof()
+        except ConnectionError:
+            return response, False
+        return response, True
+
+
+def _abort(request: web.Request) -> None:
+    """Cut the TCP connection without a clean end, as a network failure would."""
+    transport = request.transport
+    if transport is not None:
+        transport.abort()

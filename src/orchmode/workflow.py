@@ -1,0 +1,273 @@
+"""The Workflow tool: normalise subtasks, fan out, verify each result, format the tool result.
+
+Each subtask is a chain — its worker, then a verifier that tries to refute the worker's
+result — and every chain runs as its own coroutine, so a result's verification starts the
+moment that result exists. Verifiers take free slots before queued workers, so finished
+pairs reach the journal early. The tool result keeps the spec's order regardless.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+from .errors import AuthError
+from .events import EventBus, FanoutDone, FanoutStarted, Role, SubagentDone, SubagentStarted
+from .journal import Journal, content_key
+from .model import ModelGateway
+from .prompts import SUBAGENT_SYSTEM, SUBAGENT_TOOLS, verify_prompt
+from .settings import Settings
+from .shell import BashSession
+from .subagent import AgentResult, Status, Subagent, describe_failure
+
+
+def normalise_subtasks(raw: object) -> list[str]:
+    """Subtask prompts from whatever shape the model sent, as non-empty trimmed strings.
+
+    Accepts a list, a JSON-encoded list in one string, a newline-separated string or a
+    single string. A list item that is not a string is kept as its JSON text rather than
+    silently dropped.
+    """
+    if isinstance(raw, str):
+        text = raw.strip()
+        if text.startswith("["):
+            try:
+                decoded = json.loads(text)
+            except ValueError:
+                decoded = None
+            if isinstance(decoded, list):
+                return normalise_subtasks(decoded)
+        return [line.strip() for line in text.splitlines() if line.strip()]
+    if isinstance(raw, list | tuple):
+        items = (
+            item if isinstance(item, str) else json.dumps(item, ensure_ascii=False) for item in raw
+        )
+        return [item.strip() for item in items if item.strip() and item.strip() != "null"]
+    return []
+
+
+@dataclass(frozen=True)
+class Plan:
+    subtasks: list[str]
+    not_run: int
+
+    @property
+    def note(self) -> str:
+        if not self.not_run:
+            return ""
+        first = len(self.subtasks) + 1
+        last = len(self.subtasks) + self.not_run
+        return (
+            f"[orchmode: {len(self.subtasks) + self.not_run} subtasks were given but at most "
+            f"{len(self.subtasks)} run per call; {self.not_run} were not run (numbers "
+            f"{first}–{last}). Call Workflow again with them to run them.]"
+        )
+
+
+def plan_subtasks(tool_input: object, cap: int) -> Plan | str:
+    """The subtasks to run, or an error message when there are none."""
+    if not isinstance(tool_input, dict) or "subtasks" not in tool_input:
+        return 'error: Workflow needs {"subtasks": ["first subtask prompt", ...]}'
+    subtasks = normalise_subtasks(tool_input["subtasks"])
+    if not subtasks:
+        return (
+            "error: no usable subtasks — pass a non-empty list of subtask prompts as "
+            '{"subtasks": ["...", "..."]}'
+        )
+    return Plan(subtasks[:cap], max(0, len(subtasks) - cap))
+
+
+def title(subtask: str, width: int = 120) -> str:
+    line = subtask.strip().splitlines()[0] if subtask.strip() else ""
+    return line if len(line) <= width else line[: width - 1] + "…"
+
+
+def verdict_of(result_text: str) -> str:
+    """``confirmed``, ``refuted`` or ``unclear``, read from a verifier's result."""
+    summary = result_text
+    try:
+        decoded = json.loads(result_text)
+        if isinstance(decoded, dict) and isinstance(decoded.get("summary"), str):
+            summary = decoded["summary"]
+    except ValueError:
+        pass
+    head = summary.strip().lower()
+    for verdict in ("confirmed", "refuted"):
+        if head.startswith(verdict):
+            return verdict
+    return "unclear"
+
+
+class PrioritySlots:
+    """A counting semaphore that wakes lower ``priority`` numbers first, FIFO within one."""
+
+    def __init__(self, limit: int) -> None:
+        self._free = limit
+        self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._order = itertools.count()
+
+    @asynccontextmanager
+    async def slot(self, priority: int) -> AsyncIterator[None]:
+        await self._acquire(priority)
+        try:
+            yield
+        finally:
+            self._release()
+
+    async def _acquire(self, priority: int) -> None:
+        if self._free > 0 and not self._waiters:
+            self._free -= 1
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._waiters, (priority, next(self._order), future))
+        try:
+            await future
+        except asyncio.CancelledError:
+            if future.done() and not future.cancelled():
+                self._release()  # we were handed a slot at the moment we were cancelled
+            raise
+
+    def _release(self) -> None:
+        while self._waiters:
+            _, _, future = heapq.heappop(self._waiters)
+            if not future.done():
+                future.set_result(None)
+                return
+        self._free += 1
+
+
+WORKER_PRIORITY = 1
+VERIFIER_PRIORITY = 0
+
+
+@dataclass
+class Workflow:
+    """Runs Workflow tool calls for one session."""
+
+    settings: Settings
+    gateway: ModelGateway
+    journal: Journal | None
+    events: EventBus
+    make_shell: Callable[[], BashSession]
+    calls: int = 0
+    _slots: PrioritySlots | None = field(default=None, repr=False)
+
+    @property
+    def slots(self) -> PrioritySlots:
+        if self._slots is None:
+            self._slots = PrioritySlots(self.settings.max_concurrent)
+        return self._slots
+
+    async def run(self, tool_input: object) -> tuple[str, bool]:
+        """The tool result text and whether it is an error."""
+        plan = plan_subtasks(tool_input, self.settings.max_subtasks)
+        if isinstance(plan, str):
+            return plan, True
+        self.calls += 1
+        call = self.calls
+        started = time.monotonic()
+        self.events.emit(FanoutStarted(call, len(plan.subtasks), plan.not_run))
+        chains = [
+            asyncio.create_task(self._chain(call, i, subtask))
+            for i, subtask in enumerate(plan.subtasks, start=1)
+        ]
+        try:
+            pairs = await asyncio.gather(*chains)
+        finally:
+            for chain in chains:
+                chain.cancel()
+            await asyncio.gather(*chains, return_exceptions=True)
+        self.events.emit(FanoutDone(call, time.monotonic() - started))
+        sections = [plan.note] if plan.note else []
+        for i, (subtask, (result, verdict)) in enumerate(
+            zip(plan.subtasks, pairs, strict=True), start=1
+        ):
+            sections.append(f"[agent {i}: {title(subtask)}]\n{result}")
+            if verdict is not None:
+                sections.append(f"[verify {i}]\n{verdict}")
+        return "\n\n".join(sections), False
+
+    async def _chain(self, call: int, index: int, subtask: str) -> tuple[str, str | None]:
+        worker = await self._agent(call, index, "worker", subtask, WORKER_PRIORITY)
+        if not self.settings.verify:
+            return worker.text, None
+        if worker.status is Status.FAILED:
+            return worker.text, "[orchmode: not verified, because the agent failed]"
+        prompt = verify_prompt(subtask, worker.text)
+        verifier = await self._agent(call, index, "verifier", prompt, VERIFIER_PRIORITY)
+        return worker.text, verifier.text
+
+    async def _agent(
+        self, call: int, index: int, role: Role, prompt: str, priority: int
+    ) -> AgentResult:
+        """One journaled subagent; any failure becomes an error result in its slot."""
+        key = content_key(
+            role=role,
+            model=self.settings.model,
+            effort=self.settings.effort,
+            system=SUBAGENT_SYSTEM,
+            tools=SUBAGENT_TOOLS,
+            prompt=prompt,
+        )
+        name = f"{role} {call}.{index}"
+        if self.journal is not None and not self.settings.fresh:
+            recorded = await self.journal.lookup(key)
+            if recorded is not None:
+                self._done(call, index, role, recorded, 0.0, from_journal=True)
+                return recorded
+        async with self.slots.slot(priority):
+            self.events.emit(SubagentStarted(call, index, role, title(prompt)))
+            started = time.monotonic()
+            shell = self.make_shell()
+            agent = Subagent(
+                gateway=self.gateway,
+                shell=shell,
+                events=self.events,
+                name=name,
+                system=SUBAGENT_SYSTEM,
+                tools=SUBAGENT_TOOLS,
+                max_turns=self.settings.subagent_turns,
+            )
+            try:
+                result = await agent.run(prompt)
+            except AuthError:
+                raise  # retrying cannot help: stop the whole run
+            except Exception as exc:
+                result = AgentResult(describe_failure(exc), Status.FAILED)
+            finally:
+                await shell.close()
+        if self.journal is not None:
+            await self.journal.record(key, role, prompt, result)
+        self._done(call, index, role, result, time.monotonic() - started)
+        return result
+
+    def _done(
+        self,
+        call: int,
+        index: int,
+        role: Role,
+        result: AgentResult,
+        duration: float,
+        *,
+        from_journal: bool = False,
+    ) -> None:
+        verdict = verdict_of(result.text) if role == "verifier" else None
+        self.events.emit(
+            SubagentDone(
+                call,
+                index,
+                role,
+                result.status.value,
+                result.turns,
+                result.usage,
+                duration,
+                from_journal=from_journal,
+                verdict=verdict,
+            )
+        )

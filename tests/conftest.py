@@ -1,0 +1,49 @@
+"""Shared fixtures: a scripted Messages API server over real HTTP, and clients pointed at it."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchmode.events import EventBus
+from orchmode.model import Credentials, ModelGateway
+from orchmode.settings import Settings
+from orchmode.testing import Responder, ScriptedServer
+
+API_KEY = "test-key"
+
+StartServer = Callable[..., Awaitable[ScriptedServer]]
+
+
+@pytest.fixture
+async def serve() -> AsyncIterator[StartServer]:
+    """Start scripted servers on this test's event loop; all stopped at the end."""
+    servers: list[ScriptedServer] = []
+
+    async def start(responder: Responder, **kwargs: Any) -> ScriptedServer:
+        server = ScriptedServer(responder, api_key=API_KEY, **kwargs)
+        await server.start()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        await server.stop()
+
+
+def settings_for(server: ScriptedServer, tmp_path: Path, **overrides: Any) -> Settings:
+    values: dict[str, Any] = {
+        "base_url": server.url,
+        "max_retries": 0,
+        "journal": tmp_path / "journal.db",
+        "workdir": tmp_path,
+    }
+    values.update(overrides)
+    return Settings(**values)
+
+
+def gateway_for(settings: Settings, events: EventBus | None = None) -> ModelGateway:
+    return ModelGateway(settings, Credentials(api_key=API_KEY), events or EventBus())

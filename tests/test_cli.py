@@ -1,0 +1,251 @@
+"""`orchmode run` end to end: a real process, real HTTP, the scripted server as the model."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchmode.prompts import VERIFY_MARKER
+from orchmode.testing import ScriptedServer
+from orchmode.testing.scenario import OrchestrationScenario
+
+API_KEY = "test-key"
+
+
+def orchmode(
+    *args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "orchmode", *args],
+        cwd=cwd,
+        env=env if env is not None else base_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def base_env(**extra: str) -> dict[str, str]:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("ANTHROPIC_", "ORCHMODE_", "ORCH_"))
+    }
+    env["ANTHROPIC_API_KEY"] = API_KEY
+    env.update(extra)
+    return env
+
+
+def role_of(body: dict[str, Any]) -> str:
+    if "Workflow" in {t["name"] for t in body.get("tools", [])}:
+        return "main"
+    return "verifier" if body["messages"][0]["content"].startswith(VERIFY_MARKER) else "worker"
+
+
+@pytest.fixture
+def scripted() -> Iterator[Any]:
+    servers: list[ScriptedServer] = []
+
+    def start(scenario: Any, **kwargs: Any) -> ScriptedServer:
+        kwargs.setdefault("api_key", API_KEY)
+        server = ScriptedServer(scenario, **kwargs)
+        server.start_in_thread()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.stop_thread()
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess[str], *needles: str) -> None:
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("orchmode: ")
+    assert "Traceback" not in result.stderr
+    for needle in needles:
+        assert needle in lines[0]
+
+
+def test_run_fans_out_twenty_subtasks_and_prints_both_answers(
+    scripted: Any, tmp_path: Path
+) -> None:
+    server = scripted(OrchestrationScenario(subtasks=20, delay=0.01))
+    result = orchmode("run", "review this", "--base-url", server.url, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "Synthesis: 20 agents reported; 20 results were confirmed." in result.stdout
+    assert "In brief:" in result.stdout
+    assert (
+        "[main] $ ls" in result.stderr and "[workflow 1] fanning out 20 subtasks" in result.stderr
+    )
+    roles = [role_of(e.body) for e in server.log]
+    assert roles.count("verifier") == 20
+    assert 1 <= server.max_in_flight_seen <= 10
+    assert (tmp_path / ".orchmode" / "journal.db").is_file()
+
+
+def test_every_main_request_extends_the_previous_one_and_asks_for_caching(
+    scripted: Any, tmp_path: Path
+) -> None:
+    server = scripted(OrchestrationScenario(subtasks=3))
+    assert orchmode("run", "go", "--base-url", server.url, cwd=tmp_path).returncode == 0
+    main = [e.body for e in server.log if role_of(e.body) == "main"]
+    assert len(main) == 4  # scout, workflow, synthesis; then the summary turn
+    for previous, current in itertools.pairwise(main):
+        assert current["messages"][: len(previous["messages"])] == previous["messages"]
+        assert current["system"] == previous["system"] and current["tools"] == previous["tools"]
+    for body in (e.body for e in server.log):
+        assert body["cache_control"] == {"type": "ephemeral"}
+        assert body["output_config"] == {"effort": "xhigh"}
+        assert (body["model"], body["max_tokens"]) == ("claude-opus-5-5", 64000)
+
+
+def test_a_killed_run_recomputes_no_finished_worker(scripted: Any, tmp_path: Path) -> None:
+    server = scripted(OrchestrationScenario(subtasks=40, worker_command=None, delay=0.1))
+    journal = tmp_path / ".orchmode" / "journal.db"
+    args = [sys.executable, "-m", "orchmode", "run", "go", "--base-url", server.url]
+    process = subprocess.Popen(
+        args,
+        cwd=tmp_path,
+        env=base_env(),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 60
+    try:
+        while worker_results(journal) < 20:
+            assert process.poll() is None, "the run ended before it could be killed"
+            assert time.monotonic() < deadline, "workers never finished"
+            time.sleep(0.01)
+    finally:
+        process.kill()
+        process.wait()
+    finished = set(worker_prompts(journal))
+    assert 20 <= len(finished) < 40
+    before = len(server.log)
+    result = orchmode("run", "go", "--base-url", server.url, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    rerun = {
+        e.body["messages"][0]["content"] for e in server.log[before:] if role_of(e.body) == "worker"
+    }
+    assert rerun and not (rerun & finished)
+    assert rerun | finished == {f"Check item {i}" for i in range(1, 41)}
+    assert "Synthesis: 40 agents reported; 40 results were confirmed." in result.stdout
+    db = sqlite3.connect(journal)
+    assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    db.close()
+
+
+def worker_results(journal: Path) -> int:
+    return len(worker_prompts(journal))
+
+
+def worker_prompts(journal: Path) -> list[str]:
+    if not journal.exists():
+        return []
+    try:
+        db = sqlite3.connect(f"file:{journal}?mode=ro", uri=True, timeout=5)
+        try:
+            return [r[0] for r in db.execute("SELECT prompt FROM results WHERE role = 'worker'")]
+        finally:
+            db.close()
+    except sqlite3.OperationalError:  # not created yet
+        return []
+
+
+def test_test_mode_uses_small_limits_in_a_throwaway_directory(
+    scripted: Any, tmp_path: Path
+) -> None:
+    server = scripted(OrchestrationScenario(subtasks=4, scout_command=None))
+    result = orchmode("run", "go", "--test-mode", "--base-url", server.url, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert list(tmp_path.iterdir()) == []
+    roles = [role_of(e.body) for e in server.log]
+    assert roles.count("worker") == 2 and roles.count("verifier") == 2
+    assert (
+        "2 were not run" in str(server.log[-1].body)
+        or "stopped after 1 model calls" in result.stdout
+    )
+    assert "stopped after 1 model calls" in result.stdout
+
+
+def test_a_missing_api_key_is_one_line(tmp_path: Path) -> None:
+    env = base_env()
+    del env["ANTHROPIC_API_KEY"]
+    assert_one_line_error(orchmode("run", "x", cwd=tmp_path, env=env), "ANTHROPIC_API_KEY")
+
+
+def test_a_rejected_key_is_one_line(scripted: Any, tmp_path: Path) -> None:
+    server = scripted(OrchestrationScenario())
+    env = base_env(ANTHROPIC_API_KEY="sk-wrong-secret")
+    result = orchmode("run", "x", "--base-url", server.url, cwd=tmp_path, env=env)
+    assert_one_line_error(result, "rejected the credentials")
+    assert "sk-wrong-secret" not in result.stderr + result.stdout
+
+
+def test_an_unreachable_endpoint_is_one_line(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as sock:  # a port that nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    result = orchmode(
+        "run", "x", "--base-url", f"http://127.0.0.1:{port}", "--max-retries", "0", cwd=tmp_path
+    )
+    assert_one_line_error(result, "cannot reach", f"127.0.0.1:{port}")
+
+
+def test_the_base_url_can_come_from_the_environment(scripted: Any, tmp_path: Path) -> None:
+    server = scripted(OrchestrationScenario(subtasks=1))
+    result = orchmode("run", "x", cwd=tmp_path, env=base_env(ANTHROPIC_BASE_URL=server.url))
+    assert result.returncode == 0, result.stderr
+    assert len(server.log) > 0
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "needle"),
+    [
+        (["run", "--max-concurrent", "lots"], {}, "--max-concurrent"),
+        (["run", "--no-such-flag"], {}, "unrecognized arguments"),
+        (["run"], {"ORCHMODE_EFFORT": "extreme"}, "ORCHMODE_EFFORT"),
+        (["frobnicate"], {}, "invalid choice"),
+    ],
+)
+def test_bad_flags_and_settings_are_one_line(
+    tmp_path: Path, args: list[str], env: dict[str, str], needle: str
+) -> None:
+    assert_one_line_error(orchmode(*args, cwd=tmp_path, env=base_env(**env)), needle)
+
+
+def test_a_corrupt_journal_is_one_line(scripted: Any, tmp_path: Path) -> None:
+    server = scripted(OrchestrationScenario())
+    bad = tmp_path / "bad.db"
+    bad.write_bytes(b"garbage" * 1000)
+    result = orchmode("run", "x", "--base-url", server.url, "--journal", str(bad), cwd=tmp_path)
+    assert_one_line_error(result, "bad.db")
+    assert len(server.log) == 0
+
+
+def test_the_api_key_never_reaches_a_command_or_the_journal(scripted: Any, tmp_path: Path) -> None:
+    scenario = OrchestrationScenario(subtasks=2, scout_command="env", worker_command="env")
+    server = scripted(scenario, api_key=None)  # accept any key: the run must reach the commands
+    secret = "sk-ant-very-secret-value"
+    env = base_env(ANTHROPIC_API_KEY=secret, MY_SERVICE_TOKEN="tok-also-secret", FAVOURITE="blue")
+    result = orchmode("run", "x", "--base-url", server.url, cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stderr
+    sent = "".join(str(e.body) for e in server.log)
+    assert "FAVOURITE=blue" in sent  # the commands really ran `env`
+    assert secret not in sent and "tok-also-secret" not in sent
+    assert secret.encode() not in (tmp_path / ".orchmode" / "journal.db").read_bytes()

@@ -1,0 +1,182 @@
+"""Fan-out and verification through a whole session: order, limits, failures, the journal."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from conftest import StartServer, gateway_for, settings_for
+from orchmode.agent import Session
+from orchmode.events import EventBus, SubagentDone
+from orchmode.journal import Journal
+from orchmode.prompts import VERIFY_MARKER
+from orchmode.testing import Fault, Reply, ScriptedRequest, ScriptedServer
+from orchmode.testing.scenario import OrchestrationScenario, first_user_text
+
+
+def role_of(body: dict[str, Any]) -> str:
+    names = {t["name"] for t in body.get("tools", [])}
+    if "Workflow" in names:
+        return "main"
+    first = body["messages"][0]["content"]
+    return "verifier" if first.startswith(VERIFY_MARKER) else "worker"
+
+
+def workflow_result(server: ScriptedServer) -> str:
+    main = [e for e in server.log if role_of(e.body) == "main"]
+    last = main[-1].body["messages"]
+    results = [m for m in last if m["role"] == "user" and isinstance(m["content"], list)]
+    return str(results[-1]["content"][0]["content"])
+
+
+async def run_session(
+    server: ScriptedServer, tmp_path: Path, **overrides: Any
+) -> tuple[str, EventBus]:
+    settings = settings_for(server, tmp_path, **overrides)
+    events = EventBus()
+    journal = Journal.open(settings.journal_path(tmp_path))
+    session = Session(settings, gateway_for(settings, events), workdir=tmp_path, journal=journal)
+    try:
+        result = await session.turn("review it")
+    finally:
+        await session.close()
+        journal.close()
+    return result.text, events
+
+
+async def test_twenty_subtasks_give_twenty_results_and_verdicts_in_order(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    server = await serve(OrchestrationScenario(subtasks=20, delay=0.02))
+    text, _ = await run_session(server, tmp_path)
+    assert text == "Synthesis: 20 agents reported; 20 results were confirmed."
+    result = workflow_result(server)
+    headers = re.findall(r"^\[(agent|verify) (\d+)(?::[^\]]*)?\]$", result, flags=re.M)
+    expected = [(kind, str(i)) for i in range(1, 21) for kind in ("agent", "verify")]
+    assert headers == expected
+    assert "[agent 7: Check item 7]\n" in result
+    assert 2 <= server.max_in_flight_seen <= 10
+    assert all(e.status == 200 for e in server.log)
+
+
+async def test_in_flight_subagents_never_exceed_the_limit(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    server = await serve(OrchestrationScenario(subtasks=12, delay=0.02))
+    await run_session(server, tmp_path, max_concurrent=3)
+    assert server.max_in_flight_seen == 3
+
+
+async def test_a_failing_subagent_is_an_error_string_in_its_slot(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    scenario = OrchestrationScenario(subtasks=3)
+
+    def respond(request: ScriptedRequest) -> Reply | Fault:
+        if first_user_text(request) == "Check item 2":
+            return Fault("server_error")
+        return scenario(request)
+
+    server = await serve(respond)
+    text, _ = await run_session(server, tmp_path)
+    result = workflow_result(server)
+    slot = result.split("[agent 2: Check item 2]\n", 1)[1].split("\n\n", 1)[0]
+    assert slot.startswith("error: the subagent failed:") and "500" in slot
+    assert "[verify 2]\n[orchmode: not verified, because the agent failed]" in result
+    assert result.count('"summary": "confirmed') == 2
+    assert text.startswith("Synthesis: 3 agents")
+
+
+async def test_a_second_run_takes_every_result_from_the_journal(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    server = await serve(OrchestrationScenario(subtasks=5))
+    await run_session(server, tmp_path)
+    first_count = len(server.log)
+    await run_session(server, tmp_path)
+    second = server.log[first_count:]
+    assert {role_of(e.body) for e in second} == {"main"}
+    assert workflow_result(server).count('"summary": "confirmed') == 5
+
+
+async def test_fresh_ignores_recorded_results(serve: StartServer, tmp_path: Path) -> None:
+    server = await serve(OrchestrationScenario(subtasks=2, worker_command=None))
+    await run_session(server, tmp_path)
+    first_count = len(server.log)
+    await run_session(server, tmp_path, fresh=True)
+    roles = [role_of(e.body) for e in server.log[first_count:]]
+    assert roles.count("worker") == 2 and roles.count("verifier") == 2
+
+
+async def test_unfinished_results_are_retried_on_the_next_run(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    scenario = OrchestrationScenario(subtasks=2, worker_command=None)
+    cut = {"done": False}
+
+    def respond(request: ScriptedRequest) -> Reply | Fault:
+        if first_user_text(request) == "Check item 1" and not cut["done"]:
+            cut["done"] = True
+            return Reply.text("I was cut o", stop_reason="max_tokens")
+        return scenario(request)
+
+    server = await serve(respond)
+    await run_session(server, tmp_path)
+    first_count = len(server.log)
+    await run_session(server, tmp_path)
+    rerun = [
+        first_user_text_of(e.body) for e in server.log[first_count:] if role_of(e.body) == "worker"
+    ]
+    assert rerun == ["Check item 1"]
+
+
+def first_user_text_of(body: dict[str, Any]) -> str:
+    return str(body["messages"][0]["content"])
+
+
+async def test_verification_starts_before_the_first_wave_is_over(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    """No barrier: item 1's verifier runs while item 2's slow worker is still working."""
+    scenario = OrchestrationScenario(subtasks=2, worker_command=None)
+
+    def respond(request: ScriptedRequest) -> Reply | Fault:
+        reply = scenario(request)
+        if first_user_text(request) == "Check item 2":
+            reply.delay = 0.5
+        return reply
+
+    server = await serve(respond)
+    await run_session(server, tmp_path)
+    slow_worker = next(e for e in server.log if first_user_text_of(e.body) == "Check item 2")
+    verifier_1 = next(
+        e
+        for e in server.log
+        if role_of(e.body) == "verifier" and "Check item 1" in first_user_text_of(e.body)
+    )
+    assert slow_worker.finished is not None
+    assert verifier_1.started < slow_worker.finished
+
+
+async def test_events_tell_the_story_of_the_fan_out(serve: StartServer, tmp_path: Path) -> None:
+    server = await serve(OrchestrationScenario(subtasks=3))
+    settings = settings_for(server, tmp_path)
+    events = EventBus()
+    seen: list[Any] = []
+    events.subscribe(seen.append)
+    session = Session(settings, gateway_for(settings, events), workdir=tmp_path)
+    await session.turn("go")
+    await session.close()
+    done = [e for e in seen if isinstance(e, SubagentDone)]
+    assert sorted((e.role, e.index) for e in done) == sorted(
+        [("worker", i) for i in (1, 2, 3)] + [("verifier", i) for i in (1, 2, 3)]
+    )
+    assert {e.verdict for e in done if e.role == "verifier"} == {"confirmed"}
+
+
+async def test_verification_can_be_switched_off(serve: StartServer, tmp_path: Path) -> None:
+    server = await serve(OrchestrationScenario(subtasks=2))
+    await run_session(server, tmp_path, verify=False)
+    assert "[verify" not in workflow_result(server)
+    assert "verifier" not in {role_of(e.body) for e in server.log}
