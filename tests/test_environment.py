@@ -29,7 +29,8 @@ def test_credentials_are_removed_and_ordinary_variables_kept() -> None:
 
 
 def test_a_known_secret_is_removed_under_any_name() -> None:
-    assert command_environment({"INNOCENT": "sk-live", "OTHER": "x"}, ("sk-live",)) == {"OTHER": "x"}
+    env = {"INNOCENT": "sk-live", "OTHER": "x"}
+    assert command_environment(env, ("sk-live",)) == {"OTHER": "x"}
 
 
 @given(st.from_regex(r"[A-Z]{1,8}_(API_KEY|TOKEN|SECRET|PASSWORD)(_[A-Z]{1,5})?", fullmatch=True))

@@ -79,7 +79,10 @@ class Session:
 
     def make_shell(self) -> BashSession:
         """A fresh persistent shell in the working directory, with no credentials in reach."""
-        secrets = (self.gateway.credentials.api_key or "", self.gateway.credentials.auth_token or "")
+        secrets = (
+            self.gateway.credentials.api_key or "",
+            self.gateway.credentials.auth_token or "",
+        )
         return BashSession(
             self.workdir,
             timeout=self.settings.bash_timeout,

@@ -8,6 +8,7 @@ loops above never see an HTTP library.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -64,25 +65,101 @@ class ModelReply:
         return [b for b in self.content if b.get("type") == "tool_use"]
 
 
-def block_to_param(block: Any) -> Block | None:
-    """An SDK content block as a request block; ``None`` for blocks the API would reject."""
-    kind = getattr(block, "type", None)
+class _ReplyBuilder:
+    """Builds a :class:`ModelReply` from the SDK's raw stream events.
+
+    The SDK's ``messages.stream()`` helper rebuilds a typed snapshot on every event and
+    re-parses a tool call's partial JSON on every delta; measured on a fan-out, that was
+    most of the harness's CPU. The events are the SDK's own types; only the assembly is ours.
+    """
+
+    def __init__(self) -> None:
+        self.message_id = ""
+        self.stop_reason: str | None = None
+        self.blocks: list[Block] = []
+        self.json_parts: dict[int, list[str]] = {}
+        self.usage: dict[str, int] = {}
+
+    def feed(self, event: Any) -> str | None:
+        """Take one event; return the text it adds, if any."""
+        kind = event.type
+        if kind == "content_block_delta":
+            delta = event.delta
+            block = self.blocks[event.index]
+            if delta.type == "text_delta":
+                block["text"] += delta.text
+                return cast(str, delta.text)
+            if delta.type == "input_json_delta":
+                self.json_parts.setdefault(event.index, []).append(delta.partial_json)
+            elif delta.type == "thinking_delta":
+                block["thinking"] += delta.thinking
+            elif delta.type == "signature_delta":
+                block["signature"] = delta.signature
+        elif kind == "content_block_start":
+            block = cast(Block, event.content_block.model_dump(mode="json", exclude_none=True))
+            if block.get("type") == "tool_use":
+                block["input"] = {}
+            self.blocks.append(block)
+        elif kind == "content_block_stop":
+            parts = self.json_parts.pop(event.index, None)
+            if parts is not None:
+                self.blocks[event.index]["input"] = _tool_input("".join(parts))
+        elif kind == "message_start":
+            self.message_id = event.message.id
+            self._take_usage(event.message.usage)
+        elif kind == "message_delta":
+            self.stop_reason = event.delta.stop_reason
+            self._take_usage(event.usage)
+        return None
+
+    def _take_usage(self, usage: Any) -> None:
+        # message_delta carries cumulative totals: they replace, and absent ones keep theirs.
+        for field_name in (
+            "input_tokens",
+            "output_tokens",
+            "cache_read_input_tokens",
+            "cache_creation_input_tokens",
+        ):
+            value = getattr(usage, field_name, None)
+            if value is not None:
+                self.usage[field_name] = value
+
+    def reply(self) -> ModelReply:
+        content = [b for b in (_request_block(b) for b in self.blocks) if b is not None]
+        usage = TokenUsage(
+            input_tokens=self.usage.get("input_tokens", 0),
+            output_tokens=self.usage.get("output_tokens", 0),
+            cache_read_tokens=self.usage.get("cache_read_input_tokens", 0),
+            cache_write_tokens=self.usage.get("cache_creation_input_tokens", 0),
+        )
+        return ModelReply(self.message_id, content, self.stop_reason, usage)
+
+
+def _tool_input(raw: str) -> dict[str, Any]:
+    """A tool call's input; malformed JSON is kept visibly so the tool can say what is wrong."""
+    if not raw.strip():
+        return {}
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return {"_unparsed_input": raw}
+    return value if isinstance(value, dict) else {"_unparsed_input": raw}
+
+
+def _request_block(block: Block) -> Block | None:
+    """A response block in request form; ``None`` for an empty text block the API rejects."""
+    kind = block.get("type")
     if kind == "text":
-        text = cast(str, block.text)
+        text = block.get("text", "")
         return {"type": "text", "text": text} if text.strip() else None
     if kind == "tool_use":
-        return {"type": "tool_use", "id": block.id, "name": block.name, "input": block.input}
-    dumped = cast(Block, block.model_dump(mode="json", exclude_none=True))
-    return dumped
-
-
-def _usage(raw: Any) -> TokenUsage:
-    return TokenUsage(
-        input_tokens=raw.input_tokens or 0,
-        output_tokens=raw.output_tokens or 0,
-        cache_read_tokens=raw.cache_read_input_tokens or 0,
-        cache_write_tokens=raw.cache_creation_input_tokens or 0,
-    )
+        return {
+            "type": "tool_use",
+            "id": block["id"],
+            "name": block["name"],
+            "input": block["input"],
+        }
+    return block
 
 
 def _api_message(exc: anthropic.APIStatusError) -> str:
@@ -132,8 +209,9 @@ class ModelGateway:
     ) -> ModelReply:
         """Stream one response to the end and return it; raise an ``OrchmodeError`` on failure."""
         started = time.monotonic()
+        builder = _ReplyBuilder()
         try:
-            async with self.client.messages.stream(
+            stream = await self.client.messages.create(
                 model=self.settings.model,
                 max_tokens=self.settings.max_tokens,
                 system=system,
@@ -142,12 +220,13 @@ class ModelGateway:
                 output_config={"effort": self.settings.effort},
                 cache_control={"type": "ephemeral"},
                 timeout=self.settings.request_timeout,
-            ) as stream:
-                if on_text is not None:
-                    async for event in stream:
-                        if event.type == "text":
-                            on_text(event.text)
-                message = await stream.get_final_message()
+                stream=True,
+            )
+            async with stream:
+                async for event in stream:
+                    text = builder.feed(event)
+                    if text and on_text is not None:
+                        on_text(text)
         except anthropic.AuthenticationError as exc:
             raise AuthError(
                 f"the API rejected the credentials ({exc.status_code}: {_api_message(exc)}) — "
@@ -183,20 +262,21 @@ class ModelGateway:
                 f"the response stream from {self.endpoint} broke off: {exc or type(exc).__name__}"
             ) from exc
 
-        content = [p for b in message.content if (p := block_to_param(b)) is not None]
-        usage = _usage(message.usage)
-        self.usage = self.usage + usage
+        reply = builder.reply()
+        if not reply.message_id or reply.stop_reason is None:
+            raise EndpointError(f"the response stream from {self.endpoint} ended early")
+        self.usage = self.usage + reply.usage
         self.requests += 1
         self.events.emit(
             ModelRequestDone(
                 agent=agent,
-                message_id=message.id,
-                stop_reason=message.stop_reason,
-                usage=usage,
+                message_id=reply.message_id,
+                stop_reason=reply.stop_reason,
+                usage=reply.usage,
                 duration=time.monotonic() - started,
             )
         )
-        return ModelReply(message.id, content, message.stop_reason, usage)
+        return reply
 
     async def close(self) -> None:
         if self._client is not None:

@@ -11,6 +11,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -220,9 +221,12 @@ def _group_members(leader: int) -> list[int]:
     for entry in entries:
         if not entry.isdigit():
             continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as fh:
-                stat = fh.read()
+        try:  # os.open/os.read: this loop runs over every process, keep it cheap
+            fd = os.open(f"/proc/{entry}/stat", os.O_RDONLY)
+            try:
+                stat = os.read(fd, 1024)
+            finally:
+                os.close(fd)
         except OSError:
             continue
         fields = stat[stat.rfind(b")") + 2 :].split()
@@ -233,7 +237,7 @@ def _group_members(leader: int) -> list[int]:
     return members
 
 
-def _kill_tree(leader: int, leader_reaped: bool) -> None:
+def _kill_tree(leader: int, leader_reaped: bool, *, sweep: bool = True) -> None:
     """SIGKILL the shell's process group and whatever else is left in its session.
 
     While the leader is unreaped (or any member is alive) its PID cannot be reused, so
@@ -243,11 +247,43 @@ def _kill_tree(leader: int, leader_reaped: bool) -> None:
     if not leader_reaped:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(leader, signal.SIGKILL)
+    if not sweep:
+        return
     for pid in _group_members(leader):
         if pid == leader and leader_reaped:
             continue
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
+
+
+_pidfd_watcher: asyncio.AbstractChildWatcher | None = None
+_pidfd_watcher_loop: asyncio.AbstractEventLoop | None = None
+_pidfd_unavailable = False
+
+
+def _use_pidfd_child_watcher() -> None:
+    """On Python 3.11, watch children through pidfds instead of one thread per child.
+
+    3.11's default watcher starts a thread for every subprocess, and starting one waits
+    for the GIL: with hundreds of agents that costs milliseconds per shell. A pidfd
+    watcher serves one event loop, so it is attached to whichever loop spawns. 3.12+
+    already uses pidfds (and deprecates this API), so there this does nothing.
+    """
+    global _pidfd_watcher, _pidfd_watcher_loop, _pidfd_unavailable
+    if sys.version_info >= (3, 12) or _pidfd_unavailable:
+        return
+    loop = asyncio.get_running_loop()
+    if _pidfd_watcher is None:
+        try:
+            os.close(os.pidfd_open(os.getpid()))
+        except (OSError, AttributeError):
+            _pidfd_unavailable = True  # an old kernel: keep asyncio's default
+            return
+        _pidfd_watcher = asyncio.PidfdChildWatcher()
+        asyncio.set_child_watcher(_pidfd_watcher)
+    if _pidfd_watcher_loop is not loop:
+        _pidfd_watcher.attach_loop(loop)
+        _pidfd_watcher_loop = loop
 
 
 def _signal_name(number: int) -> str:
@@ -290,8 +326,9 @@ class _Shell:
             raise RuntimeError("the shell has no stdin pipe")
         stdin.write(line.encode())
 
-    def kill(self) -> None:
-        _kill_tree(self.pid, self.protocol.exited.is_set())
+    def kill(self, *, sweep: bool = True) -> None:
+        """SIGKILL the group; ``sweep`` also hunts the session's members through /proc."""
+        _kill_tree(self.pid, self.protocol.exited.is_set(), sweep=sweep)
 
     def returncode(self) -> int | None:
         return self.transport.get_returncode()
@@ -388,7 +425,7 @@ class BashSession:
         """Kill the shell's process group and remove the temp dir; safe to call twice."""
         shell = self._shell
         if shell is not None:
-            shell.kill()  # at once, so a command in progress ends instead of blocking us
+            shell.kill(sweep=False)  # at once, so a running command ends instead of blocking us
         async with self._lock:
             if self._shell is not None:
                 await self._discard(self._shell)
@@ -420,6 +457,7 @@ class BashSession:
 
     async def _spawn(self) -> _Shell:
         """Start bash in its own session, with a private dir for command files."""
+        _use_pidfd_child_watcher()
         if self._tmpdir is None or not os.path.isdir(self._tmpdir):
             self._tmpdir = tempfile.mkdtemp(prefix="orchmode-shell-")
         loop = asyncio.get_running_loop()
@@ -444,9 +482,9 @@ class BashSession:
             self._shell = None
         proto = shell.protocol
         try:
-            shell.kill()
+            shell.kill(sweep=False)
             await _wait_event(proto.exited, _REAP_GRACE)
-            shell.kill()  # stragglers that changed process group but kept our session
+            shell.kill()  # and stragglers that changed process group but kept our session
             await _wait_event(proto.eof, _DRAIN_GRACE)
         finally:
             shell.transport.close()

@@ -46,9 +46,11 @@ def normalise_subtasks(raw: object) -> list[str]:
         return [line.strip() for line in text.splitlines() if line.strip()]
     if isinstance(raw, list | tuple):
         items = (
-            item if isinstance(item, str) else json.dumps(item, ensure_ascii=False) for item in raw
+            item if isinstance(item, str) else json.dumps(item, ensure_ascii=False)
+            for item in raw
+            if item is not None
         )
-        return [item.strip() for item in items if item.strip() and item.strip() != "null"]
+        return [item.strip() for item in items if item.strip()]
     return []
 
 

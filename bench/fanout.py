@@ -1,0 +1,122 @@
+"""Fan-out makespan against its lower bound, and peak memory.
+
+200 subtasks, 10 in flight, every model request answered by the scripted server (in its
+own process) after 50 ms. Each subtask is a chain — a worker (bash, then report_findings)
+and then its verifier — so the ideal fan-out packs the chains onto 10 slots:
+
+    lower bound = max(longest chain, total chain time / slots)
+
+where a chain's time is its number of model requests times the server latency. Harness
+overhead (HTTP, streaming, shells, the journal) is what pushes the ratio above 1.
+
+    .venv/bin/python bench/fanout.py [--subtasks 200] [--concurrent 10] [--latency 0.05]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+from orchmode.agent import Session
+from orchmode.events import Event, EventBus, FanoutDone, ModelRequestDone
+from orchmode.journal import Journal
+from orchmode.model import Credentials, ModelGateway
+from orchmode.settings import Settings
+from orchmode.testing.scenario import OrchestrationScenario
+
+#: What the server process answers with (imported there as ``fanout:responder``).
+responder = OrchestrationScenario(
+    subtasks=int(os.environ.get("BENCH_SUBTASKS", "200")), scout_command=None, worker_command="true"
+)
+
+
+def start_server(subtasks: int, latency: float) -> tuple[subprocess.Popen[str], str]:
+    env = {**os.environ, "BENCH_SUBTASKS": str(subtasks), "PYTHONPATH": str(Path(__file__).parent)}
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "orchmode.testing",
+            "--latency",
+            str(latency),
+            "--responder",
+            "fanout:responder",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    match = re.search(r"http://\S+", line)
+    if not match:
+        process.kill()
+        raise SystemExit(f"the scripted server did not start: {line!r}")
+    return process, match.group(0)
+
+
+async def measure(url: str, concurrent: int, workdir: Path) -> tuple[float, Counter[str], int]:
+    settings = Settings(base_url=url, max_concurrent=concurrent, max_retries=0, workdir=workdir)
+    events = EventBus()
+    fanout_time: list[float] = []
+    per_chain: Counter[str] = Counter()
+
+    def record(event: Event) -> None:
+        if isinstance(event, FanoutDone):
+            fanout_time.append(event.duration)
+        elif isinstance(event, ModelRequestDone) and event.agent != "main":
+            per_chain[event.agent.split()[-1]] += 1  # "worker 1.7" and "verifier 1.7" -> "1.7"
+
+    events.subscribe(record)
+    journal = Journal.open(workdir / "journal.db")
+    gateway = ModelGateway(settings, Credentials(api_key="test-key"), events)
+    session = Session(settings, gateway, workdir=workdir, journal=journal, events=events)
+    try:
+        await session.turn("fan out")
+    finally:
+        await session.close()
+        await gateway.close()
+        journal.close()
+    return fanout_time[0], per_chain, gateway.requests
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--subtasks", type=int, default=200)
+    parser.add_argument("--concurrent", type=int, default=10)
+    parser.add_argument("--latency", type=float, default=0.05)
+    args = parser.parse_args()
+    server, url = start_server(args.subtasks, args.latency)
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            cpu_before = time.process_time()
+            makespan, per_chain, requests = asyncio.run(measure(url, args.concurrent, Path(tmp)))
+            cpu = time.process_time() - cpu_before
+    finally:
+        server.terminate()
+        server.wait()
+    chains = [n * args.latency for n in per_chain.values()]
+    bound = max(max(chains), sum(chains) / args.concurrent)
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(
+        f"subtasks {args.subtasks}, concurrent {args.concurrent}, "
+        f"latency {args.latency * 1000:g} ms"
+    )
+    print(f"model requests per chain: {sorted(Counter(per_chain.values()).items())}")
+    print(f"fan-out makespan {makespan:.3f} s, lower bound {bound:.3f} s")
+    print(f"ratio to lower bound: {makespan / bound:.3f}  (target <= 1.10)")
+    print(f"peak memory (RSS of the harness): {peak_mb:.0f} MB")
+    print(f"harness CPU per model request: {cpu / requests * 1000:.2f} ms")
+
+
+if __name__ == "__main__":
+    main()
