@@ -45,5 +45,20 @@ def settings_for(server: ScriptedServer, tmp_path: Path, **overrides: Any) -> Se
     return Settings(**values)
 
 
-def gateway_for(settings: Settings, events: EventBus | None = None) -> ModelGateway:
-    return ModelGateway(settings, Credentials(api_key=API_KEY), events or EventBus())
+_gateways: list[ModelGateway] = []
+
+
+def gateway_for(
+    settings: Settings, events: EventBus | None = None, api_key: str = API_KEY
+) -> ModelGateway:
+    """A gateway to the scripted server; closed when the test ends."""
+    gateway = ModelGateway(settings, Credentials(api_key=api_key), events or EventBus())
+    _gateways.append(gateway)
+    return gateway
+
+
+@pytest.fixture(autouse=True)
+async def _close_gateways() -> AsyncIterator[None]:
+    yield
+    while _gateways:
+        await _gateways.pop().close()

@@ -11,7 +11,6 @@ from conftest import StartServer, gateway_for, settings_for
 from orchmode.agent import Session
 from orchmode.errors import AuthError
 from orchmode.mode import Notice
-from orchmode.model import Credentials, ModelGateway
 from orchmode.prompts import NOTICES
 from orchmode.testing import Fault, Reply, ScriptedRequest, ScriptedServer
 
@@ -159,9 +158,7 @@ async def test_a_failed_request_ends_the_turn_and_the_next_turn_works(
 async def test_a_bad_key_raises_auth_error(serve: StartServer, tmp_path: Path) -> None:
     server = await serve(lambda r: Reply.text("never"))
     settings = settings_for(server, tmp_path)
-    session = Session(
-        settings, ModelGateway(settings, Credentials(api_key="wrong")), workdir=tmp_path
-    )
+    session = Session(settings, gateway_for(settings, api_key="wrong"), workdir=tmp_path)
     with pytest.raises(AuthError, match="rejected the credentials"):
         await session.turn("hi")
 

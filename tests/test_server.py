@@ -1056,3 +1056,21 @@ def test_cli_falls_back_when_the_default_responder_is_missing() -> None:
     assert load_responder("orchmode.testing.no_such_module:x", optional=True) is fallback_responder
     with pytest.raises(ModuleNotFoundError):
         load_responder("orchmode.testing.no_such_module:x")
+
+
+async def test_the_request_log_is_served_as_json_for_other_processes() -> None:
+    import aiohttp
+
+    from orchmode.testing.server import LOG_PATH
+
+    async with ScriptedServer(lambda r: Reply.text("hi")) as server:
+        client = anthropic.AsyncAnthropic(base_url=server.url, api_key="test-key", max_retries=0)
+        await client.messages.create(
+            model="m", max_tokens=5, messages=[{"role": "user", "content": "first words"}]
+        )
+        await client.close()
+        async with aiohttp.ClientSession() as http, http.get(server.url + LOG_PATH) as response:
+            entries = await response.json()
+    assert len(entries) == 1
+    assert entries[0]["first_user_text"] == "first words" and entries[0]["status"] == 200
+    assert entries[0]["finished"] >= entries[0]["started"]

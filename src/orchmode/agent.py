@@ -74,20 +74,20 @@ class Session:
         self.on_text = on_text
         self.mode = ModeState(mode_on=settings.mode, refresh_every=settings.refresh_every)
         self.history: list[Message] = []
+        credentials = gateway.credentials
+        self.command_env = command_environment(
+            os.environ, (credentials.api_key or "", credentials.auth_token or "")
+        )
         self.shell = self.make_shell()
         self.workflow = Workflow(settings, gateway, journal, self.events, self.make_shell)
 
     def make_shell(self) -> BashSession:
         """A fresh persistent shell in the working directory, with no credentials in reach."""
-        secrets = (
-            self.gateway.credentials.api_key or "",
-            self.gateway.credentials.auth_token or "",
-        )
         return BashSession(
             self.workdir,
             timeout=self.settings.bash_timeout,
             output_limit=self.settings.output_limit,
-            env=command_environment(os.environ, secrets),
+            env=self.command_env,
         )
 
     def set_mode(self, on: bool) -> None:

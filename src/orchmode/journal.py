@@ -2,8 +2,12 @@
 
 SQLite in WAL mode with ``synchronous=FULL``: a result is on disk once :meth:`Journal.record`
 returns, and a process killed at any moment leaves a database that opens cleanly. Every
-attempt is kept, but only finished results are served back. Calls run on one dedicated
-thread so the event loop never waits on a disk flush.
+attempt is kept, but only finished results are served back.
+
+Writes run on one dedicated thread, so the event loop never waits on a disk flush. Reads
+are a single indexed lookup on a second connection, done inline: WAL readers never wait
+for the writer, and a hop to a thread costs more than the query (measured in
+``bench/fanout.py``).
 """
 
 from __future__ import annotations
@@ -91,9 +95,16 @@ MIGRATIONS: list[tuple[str, Callable[[sqlite3.Connection], None]]] = [
 class Journal:
     """A SQLite journal file; open it with :meth:`Journal.open`."""
 
-    def __init__(self, path: Path, db: sqlite3.Connection, executor: ThreadPoolExecutor) -> None:
+    def __init__(
+        self,
+        path: Path,
+        db: sqlite3.Connection,
+        reader: sqlite3.Connection,
+        executor: ThreadPoolExecutor,
+    ) -> None:
         self.path = path
         self._db = db
+        self._reader = reader
         self._executor = executor
 
     @classmethod
@@ -104,7 +115,14 @@ class Journal:
         except BaseException:
             executor.shutdown(wait=False)
             raise
-        return cls(path, db, executor)
+        try:
+            reader = sqlite3.connect(path, isolation_level=None, timeout=10.0)
+            reader.execute("PRAGMA query_only = ON")
+        except sqlite3.Error as exc:
+            executor.submit(db.close).result()
+            executor.shutdown(wait=False)
+            raise JournalError(f"cannot read the journal {path}: {exc}") from exc
+        return cls(path, db, reader, executor)
 
     async def _call(self, fn: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
@@ -112,22 +130,19 @@ class Journal:
     async def lookup(self, key: str) -> AgentResult | None:
         """The finished result for ``key``, or ``None``; a read error counts as a miss."""
 
-        def read() -> AgentResult | None:
-            row = self._db.execute(
+        try:
+            row = self._reader.execute(
                 "SELECT result, turns, input_tokens, output_tokens, cache_read_tokens, "
                 "cache_write_tokens FROM results WHERE key = ?",
                 (key,),
             ).fetchone()
-            if row is None:
-                return None
-            usage = TokenUsage(row[2], row[3], row[4], row[5])
-            return AgentResult(row[0], Status.FINISHED, row[1], usage)
-
-        try:
-            return await self._call(read)
         except sqlite3.Error as exc:
             log.warning("journal read failed, recomputing: %s", exc)
             return None
+        if row is None:
+            return None
+        usage = TokenUsage(row[2], row[3], row[4], row[5])
+        return AgentResult(row[0], Status.FINISHED, row[1], usage)
 
     async def record(self, key: str, role: Role, prompt: str, result: AgentResult) -> None:
         """Store an attempt (and the result if finished); a failure is logged, never raised."""
@@ -163,13 +178,8 @@ class Journal:
         except (sqlite3.Error, OSError) as exc:
             log.warning("could not record a result in the journal %s: %s", self.path, exc)
 
-    async def count_results(self) -> int:
-        def count() -> int:
-            return int(self._db.execute("SELECT count(*) FROM results").fetchone()[0])
-
-        return await self._call(count)
-
     def close(self) -> None:
+        self._reader.close()
         try:
             self._executor.submit(self._db.close).result()
         finally:

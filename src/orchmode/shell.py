@@ -311,6 +311,7 @@ class _Shell:
     protocol: _ShellProtocol
     pid: int
     nonce: str
+    used: bool = False
 
     @property
     def marker(self) -> bytes:
@@ -327,8 +328,12 @@ class _Shell:
         stdin.write(line.encode())
 
     def kill(self, *, sweep: bool = True) -> None:
-        """SIGKILL the group; ``sweep`` also hunts the session's members through /proc."""
-        _kill_tree(self.pid, self.protocol.exited.is_set(), sweep=sweep)
+        """SIGKILL the group; ``sweep`` also hunts the session's members through /proc.
+
+        A shell that never ran a command has no children to hunt, so it skips the sweep
+        (a read of every process's stat file).
+        """
+        _kill_tree(self.pid, self.protocol.exited.is_set(), sweep=sweep and self.used)
 
     def returncode(self) -> int | None:
         return self.transport.get_returncode()
@@ -405,6 +410,17 @@ class BashSession:
             return _error(f"(error: a non-empty command is required; {_USAGE})")
         async with self._lock:
             return await self._run_locked(command)
+
+    async def start(self) -> None:
+        """Start the shell now rather than on the first command.
+
+        Lets a caller overlap bash's start-up with something slow, such as the agent's
+        first model request. A failure is not raised here: the next command reports it.
+        """
+        async with self._lock:
+            if self._shell is None:
+                with contextlib.suppress(OSError):
+                    await self._spawn()
 
     async def restart(self) -> ShellResult:
         """Drop the current shell; the next command starts a fresh one."""
@@ -531,6 +547,7 @@ class BashSession:
         proto = shell.protocol
         proto.begin(collector)
         try:
+            shell.used = True
             shell.send(line)
             timed_out = not await self._wait(shell, collector, started + self._timeout)
         except asyncio.CancelledError:

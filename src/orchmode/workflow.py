@@ -13,9 +13,10 @@ import heapq
 import itertools
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 from .errors import AuthError
 from .events import EventBus, FanoutDone, FanoutStarted, Role, SubagentDone, SubagentStarted
@@ -159,6 +160,7 @@ class Workflow:
     make_shell: Callable[[], BashSession]
     calls: int = 0
     _slots: PrioritySlots | None = field(default=None, repr=False)
+    _housekeeping: set[asyncio.Task[None]] = field(default_factory=set, repr=False)
 
     @property
     def slots(self) -> PrioritySlots:
@@ -185,6 +187,7 @@ class Workflow:
             for chain in chains:
                 chain.cancel()
             await asyncio.gather(*chains, return_exceptions=True)
+            await asyncio.gather(*self._housekeeping)
         self.events.emit(FanoutDone(call, time.monotonic() - started))
         sections = [plan.note] if plan.note else []
         for i, (subtask, (result, verdict)) in enumerate(
@@ -227,6 +230,9 @@ class Workflow:
             self.events.emit(SubagentStarted(call, index, role, title(prompt)))
             started = time.monotonic()
             shell = self.make_shell()
+            # Start bash while the first model request is in flight, so its start-up is
+            # off the critical path; and close it after the slot is free, for the same reason.
+            self._background(shell.start())
             agent = Subagent(
                 gateway=self.gateway,
                 shell=shell,
@@ -243,11 +249,18 @@ class Workflow:
             except Exception as exc:
                 result = AgentResult(describe_failure(exc), Status.FAILED)
             finally:
-                await shell.close()
+                self._background(shell.close())
         if self.journal is not None:
-            await self.journal.record(key, role, prompt, result)
+            # The chain goes on while the disk flushes; run() waits for every write.
+            self._background(self.journal.record(key, role, prompt, result))
         self._done(call, index, role, result, time.monotonic() - started)
         return result
+
+    def _background(self, work: Coroutine[Any, Any, None]) -> None:
+        """Housekeeping off the critical path; run() waits for all of it before returning."""
+        task = asyncio.create_task(work)
+        self._housekeeping.add(task)
+        task.add_done_callback(self._housekeeping.discard)
 
     def _done(
         self,

@@ -95,6 +95,7 @@ class OrchestrationScenario:
     subtasks: int | list[str] = 3
     scout_command: str | None = "ls"
     worker_command: str | None = "pwd"
+    verifier_command: str | None = None
     verdict: Callable[[str], str] = confirm_all
     delay: float = 0.0
     summary: str = "In brief: the workflow ran and every result was checked."
@@ -146,6 +147,9 @@ class OrchestrationScenario:
 
     def verifier(self, request: ScriptedRequest) -> Reply:
         prompt = first_user_text(request)
+        steps = sum(1 for m in request.messages if m.get("role") == "assistant")
+        if steps == 0 and self.verifier_command:
+            return tool_call("bash", {"command": self.verifier_command})
         verdict = self.verdict(prompt)
         return report(
             f"{verdict}: re-checked the claim",

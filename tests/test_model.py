@@ -1,0 +1,136 @@
+"""The model gateway against the strict scripted server: request shape, usage, and every failure."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conftest import StartServer, gateway_for, settings_for
+from orchmode.errors import AuthError, EndpointError, ModelRequestError
+from orchmode.events import EventBus, ModelRequestDone
+from orchmode.model import Credentials
+from orchmode.prompts import MAIN_TOOLS
+from orchmode.testing import Fault, Reply
+
+USER = [{"role": "user", "content": "hello"}]
+
+
+async def test_a_reply_streams_with_text_callbacks_and_usage(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    server = await serve(lambda r: Reply.text("a reply long enough to arrive in several deltas"))
+    events = EventBus()
+    seen: list[object] = []
+    events.subscribe(seen.append)
+    gateway = gateway_for(settings_for(server, tmp_path), events)
+    pieces: list[str] = []
+    reply = await gateway.complete(
+        agent="main", system="s", messages=USER, tools=MAIN_TOOLS, on_text=pieces.append
+    )
+    assert reply.text == "a reply long enough to arrive in several deltas"
+    assert len(pieces) > 1 and "".join(pieces) == reply.text
+    assert reply.stop_reason == "end_turn" and reply.message_id.startswith("msg_")
+    assert reply.usage.input_tokens + reply.usage.cache_write_tokens > 0
+    assert reply.usage.output_tokens > 0
+    assert gateway.usage == reply.usage and gateway.requests == 1
+    done = [e for e in seen if isinstance(e, ModelRequestDone)]
+    assert len(done) == 1 and done[0].agent == "main" and done[0].usage == reply.usage
+    body = server.log[0].body
+    assert body["output_config"] == {"effort": "xhigh"}
+    assert body["cache_control"] == {"type": "ephemeral"}
+    assert body["stream"] is True and body["system"] == "s"
+    await gateway.close()
+
+
+async def test_a_growing_conversation_reads_its_prefix_from_the_cache(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    server = await serve(lambda r: Reply.text("answer " * 40))
+    gateway = gateway_for(settings_for(server, tmp_path))
+    messages: list[dict[str, object]] = [{"role": "user", "content": "question " * 200}]
+    first = await gateway.complete(agent="main", system="s", messages=messages, tools=MAIN_TOOLS)
+    messages += [
+        {"role": "assistant", "content": first.content},
+        {"role": "user", "content": "more"},
+    ]
+    second = await gateway.complete(agent="main", system="s", messages=messages, tools=MAIN_TOOLS)
+    assert first.usage.cache_read_tokens == 0
+    assert second.usage.cache_read_tokens > 0
+    await gateway.close()
+
+
+async def test_tool_input_arrives_whole_from_chunked_json(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    subtasks = [f"subtask number {i} with some words" for i in range(30)]
+    server = await serve(lambda r: Reply.tool_use("Workflow", {"subtasks": subtasks}))
+    gateway = gateway_for(settings_for(server, tmp_path))
+    reply = await gateway.complete(agent="main", system="s", messages=USER, tools=MAIN_TOOLS)
+    assert reply.tool_uses[0]["input"] == {"subtasks": subtasks}
+    assert reply.tool_uses[0]["id"].startswith("toolu_")
+    await gateway.close()
+
+
+@pytest.mark.parametrize(
+    ("fault", "needle"),
+    [
+        (Fault("overloaded"), "529"),
+        (Fault("server_error"), "500"),
+        (Fault("rate_limit", retry_after=0.01), "429"),
+        (Fault("drop", after_events=4), "broke off"),
+        (Fault("sse_error", after_events=4), "reported an error"),
+    ],
+)
+async def test_failures_become_endpoint_errors(
+    serve: StartServer, tmp_path: Path, fault: Fault, needle: str
+) -> None:
+    server = await serve(lambda r: fault)
+    gateway = gateway_for(settings_for(server, tmp_path))
+    with pytest.raises(EndpointError, match=needle):
+        await gateway.complete(agent="main", system="s", messages=USER, tools=MAIN_TOOLS)
+    assert gateway.requests == 0
+    await gateway.close()
+
+
+async def test_a_slow_response_times_out(serve: StartServer, tmp_path: Path) -> None:
+    server = await serve(lambda r: Reply.text("late", delay=5))
+    gateway = gateway_for(settings_for(server, tmp_path, request_timeout=0.3))
+    with pytest.raises(EndpointError, match=r"timed out after 0\.3 s"):
+        await gateway.complete(agent="main", system="s", messages=USER, tools=MAIN_TOOLS)
+    await gateway.close()
+
+
+async def test_an_invalid_request_surfaces_the_api_message(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    server = await serve(lambda r: Reply.text("never"))
+    gateway = gateway_for(settings_for(server, tmp_path))
+    bad = [{"role": "assistant", "content": "I speak first"}]
+    with pytest.raises(ModelRequestError, match="400") as info:
+        await gateway.complete(agent="main", system="s", messages=bad, tools=MAIN_TOOLS)
+    assert "user" in str(info.value)
+    await gateway.close()
+
+
+async def test_a_wrong_key_is_an_auth_error_without_the_key(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    server = await serve(lambda r: Reply.text("never"))
+    gateway = gateway_for(settings_for(server, tmp_path), api_key="sk-secret-123")
+    with pytest.raises(AuthError) as info:
+        await gateway.complete(agent="main", system="s", messages=USER, tools=MAIN_TOOLS)
+    assert "sk-secret-123" not in str(info.value) and "sk-secret-123" not in repr(
+        gateway.credentials
+    )
+    assert "***" in str(server.log[0].headers)
+    await gateway.close()
+
+
+def test_credentials_prefer_the_api_key_and_need_one() -> None:
+    assert (
+        Credentials.from_env({"ANTHROPIC_API_KEY": "k", "ANTHROPIC_AUTH_TOKEN": "t"}).api_key == "k"
+    )
+    assert Credentials.from_env({"ANTHROPIC_AUTH_TOKEN": "t"}).auth_token == "t"
+    with pytest.raises(AuthError, match="ANTHROPIC_API_KEY"):
+        Credentials.from_env({"ANTHROPIC_API_KEY": ""})
