@@ -218,8 +218,13 @@ def _group_members(leader: int) -> list[int]:
         entries = os.listdir("/proc")
     except OSError:
         return members
+    # A member was forked after the shell, so its PID is higher, unless PIDs wrapped round
+    # pid_max since the shell started: then the newest PID is lower and we read them all.
+    # (Missing that would take pid_max forks and a wrap back past the shell in its lifetime.)
+    newest = _newest_pid()
+    skip_older = newest is not None and newest >= leader
     for entry in entries:
-        if not entry.isdigit():
+        if not entry.isdigit() or (skip_older and int(entry) < leader):
             continue
         try:  # os.open/os.read: this loop runs over every process, keep it cheap
             fd = os.open(f"/proc/{entry}/stat", os.O_RDONLY)
@@ -235,6 +240,15 @@ def _group_members(leader: int) -> list[int]:
         if int(fields[2]) == leader or int(fields[3]) == leader:
             members.append(int(entry))
     return members
+
+
+def _newest_pid() -> int | None:
+    """The PID the kernel handed out last (the final field of /proc/loadavg)."""
+    try:
+        with open("/proc/loadavg", "rb") as fh:
+            return int(fh.read().split()[-1])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _kill_tree(leader: int, leader_reaped: bool, *, sweep: bool = True) -> None:
