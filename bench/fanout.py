@@ -101,6 +101,44 @@ async def measure(url: str, concurrent: int, workdir: Path) -> tuple[float, Coun
     return fanout_time[0], per_chain, gateway.requests
 
 
+async def bare_sdk_fanout(url: str, concurrent: int, chains: list[int]) -> float:
+    """The same requests sent by a bare SDK loop: no tools run, no journal, no verification.
+
+    The simple baseline: what any Python harness on the SDK pays for the same traffic.
+    """
+    import anthropic
+
+    from orchmode.prompts import SUBAGENT_TOOLS
+
+    client = anthropic.AsyncAnthropic(
+        base_url=url,
+        api_key="test-key",
+        max_retries=0,
+        http_client=anthropic.DefaultAioHttpClient(),
+    )
+    slots = asyncio.Semaphore(concurrent)
+
+    async def chain(n: int, requests: int) -> None:
+        async with slots:
+            for _ in range(requests):
+                stream = await client.messages.create(
+                    model="claude-opus-5-5",
+                    max_tokens=64000,
+                    messages=[{"role": "user", "content": f"Check item {n}"}],
+                    tools=SUBAGENT_TOOLS,  # type: ignore[arg-type]
+                    stream=True,
+                )
+                async with stream:
+                    async for _event in stream:
+                        pass
+
+    started = time.monotonic()
+    await asyncio.gather(*(chain(n, r) for n, r in enumerate(chains)))
+    elapsed = time.monotonic() - started
+    await client.close()
+    return elapsed
+
+
 def server_chain_times(url: str) -> list[float]:
     """Each chain's time as the server measured its requests, grouped by subtask."""
     import json
@@ -134,6 +172,7 @@ def main() -> None:
             cpu = time.process_time() - cpu_before
         measured = server_chain_times(url)
         server_cpu = process_cpu(server.pid) - server_cpu_at_start
+        bare = asyncio.run(bare_sdk_fanout(url, args.concurrent, list(per_chain.values())))
     finally:
         server.terminate()
         server.wait()
@@ -151,6 +190,10 @@ def main() -> None:
     print(
         f"lower bound from the server's measured request times {served:.3f} s "
         f"(its own overhead {served / bound - 1:+.1%}); ratio to it: {makespan / served:.3f}"
+    )
+    print(
+        f"the same requests from a bare SDK loop: {bare:.3f} s (ratio {bare / bound:.3f}); "
+        f"orchmode over the bare SDK: {makespan / bare:.3f}"
     )
     print(f"peak memory (RSS of the harness): {peak_mb:.0f} MB")
     print(f"harness CPU per model request: {cpu / requests * 1000:.2f} ms")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -91,6 +92,11 @@ def test_run_fans_out_twenty_subtasks_and_prints_both_answers(
     )
     roles = [role_of(e.body) for e in server.log]
     assert roles.count("verifier") == 20
+    synthesis = [e.body for e in server.log if role_of(e.body) == "main"][2]
+    tool_result = synthesis["messages"][-1]["content"][0]["content"]
+    headers = re.findall(r"^\[(agent|verify) (\d+)", tool_result, flags=re.M)
+    assert headers == [(kind, str(i)) for i in range(1, 21) for kind in ("agent", "verify")]
+    assert tool_result.count('"summary": "confirmed') == 20
     assert 1 <= server.max_in_flight_seen <= 10
     assert (tmp_path / ".orchmode" / "journal.db").is_file()
 
