@@ -31,7 +31,7 @@ from pathlib import Path
 
 from orchmode.agent import Session
 from orchmode.events import Event, EventBus, FanoutDone, ModelRequestDone
-from orchmode.journal import Journal
+from orchmode.store.sqlite import SQLiteStore
 from orchmode.model import Credentials, ModelGateway
 from orchmode.settings import Settings
 from orchmode.testing.scenario import OrchestrationScenario
@@ -89,15 +89,15 @@ async def measure(url: str, concurrent: int, workdir: Path) -> tuple[float, Coun
             per_chain[event.agent.split()[-1]] += 1  # "worker 1.7" and "verifier 1.7" -> "1.7"
 
     events.subscribe(record)
-    journal = Journal.open(workdir / "journal.db")
+    store = SQLiteStore.open(workdir / "store.db")
     gateway = ModelGateway(settings, Credentials(api_key="test-key"), events)
-    session = Session(settings, gateway, workdir=workdir, journal=journal, events=events)
+    session = Session(settings, gateway, workdir=workdir, store=store, events=events)
     try:
         await session.turn("fan out")
     finally:
         await session.close()
         await gateway.close()
-        journal.close()
+        await store.close()
     return fanout_time[0], per_chain, gateway.requests
 
 

@@ -11,9 +11,12 @@ import pytest
 from orchmode.events import EventBus
 from orchmode.model import Credentials, ModelGateway
 from orchmode.settings import Settings
+from orchmode.store.sqlite import SQLiteStore
 from orchmode.testing import Responder, ScriptedServer
 
 API_KEY = "test-key"
+
+pytest_plugins = ["postgres_fixture"]
 
 StartServer = Callable[..., Awaitable[ScriptedServer]]
 
@@ -57,8 +60,20 @@ def gateway_for(
     return gateway
 
 
+_stores: list[SQLiteStore] = []
+
+
+def store_for(tmp_path: Path) -> SQLiteStore:
+    """A SQLite store in the test's directory; closed when the test ends."""
+    store = SQLiteStore.open(tmp_path / "store.db")
+    _stores.append(store)
+    return store
+
+
 @pytest.fixture(autouse=True)
-async def _close_gateways() -> AsyncIterator[None]:
+async def _close_clients() -> AsyncIterator[None]:
     yield
     while _gateways:
         await _gateways.pop().close()
+    while _stores:
+        await _stores.pop().close()

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from conftest import StartServer, gateway_for, settings_for
+from conftest import StartServer, gateway_for, settings_for, store_for
 from orchmode.agent import Session
 from orchmode.errors import AuthError
 from orchmode.mode import Notice
@@ -24,7 +24,7 @@ def scripted(*replies: Reply | Fault) -> Any:
 
 def session_for(server: ScriptedServer, tmp_path: Path, **overrides: Any) -> Session:
     settings = settings_for(server, tmp_path, **overrides)
-    return Session(settings, gateway_for(settings), workdir=tmp_path)
+    return Session(settings, gateway_for(settings), workdir=tmp_path, store=store_for(tmp_path))
 
 
 def assert_all_accepted(server: ScriptedServer) -> None:
@@ -158,7 +158,8 @@ async def test_a_failed_request_ends_the_turn_and_the_next_turn_works(
 async def test_a_bad_key_raises_auth_error(serve: StartServer, tmp_path: Path) -> None:
     server = await serve(lambda r: Reply.text("never"))
     settings = settings_for(server, tmp_path)
-    session = Session(settings, gateway_for(settings, api_key="wrong"), workdir=tmp_path)
+    gateway = gateway_for(settings, api_key="wrong")
+    session = Session(settings, gateway, workdir=tmp_path, store=store_for(tmp_path))
     with pytest.raises(AuthError, match="rejected the credentials"):
         await session.turn("hi")
 

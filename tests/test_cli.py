@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import re
 import sqlite3
@@ -120,7 +121,9 @@ def test_every_main_request_extends_the_previous_one_and_asks_for_caching(
 def test_a_killed_run_recomputes_no_finished_worker(scripted: Any, tmp_path: Path) -> None:
     server = scripted(OrchestrationScenario(subtasks=40, worker_command=None, delay=0.1))
     journal = tmp_path / ".orchmode" / "journal.db"
-    args = [sys.executable, "-m", "orchmode", "run", "go", "--base-url", server.url]
+    # A short lease: the rerun takes over the killed run's claims without a long wait.
+    lease = ["--claim-lease", "2"]
+    args = [sys.executable, "-m", "orchmode", "run", "go", "--base-url", server.url, *lease]
     process = subprocess.Popen(
         args,
         cwd=tmp_path,
@@ -141,7 +144,7 @@ def test_a_killed_run_recomputes_no_finished_worker(scripted: Any, tmp_path: Pat
     finished = set(worker_prompts(journal))
     assert 20 <= len(finished) < 40
     before = len(server.log)
-    result = orchmode("run", "go", "--base-url", server.url, cwd=tmp_path)
+    result = orchmode("run", "go", "--base-url", server.url, *lease, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     rerun = {
         e.body["messages"][0]["content"] for e in server.log[before:] if role_of(e.body) == "worker"
@@ -255,3 +258,110 @@ def test_the_api_key_never_reaches_a_command_or_the_journal(scripted: Any, tmp_p
     assert "FAVOURITE=blue" in sent  # the commands really ran `env`
     assert secret not in sent and "tok-also-secret" not in sent
     assert secret.encode() not in (tmp_path / ".orchmode" / "journal.db").read_bytes()
+
+
+def worker_conversations(server: ScriptedServer) -> list[str]:
+    """The subtask of every worker conversation the server saw begin."""
+    return [
+        e.body["messages"][0]["content"]
+        for e in server.log
+        if role_of(e.body) == "worker" and len(e.body["messages"]) == 1
+    ]
+
+
+def test_two_runs_started_together_run_each_subtask_once(scripted: Any, tmp_path: Path) -> None:
+    server = scripted(OrchestrationScenario(subtasks=40, delay=0.05))
+    args = [sys.executable, "-m", "orchmode", "run", "go", "--base-url", server.url]
+    runs = [
+        subprocess.Popen(args, cwd=tmp_path, env=base_env(), stdin=subprocess.DEVNULL,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]  # fmt: skip
+    outputs = [run.communicate(timeout=120) for run in runs]
+    for run, (stdout, stderr) in zip(runs, outputs, strict=True):
+        assert run.returncode == 0, stderr
+        assert "Synthesis: 40 agents reported; 40 results were confirmed." in stdout
+    started = worker_conversations(server)
+    assert sorted(started) == sorted(f"Check item {i}" for i in range(1, 41))
+
+
+def test_a_subagent_cap_skips_what_does_not_fit_and_says_so(scripted: Any, tmp_path: Path) -> None:
+    server = scripted(OrchestrationScenario(subtasks=40, worker_command=None))
+    result = orchmode("run", "go", "--base-url", server.url, "--max-subagents", "30", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    launched = [e for e in server.log if role_of(e.body) != "main" and len(e.body["messages"]) == 1]
+    assert len(launched) == 30
+    synthesis = [e.body for e in server.log if role_of(e.body) == "main"][2]
+    tool_result = synthesis["messages"][-1]["content"][0]["content"]
+    assert "budget of 30 subagents is used up" in tool_result
+    assert "were not run" in tool_result and "--max-subagents" in tool_result
+    assert tool_result.rstrip().endswith(
+        "[budget: 30 of 30 subagents launched in this session; 0 left]"
+    )
+    assert tool_result.count("[orchmode: not run") >= 10
+
+
+def recorded(tmp_path: Path, sql: str) -> list[tuple[Any, ...]]:
+    db = sqlite3.connect(tmp_path / ".orchmode" / "journal.db")
+    try:
+        return db.execute(sql).fetchall()
+    finally:
+        db.close()
+
+
+def test_a_run_is_recorded_and_can_be_resumed_by_name(scripted: Any, tmp_path: Path) -> None:
+    server = scripted(OrchestrationScenario(subtasks=2))
+    first = orchmode("run", "first task", "--base-url", server.url, "--session", "s1", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    assert "continue it with --session s1" in first.stderr
+    kinds = [row[0] for row in recorded(tmp_path, "SELECT kind FROM events WHERE session = 's1'")]
+    assert kinds[0] == "TurnStarted" and kinds[-1] == "TurnDone"
+    for kind in (
+        "ModelRequestDone",
+        "BashDone",
+        "FanoutStarted",
+        "SubagentStarted",
+        "SubagentDone",
+    ):
+        assert kind in kinds
+    done = [
+        json.loads(row[0])
+        for row in recorded(tmp_path, "SELECT data FROM events WHERE kind = 'SubagentDone'")
+    ]
+    assert {d["verdict"] for d in done if d["role"] == "verifier"} == {"confirmed"}
+    assert all(d["result"] for d in done)
+    started = recorded(tmp_path, "SELECT data FROM events WHERE kind = 'SubagentStarted'")
+    assert any(json.loads(row[0])["prompt"] == "Check item 1" for row in started)
+    seqs = [row[0] for row in recorded(tmp_path, "SELECT seq FROM events ORDER BY seq")]
+    assert seqs == list(range(1, len(seqs) + 1))
+
+    before = len(server.log)
+    second = orchmode(
+        "run", "second task", "--base-url", server.url, "--session", "s1", cwd=tmp_path
+    )
+    assert second.returncode == 0, second.stderr
+    assert "resuming s1" in second.stderr
+    resumed_request = server.log[before].body["messages"]
+    assert resumed_request[0] == {"role": "user", "content": "first task"}
+    # `run` switches the mode on for its first turn; the session had left it off, so the
+    # model is told again, directly after the new user turn.
+    assert resumed_request[-2] == {"role": "user", "content": "second task"}
+    assert resumed_request[-1]["role"] == "system" and "ON" in resumed_request[-1]["content"]
+    first_run_main = [e.body for e in server.log[:before] if role_of(e.body) == "main"]
+    assert resumed_request[: len(first_run_main[-1]["messages"])] == first_run_main[-1]["messages"]
+
+
+def test_budget_prints_what_the_latest_session_launched(scripted: Any, tmp_path: Path) -> None:
+    server = scripted(OrchestrationScenario(subtasks=3))
+    assert orchmode("run", "go", "--base-url", server.url, cwd=tmp_path).returncode == 0
+    result = orchmode("budget", "--max-subagents", "50", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "subagents  6 launched of 50 (44 left)" in result.stdout
+    tokens = int(result.stdout.split("tokens", 1)[1].split()[0].replace(",", ""))
+    assert tokens > 0
+    missing = orchmode("budget", "--session", "nope", cwd=tmp_path)
+    assert_one_line_error(missing, "no session named 'nope'")
+
+
+def test_budget_without_any_session_is_one_line(tmp_path: Path) -> None:
+    assert_one_line_error(orchmode("budget", cwd=tmp_path), "no sessions are recorded")

@@ -18,7 +18,8 @@ def readme_commands() -> list[str]:
 def test_the_readme_opens_with_the_main_job_and_the_test_command() -> None:
     main_job, tests = readme_commands()
     assert "orchmode run" in main_job
-    assert "pytest" in tests
+    assert tests == "scripts/test"
+    assert "python -m pytest" in (ROOT / "scripts" / "test").read_text(encoding="utf-8")
 
 
 def test_ci_runs_the_readme_test_command_verbatim() -> None:

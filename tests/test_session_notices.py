@@ -15,6 +15,7 @@ from orchmode.agent import Session
 from orchmode.model import Credentials, ModelGateway
 from orchmode.prompts import NOTICES
 from orchmode.settings import Settings
+from orchmode.store.sqlite import SQLiteStore
 from orchmode.testing import Reply, ScriptedServer
 from test_mode import events, reference
 
@@ -39,7 +40,8 @@ async def drive(
         base_url=server.url, max_retries=0, mode=start_on, refresh_every=every, workdir=workdir
     )
     gateway = ModelGateway(config, Credentials(api_key=API_KEY))
-    session = Session(config, gateway, workdir=workdir)
+    store = SQLiteStore.open(workdir / "store.db")
+    session = Session(config, gateway, workdir=workdir, store=store)
     try:
         for n, (kind, value) in enumerate(script):
             if kind == "set":
@@ -50,6 +52,7 @@ async def drive(
     finally:
         await session.close()
         await gateway.close()
+        await store.close()
     return session.history
 
 

@@ -36,7 +36,11 @@ def test_orch_journal_is_honoured_and_orchmode_journal_wins(tmp_path: Path) -> N
         {}, env={"ORCH_JOURNAL": "/tmp/a.db", "ORCHMODE_JOURNAL": "/tmp/b.db"}, cwd=tmp_path
     )
     assert s.journal == Path("/tmp/b.db")
-    assert Settings().journal_path(tmp_path) == tmp_path / ".orchmode" / "journal.db"
+    assert Settings().store_url(tmp_path) == f"sqlite://{tmp_path}/.orchmode/journal.db"
+    assert Settings(journal=Path("/x/j.db")).store_url(tmp_path) == "sqlite:///x/j.db"
+    assert Settings(store="postgresql://h/db", journal=Path("/x")).store_url(tmp_path) == (
+        "postgresql://h/db"
+    )
 
 
 def test_a_bad_value_names_its_source(tmp_path: Path) -> None:

@@ -6,11 +6,11 @@ import re
 from pathlib import Path
 from typing import Any
 
-from conftest import StartServer, gateway_for, settings_for
+from conftest import StartServer, gateway_for, settings_for, store_for
 from orchmode.agent import Session
 from orchmode.events import EventBus, SubagentDone
-from orchmode.journal import Journal
 from orchmode.prompts import VERIFY_MARKER
+from orchmode.store.sqlite import SQLiteStore
 from orchmode.testing import Fault, Reply, ScriptedRequest, ScriptedServer
 from orchmode.testing.scenario import OrchestrationScenario, first_user_text
 
@@ -35,13 +35,13 @@ async def run_session(
 ) -> tuple[str, EventBus]:
     settings = settings_for(server, tmp_path, **overrides)
     events = EventBus()
-    journal = Journal.open(settings.journal_path(tmp_path))
-    session = Session(settings, gateway_for(settings, events), workdir=tmp_path, journal=journal)
+    store = SQLiteStore.open(tmp_path / "store.db")
+    session = Session(settings, gateway_for(settings, events), workdir=tmp_path, store=store)
     try:
         result = await session.turn("review it")
     finally:
         await session.close()
-        journal.close()
+        await store.close()
     return result.text, events
 
 
@@ -165,7 +165,9 @@ async def test_events_tell_the_story_of_the_fan_out(serve: StartServer, tmp_path
     events = EventBus()
     seen: list[Any] = []
     events.subscribe(seen.append)
-    session = Session(settings, gateway_for(settings, events), workdir=tmp_path)
+    session = Session(
+        settings, gateway_for(settings, events), workdir=tmp_path, store=store_for(tmp_path)
+    )
     await session.turn("go")
     await session.close()
     done = [e for e in seen if isinstance(e, SubagentDone)]

@@ -8,21 +8,24 @@ is left valid for the next turn: every ``tool_use`` gets its ``tool_result``.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import secrets
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from .environment import command_environment
 from .errors import AuthError, OrchmodeError
-from .events import EventBus, TurnDone
-from .journal import Journal
+from .events import EventBus, TurnDone, TurnStarted
 from .mode import ModeState
 from .model import Message, ModelGateway
 from .prompts import MAIN_SYSTEM, MAIN_TOOLS, MAX_TOKENS_NOTE, NOTICES, turn_limit_note
 from .settings import Settings
 from .shell import BashSession
+from .store import Store
 from .tools import Block, run_bash, tool_result, unknown_tool
 from .workflow import Workflow
 
@@ -37,6 +40,11 @@ _DROPPED = {
     ),
     "refusal": "[orchmode: the model declined to continue (refusal); the reply was dropped]",
 }
+
+
+def new_session_id() -> str:
+    """Sortable and unique enough: when it started, and a little randomness."""
+    return time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
 
 
 @dataclass(frozen=True)
@@ -63,7 +71,8 @@ class Session:
         gateway: ModelGateway,
         *,
         workdir: Path,
-        journal: Journal | None = None,
+        store: Store,
+        session_id: str | None = None,
         events: EventBus | None = None,
         on_text: Callable[[str], None] | None = None,
     ) -> None:
@@ -79,7 +88,12 @@ class Session:
             os.environ, (credentials.api_key or "", credentials.auth_token or "")
         )
         self.shell = self.make_shell()
-        self.workflow = Workflow(settings, gateway, journal, self.events, self.make_shell)
+        self.store = store
+        self.session_id = session_id or settings.session or new_session_id()
+        self._settled = self.gateway.usage
+        self.workflow = Workflow(
+            settings, gateway, store, self.events, self.make_shell, self.session_id
+        )
 
     def make_shell(self) -> BashSession:
         """A fresh persistent shell in the working directory, with no credentials in reach."""
@@ -99,11 +113,48 @@ class Session:
         if not text:
             raise OrchmodeError("a user turn needs some text")
         self.history.append({"role": "user", "content": text})
-        for notice in self.mode.user_turn():
+        notices = self.mode.user_turn()
+        for notice in notices:
             self.history.append({"role": "system", "content": NOTICES[notice]})
-        result = await self._loop()
+        self.events.emit(TurnStarted(text, tuple(n.value for n in notices)))
+        try:
+            result = await self._loop()
+        finally:
+            await self._save()
         self.events.emit(TurnDone(result.stop, result.model_calls))
         return result
+
+    async def restore(self) -> bool:
+        """Take up this session's recorded conversation and mode, if it has been recorded."""
+        record = await self.store.load_session(self.session_id)
+        if record is None:
+            return False
+        try:
+            state = json.loads(record.state)
+            history, mode = state["history"], ModeState(**state["mode"])
+            if not isinstance(history, list):
+                raise TypeError("history is not a list")
+        except (ValueError, TypeError, KeyError) as exc:
+            raise OrchmodeError(
+                f"session {self.session_id!r} is recorded but cannot be resumed ({exc}) — "
+                "start a new one without --session"
+            ) from exc
+        self.history, self.mode = history, mode
+        return True
+
+    async def _save(self) -> None:
+        """Record the conversation and the tokens it used; a failure is logged, not fatal."""
+        used = self.gateway.usage
+        spent = used.total_input + used.output_tokens
+        settled = self._settled.total_input + self._settled.output_tokens
+        state = json.dumps({"history": self.history, "mode": self.mode.snapshot()})
+        try:
+            await self.store.save_session(self.session_id, str(self.workdir), state)
+            if spent > settled:
+                await self.store.settle(self.session_id, tokens=spent - settled, cost=0.0)
+            self._settled = used
+        except OrchmodeError as exc:
+            log.warning("could not record session %s: %s", self.session_id, exc)
 
     async def _loop(self) -> TurnResult:
         limit = self.settings.main_turns

@@ -71,6 +71,16 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("task", nargs="?", help="what to do (default: review this directory)")
     run.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
     _add_setting_flags(run)
+    budget = commands.add_parser(
+        "budget",
+        help="what a session has launched and spent, and what is left",
+        description=(
+            "Print a session's budget ledger from the store: subagents launched against "
+            "--max-subagents, and tokens used. Defaults to the most recent session."
+        ),
+    )
+    budget.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    _add_setting_flags(budget)
     return parser
 
 
@@ -99,18 +109,25 @@ def _make_fixture() -> Path:
 async def _run(settings: Settings, task: str, workdir: Path) -> None:
     from .agent import Session
     from .events import EventBus
-    from .journal import Journal
     from .model import Credentials, ModelGateway
     from .progress import StderrProgress
     from .prompts import SUMMARY_TASK
+    from .records import EventRecorder
+    from .store import open_store
 
     credentials = Credentials.from_env(os.environ)
     events = EventBus()
     events.subscribe(StderrProgress())
-    journal = Journal.open(settings.journal_path(workdir))
+    store = await open_store(settings.store_url(workdir))
     gateway = ModelGateway(settings, credentials, events)
-    session = Session(settings, gateway, workdir=workdir, journal=journal, events=events)
+    session = Session(settings, gateway, workdir=workdir, store=store, events=events)
+    recorder: EventRecorder | None = None
     try:
+        resumed = await session.restore()
+        recorder = await EventRecorder.start(store, session.session_id)
+        events.subscribe(recorder)
+        if resumed:
+            print(f"[session] resuming {session.session_id}", file=sys.stderr, flush=True)
         session.set_mode(True)
         first = await session.turn(task)
         if first.error is not None:
@@ -121,10 +138,18 @@ async def _run(settings: Settings, task: str, workdir: Path) -> None:
         if second.error is not None:
             raise second.error
         print(f"\n---\n\n{second.text}", flush=True)
+        print(
+            f"[session] recorded as {session.session_id}; continue it with "
+            f"--session {session.session_id}",
+            file=sys.stderr,
+            flush=True,
+        )
     finally:
+        if recorder is not None:
+            await recorder.flush()
         await session.close()
         await gateway.close()
-        journal.close()
+        await store.close()
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -143,6 +168,33 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _budget(settings: Settings, workdir: Path) -> None:
+    from .store import open_store
+
+    store = await open_store(settings.store_url(workdir))
+    try:
+        session = settings.session or await store.latest_session()
+        if session is None:
+            raise OrchmodeError(
+                f"no sessions are recorded in {store.location} — run `orchmode run` first"
+            )
+        if await store.load_session(session) is None:
+            raise OrchmodeError(f"no session named {session!r} is recorded in {store.location}")
+        state = await store.budget(session)
+    finally:
+        await store.close()
+    cap = settings.max_subagents
+    print(f"session    {session}")
+    print(f"subagents  {state.subagents} launched of {cap} ({max(0, cap - state.subagents)} left)")
+    print(f"tokens     {state.tokens:,} used")
+
+
+def cmd_budget(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    asyncio.run(_budget(settings, (settings.workdir or Path.cwd()).resolve()))
+    return 0
+
+
 def _configure_logging(debug: bool) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("orchmode: %(levelname)s: %(message)s"))
@@ -155,7 +207,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     _configure_logging(args.debug)
-    handlers: dict[str, Any] = {"run": cmd_run}
+    handlers: dict[str, Any] = {"run": cmd_run, "budget": cmd_budget}
     if args.command is None:
         parser.print_help(sys.stderr)
         return 2

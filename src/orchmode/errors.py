@@ -36,7 +36,7 @@ class ModelRequestError(OrchmodeError):
     exit_code = 5
 
 
-class JournalError(OrchmodeError):
-    """The journal database cannot be opened or is not one of ours."""
+class StoreError(OrchmodeError):
+    """The store (journal, claims, budget) cannot be opened, read or written."""
 
     exit_code = 6

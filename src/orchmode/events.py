@@ -68,6 +68,7 @@ class SubagentStarted:
     index: int
     role: Role
     title: str
+    prompt: str = ""
 
 
 @dataclass(frozen=True)
@@ -81,12 +82,21 @@ class SubagentDone:
     duration: float
     from_journal: bool = False
     verdict: str | None = None
+    result: str = ""
 
 
 @dataclass(frozen=True)
 class FanoutDone:
     call: int
     duration: float
+
+
+@dataclass(frozen=True)
+class TurnStarted:
+    """A user turn, with the mode notices that went out with it."""
+
+    text: str
+    notices: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -102,6 +112,7 @@ Event = (
     | SubagentStarted
     | SubagentDone
     | FanoutDone
+    | TurnStarted
     | TurnDone
 )
 

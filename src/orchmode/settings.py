@@ -44,10 +44,27 @@ class Settings(BaseModel):
     refresh_every: int = Field(10, gt=0, description="User turns between mode refreshers.")
     mode: bool = Field(True, description="Start sessions with orchestration mode on.")
     verify: bool = Field(True, description="Run the adversarial verification wave.")
+    store: str | None = Field(
+        None,
+        description="Where results, claims and the budget live: `sqlite:///path` or "
+        "`postgresql://user:password@host/db` (default: the journal file below).",
+    )
     journal: Path | None = Field(
         None,
-        description="Journal database (default `.orchmode/journal.db` in the working directory; "
-        "`ORCH_JOURNAL` also works).",
+        description="SQLite journal file when no store is given (default "
+        "`.orchmode/journal.db` in the working directory; `ORCH_JOURNAL` also works).",
+    )
+    session: str | None = Field(
+        None, description="Session name: its budget ledger is kept under it (default: a new one)."
+    )
+    max_subagents: int = Field(
+        500, gt=0, description="Subagents a session may launch, workers and verifiers both."
+    )
+    claim_lease: float = Field(
+        30.0,
+        gt=0,
+        description="Seconds a claim on a running subtask lasts unless renewed; a crashed "
+        "holder's subtasks are taken over after this.",
     )
     fresh: bool = Field(False, description="Ignore recorded results; recompute every subagent.")
     base_url: str | None = Field(
@@ -65,8 +82,11 @@ class Settings(BaseModel):
         """The spec's small-limits mode: it wins over every other source."""
         return self.model_copy(update={"max_subtasks": 2, "subagent_turns": 1, "main_turns": 1})
 
-    def journal_path(self, workdir: Path) -> Path:
-        return self.journal or workdir / ".orchmode" / "journal.db"
+    def store_url(self, workdir: Path) -> str:
+        """The store to open: ``store``, else the SQLite journal file."""
+        if self.store:
+            return self.store
+        return "sqlite://" + str(self.journal or workdir / ".orchmode" / "journal.db")
 
 
 def setting_names() -> list[str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -26,6 +26,7 @@ class Status(StrEnum):
     CONTEXT_EXCEEDED = "context_exceeded"
     EMPTY = "empty"
     FAILED = "failed"
+    SKIPPED = "skipped"  # not run: the session's budget was used up
 
 
 @dataclass(frozen=True)
@@ -149,5 +150,5 @@ class Subagent:
 
 
 def describe_failure(exc: BaseException) -> str:
-    detail: Any = str(exc) or type(exc).__name__
-    return f"error: the subagent failed: {detail}"
+    """The error string that takes a failed subagent's slot in the tool result."""
+    return f"error: the subagent failed: {str(exc) or type(exc).__name__}"

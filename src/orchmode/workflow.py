@@ -12,19 +12,23 @@ import asyncio
 import heapq
 import itertools
 import json
+import logging
+import os
+import socket
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import AuthError
+from .errors import AuthError, OrchmodeError
 from .events import EventBus, FanoutDone, FanoutStarted, Role, SubagentDone, SubagentStarted
-from .journal import Journal, content_key
 from .model import ModelGateway
 from .prompts import SUBAGENT_SYSTEM, SUBAGENT_TOOLS, verify_prompt
 from .settings import Settings
 from .shell import BashSession
+from .store import BudgetCaps, BudgetState, Store, content_key
 from .subagent import AgentResult, Status, Subagent, describe_failure
 
 
@@ -147,26 +151,44 @@ class PrioritySlots:
 
 WORKER_PRIORITY = 1
 VERIFIER_PRIORITY = 0
+SKIPPED = Status.SKIPPED
+#: How often an agent waiting on another's claim looks for the result: first, at most.
+CLAIM_POLL_FIRST = 0.05
+CLAIM_POLL_MAX = 1.0
+
+log = logging.getLogger("orchmode")
 
 
 @dataclass
 class Workflow:
-    """Runs Workflow tool calls for one session."""
+    """Runs Workflow tool calls for one session.
+
+    Every subagent goes through the store: a recorded result is served without a model
+    call; otherwise the subagent's content key is claimed (so the same subtask never runs
+    twice at once, in this process or any other sharing the store), one subagent is
+    reserved in the session's budget ledger, and only then does it wait for a slot.
+    """
 
     settings: Settings
     gateway: ModelGateway
-    journal: Journal | None
+    store: Store
     events: EventBus
     make_shell: Callable[[], BashSession]
+    session: str
     calls: int = 0
     _slots: PrioritySlots | None = field(default=None, repr=False)
     _housekeeping: set[asyncio.Task[None]] = field(default_factory=set, repr=False)
+    _holder: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
 
     @property
     def slots(self) -> PrioritySlots:
         if self._slots is None:
             self._slots = PrioritySlots(self.settings.max_concurrent)
         return self._slots
+
+    @property
+    def caps(self) -> BudgetCaps:
+        return BudgetCaps(max_subagents=self.settings.max_subagents)
 
     async def run(self, tool_input: object) -> tuple[str, bool]:
         """The tool result text and whether it is an error."""
@@ -190,28 +212,64 @@ class Workflow:
             await asyncio.gather(*self._housekeeping)
         self.events.emit(FanoutDone(call, time.monotonic() - started))
         sections = [plan.note] if plan.note else []
-        for i, (subtask, (result, verdict)) in enumerate(
+        budget = await self.store.budget(self.session)
+        skipped = [i for i, (worker, _) in enumerate(pairs, start=1) if worker.status is SKIPPED]
+        unverified = [
+            i
+            for i, (worker, verifier) in enumerate(pairs, start=1)
+            if verifier is not None and verifier.status is SKIPPED and worker.status is not SKIPPED
+        ]
+        if skipped or unverified:
+            sections.append(self._budget_note(skipped, unverified, budget))
+        for i, (subtask, (worker, verifier)) in enumerate(
             zip(plan.subtasks, pairs, strict=True), start=1
         ):
-            sections.append(f"[agent {i}: {title(subtask)}]\n{result}")
-            if verdict is not None:
-                sections.append(f"[verify {i}]\n{verdict}")
+            sections.append(f"[agent {i}: {title(subtask)}]\n{worker.text}")
+            if verifier is not None:
+                sections.append(f"[verify {i}]\n{verifier.text}")
+        sections.append(self._budget_status(budget))
         return "\n\n".join(sections), False
 
-    async def _chain(self, call: int, index: int, subtask: str) -> tuple[str, str | None]:
+    def _budget_status(self, budget: BudgetState) -> str:
+        cap = self.settings.max_subagents
+        left = max(0, cap - budget.subagents)
+        return (
+            f"[budget: {budget.subagents} of {cap} subagents launched in this session; {left} left]"
+        )
+
+    def _budget_note(self, skipped: list[int], unverified: list[int], budget: BudgetState) -> str:
+        parts = []
+        if skipped:
+            parts.append(f"subtasks {_numbers(skipped)} were not run")
+        if unverified:
+            parts.append(f"the results of subtasks {_numbers(unverified)} were not verified")
+        return (
+            f"[orchmode: the session's budget of {self.settings.max_subagents} subagents is "
+            f"used up ({budget.subagents} launched): {' and '.join(parts)}. Rerunning them "
+            "needs more budget: narrow the work to what matters most, or ask the user to "
+            "raise --max-subagents.]"
+        )
+
+    async def _chain(
+        self, call: int, index: int, subtask: str
+    ) -> tuple[AgentResult, AgentResult | None]:
         worker = await self._agent(call, index, "worker", subtask, WORKER_PRIORITY)
         if not self.settings.verify:
-            return worker.text, None
+            return worker, None
         if worker.status is Status.FAILED:
-            return worker.text, "[orchmode: not verified, because the agent failed]"
+            return worker, AgentResult(
+                "[orchmode: not verified, because the agent failed]", Status.FAILED
+            )
+        if worker.status is SKIPPED:
+            return worker, AgentResult("[orchmode: not verified, because it was not run]", SKIPPED)
         prompt = verify_prompt(subtask, worker.text)
         verifier = await self._agent(call, index, "verifier", prompt, VERIFIER_PRIORITY)
-        return worker.text, verifier.text
+        return worker, verifier
 
     async def _agent(
         self, call: int, index: int, role: Role, prompt: str, priority: int
     ) -> AgentResult:
-        """One journaled subagent; any failure becomes an error result in its slot."""
+        """One subagent through the store; any failure becomes an error result in its slot."""
         key = content_key(
             role=role,
             model=self.settings.model,
@@ -220,14 +278,43 @@ class Workflow:
             tools=SUBAGENT_TOOLS,
             prompt=prompt,
         )
-        name = f"{role} {call}.{index}"
-        if self.journal is not None and not self.settings.fresh:
-            recorded = await self.journal.lookup(key)
+        if not self.settings.fresh:
+            recorded = await self.store.lookup(key)
             if recorded is not None:
                 self._done(call, index, role, recorded, 0.0, from_journal=True)
                 return recorded
+        holder = f"{self._holder}:{uuid.uuid4().hex[:12]}"
+        recorded = await self._claim_or_wait(key, holder)
+        if recorded is not None:  # another agent, here or elsewhere, just finished it
+            self._done(call, index, role, recorded, 0.0, from_journal=True)
+            return recorded
+        heartbeat = asyncio.create_task(self._heartbeat(key, holder))
+        try:
+            if not await self.store.reserve(
+                self.session, self.caps, subagents=1, tokens=0, cost=0.0
+            ):
+                self._background(self.store.release(key, holder))
+                result = AgentResult(
+                    f"[orchmode: not run — the session's budget of "
+                    f"{self.settings.max_subagents} subagents is used up]",
+                    SKIPPED,
+                )
+                self._done(call, index, role, result, 0.0)
+                return result
+            result, duration = await self._run_agent(call, index, role, prompt, priority)
+        finally:
+            heartbeat.cancel()
+        # The chain goes on while the disk flushes; the claim is let go only once the
+        # result is recorded, so a waiting agent never finds neither; run() waits for both.
+        self._background(self._record_and_release(key, holder, role, prompt, result))
+        self._done(call, index, role, result, duration)
+        return result
+
+    async def _run_agent(
+        self, call: int, index: int, role: Role, prompt: str, priority: int
+    ) -> tuple[AgentResult, float]:
         async with self.slots.slot(priority):
-            self.events.emit(SubagentStarted(call, index, role, title(prompt)))
+            self.events.emit(SubagentStarted(call, index, role, title(prompt), prompt))
             started = time.monotonic()
             shell = self.make_shell()
             # Start bash while the first model request is in flight, so its start-up is
@@ -237,7 +324,7 @@ class Workflow:
                 gateway=self.gateway,
                 shell=shell,
                 events=self.events,
-                name=name,
+                name=f"{role} {call}.{index}",
                 system=SUBAGENT_SYSTEM,
                 tools=SUBAGENT_TOOLS,
                 max_turns=self.settings.subagent_turns,
@@ -250,11 +337,44 @@ class Workflow:
                 result = AgentResult(describe_failure(exc), Status.FAILED)
             finally:
                 self._background(shell.close())
-        if self.journal is not None:
-            # The chain goes on while the disk flushes; run() waits for every write.
-            self._background(self.journal.record(key, role, prompt, result))
-        self._done(call, index, role, result, time.monotonic() - started)
-        return result
+        return result, time.monotonic() - started
+
+    async def _claim_or_wait(self, key: str, holder: str) -> AgentResult | None:
+        """Claim ``key`` (returns None), or wait until its holder records a result.
+
+        Polls the store: that works across processes and machines alike. A holder that
+        died stops renewing, its lease lapses, and the claim comes to us.
+        """
+        pause = CLAIM_POLL_FIRST
+        while not await self.store.claim(key, holder, self.settings.claim_lease):
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, CLAIM_POLL_MAX)
+            recorded = await self.store.lookup(key)
+            if recorded is not None:
+                return recorded
+        # Its last holder may have recorded it and let go between our first look and our
+        # claim: holders record before releasing, so one more look settles it.
+        recorded = None if self.settings.fresh else await self.store.lookup(key)
+        if recorded is not None:
+            await self.store.release(key, holder)
+        return recorded
+
+    async def _heartbeat(self, key: str, holder: str) -> None:
+        """Renew the claim while the subagent runs, a third of the lease at a time."""
+        while True:
+            await asyncio.sleep(self.settings.claim_lease / 3)
+            try:
+                if not await self.store.renew(key, holder, self.settings.claim_lease):
+                    log.warning("lost the claim on a running subtask; it may run twice")
+                    return
+            except OrchmodeError as exc:
+                log.warning("could not renew a claim: %s", exc)
+
+    async def _record_and_release(
+        self, key: str, holder: str, role: Role, prompt: str, result: AgentResult
+    ) -> None:
+        await self.store.record(key, role, prompt, result)
+        await self.store.release(key, holder)
 
     def _background(self, work: Coroutine[Any, Any, None]) -> None:
         """Housekeeping off the critical path; run() waits for all of it before returning."""
@@ -272,7 +392,7 @@ class Workflow:
         *,
         from_journal: bool = False,
     ) -> None:
-        verdict = verdict_of(result.text) if role == "verifier" else None
+        verdict = verdict_of(result.text) if role == "verifier" and result.finished else None
         self.events.emit(
             SubagentDone(
                 call,
@@ -284,5 +404,20 @@ class Workflow:
                 duration,
                 from_journal=from_journal,
                 verdict=verdict,
+                result=result.text,
             )
         )
+
+
+def _numbers(indexes: list[int]) -> str:
+    """``1–3, 7`` for [1, 2, 3, 7]."""
+    runs: list[str] = []
+    start = prev = indexes[0]
+    for i in [*indexes[1:], None]:
+        if i is not None and i == prev + 1:
+            prev = i
+            continue
+        runs.append(str(start) if start == prev else f"{start}–{prev}")
+        if i is not None:
+            start = prev = i
+    return ", ".join(runs)

@@ -1,0 +1,41 @@
+"""The durable store: SQLite by default, PostgreSQL when several machines share the work.
+
+``open_store`` picks the backend from a URL: ``sqlite:///abs/path.db`` (or
+``sqlite://relative/path.db``) or ``postgresql://user:password@host:port/dbname``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import ConfigError
+from .base import BudgetCaps, BudgetState, EventRow, SessionRecord, Store, content_key
+
+__all__ = [
+    "BudgetCaps",
+    "BudgetState",
+    "EventRow",
+    "SessionRecord",
+    "Store",
+    "content_key",
+    "open_store",
+]
+
+
+async def open_store(url: str) -> Store:
+    """Open (creating and upgrading as needed) the store at ``url``."""
+    if url.startswith("sqlite://"):
+        from .sqlite import SQLiteStore
+
+        path = url.removeprefix("sqlite://")
+        if not path:
+            raise ConfigError("--store sqlite:// needs a file path, e.g. sqlite:///tmp/orch.db")
+        return SQLiteStore.open(Path(path))
+    if url.startswith(("postgresql://", "postgres://")):
+        from .postgres import PostgresStore
+
+        return await PostgresStore.open(url)
+    scheme = url.split("://", 1)[0] if "://" in url else url
+    raise ConfigError(
+        f"unsupported store {scheme!r} — use sqlite:///path/to/file.db or postgresql://…"
+    )

@@ -1,0 +1,130 @@
+"""What orchmode keeps durably, behind one small interface: journal, claims, budget ledger.
+
+Two backends implement it: SQLite (embedded, the default) and PostgreSQL (shared by several
+machines). Both run the same SQL from :mod:`orchmode.store.schema` wherever they can.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ..events import Role
+from ..subagent import AgentResult
+
+
+def content_key(
+    *,
+    role: Role,
+    model: str,
+    effort: str,
+    system: str,
+    tools: Sequence[dict[str, Any]],
+    prompt: str,
+) -> str:
+    """SHA-256 over everything that determines a subagent's result: its journal address."""
+    canonical = json.dumps(
+        {
+            "role": role,
+            "model": model,
+            "effort": effort,
+            "system": system,
+            "tools": list(tools),
+            "prompt": prompt,
+        },
+        sort_keys=True,
+        ensure_ascii=False,
+        separators=(",", ":"),
+    )
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True)
+class SessionRecord:
+    workdir: str
+    state: str
+
+
+@dataclass(frozen=True)
+class EventRow:
+    """One recorded event: its number in the session, when, what kind, and its JSON data."""
+
+    seq: int
+    at: float
+    kind: str
+    data: str
+
+
+@dataclass(frozen=True)
+class BudgetCaps:
+    """A session's hard limits; ``None`` means no limit on that measure."""
+
+    max_subagents: int
+    max_tokens: int | None = None
+    max_cost: float | None = None
+
+
+@dataclass(frozen=True)
+class BudgetState:
+    """What a session has launched and spent (reservations not yet settled included)."""
+
+    subagents: int = 0
+    tokens: int = 0
+    cost: float = 0.0
+
+
+class Store(Protocol):
+    """The durable truth of a run. Every method is safe under concurrent processes."""
+
+    #: Where it lives, for messages; never contains a password.
+    location: str
+
+    async def lookup(self, key: str) -> AgentResult | None:
+        """The finished result recorded under ``key``; a read failure counts as a miss."""
+
+    async def record(self, key: str, role: Role, prompt: str, result: AgentResult) -> None:
+        """Keep an attempt, and the result if finished. Logs a failure, never raises."""
+
+    async def claim(self, key: str, holder: str, lease: float) -> bool:
+        """Take ``key`` for ``lease`` seconds: true if it was free, expired, or already ours."""
+
+    async def renew(self, key: str, holder: str, lease: float) -> bool:
+        """Extend our claim; false if it is no longer ours (it expired and was taken)."""
+
+    async def release(self, key: str, holder: str) -> None:
+        """Give up our claim on ``key`` (no-op if it is not ours)."""
+
+    async def reserve(
+        self, session: str, caps: BudgetCaps, *, subagents: int, tokens: int, cost: float
+    ) -> bool:
+        """Atomically add to the session's ledger if every cap still holds; false if not."""
+
+    async def settle(self, session: str, *, tokens: int, cost: float) -> None:
+        """Adjust the ledger by a (possibly negative) difference between reserved and real."""
+
+    async def budget(self, session: str) -> BudgetState:
+        """The session's ledger as it stands."""
+
+    async def save_session(self, session: str, workdir: str, state: str) -> None:
+        """Create or update a session's resumable state (JSON: history and mode)."""
+
+    async def load_session(self, session: str) -> SessionRecord | None:
+        """A recorded session's state, or None if there is no such session."""
+
+    async def latest_session(self) -> str | None:
+        """The most recently updated session's id."""
+
+    async def next_event_seq(self, session: str) -> int:
+        """The sequence number the session's next event gets."""
+
+    async def append_events(self, session: str, events: Sequence[EventRow]) -> None:
+        """Record events (``seq`` numbered by the caller) in one transaction."""
+
+    async def events(self, session: str) -> list[EventRow]:
+        """The session's events in order."""
+
+    async def close(self) -> None:
+        """Release connections and threads."""

@@ -1,0 +1,370 @@
+"""The shared store: one PostgreSQL database that several machines' orchmode processes use at once.
+
+Every operation is one short transaction on a pooled connection, running the same SQL as the
+SQLite backend (:mod:`orchmode.store.schema`, ``?`` turned into ``%s``). PostgreSQL's row
+locks make ``claim`` and ``reserve`` atomic across processes: a concurrent ``INSERT … ON
+CONFLICT DO UPDATE … WHERE`` or ``UPDATE … WHERE`` waits for the other writer and then
+re-checks its condition against the committed row, under the default READ COMMITTED.
+
+Times are each client's ``time.time()``, as in the SQLite backend: machines sharing a
+database are assumed NTP-synced, which is ample for leases of tens of seconds.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg import AsyncConnection
+from psycopg.conninfo import conninfo_to_dict
+from psycopg_pool import AsyncConnectionPool
+
+from ..errors import StoreError
+from ..events import Role, TokenUsage
+from ..subagent import AgentResult, Status
+from . import schema
+from .base import BudgetCaps, BudgetState, EventRow, SessionRecord
+
+log = logging.getLogger("orchmode")
+T = TypeVar("T")
+
+#: Seconds to wait for the server to answer a connection attempt; never hang on a dead host.
+CONNECT_TIMEOUT = 5.0
+#: Seconds an operation waits for a free pooled connection before failing.
+POOL_TIMEOUT = 10.0
+POOL_MIN, POOL_MAX = 1, 10
+#: Key of the transaction-level advisory lock that serialises migrations between processes
+#: (an arbitrary constant, "orchmode" in ASCII, so it does not collide with other apps' keys).
+MIGRATION_LOCK = 0x6F7263686D6F6465
+
+Conn = AsyncConnection[tuple[Any, ...]]
+
+
+def _pg(query: str) -> str:
+    """A schema query with PostgreSQL's placeholders (the queries contain no other ``?``/``%``)."""
+    assert "%" not in query, query
+    return query.replace("?", "%s")
+
+
+MIGRATIONS_TABLE = _pg(schema.MIGRATIONS_TABLE)
+APPLIED_VERSIONS = _pg(schema.APPLIED_VERSIONS)
+RECORD_MIGRATION = _pg(schema.RECORD_MIGRATION)
+LOOKUP = _pg(schema.LOOKUP)
+INSERT_ATTEMPT = _pg(schema.INSERT_ATTEMPT)
+UPSERT_RESULT = _pg(schema.UPSERT_RESULT)
+CLAIM = _pg(schema.CLAIM)
+RENEW = _pg(schema.RENEW)
+RELEASE = _pg(schema.RELEASE)
+ENSURE_BUDGET = _pg(schema.ENSURE_BUDGET)
+RESERVE = _pg(schema.RESERVE)
+SETTLE = _pg(schema.SETTLE)
+BUDGET = _pg(schema.BUDGET)
+SAVE_SESSION = _pg(schema.SAVE_SESSION)
+LOAD_SESSION = _pg(schema.LOAD_SESSION)
+LATEST_SESSION = _pg(schema.LATEST_SESSION)
+NEXT_EVENT_SEQ = _pg(schema.NEXT_EVENT_SEQ)
+INSERT_EVENT = _pg(schema.INSERT_EVENT)
+EVENTS = _pg(schema.EVENTS)
+
+
+class PostgresStore:
+    """A store in a PostgreSQL database; open it with :meth:`PostgresStore.open`."""
+
+    def __init__(self, location: str, pool: AsyncConnectionPool[Conn], secret: str) -> None:
+        self.location = location
+        self._pool = pool
+        self._secret = secret
+
+    @classmethod
+    async def open(cls, url: str, *, connect_timeout: float = CONNECT_TIMEOUT) -> PostgresStore:
+        """Connect, bring the schema up to date, and start a small connection pool.
+
+        The first connection is made directly, not through the pool, so a refused connection
+        or a wrong password surfaces as that error at once instead of a pool timeout.
+        """
+        params = _parse(url)
+        location = _location(params)
+        secret = str(params.get("password") or "")
+        # A timeout in the URL wins; libpq counts whole seconds, at least 2.
+        kwargs: dict[str, Any] = {"autocommit": False}
+        if "connect_timeout" not in params:
+            kwargs["connect_timeout"] = max(2, round(connect_timeout))
+        try:
+            conn = await AsyncConnection.connect(url, **kwargs)
+        except psycopg.Error as exc:
+            raise StoreError(_connect_message(location, exc, secret)) from None
+        try:
+            async with conn:
+                await _migrate(conn, location, schema.MIGRATIONS)
+        except psycopg.Error as exc:
+            hint = (
+                "use a user that owns the database (or may create tables in it)"
+                if isinstance(exc, psycopg.errors.InsufficientPrivilege)
+                else "check --store"
+            )
+            raise StoreError(
+                f"cannot prepare the store at {location}: {_one_line(exc, secret)} — {hint}"
+            ) from None
+        pool: AsyncConnectionPool[Conn] = AsyncConnectionPool(
+            url,
+            kwargs=kwargs,
+            min_size=POOL_MIN,
+            max_size=POOL_MAX,
+            open=False,
+            timeout=POOL_TIMEOUT,
+            # A cheap round trip on checkout replaces connections a server restart broke.
+            check=AsyncConnectionPool.check_connection,
+            name="orchmode-store",
+        )
+        try:
+            await pool.open(wait=True, timeout=connect_timeout * 2)
+        except BaseException as exc:
+            await pool.close()
+            if isinstance(exc, psycopg.Error):
+                raise StoreError(_connect_message(location, exc, secret)) from None
+            raise
+        return cls(location, pool, secret)
+
+    async def _transaction(self, statements: Callable[[Conn], Awaitable[T]]) -> T:
+        """Run ``statements`` in one transaction on a pooled connection."""
+        async with self._pool.connection() as conn, conn.transaction():
+            return await statements(conn)
+
+    async def lookup(self, key: str) -> AgentResult | None:
+        async def read(conn: Conn) -> tuple[Any, ...] | None:
+            return await (await conn.execute(LOOKUP, (key,))).fetchone()
+
+        try:
+            row = await self._transaction(read)
+        except psycopg.Error as exc:
+            log.warning("the store could not be read, recomputing: %s", self._clean(exc))
+            return None
+        if row is None:
+            return None
+        return AgentResult(row[0], Status.FINISHED, row[1], TokenUsage(*row[2:6]))
+
+    async def record(self, key: str, role: Role, prompt: str, result: AgentResult) -> None:
+        async def write(conn: Conn) -> None:
+            now = time.time()
+            await conn.execute(
+                INSERT_ATTEMPT, (key, role, result.status.value, result.text[:2000], now)
+            )
+            if result.finished:
+                u = result.usage
+                await conn.execute(
+                    UPSERT_RESULT,
+                    (key, role, prompt, result.text, result.turns, u.input_tokens,
+                     u.output_tokens, u.cache_read_tokens, u.cache_write_tokens, now),
+                )  # fmt: skip
+
+        try:
+            await self._transaction(write)
+        except psycopg.Error as exc:
+            log.warning("could not record a result in %s: %s", self.location, self._clean(exc))
+
+    async def claim(self, key: str, holder: str, lease: float) -> bool:
+        async def take(conn: Conn) -> bool:
+            now = time.time()
+            return (await conn.execute(CLAIM, (key, holder, now + lease, now))).rowcount == 1
+
+        return await self._guarded(take, "claim a subtask")
+
+    async def renew(self, key: str, holder: str, lease: float) -> bool:
+        async def extend(conn: Conn) -> bool:
+            return (await conn.execute(RENEW, (time.time() + lease, key, holder))).rowcount == 1
+
+        return await self._guarded(extend, "renew a claim")
+
+    async def release(self, key: str, holder: str) -> None:
+        async def drop(conn: Conn) -> None:
+            await conn.execute(RELEASE, (key, holder))
+
+        try:
+            await self._transaction(drop)
+        except psycopg.Error as exc:  # the lease will expire by itself
+            log.warning("could not release a claim in %s: %s", self.location, self._clean(exc))
+
+    async def reserve(
+        self, session: str, caps: BudgetCaps, *, subagents: int, tokens: int, cost: float
+    ) -> bool:
+        params = schema.reserve_params(
+            session,
+            subagents=subagents,
+            tokens=tokens,
+            cost=cost,
+            max_subagents=caps.max_subagents,
+            max_tokens=caps.max_tokens,
+            max_cost=caps.max_cost,
+        )
+
+        async def add(conn: Conn) -> bool:
+            await conn.execute(ENSURE_BUDGET, (session,))
+            return (await conn.execute(RESERVE, params)).rowcount == 1
+
+        return await self._guarded(add, "reserve budget")
+
+    async def settle(self, session: str, *, tokens: int, cost: float) -> None:
+        async def adjust(conn: Conn) -> None:
+            await conn.execute(ENSURE_BUDGET, (session,))
+            await conn.execute(SETTLE, (tokens, cost, session))
+
+        await self._guarded(adjust, "settle the budget")
+
+    async def budget(self, session: str) -> BudgetState:
+        async def read(conn: Conn) -> tuple[Any, ...] | None:
+            return await (await conn.execute(BUDGET, (session,))).fetchone()
+
+        try:
+            row = await self._transaction(read)
+        except psycopg.Error as exc:
+            raise StoreError(
+                f"cannot read the budget in {self.location}: {self._clean(exc)}"
+            ) from None
+        return BudgetState(*row) if row else BudgetState()
+
+    async def save_session(self, session: str, workdir: str, state: str) -> None:
+        async def save(conn: Conn) -> None:
+            now = time.time()
+            await conn.execute(SAVE_SESSION, (session, workdir, now, now, state))
+
+        await self._guarded(save, "save the session")
+
+    async def load_session(self, session: str) -> SessionRecord | None:
+        row = await self._row(LOAD_SESSION, (session,), "read the session")
+        return SessionRecord(row[0], row[1]) if row else None
+
+    async def latest_session(self) -> str | None:
+        row = await self._row(LATEST_SESSION, (), "find the latest session")
+        return str(row[0]) if row else None
+
+    async def next_event_seq(self, session: str) -> int:
+        row = await self._row(NEXT_EVENT_SEQ, (session,), "number the events")
+        return int(row[0]) if row else 1
+
+    async def append_events(self, session: str, events: Sequence[EventRow]) -> None:
+        async def append(conn: Conn) -> None:
+            async with conn.cursor() as cur:
+                await cur.executemany(
+                    INSERT_EVENT, [(session, e.seq, e.at, e.kind, e.data) for e in events]
+                )
+
+        await self._guarded(append, "record events")
+
+    async def events(self, session: str) -> list[EventRow]:
+        async def read(conn: Conn) -> list[tuple[Any, ...]]:
+            return await (await conn.execute(EVENTS, (session,))).fetchall()
+
+        rows = await self._guarded(read, "read the events")
+        return [EventRow(*row) for row in rows]
+
+    async def _row(
+        self, query: str, params: tuple[object, ...], what: str
+    ) -> tuple[Any, ...] | None:
+        async def read(conn: Conn) -> tuple[Any, ...] | None:
+            return await (await conn.execute(query, params)).fetchone()
+
+        return await self._guarded(read, what)
+
+    async def _guarded(self, statements: Callable[[Conn], Awaitable[T]], what: str) -> T:
+        try:
+            return await self._transaction(statements)
+        except psycopg.Error as exc:
+            raise StoreError(f"could not {what} in {self.location}: {self._clean(exc)}") from None
+
+    def _clean(self, exc: BaseException) -> str:
+        return _one_line(exc, self._secret)
+
+    async def close(self) -> None:
+        await self._pool.close()
+
+
+async def _migrate(conn: Conn, location: str, migrations: Sequence[tuple[str, list[str]]]) -> None:
+    """Apply the missing numbered migrations in one transaction, one process at a time.
+
+    The advisory lock is held until the transaction ends, so a second process starting at the
+    same moment waits, then finds every migration recorded and applies nothing.
+    """
+    async with conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
+        await conn.execute(MIGRATIONS_TABLE)
+        applied = {row[0] for row in await (await conn.execute(APPLIED_VERSIONS)).fetchall()}
+        newest = max(applied, default=0)
+        if newest > len(migrations):
+            raise StoreError(
+                f"the store {location} was written by a newer orchmode (schema {newest}, this "
+                f"version knows {len(migrations)}) — upgrade orchmode or use another --store"
+            )
+        for version, (name, statements) in enumerate(migrations, start=1):
+            if version not in applied:
+                for statement in statements:
+                    await conn.execute(_pg(statement))
+                await conn.execute(RECORD_MIGRATION, (version, name, time.time()))
+
+
+def _parse(url: str) -> dict[str, Any]:
+    """The connection parameters; a parse error is reported without echoing the URL."""
+    try:
+        return conninfo_to_dict(url)
+    except psycopg.Error:
+        # psycopg's message quotes fragments of the URL, which may include the password.
+        raise StoreError(
+            "the --store URL is not a valid PostgreSQL address — expected "
+            "postgresql://user:password@host:port/database (percent-encode special characters)"
+        ) from None
+
+
+def _location(params: dict[str, Any]) -> str:
+    """The address for messages: user, host, port and database, never the password."""
+    user = params.get("user")
+    host = str(params.get("host") or params.get("hostaddr") or "")
+    if ":" in host and not host.startswith("/") and "," not in host:
+        host = f"[{host}]"
+    port = params.get("port")
+    dbname = params.get("dbname")
+    return (
+        "postgresql://"
+        + (f"{user}@" if user else "")
+        + host
+        + (f":{port}" if port else "")
+        + (f"/{dbname}" if dbname else "")
+    )
+
+
+def _one_line(exc: BaseException, secret: str) -> str:
+    """The first line of an error, without libpq's prefixes and never with the password."""
+    text = str(exc).strip()
+    line = text.splitlines()[0].strip() if text else type(exc).__name__
+    line = line.removeprefix("connection failed: ")
+    if " failed: " in line and line.startswith("connection to server"):
+        line = line.split(" failed: ", 1)[1]
+    line = line.removeprefix("FATAL:").strip()
+    if secret:
+        line = line.replace(secret, "***")
+    return line
+
+
+def _connect_message(location: str, exc: psycopg.Error, secret: str) -> str:
+    """One line naming why the server could not be reached and what to check."""
+    text = str(exc)
+    reason = _one_line(exc, secret)
+    if "password authentication failed" in text:
+        hint = "check the password in --store"
+    elif "no password supplied" in text:
+        reason, hint = "the server requires a password", "add it to --store"
+    elif "Connection refused" in text:
+        reason, hint = "connection refused", "is the server running? check --store"
+    elif isinstance(exc, psycopg.errors.ConnectionTimeout) or "timeout expired" in text:
+        reason = "connection timed out"
+        hint = "is the host reachable and the port right? check --store"
+    elif "database" in text and "does not exist" in text:
+        hint = "create it (createdb) or check the database name in --store"
+    elif "role" in text and "does not exist" in text:
+        hint = "check the user in --store"
+    elif "failed to resolve host" in text or "could not translate host name" in text:
+        reason, hint = "unknown host", "check the host name in --store"
+    else:
+        hint = "check --store"
+    return f"cannot connect to PostgreSQL at {location}: {reason} — {hint}"

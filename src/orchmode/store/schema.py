@@ -1,0 +1,164 @@
+"""The store's schema and queries, written once for both backends.
+
+Queries use ``?`` placeholders; the PostgreSQL backend turns them into ``%s``. Schema
+changes are numbered migrations applied in order and recorded in ``schema_migrations``, so
+an old database always upgrades and a newer one is refused.
+"""
+
+from __future__ import annotations
+
+#: Larger than any real cap; stands in for "no limit" so the SQL needs no NULL tests.
+NO_LIMIT_TOKENS = 2**62
+NO_LIMIT_COST = 1e300
+
+MIGRATIONS_TABLE = (
+    "CREATE TABLE IF NOT EXISTS schema_migrations ("
+    "version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at DOUBLE PRECISION NOT NULL)"
+)
+
+MIGRATIONS: list[tuple[str, list[str]]] = [
+    (
+        "journal of subagent results and attempts",
+        [
+            """CREATE TABLE results (
+                key TEXT PRIMARY KEY,
+                role TEXT NOT NULL,
+                prompt TEXT NOT NULL,
+                result TEXT NOT NULL,
+                turns INTEGER NOT NULL,
+                input_tokens BIGINT NOT NULL,
+                output_tokens BIGINT NOT NULL,
+                cache_read_tokens BIGINT NOT NULL,
+                cache_write_tokens BIGINT NOT NULL,
+                recorded_at DOUBLE PRECISION NOT NULL
+            )""",
+            """CREATE TABLE attempts (
+                key TEXT NOT NULL,
+                role TEXT NOT NULL,
+                status TEXT NOT NULL,
+                detail TEXT NOT NULL,
+                recorded_at DOUBLE PRECISION NOT NULL
+            )""",
+            "CREATE INDEX attempts_by_key ON attempts (key)",
+        ],
+    ),
+    (
+        "single-flight claims and the session budget ledger",
+        [
+            """CREATE TABLE claims (
+                key TEXT PRIMARY KEY,
+                holder TEXT NOT NULL,
+                expires_at DOUBLE PRECISION NOT NULL
+            )""",
+            """CREATE TABLE budgets (
+                session TEXT PRIMARY KEY,
+                subagents BIGINT NOT NULL,
+                tokens BIGINT NOT NULL,
+                cost DOUBLE PRECISION NOT NULL
+            )""",
+        ],
+    ),
+    (
+        "sessions and their event records",
+        [
+            """CREATE TABLE sessions (
+                id TEXT PRIMARY KEY,
+                workdir TEXT NOT NULL,
+                created_at DOUBLE PRECISION NOT NULL,
+                updated_at DOUBLE PRECISION NOT NULL,
+                state TEXT NOT NULL
+            )""",
+            """CREATE TABLE events (
+                session TEXT NOT NULL,
+                seq BIGINT NOT NULL,
+                at DOUBLE PRECISION NOT NULL,
+                kind TEXT NOT NULL,
+                data TEXT NOT NULL,
+                PRIMARY KEY (session, seq)
+            )""",
+        ],
+    ),
+]
+
+APPLIED_VERSIONS = "SELECT version FROM schema_migrations"
+RECORD_MIGRATION = "INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)"
+
+LOOKUP = (
+    "SELECT result, turns, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens "
+    "FROM results WHERE key = ?"
+)
+INSERT_ATTEMPT = (
+    "INSERT INTO attempts (key, role, status, detail, recorded_at) VALUES (?, ?, ?, ?, ?)"
+)
+UPSERT_RESULT = (
+    "INSERT INTO results (key, role, prompt, result, turns, input_tokens, output_tokens, "
+    "cache_read_tokens, cache_write_tokens, recorded_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+    "ON CONFLICT (key) DO UPDATE SET role = excluded.role, prompt = excluded.prompt, "
+    "result = excluded.result, turns = excluded.turns, input_tokens = excluded.input_tokens, "
+    "output_tokens = excluded.output_tokens, cache_read_tokens = excluded.cache_read_tokens, "
+    "cache_write_tokens = excluded.cache_write_tokens, recorded_at = excluded.recorded_at"
+)
+
+#: Parameters: key, holder, expires_at, now. Changes one row when the claim is ours.
+CLAIM = (
+    "INSERT INTO claims (key, holder, expires_at) VALUES (?, ?, ?) "
+    "ON CONFLICT (key) DO UPDATE SET holder = excluded.holder, expires_at = excluded.expires_at "
+    "WHERE claims.expires_at < ? OR claims.holder = excluded.holder"
+)
+#: Parameters: expires_at, key, holder.
+RENEW = "UPDATE claims SET expires_at = ? WHERE key = ? AND holder = ?"
+RELEASE = "DELETE FROM claims WHERE key = ? AND holder = ?"
+
+ENSURE_BUDGET = (
+    "INSERT INTO budgets (session, subagents, tokens, cost) VALUES (?, 0, 0, 0) "
+    "ON CONFLICT (session) DO NOTHING"
+)
+#: Parameters: subagents, tokens, cost, session, subagents, max_subagents, tokens,
+#: max_tokens, cost, max_cost. Changes one row when every cap still holds.
+RESERVE = (
+    "UPDATE budgets SET subagents = subagents + ?, tokens = tokens + ?, cost = cost + ? "
+    "WHERE session = ? AND subagents + ? <= ? AND tokens + ? <= ? AND cost + ? <= ?"
+)
+#: Parameters: tokens, cost, session.
+SETTLE = "UPDATE budgets SET tokens = tokens + ?, cost = cost + ? WHERE session = ?"
+BUDGET = "SELECT subagents, tokens, cost FROM budgets WHERE session = ?"
+
+#: Parameters: id, workdir, created_at, updated_at, state.
+SAVE_SESSION = (
+    "INSERT INTO sessions (id, workdir, created_at, updated_at, state) VALUES (?, ?, ?, ?, ?) "
+    "ON CONFLICT (id) DO UPDATE SET workdir = excluded.workdir, "
+    "updated_at = excluded.updated_at, state = excluded.state"
+)
+LOAD_SESSION = "SELECT workdir, state FROM sessions WHERE id = ?"
+LATEST_SESSION = "SELECT id FROM sessions ORDER BY updated_at DESC LIMIT 1"
+NEXT_EVENT_SEQ = "SELECT COALESCE(MAX(seq), 0) + 1 FROM events WHERE session = ?"
+#: Parameters: session, seq, at, kind, data.
+INSERT_EVENT = "INSERT INTO events (session, seq, at, kind, data) VALUES (?, ?, ?, ?, ?)"
+EVENTS = "SELECT seq, at, kind, data FROM events WHERE session = ? ORDER BY seq"
+
+
+def reserve_params(
+    session: str,
+    *,
+    subagents: int,
+    tokens: int,
+    cost: float,
+    max_subagents: int,
+    max_tokens: int | None,
+    max_cost: float | None,
+) -> tuple[object, ...]:
+    """The parameters of :data:`RESERVE`, with absent caps as effectively infinite."""
+    token_cap = NO_LIMIT_TOKENS if max_tokens is None else max_tokens
+    cost_cap = NO_LIMIT_COST if max_cost is None else max_cost
+    return (
+        subagents,
+        tokens,
+        cost,
+        session,
+        subagents,
+        max_subagents,
+        tokens,
+        token_cap,
+        cost,
+        cost_cap,
+    )

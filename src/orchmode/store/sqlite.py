@@ -1,0 +1,281 @@
+"""The embedded store: one SQLite file in WAL mode, safe for several processes on one machine.
+
+``synchronous=FULL``: a write is on disk when its call returns, and a process killed at any
+moment leaves a file that opens cleanly. Every write is one ``BEGIN IMMEDIATE``
+transaction (the write lock up front, so a busy writer waits instead of deadlocking), with
+a busy timeout for other processes' writers.
+
+Writes run on one dedicated thread, so the event loop never waits on a disk flush. Reads
+are one indexed lookup on a second connection, done inline: WAL readers never wait for the
+writer, and a hop to a thread costs more than the query (measured in ``bench/fanout.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sqlite3
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+from ..errors import StoreError
+from ..events import Role, TokenUsage
+from ..subagent import AgentResult, Status
+from . import schema
+from .base import BudgetCaps, BudgetState, EventRow, SessionRecord
+
+log = logging.getLogger("orchmode")
+T = TypeVar("T")
+
+BUSY_TIMEOUT_MS = 10_000
+
+
+class SQLiteStore:
+    """A store in one SQLite file; open it with :meth:`SQLiteStore.open`."""
+
+    def __init__(
+        self,
+        path: Path,
+        writer: sqlite3.Connection,
+        reader: sqlite3.Connection,
+        executor: ThreadPoolExecutor,
+    ) -> None:
+        self.path = path
+        self.location = str(path)
+        self._writer = writer
+        self._reader = reader
+        self._executor = executor
+
+    @classmethod
+    def open(cls, path: Path) -> SQLiteStore:
+        executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="orchmode-store")
+        try:
+            writer = executor.submit(_connect, path).result()
+        except BaseException:
+            executor.shutdown(wait=False)
+            raise
+        try:
+            reader = sqlite3.connect(path, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000)
+            reader.execute("PRAGMA query_only = ON")
+        except sqlite3.Error as exc:
+            executor.submit(writer.close).result()
+            executor.shutdown(wait=False)
+            raise StoreError(f"cannot read the store {path}: {exc}") from exc
+        return cls(path, writer, reader, executor)
+
+    async def _write(self, statements: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``statements`` in one immediate transaction on the writer thread."""
+
+        def run() -> T:
+            with _transaction(self._writer):
+                return statements(self._writer)
+
+        return await asyncio.get_running_loop().run_in_executor(self._executor, run)
+
+    async def lookup(self, key: str) -> AgentResult | None:
+        try:
+            row = self._reader.execute(schema.LOOKUP, (key,)).fetchone()
+        except sqlite3.Error as exc:
+            log.warning("the store could not be read, recomputing: %s", exc)
+            return None
+        if row is None:
+            return None
+        return AgentResult(row[0], Status.FINISHED, row[1], TokenUsage(*row[2:6]))
+
+    async def record(self, key: str, role: Role, prompt: str, result: AgentResult) -> None:
+        def write(db: sqlite3.Connection) -> None:
+            now = time.time()
+            db.execute(
+                schema.INSERT_ATTEMPT, (key, role, result.status.value, result.text[:2000], now)
+            )
+            if result.finished:
+                u = result.usage
+                db.execute(
+                    schema.UPSERT_RESULT,
+                    (key, role, prompt, result.text, result.turns, u.input_tokens,
+                     u.output_tokens, u.cache_read_tokens, u.cache_write_tokens, now),
+                )  # fmt: skip
+
+        try:
+            await self._write(write)
+        except (sqlite3.Error, OSError) as exc:
+            log.warning("could not record a result in %s: %s", self.path, exc)
+
+    async def claim(self, key: str, holder: str, lease: float) -> bool:
+        def take(db: sqlite3.Connection) -> bool:
+            now = time.time()
+            return db.execute(schema.CLAIM, (key, holder, now + lease, now)).rowcount == 1
+
+        return await self._guarded(take, "claim a subtask")
+
+    async def renew(self, key: str, holder: str, lease: float) -> bool:
+        def extend(db: sqlite3.Connection) -> bool:
+            return db.execute(schema.RENEW, (time.time() + lease, key, holder)).rowcount == 1
+
+        return await self._guarded(extend, "renew a claim")
+
+    async def release(self, key: str, holder: str) -> None:
+        def drop(db: sqlite3.Connection) -> None:
+            db.execute(schema.RELEASE, (key, holder))
+
+        try:
+            await self._write(drop)
+        except sqlite3.Error as exc:  # the lease will expire by itself
+            log.warning("could not release a claim in %s: %s", self.path, exc)
+
+    async def reserve(
+        self, session: str, caps: BudgetCaps, *, subagents: int, tokens: int, cost: float
+    ) -> bool:
+        params = schema.reserve_params(
+            session,
+            subagents=subagents,
+            tokens=tokens,
+            cost=cost,
+            max_subagents=caps.max_subagents,
+            max_tokens=caps.max_tokens,
+            max_cost=caps.max_cost,
+        )
+
+        def add(db: sqlite3.Connection) -> bool:
+            db.execute(schema.ENSURE_BUDGET, (session,))
+            return db.execute(schema.RESERVE, params).rowcount == 1
+
+        return await self._guarded(add, "reserve budget")
+
+    async def settle(self, session: str, *, tokens: int, cost: float) -> None:
+        def adjust(db: sqlite3.Connection) -> None:
+            db.execute(schema.ENSURE_BUDGET, (session,))
+            db.execute(schema.SETTLE, (tokens, cost, session))
+
+        await self._guarded(adjust, "settle the budget")
+
+    async def budget(self, session: str) -> BudgetState:
+        try:
+            row = self._reader.execute(schema.BUDGET, (session,)).fetchone()
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot read the budget in {self.path}: {exc}") from exc
+        return BudgetState(*row) if row else BudgetState()
+
+    async def save_session(self, session: str, workdir: str, state: str) -> None:
+        def save(db: sqlite3.Connection) -> None:
+            now = time.time()
+            db.execute(schema.SAVE_SESSION, (session, workdir, now, now, state))
+
+        await self._guarded(save, "save the session")
+
+    async def load_session(self, session: str) -> SessionRecord | None:
+        row = await self._read(schema.LOAD_SESSION, (session,), "read the session")
+        return SessionRecord(row[0], row[1]) if row else None
+
+    async def latest_session(self) -> str | None:
+        row = await self._read(schema.LATEST_SESSION, (), "find the latest session")
+        return str(row[0]) if row else None
+
+    async def next_event_seq(self, session: str) -> int:
+        row = await self._read(schema.NEXT_EVENT_SEQ, (session,), "number the events")
+        return int(row[0]) if row else 1
+
+    async def append_events(self, session: str, events: Sequence[EventRow]) -> None:
+        def append(db: sqlite3.Connection) -> None:
+            db.executemany(
+                schema.INSERT_EVENT, [(session, e.seq, e.at, e.kind, e.data) for e in events]
+            )
+
+        await self._guarded(append, "record events")
+
+    async def events(self, session: str) -> list[EventRow]:
+        try:
+            rows = self._reader.execute(schema.EVENTS, (session,)).fetchall()
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot read the events in {self.path}: {exc}") from exc
+        return [EventRow(*row) for row in rows]
+
+    async def _read(
+        self, query: str, params: tuple[object, ...], what: str
+    ) -> tuple[Any, ...] | None:
+        try:
+            row: tuple[Any, ...] | None = self._reader.execute(query, params).fetchone()
+        except sqlite3.Error as exc:
+            raise StoreError(f"could not {what} in {self.path}: {exc}") from exc
+        return row
+
+    async def _guarded(self, statements: Callable[[sqlite3.Connection], T], what: str) -> T:
+        try:
+            return await self._write(statements)
+        except sqlite3.Error as exc:
+            raise StoreError(f"could not {what} in {self.path}: {exc}") from exc
+
+    async def close(self) -> None:
+        self._reader.close()
+        try:
+            self._executor.submit(self._writer.close).result()
+        finally:
+            self._executor.shutdown(wait=True)
+
+
+@contextmanager
+def _transaction(db: sqlite3.Connection) -> Iterator[None]:
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    db.execute("COMMIT")
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        db = sqlite3.connect(path, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000)
+    except (OSError, sqlite3.Error) as exc:
+        raise StoreError(
+            f"cannot open the store {path}: {exc} — pass --store with a writable location"
+        ) from exc
+    try:
+        db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        db.execute("PRAGMA journal_mode = WAL")
+        db.execute("PRAGMA synchronous = FULL")
+        with _transaction(db):
+            migrate(db, path, schema.MIGRATIONS)
+    except sqlite3.OperationalError as exc:
+        db.close()
+        if "locked" in str(exc) or "busy" in str(exc):
+            raise StoreError(
+                f"the store {path} is locked by another program ({exc}) — wait for it to "
+                "finish, or pass --store with another location"
+            ) from exc
+        raise StoreError(f"the store {path} is unusable ({exc})") from exc
+    except sqlite3.DatabaseError as exc:
+        db.close()
+        raise StoreError(
+            f"the store {path} is unusable ({exc}) — move it aside to start fresh, "
+            "or pass --store with another location"
+        ) from exc
+    except StoreError:
+        db.close()
+        raise
+    return db
+
+
+def migrate(
+    db: sqlite3.Connection, where: Path, migrations: Sequence[tuple[str, list[str]]]
+) -> None:
+    """Apply the missing numbered migrations, inside the caller's transaction."""
+    db.execute(schema.MIGRATIONS_TABLE)
+    applied = {row[0] for row in db.execute(schema.APPLIED_VERSIONS)}
+    newest = max(applied, default=0)
+    if newest > len(migrations):
+        raise StoreError(
+            f"the store {where} was written by a newer orchmode (schema {newest}, this "
+            f"version knows {len(migrations)}) — upgrade orchmode or use another --store"
+        )
+    for version, (name, statements) in enumerate(migrations, start=1):
+        if version not in applied:
+            for statement in statements:
+                db.execute(statement)
+            db.execute(schema.RECORD_MIGRATION, (version, name, time.time()))

@@ -1,0 +1,290 @@
+"""The store, the same suite on both backends: journal, claims, budget ledger, migrations, races."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+import subprocess
+import sys
+import textwrap
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from orchmode.errors import StoreError
+from orchmode.events import TokenUsage
+from orchmode.store import BudgetCaps, Store, content_key, open_store
+from orchmode.subagent import AgentResult, Status
+
+BASE: dict[str, Any] = dict(
+    role="worker", model="m", effort="xhigh", system="s", tools=[{"name": "bash"}], prompt="p"
+)
+DONE = AgentResult('{"summary": "x"}', Status.FINISHED, 2, TokenUsage(1, 2, 3, 4))
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite://{tmp_path / 'store.db'}"
+    return str(request.getfixturevalue("postgres_clean_url"))
+
+
+@pytest.fixture
+async def store(store_url: str) -> AsyncIterator[Store]:
+    opened = await open_store(store_url)
+    yield opened
+    await opened.close()
+
+
+def execute(url: str, sql: str) -> list[tuple[Any, ...]]:
+    """Run SQL on the store's database behind its back, as another program would."""
+    if url.startswith("sqlite://"):
+        db = sqlite3.connect(url.removeprefix("sqlite://"))
+        try:
+            rows = db.execute(sql).fetchall()
+            db.commit()
+            return rows
+        finally:
+            db.close()
+    with psycopg.connect(url, autocommit=True) as conn, conn.cursor() as cur:
+        cur.execute(sql.encode())
+        return cur.fetchall() if cur.description else []
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"role": "verifier"},
+        {"model": "m2"},
+        {"effort": "high"},
+        {"system": "s2"},
+        {"tools": [{"name": "bash2"}]},
+        {"prompt": "p2"},
+    ],
+)
+def test_the_key_covers_everything_that_determines_a_result(change: dict[str, Any]) -> None:
+    assert content_key(**{**BASE, **change}) != content_key(**BASE)
+    assert content_key(**BASE) == content_key(**dict(BASE))
+
+
+async def test_a_finished_result_survives_reopening(store_url: str) -> None:
+    store = await open_store(store_url)
+    await store.record("k", "worker", "p", DONE)
+    await store.close()
+    store = await open_store(store_url)
+    assert await store.lookup("k") == DONE
+    assert await store.lookup("other") is None
+    await store.close()
+
+
+@pytest.mark.parametrize(
+    "status", [Status.TURN_LIMIT, Status.MAX_TOKENS, Status.FAILED, Status.EMPTY]
+)
+async def test_unfinished_attempts_are_recorded_but_never_served(
+    store: Store, store_url: str, status: Status
+) -> None:
+    await store.record("k", "worker", "p", AgentResult("partial", status))
+    assert await store.lookup("k") is None
+    assert execute(store_url, "SELECT key, status FROM attempts") == [("k", status.value)]
+
+
+async def test_a_write_failure_is_logged_not_raised(
+    store: Store, store_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    execute(store_url, "DROP TABLE results")
+    with caplog.at_level(logging.WARNING, logger="orchmode"):
+        await store.record("k", "worker", "p", DONE)
+    assert "could not record" in caplog.text
+
+
+async def test_a_claim_is_exclusive_until_released(store: Store) -> None:
+    assert await store.claim("k", "a", 30)
+    assert not await store.claim("k", "b", 30)
+    assert await store.claim("k", "a", 30)  # already ours
+    await store.release("k", "b")  # not b's to release
+    assert not await store.claim("k", "b", 30)
+    await store.release("k", "a")
+    assert await store.claim("k", "b", 30)
+
+
+async def test_an_expired_claim_is_taken_over_and_its_holder_knows(store: Store) -> None:
+    assert await store.claim("k", "dead", -1)  # a lease that has already run out
+    assert await store.claim("k", "alive", 30)
+    assert not await store.renew("k", "dead", 30)
+    assert await store.renew("k", "alive", 30)
+
+
+async def test_reservations_stop_exactly_at_each_cap(store: Store) -> None:
+    caps = BudgetCaps(max_subagents=3)
+    got = [await store.reserve("s", caps, subagents=1, tokens=0, cost=0.0) for _ in range(5)]
+    assert got == [True, True, True, False, False]
+    assert (await store.budget("s")).subagents == 3
+    assert (await store.budget("other")).subagents == 0
+    tokens = BudgetCaps(max_subagents=100, max_tokens=1000)
+    assert await store.reserve("t", tokens, subagents=1, tokens=600, cost=0.0)
+    assert not await store.reserve("t", tokens, subagents=1, tokens=600, cost=0.0)
+    await store.settle("t", tokens=-500, cost=0.0)  # it used less than reserved
+    assert await store.reserve("t", tokens, subagents=1, tokens=600, cost=0.0)
+    dollars = BudgetCaps(max_subagents=100, max_cost=1.0)
+    assert await store.reserve("d", dollars, subagents=1, tokens=0, cost=0.75)
+    assert not await store.reserve("d", dollars, subagents=1, tokens=0, cost=0.5)
+    state = await store.budget("t")
+    assert (state.subagents, state.tokens) == (2, 700)
+
+
+async def test_parallel_reservations_never_overshoot(store: Store) -> None:
+    import asyncio
+
+    caps = BudgetCaps(max_subagents=20)
+    got = await asyncio.gather(
+        *(store.reserve("s", caps, subagents=1, tokens=0, cost=0.0) for _ in range(60))
+    )
+    assert sum(got) == 20 and (await store.budget("s")).subagents == 20
+
+
+async def test_a_store_from_a_newer_orchmode_is_refused(store_url: str) -> None:
+    store = await open_store(store_url)
+    await store.close()
+    execute(store_url, "INSERT INTO schema_migrations VALUES (99, 'future', 0)")
+    with pytest.raises(StoreError, match="newer orchmode"):
+        await open_store(store_url)
+
+
+async def test_migrations_are_recorded_once(store_url: str) -> None:
+    for _ in range(2):
+        await (await open_store(store_url)).close()
+    versions = [row[0] for row in execute(store_url, "SELECT version FROM schema_migrations")]
+    assert sorted(versions) == list(range(1, len(versions) + 1)) and len(versions) >= 2
+
+
+RACER = textwrap.dedent(
+    """
+    import asyncio, json, random, sys
+    from orchmode.store import BudgetCaps, open_store
+
+    async def main(url, holder, what, n):
+        store = await open_store(url)
+        print("ready", flush=True)
+        sys.stdin.readline()  # the starting gun: every racer is ready
+        won = []
+        order = list(range(n))
+        random.Random(holder).shuffle(order)  # each racer goes its own way through the keys
+        for i in order:
+            if what == "claim":
+                if await store.claim(f"key-{i}", holder, 60):
+                    won.append(i)
+            elif await store.reserve("race", BudgetCaps(max_subagents=500), subagents=1,
+                                     tokens=0, cost=0.0):
+                won.append(i)
+        await store.close()
+        print(json.dumps(won))
+
+    asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])))
+    """
+)
+
+
+def race(url: str, what: str, n: int) -> list[list[int]]:
+    """Four processes doing the same thing to the same store at the same time."""
+    racers = [
+        subprocess.Popen(
+            [sys.executable, "-c", RACER, url, f"racer-{i}", what, str(n)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(4)
+    ]
+    for racer in racers:
+        assert racer.stdout is not None and racer.stdout.readline().strip() == "ready"
+    for racer in racers:
+        assert racer.stdin is not None
+        racer.stdin.write("go\n")
+        racer.stdin.flush()
+    outputs = [racer.communicate(timeout=120)[0] for racer in racers]
+    assert all(racer.returncode == 0 for racer in racers)
+    return [json.loads(output) for output in outputs]
+
+
+async def test_four_processes_racing_on_a_thousand_claims_win_each_exactly_once(
+    store_url: str,
+) -> None:
+    await (await open_store(store_url)).close()
+    wins = race(store_url, "claim", 1000)
+    every = [key for won in wins for key in won]
+    assert sorted(every) == list(range(1000))
+    assert sum(1 for won in wins if won) >= 2  # they really raced each other
+
+
+async def test_four_processes_reserving_against_a_cap_of_500_get_exactly_500(
+    store_url: str,
+) -> None:
+    await (await open_store(store_url)).close()
+    wins = race(store_url, "reserve", 200)
+    assert sum(len(won) for won in wins) == 500
+    store = await open_store(store_url)
+    assert (await store.budget("race")).subagents == 500
+    await store.close()
+
+
+def test_a_corrupt_sqlite_file_is_a_clear_error(tmp_path: Path) -> None:
+    import asyncio
+
+    path = tmp_path / "j.db"
+    path.write_bytes(b"this is not a database at all" * 100)
+    with pytest.raises(StoreError, match="unusable"):
+        asyncio.run(open_store(f"sqlite://{path}"))
+
+
+async def test_an_unwritable_sqlite_location_is_a_clear_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(StoreError, match="cannot open the store"):
+        await open_store(f"sqlite://{blocker / 'j.db'}")
+
+
+async def test_sqlite_uses_wal_and_full_sync(tmp_path: Path) -> None:
+    await (await open_store(f"sqlite://{tmp_path / 'j.db'}")).close()
+    db = sqlite3.connect(tmp_path / "j.db")
+    assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    db.close()
+
+
+async def test_an_unknown_store_scheme_is_a_config_error() -> None:
+    from orchmode.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="unsupported store 'mysql'"):
+        await open_store("mysql://x")
+
+
+async def test_a_session_is_saved_found_and_updated(store: Store) -> None:
+    from orchmode.store import SessionRecord
+
+    assert await store.latest_session() is None
+    assert await store.load_session("a") is None
+    await store.save_session("a", "/work", '{"history": []}')
+    await store.save_session("b", "/work", '{"history": [1]}')
+    await store.save_session("a", "/elsewhere", '{"history": [2]}')
+    assert await store.load_session("a") == SessionRecord("/elsewhere", '{"history": [2]}')
+    assert await store.latest_session() == "a"
+
+
+async def test_events_come_back_in_order_and_number_on(store: Store) -> None:
+    from orchmode.store import EventRow
+
+    assert await store.next_event_seq("s") == 1
+    rows = [EventRow(i, 100.0 + i, "Kind", f'{{"n": {i}}}') for i in range(1, 4)]
+    await store.append_events("s", rows[::-1])
+    await store.append_events("other", [EventRow(1, 1.0, "Kind", "{}")])
+    assert await store.events("s") == rows
+    assert await store.next_event_seq("s") == 4
+
+
+async def test_settling_a_new_session_creates_its_ledger(store: Store) -> None:
+    await store.settle("fresh", tokens=1234, cost=0.5)
+    state = await store.budget("fresh")
+    assert (state.subagents, state.tokens, state.cost) == (0, 1234, 0.5)
