@@ -31,9 +31,9 @@ from pathlib import Path
 
 from orchmode.agent import Session
 from orchmode.events import Event, EventBus, FanoutDone, ModelRequestDone
-from orchmode.store.sqlite import SQLiteStore
 from orchmode.model import Credentials, ModelGateway
 from orchmode.settings import Settings
+from orchmode.store.sqlite import SQLiteStore
 from orchmode.testing.scenario import OrchestrationScenario
 
 #: What the server process answers with (imported there as ``fanout:responder``).
