@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import queue
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from multiprocessing.process import BaseProcess
 from multiprocessing.queues import Queue
 from multiprocessing.synchronize import Barrier
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
@@ -27,10 +28,11 @@ from orchmode.store.postgres import MIGRATION_LOCK, PostgresStore
 # everything per process (~2 s each here, most of it the anthropic SDK).
 SPAWN = multiprocessing.get_context("forkserver")
 SPAWN.set_forkserver_preload([__name__, "orchmode.store.postgres"])
-DEADLINE = 60.0
+DEADLINE = 30.0
 KEYS = 1000
 CAP = 500
 WORKERS = 4
+T = TypeVar("T")
 
 
 def with_parts(url: str, *, password: str | None = None, port: int | None = None,
@@ -52,12 +54,12 @@ def password_of(url: str) -> str:
 
 def query(url: str, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
     with psycopg.connect(url, autocommit=True) as conn:
-        return conn.execute(sql, params).fetchall()  # type: ignore[arg-type]
+        return conn.execute(sql, params).fetchall()
 
 
 def run_sql(url: str, sql: str, params: tuple[Any, ...] = ()) -> None:
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(sql, params)  # type: ignore[arg-type]
+        conn.execute(sql, params)
 
 
 def closed_port() -> int:
@@ -115,8 +117,7 @@ def test_processes_opening_a_fresh_database_together_wait_for_one_migrator(
             )
             assert query(postgres_clean_url, "SELECT to_regclass('schema_migrations')") == [(None,)]
             holder.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK,))
-            outcomes = [results.get(timeout=DEADLINE) for _ in range(2)]
-    assert outcomes == [("ok", None), ("ok", None)]
+            assert collect(results, 2) == [None, None]
     versions = query(postgres_clean_url, "SELECT version FROM schema_migrations ORDER BY 1")
     assert versions == [(i,) for i in range(1, len(schema.MIGRATIONS) + 1)]
 
@@ -230,10 +231,7 @@ def test_processes_racing_for_the_same_keys_each_key_gets_one_holder(
     barrier = SPAWN.Barrier(WORKERS)
     args = [(postgres_clean_url, f"holder-{i}", barrier, results) for i in range(WORKERS)]
     with spawned(_claim_worker, args):
-        outcomes = [results.get(timeout=DEADLINE) for _ in range(WORKERS)]
-    errors = [detail for kind, detail in outcomes if kind != "ok"]
-    assert not errors
-    won: dict[str, list[str]] = {holder: keys for _, (holder, keys) in outcomes}
+        won: dict[str, list[str]] = dict(collect(results, WORKERS))
     winners: dict[str, list[str]] = {}
     for holder, keys in won.items():
         for key in keys:
@@ -250,9 +248,8 @@ def test_processes_reserving_against_one_cap_never_exceed_it(postgres_clean_url:
     barrier = SPAWN.Barrier(WORKERS)
     args = [(postgres_clean_url, barrier, results) for _ in range(WORKERS)]
     with spawned(_reserve_worker, args):
-        outcomes = [results.get(timeout=DEADLINE) for _ in range(WORKERS)]
-    assert [kind for kind, _ in outcomes] == ["ok"] * WORKERS, outcomes
-    assert sum(count for _, count in outcomes) == CAP
+        granted: list[int] = collect(results, WORKERS)
+    assert sum(granted) == CAP
 
     async def ledger() -> tuple[int, int]:
         store = await opened(postgres_clean_url)
@@ -268,12 +265,16 @@ def test_processes_reserving_against_one_cap_never_exceed_it(postgres_clean_url:
 
 @contextmanager
 def spawned(target: Callable[..., None], args: list[tuple[Any, ...]]) -> Iterator[None]:
-    """Start one process per argument tuple; on exit join them, killing any that hang."""
+    """Start one process per argument tuple; on exit join them, killing any still running."""
     processes: list[BaseProcess] = [SPAWN.Process(target=target, args=a) for a in args]
     for process in processes:
         process.start()
     try:
         yield
+    except BaseException:
+        for process in processes:  # the test failed: no point waiting for the rest
+            process.kill()
+        raise
     finally:
         for process in processes:
             process.join(timeout=DEADLINE)
@@ -282,12 +283,48 @@ def spawned(target: Callable[..., None], args: list[tuple[Any, ...]]) -> Iterato
                 process.join()
 
 
+def collect(results: Queue[tuple[str, T]], count: int) -> list[T]:
+    """Every worker's value, or the test fails naming the workers' errors."""
+    outcomes = []
+    for _ in range(count):
+        try:
+            outcomes.append(results.get(timeout=DEADLINE))
+        except queue.Empty:
+            pytest.fail(f"a worker process did not report within {DEADLINE:.0f} s")
+    errors = [value for kind, value in outcomes if kind != "ok"]
+    assert not errors, errors
+    return [value for _, value in outcomes]
+
+
 def _report(results: Queue[tuple[str, Any]], work: Callable[[], Any]) -> None:
     """Put ("ok", value) or ("error", text) on the queue, so the test never waits in vain."""
     try:
         results.put(("ok", work()))
     except BaseException as exc:
         results.put(("error", f"{type(exc).__name__}: {exc}"))
+
+
+def _race(
+    url: str,
+    barrier: Barrier,
+    results: Queue[tuple[str, Any]],
+    work: Callable[[PostgresStore], Awaitable[Any]],
+) -> None:
+    """Open the store, wait until every process has, then all run ``work`` at once."""
+
+    async def run() -> Any:
+        try:
+            store = await PostgresStore.open(url)
+        except BaseException:
+            barrier.abort()  # the others stop waiting for us
+            raise
+        try:
+            barrier.wait(timeout=DEADLINE)
+            return await work(store)
+        finally:
+            await store.close()
+
+    _report(results, lambda: asyncio.run(run()))
 
 
 def _open_worker(url: str, results: Queue[tuple[str, Any]]) -> None:
@@ -299,40 +336,33 @@ def _open_worker(url: str, results: Queue[tuple[str, Any]]) -> None:
 
 
 def _claim_worker(url: str, holder: str, barrier: Barrier, results: Queue[tuple[str, Any]]) -> None:
-    async def run() -> tuple[str, list[str]]:
-        store = await PostgresStore.open(url)
+    async def claim_all(store: PostgresStore) -> tuple[str, list[str]]:
         won: list[str] = []
 
         async def take(key: str) -> None:
             if await store.claim(key, holder, 600):
                 won.append(key)
 
-        try:
-            barrier.wait(timeout=DEADLINE)  # every process connected: start together
-            await asyncio.gather(*(take(f"key-{i}") for i in range(KEYS)))
-        finally:
-            await store.close()
+        # Every process walks the keys in the same order, so each key is contested at once.
+        await asyncio.gather(*(take(f"key-{i}") for i in range(KEYS)))
         return holder, won
 
-    _report(results, lambda: asyncio.run(run()))
+    _race(url, barrier, results, claim_all)
 
 
 def _reserve_worker(url: str, barrier: Barrier, results: Queue[tuple[str, Any]]) -> None:
-    async def run() -> int:
-        store = await PostgresStore.open(url)
+    async def reserve_until_refused(store: PostgresStore) -> int:
         granted = 0
+        caps = BudgetCaps(max_subagents=CAP)
 
-        async def reserve_until_refused() -> None:
+        async def loop() -> None:
             nonlocal granted
-            caps = BudgetCaps(max_subagents=CAP)
-            while await store.reserve("race", caps, subagents=1, tokens=10, cost=0.01):
+            for _ in range(CAP + 1):  # bounded, so a cap that never bites fails fast
+                if not await store.reserve("race", caps, subagents=1, tokens=10, cost=0.01):
+                    return
                 granted += 1
 
-        try:
-            barrier.wait(timeout=DEADLINE)
-            await asyncio.gather(*(reserve_until_refused() for _ in range(4)))
-        finally:
-            await store.close()
+        await asyncio.gather(*(loop() for _ in range(4)))
         return granted
 
-    _report(results, lambda: asyncio.run(run()))
+    _race(url, barrier, results, reserve_until_refused)

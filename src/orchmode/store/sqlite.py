@@ -5,9 +5,14 @@ moment leaves a file that opens cleanly. Every write is one ``BEGIN IMMEDIATE``
 transaction (the write lock up front, so a busy writer waits instead of deadlocking), with
 a busy timeout for other processes' writers.
 
-Writes run on one dedicated thread, so the event loop never waits on a disk flush. Reads
-are one indexed lookup on a second connection, done inline: WAL readers never wait for the
-writer, and a hop to a thread costs more than the query (measured in ``bench/fanout.py``).
+Results are written on one dedicated thread, so the event loop never waits on a disk
+flush. Reads are one indexed lookup on a second connection, done inline: WAL readers never
+wait for the writer, and a hop to a thread costs more than the query (measured in
+``bench/fanout.py``). Claims and budget reservations sit on every subagent's critical path,
+so they are tried inline first on a third connection that neither waits for a lock nor
+flushes (``synchronous=NORMAL``: safe against a crashed process, and the next flushed
+result makes them durable too); only when another writer holds the lock do they go to the
+writer thread and wait their turn there.
 """
 
 from __future__ import annotations
@@ -42,12 +47,14 @@ class SQLiteStore:
         path: Path,
         writer: sqlite3.Connection,
         reader: sqlite3.Connection,
+        quick: sqlite3.Connection,
         executor: ThreadPoolExecutor,
     ) -> None:
         self.path = path
         self.location = str(path)
         self._writer = writer
         self._reader = reader
+        self._quick = quick
         self._executor = executor
 
     @classmethod
@@ -61,11 +68,13 @@ class SQLiteStore:
         try:
             reader = sqlite3.connect(path, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000)
             reader.execute("PRAGMA query_only = ON")
+            quick = sqlite3.connect(path, isolation_level=None, timeout=0)
+            quick.execute("PRAGMA synchronous = NORMAL")
         except sqlite3.Error as exc:
             executor.submit(writer.close).result()
             executor.shutdown(wait=False)
             raise StoreError(f"cannot read the store {path}: {exc}") from exc
-        return cls(path, writer, reader, executor)
+        return cls(path, writer, reader, quick, executor)
 
     async def _write(self, statements: Callable[[sqlite3.Connection], T]) -> T:
         """Run ``statements`` in one immediate transaction on the writer thread."""
@@ -123,9 +132,9 @@ class SQLiteStore:
             db.execute(schema.RELEASE, (key, holder))
 
         try:
-            await self._write(drop)
-        except sqlite3.Error as exc:  # the lease will expire by itself
-            log.warning("could not release a claim in %s: %s", self.path, exc)
+            await self._guarded(drop, "release a claim")
+        except StoreError as exc:  # the lease will expire by itself
+            log.warning("%s", exc)
 
     async def reserve(
         self, session: str, caps: BudgetCaps, *, subagents: int, tokens: int, cost: float
@@ -204,6 +213,15 @@ class SQLiteStore:
         return row
 
     async def _guarded(self, statements: Callable[[sqlite3.Connection], T], what: str) -> T:
+        """A small bookkeeping write: inline if the lock is free, else on the writer thread."""
+        try:
+            with _transaction(self._quick):
+                return statements(self._quick)
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) and "busy" not in str(exc):
+                raise StoreError(f"could not {what} in {self.path}: {exc}") from exc
+        except sqlite3.Error as exc:
+            raise StoreError(f"could not {what} in {self.path}: {exc}") from exc
         try:
             return await self._write(statements)
         except sqlite3.Error as exc:
@@ -211,6 +229,7 @@ class SQLiteStore:
 
     async def close(self) -> None:
         self._reader.close()
+        self._quick.close()
         try:
             self._executor.submit(self._writer.close).result()
         finally:
