@@ -293,11 +293,11 @@ def test_a_subagent_cap_skips_what_does_not_fit_and_says_so(scripted: Any, tmp_p
     assert len(launched) == 30
     synthesis = [e.body for e in server.log if role_of(e.body) == "main"][2]
     tool_result = synthesis["messages"][-1]["content"][0]["content"]
-    assert "budget of 30 subagents is used up" in tool_result
+    assert "the session's budget is used up (30 of 30 subagents launched" in tool_result
     assert "were not run" in tool_result and "--max-subagents" in tool_result
-    assert tool_result.rstrip().endswith(
-        "[budget: 30 of 30 subagents launched in this session; 0 left]"
-    )
+    last_line = tool_result.rstrip().splitlines()[-1]
+    assert last_line.startswith("[budget: 30 of 30 subagents launched; ")
+    assert last_line.endswith(" spent in this session; 0 subagents left]")
     assert tool_result.count("[orchmode: not run") >= 10
 
 

@@ -201,7 +201,7 @@ async def test_a_silent_server_times_out_instead_of_hanging(postgres_url: str) -
     assert password_of(url) not in str(caught.value)
 
 
-async def test_a_malformed_url_is_not_echoed(postgres_url: str) -> None:
+async def test_a_malformed_url_is_not_echoed() -> None:
     with pytest.raises(StoreError, match="not a valid PostgreSQL address") as caught:
         await opened("postgresql://orchmode:sec ret@127.0.0.1/orchmode")
     assert "sec ret" not in str(caught.value)

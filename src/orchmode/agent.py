@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from .budget import SessionBudget
 from .environment import command_environment
 from .errors import AuthError, OrchmodeError
 from .events import EventBus, TurnDone, TurnStarted
@@ -90,10 +91,9 @@ class Session:
         self.shell = self.make_shell()
         self.store = store
         self.session_id = session_id or settings.session or new_session_id()
-        self._settled = self.gateway.usage
-        self.workflow = Workflow(
-            settings, gateway, store, self.events, self.make_shell, self.session_id
-        )
+        self.budget = SessionBudget(store, self.session_id, settings)
+        gateway.budget = self.budget
+        self.workflow = Workflow(settings, gateway, self.budget, self.events, self.make_shell)
 
     def make_shell(self) -> BashSession:
         """A fresh persistent shell in the working directory, with no credentials in reach."""
@@ -143,16 +143,10 @@ class Session:
         return True
 
     async def _save(self) -> None:
-        """Record the conversation and the tokens it used; a failure is logged, not fatal."""
-        used = self.gateway.usage
-        spent = used.total_input + used.output_tokens
-        settled = self._settled.total_input + self._settled.output_tokens
+        """Record the conversation and its mode; a failure is logged, not fatal."""
         state = json.dumps({"history": self.history, "mode": self.mode.snapshot()})
         try:
             await self.store.save_session(self.session_id, str(self.workdir), state)
-            if spent > settled:
-                await self.store.settle(self.session_id, tokens=spent - settled, cost=0.0)
-            self._settled = used
         except OrchmodeError as exc:
             log.warning("could not record session %s: %s", self.session_id, exc)
 

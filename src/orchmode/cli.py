@@ -20,7 +20,7 @@ from typing import Any, NoReturn
 
 from . import __version__
 from .errors import ConfigError, OrchmodeError
-from .settings import Settings, env_var, flag, load_settings
+from .settings import Settings, env_var, flag, flag_names, load_settings
 
 log = logging.getLogger("orchmode")
 
@@ -34,7 +34,8 @@ class _Parser(argparse.ArgumentParser):
 
 def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("settings (flags > ORCHMODE_* variables > orchmode.toml)")
-    for name, field in Settings.model_fields.items():
+    for name in flag_names():
+        field = Settings.model_fields[name]
         help_text = f"{field.description} [{env_var(name)}; default: {field.default}]"
         if field.annotation is bool:
             group.add_argument(
@@ -85,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _settings(args: argparse.Namespace) -> Settings:
-    flags = {name: getattr(args, name, None) for name in Settings.model_fields}
+    flags = {name: getattr(args, name, None) for name in flag_names()}
     return load_settings(flags, env=os.environ, cwd=Path.cwd(), config_file=args.config)
 
 
@@ -116,6 +117,11 @@ async def _run(settings: Settings, task: str, workdir: Path) -> None:
     from .store import open_store
 
     credentials = Credentials.from_env(os.environ)
+    if settings.max_cost is not None and settings.price() is None:
+        raise ConfigError(
+            f"--max-cost needs a price for {settings.model} — add it under "
+            f'[prices."{settings.model}"] in orchmode.toml'
+        )
     events = EventBus()
     events.subscribe(StderrProgress())
     store = await open_store(settings.store_url(workdir))
@@ -186,7 +192,12 @@ async def _budget(settings: Settings, workdir: Path) -> None:
     cap = settings.max_subagents
     print(f"session    {session}")
     print(f"subagents  {state.subagents} launched of {cap} ({max(0, cap - state.subagents)} left)")
-    print(f"tokens     {state.tokens:,} used")
+    token_cap = settings.max_session_tokens
+    tokens = f"{state.tokens:,} used" + (f" of {token_cap:,}" if token_cap else "")
+    print(f"tokens     {tokens}")
+    cost_cap = settings.max_cost
+    cost = f"${state.cost:.2f} spent" + (f" of ${cost_cap:.2f}" if cost_cap else "")
+    print(f"cost       {cost}")
 
 
 def cmd_budget(args: argparse.Namespace) -> int:

@@ -44,6 +44,7 @@ class ModelRequestDone:
     stop_reason: str | None
     usage: TokenUsage
     duration: float
+    cost: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import anthropic
 import httpx2
@@ -20,6 +20,9 @@ import httpx2
 from .errors import AuthError, EndpointError, ModelRequestError
 from .events import EventBus, ModelRequestDone, TokenUsage
 from .settings import Settings
+
+if TYPE_CHECKING:
+    from .budget import SessionBudget
 
 Block = dict[str, Any]
 Message = dict[str, Any]
@@ -180,6 +183,8 @@ class ModelGateway:
     events: EventBus = field(default_factory=EventBus)
     usage: TokenUsage = field(default_factory=TokenUsage)
     requests: int = 0
+    #: The session's budget: requests reserve against it first and settle after.
+    budget: SessionBudget | None = None
     _client: anthropic.AsyncAnthropic | None = None
 
     @property
@@ -213,6 +218,40 @@ class ModelGateway:
     ) -> ModelReply:
         """Stream one response to the end and return it; raise an ``OrchmodeError`` on failure."""
         started = time.monotonic()
+        reservation = None
+        if self.budget is not None:
+            reservation = await self.budget.before_request(system, messages, tools)
+        try:
+            reply = await self._stream(system, messages, tools, on_text)
+        except BaseException:
+            if self.budget is not None:
+                await self.budget.after_request(reservation, TokenUsage())
+            raise
+        cost = 0.0
+        if self.budget is not None:
+            cost = self.budget.cost(reply.usage)
+            await self.budget.after_request(reservation, reply.usage)
+        self.usage = self.usage + reply.usage
+        self.requests += 1
+        self.events.emit(
+            ModelRequestDone(
+                agent=agent,
+                message_id=reply.message_id,
+                stop_reason=reply.stop_reason,
+                usage=reply.usage,
+                duration=time.monotonic() - started,
+                cost=cost,
+            )
+        )
+        return reply
+
+    async def _stream(
+        self,
+        system: str,
+        messages: Sequence[Message],
+        tools: Sequence[Block],
+        on_text: Callable[[str], None] | None,
+    ) -> ModelReply:
         builder = _ReplyBuilder()
         try:
             stream = await self.client.messages.create(
@@ -273,17 +312,6 @@ class ModelGateway:
         reply = builder.reply()
         if not reply.message_id or reply.stop_reason is None:
             raise EndpointError(f"the response stream from {self.endpoint} ended early")
-        self.usage = self.usage + reply.usage
-        self.requests += 1
-        self.events.emit(
-            ModelRequestDone(
-                agent=agent,
-                message_id=reply.message_id,
-                stop_reason=reply.stop_reason,
-                usage=reply.usage,
-                duration=time.monotonic() - started,
-            )
-        )
         return reply
 
     async def close(self) -> None:

@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .errors import ConfigError
+from .pricing import ModelPrice, default_prices
 
 CONFIG_FILE = "orchmode.toml"
 ENV_PREFIX = "ORCHMODE_"
@@ -60,6 +61,18 @@ class Settings(BaseModel):
     max_subagents: int = Field(
         500, gt=0, description="Subagents a session may launch, workers and verifiers both."
     )
+    max_session_tokens: int | None = Field(
+        None, gt=0, description="Tokens a session may use in all (input, output and cache)."
+    )
+    max_cost: float | None = Field(
+        None, gt=0, description="Dollars a session may spend, at the prices below."
+    )
+    prices: dict[str, ModelPrice] = Field(
+        default_factory=default_prices,
+        description="Dollars per million tokens per model: input, output, cache_write, "
+        "cache_read (defaults for current models; `orchmode.toml` only).",
+        json_schema_extra={"flag": False},
+    )
     claim_lease: float = Field(
         30.0,
         gt=0,
@@ -78,6 +91,9 @@ class Settings(BaseModel):
         description="Small limits (2 subtasks, 1 turn each) in a throw-away fixture directory.",
     )
 
+    def price(self) -> ModelPrice | None:
+        return self.prices.get(self.model)
+
     def with_test_limits(self) -> Settings:
         """The spec's small-limits mode: it wins over every other source."""
         return self.model_copy(update={"max_subtasks": 2, "subagent_turns": 1, "main_turns": 1})
@@ -93,6 +109,18 @@ def setting_names() -> list[str]:
     return list(Settings.model_fields)
 
 
+def flag_names() -> list[str]:
+    """Settings that have a flag and an environment variable (a table has neither)."""
+    return [
+        name
+        for name, field in Settings.model_fields.items()
+        if not (
+            isinstance(field.json_schema_extra, dict)
+            and field.json_schema_extra.get("flag") is False
+        )
+    ]
+
+
 def env_var(name: str) -> str:
     return ENV_PREFIX + name.upper()
 
@@ -105,7 +133,7 @@ def _from_env(env: Mapping[str, str]) -> dict[str, tuple[str, str]]:
     found: dict[str, tuple[str, str]] = {}
     if env.get(LEGACY_JOURNAL_ENV):
         found["journal"] = (env[LEGACY_JOURNAL_ENV], LEGACY_JOURNAL_ENV)
-    for name in setting_names():
+    for name in flag_names():
         value = env.get(env_var(name))
         if value is not None and value != "":
             found[name] = (value, env_var(name))
@@ -163,6 +191,9 @@ def settings_table() -> str:
     ]
     for name, field in Settings.model_fields.items():
         default = field.default
+        if name not in flag_names():
+            rows.append(f"| `{name}` | — | — | (see below) | {field.description} |")
+            continue
         if default is None:
             shown = "—"
         elif isinstance(default, bool):

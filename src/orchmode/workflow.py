@@ -22,13 +22,14 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from .budget import BudgetExhausted, SessionBudget
 from .errors import AuthError, OrchmodeError
 from .events import EventBus, FanoutDone, FanoutStarted, Role, SubagentDone, SubagentStarted
 from .model import ModelGateway
 from .prompts import SUBAGENT_SYSTEM, SUBAGENT_TOOLS, verify_prompt
 from .settings import Settings
 from .shell import BashSession
-from .store import BudgetCaps, BudgetState, Store, content_key
+from .store import BudgetState, Store, content_key
 from .subagent import AgentResult, Status, Subagent, describe_failure
 
 
@@ -171,10 +172,9 @@ class Workflow:
 
     settings: Settings
     gateway: ModelGateway
-    store: Store
+    budget: SessionBudget
     events: EventBus
     make_shell: Callable[[], BashSession]
-    session: str
     calls: int = 0
     _slots: PrioritySlots | None = field(default=None, repr=False)
     _housekeeping: set[asyncio.Task[None]] = field(default_factory=set, repr=False)
@@ -187,8 +187,8 @@ class Workflow:
         return self._slots
 
     @property
-    def caps(self) -> BudgetCaps:
-        return BudgetCaps(max_subagents=self.settings.max_subagents)
+    def store(self) -> Store:
+        return self.budget.store
 
     async def run(self, tool_input: object) -> tuple[str, bool]:
         """The tool result text and whether it is an error."""
@@ -212,7 +212,7 @@ class Workflow:
             await asyncio.gather(*self._housekeeping)
         self.events.emit(FanoutDone(call, time.monotonic() - started))
         sections = [plan.note] if plan.note else []
-        budget = await self.store.budget(self.session)
+        budget = await self.store.budget(self.budget.session)
         skipped = [i for i, (worker, _) in enumerate(pairs, start=1) if worker.status is SKIPPED]
         unverified = [
             i
@@ -231,11 +231,8 @@ class Workflow:
         return "\n\n".join(sections), False
 
     def _budget_status(self, budget: BudgetState) -> str:
-        cap = self.settings.max_subagents
-        left = max(0, cap - budget.subagents)
-        return (
-            f"[budget: {budget.subagents} of {cap} subagents launched in this session; {left} left]"
-        )
+        left = max(0, self.settings.max_subagents - budget.subagents)
+        return f"[budget: {self.budget.describe(budget)} in this session; {left} subagents left]"
 
     def _budget_note(self, skipped: list[int], unverified: list[int], budget: BudgetState) -> str:
         parts = []
@@ -244,10 +241,10 @@ class Workflow:
         if unverified:
             parts.append(f"the results of subtasks {_numbers(unverified)} were not verified")
         return (
-            f"[orchmode: the session's budget of {self.settings.max_subagents} subagents is "
-            f"used up ({budget.subagents} launched): {' and '.join(parts)}. Rerunning them "
-            "needs more budget: narrow the work to what matters most, or ask the user to "
-            "raise --max-subagents.]"
+            f"[orchmode: the session's budget is used up ({self.budget.describe(budget)}): "
+            f"{' and '.join(parts)}. Rerunning them needs more budget: narrow the work to "
+            "what matters most, or ask the user to raise --max-subagents, "
+            "--max-session-tokens or --max-cost.]"
         )
 
     async def _chain(
@@ -291,7 +288,7 @@ class Workflow:
         heartbeat = asyncio.create_task(self._heartbeat(key, holder))
         try:
             if not await self.store.reserve(
-                self.session, self.caps, subagents=1, tokens=0, cost=0.0
+                self.budget.session, self.budget.caps, subagents=1, tokens=0, cost=0.0
             ):
                 self._background(self.store.release(key, holder))
                 result = AgentResult(
@@ -333,6 +330,8 @@ class Workflow:
                 result = await agent.run(prompt)
             except AuthError:
                 raise  # retrying cannot help: stop the whole run
+            except BudgetExhausted as exc:
+                result = AgentResult(f"[orchmode: stopped — {exc}]", SKIPPED)
             except Exception as exc:
                 result = AgentResult(describe_failure(exc), Status.FAILED)
             finally:

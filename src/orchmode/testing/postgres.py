@@ -73,7 +73,6 @@ def postgres_server(*, port: int | None = None) -> Iterator[str]:
     as_server_user = _user_switch()
     root = Path(tempfile.mkdtemp(prefix="orchmode-pg-"))
     data, sockets = root / "data", root / "sockets"
-    started = False
     try:
         sockets.mkdir()
         superuser_password = secrets.token_urlsafe(24)
@@ -112,13 +111,12 @@ def postgres_server(*, port: int | None = None) -> Iterator[str]:
                 if attempt + 1 >= PORT_ATTEMPTS or port is not None:
                     raise
                 continue
-            started = True
             break
         password = secrets.token_urlsafe(18)
         _create_role_and_database(chosen, superuser_password, password)
         yield f"postgresql://{ROLE}:{password}@127.0.0.1:{chosen}/{DATABASE}"
     finally:
-        if started:
+        if (data / "postmaster.pid").exists():  # also after a start that timed out
             subprocess.run(
                 [*as_server_user, str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate",
                  "-w", "stop"],

@@ -1,0 +1,44 @@
+"""What model requests cost: a per-model price table, in US dollars per million tokens.
+
+The defaults are Anthropic's published list prices for current models (5-minute cache
+writes); a different or newer price goes in ``orchmode.toml`` under ``[prices."model-id"]``.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .events import TokenUsage
+
+
+class ModelPrice(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    input: float = Field(ge=0)
+    output: float = Field(ge=0)
+    cache_write: float = Field(ge=0)
+    cache_read: float = Field(ge=0)
+
+    def cost(self, usage: TokenUsage) -> float:
+        """Dollars for one request's usage."""
+        return (
+            usage.input_tokens * self.input
+            + usage.output_tokens * self.output
+            + usage.cache_write_tokens * self.cache_write
+            + usage.cache_read_tokens * self.cache_read
+        ) / 1_000_000
+
+    def worst_case(self, input_tokens: int, output_tokens: int) -> float:
+        """The most a request of this size could cost, however the cache behaves."""
+        dearest_input = max(self.input, self.cache_write, self.cache_read)
+        return (input_tokens * dearest_input + output_tokens * self.output) / 1_000_000
+
+
+def default_prices() -> dict[str, ModelPrice]:
+    return {
+        "claude-opus-5-5": ModelPrice(input=4, output=20, cache_write=5, cache_read=0.2),
+        "claude-opus-5": ModelPrice(input=5, output=25, cache_write=6.25, cache_read=0.5),
+        "claude-sonnet-5-5": ModelPrice(input=2, output=10, cache_write=2.5, cache_read=0.2),
+        "claude-sonnet-5": ModelPrice(input=2, output=10, cache_write=2.5, cache_read=0.2),
+        "claude-haiku-4-5": ModelPrice(input=1, output=5, cache_write=1.25, cache_read=0.1),
+    }
