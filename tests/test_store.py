@@ -288,3 +288,17 @@ async def test_settling_a_new_session_creates_its_ledger(store: Store) -> None:
     await store.settle("fresh", tokens=1234, cost=0.5)
     state = await store.budget("fresh")
     assert (state.subagents, state.tokens, state.cost) == (0, 1234, 0.5)
+
+
+def test_a_locked_sqlite_file_is_a_clear_error(tmp_path: Path) -> None:
+    from orchmode.store.sqlite import SQLiteStore
+
+    path = tmp_path / "j.db"
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")  # another program holds the file
+    try:
+        with pytest.raises(StoreError, match="locked by another program"):
+            SQLiteStore.open(path, busy_timeout=0.2)
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()

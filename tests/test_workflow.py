@@ -182,3 +182,36 @@ async def test_verification_can_be_switched_off(serve: StartServer, tmp_path: Pa
     await run_session(server, tmp_path, verify=False)
     assert "[verify" not in workflow_result(server)
     assert "verifier" not in {role_of(e.body) for e in server.log}
+
+
+async def test_identical_subtasks_in_one_wave_run_once(serve: StartServer, tmp_path: Path) -> None:
+    scenario = OrchestrationScenario(
+        subtasks=["Check item 1", "Check item 1", "Check item 2"], worker_command=None
+    )
+    server = await serve(scenario)
+    await run_session(server, tmp_path)
+    workers = [first_user_text_of(e.body) for e in server.log if role_of(e.body) == "worker"]
+    assert sorted(workers) == ["Check item 1", "Check item 2"]
+    result = workflow_result(server)
+    assert result.count("[agent ") == 3 and result.count('"summary": "confirmed') == 3
+
+
+async def test_a_heartbeat_keeps_a_long_subtask_claimed(serve: StartServer, tmp_path: Path) -> None:
+    """Two sessions on one store; the worker outlives its lease many times over, yet runs once."""
+    scenario = OrchestrationScenario(subtasks=["Check item 1"], worker_command=None)
+
+    def respond(request: ScriptedRequest) -> Reply | Fault:
+        reply = scenario(request)
+        if first_user_text(request) == "Check item 1":
+            reply.delay = 1.0
+        return reply
+
+    server = await serve(respond)
+    import asyncio
+
+    await asyncio.gather(
+        run_session(server, tmp_path, claim_lease=0.2),
+        run_session(server, tmp_path, claim_lease=0.2),
+    )
+    workers = [first_user_text_of(e.body) for e in server.log if role_of(e.body) == "worker"]
+    assert workers == ["Check item 1"]

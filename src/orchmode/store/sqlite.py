@@ -58,15 +58,16 @@ class SQLiteStore:
         self._executor = executor
 
     @classmethod
-    def open(cls, path: Path) -> SQLiteStore:
+    def open(cls, path: Path, *, busy_timeout: float = BUSY_TIMEOUT_MS / 1000) -> SQLiteStore:
+        """Open, creating and upgrading the file; ``busy_timeout``: seconds to wait for a lock."""
         executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="orchmode-store")
         try:
-            writer = executor.submit(_connect, path).result()
+            writer = executor.submit(_connect, path, busy_timeout).result()
         except BaseException:
             executor.shutdown(wait=False)
             raise
         try:
-            reader = sqlite3.connect(path, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000)
+            reader = sqlite3.connect(path, isolation_level=None, timeout=busy_timeout)
             reader.execute("PRAGMA query_only = ON")
             quick = sqlite3.connect(path, isolation_level=None, timeout=0)
             quick.execute("PRAGMA synchronous = NORMAL")
@@ -247,16 +248,16 @@ def _transaction(db: sqlite3.Connection) -> Iterator[None]:
     db.execute("COMMIT")
 
 
-def _connect(path: Path) -> sqlite3.Connection:
+def _connect(path: Path, busy_timeout: float) -> sqlite3.Connection:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        db = sqlite3.connect(path, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000)
+        db = sqlite3.connect(path, isolation_level=None, timeout=busy_timeout)
     except (OSError, sqlite3.Error) as exc:
         raise StoreError(
             f"cannot open the store {path}: {exc} — pass --store with a writable location"
         ) from exc
     try:
-        db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        db.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
         db.execute("PRAGMA journal_mode = WAL")
         db.execute("PRAGMA synchronous = FULL")
         with _transaction(db):
