@@ -86,7 +86,7 @@ async def test_failures_become_endpoint_errors(
     serve: StartServer, tmp_path: Path, fault: Fault, needle: str
 ) -> None:
     server = await serve(lambda r: fault)
-    gateway = gateway_for(settings_for(server, tmp_path))
+    gateway = gateway_for(settings_for(server, tmp_path, stream_retries=0))
     with pytest.raises(EndpointError, match=needle):
         await gateway.complete(agent="main", system="s", messages=USER, tools=MAIN_TOOLS)
     assert gateway.requests == 0
@@ -134,3 +134,38 @@ def test_credentials_prefer_the_api_key_and_need_one() -> None:
     assert Credentials.from_env({"ANTHROPIC_AUTH_TOKEN": "t"}).auth_token == "t"
     with pytest.raises(AuthError, match="ANTHROPIC_API_KEY"):
         Credentials.from_env({"ANTHROPIC_API_KEY": ""})
+
+
+@pytest.mark.parametrize(
+    "fault", [Fault("drop", after_events=5), Fault("sse_error", after_events=5)]
+)
+async def test_a_stream_broken_part_way_is_sent_again_from_the_start(
+    serve: StartServer, tmp_path: Path, fault: Fault
+) -> None:
+    server = await serve(lambda r: fault if r.index < 2 else Reply.text("whole at last"))
+    gateway = gateway_for(settings_for(server, tmp_path, stream_retries=3))
+    reply = await gateway.complete(agent="main", system="s", messages=USER, tools=MAIN_TOOLS)
+    assert reply.text == "whole at last"
+    assert len(server.log) == 3 and server.log[0].body == server.log[2].body
+    assert gateway.requests == 1
+
+
+async def test_a_stream_that_keeps_breaking_fails_after_the_retries(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    server = await serve(lambda r: Fault("drop", after_events=5))
+    gateway = gateway_for(settings_for(server, tmp_path, stream_retries=2))
+    with pytest.raises(EndpointError, match="broke off"):
+        await gateway.complete(agent="main", system="s", messages=USER, tools=MAIN_TOOLS)
+    assert len(server.log) == 3
+
+
+async def test_an_overloaded_answer_is_not_retried_twice(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    """429/529/5xx are the SDK's to retry (max_retries); the gateway adds no second layer."""
+    server = await serve(lambda r: Fault("overloaded"))
+    gateway = gateway_for(settings_for(server, tmp_path, stream_retries=3, max_retries=1))
+    with pytest.raises(EndpointError, match="529"):
+        await gateway.complete(agent="main", system="s", messages=USER, tools=MAIN_TOOLS)
+    assert len(server.log) == 2

@@ -30,6 +30,10 @@ class EndpointError(OrchmodeError):
     exit_code = 4
 
 
+class StreamInterrupted(EndpointError):
+    """A response stream broke off or reported an error part-way: safe to send again."""
+
+
 class ModelRequestError(OrchmodeError):
     """The API refused a request (a 4xx other than authentication)."""
 

@@ -8,7 +8,10 @@ loops above never see an HTTP library.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
+import random
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -17,12 +20,18 @@ from typing import TYPE_CHECKING, Any, cast
 import anthropic
 import httpx2
 
-from .errors import AuthError, EndpointError, ModelRequestError
+from .errors import AuthError, EndpointError, ModelRequestError, StreamInterrupted
 from .events import EventBus, ModelRequestDone, TokenUsage
 from .settings import Settings
 
 if TYPE_CHECKING:
     from .budget import SessionBudget
+
+log = logging.getLogger("orchmode")
+
+#: Seconds before the first retry of a broken stream, and the most any wait grows to.
+RETRY_BASE = 0.25
+RETRY_CAP = 8.0
 
 Block = dict[str, Any]
 Message = dict[str, Any]
@@ -222,7 +231,7 @@ class ModelGateway:
         if self.budget is not None:
             reservation = await self.budget.before_request(system, messages, tools)
         try:
-            reply = await self._stream(system, messages, tools, on_text)
+            reply = await self._stream_with_retries(system, messages, tools, on_text)
         except BaseException:
             if self.budget is not None:
                 await self.budget.after_request(reservation, TokenUsage())
@@ -244,6 +253,32 @@ class ModelGateway:
             )
         )
         return reply
+
+    async def _stream_with_retries(
+        self,
+        system: str,
+        messages: Sequence[Message],
+        tools: Sequence[Block],
+        on_text: Callable[[str], None] | None,
+    ) -> ModelReply:
+        """Send again, from the start, a request whose stream broke off part-way.
+
+        The SDK retries failed requests but not a stream that dies after it began. A
+        request has no effect until its response is complete, so sending it again is
+        safe; the waits grow exponentially, with full jitter so a wave of agents cut off
+        together does not come back together. ``on_text`` sees a retried reply again from
+        its start.
+        """
+        retries = self.settings.stream_retries
+        for attempt in range(retries + 1):
+            try:
+                return await self._stream(system, messages, tools, on_text)
+            except StreamInterrupted as exc:
+                if attempt == retries:
+                    raise
+                log.info("retrying a broken response stream (%s)", exc)
+                await asyncio.sleep(random.uniform(0, min(RETRY_CAP, RETRY_BASE * 2**attempt)))
+        raise AssertionError("unreachable")
 
     async def _stream(
         self,
@@ -284,7 +319,7 @@ class ModelGateway:
             status = exc.status_code
             message_text = _api_message(exc)
             if status < 400:  # an `error` event in the middle of a successful stream
-                raise EndpointError(
+                raise StreamInterrupted(
                     f"the response stream from {self.endpoint} reported an error: {message_text}"
                 ) from exc
             if status in (429, 529) or status >= 500:
@@ -305,13 +340,13 @@ class ModelGateway:
                 "ANTHROPIC_BASE_URL and the network"
             ) from exc
         except (anthropic.AnthropicError, httpx2.HTTPError) as exc:
-            raise EndpointError(
+            raise StreamInterrupted(
                 f"the response stream from {self.endpoint} broke off: {exc or type(exc).__name__}"
             ) from exc
 
         reply = builder.reply()
         if not reply.message_id or reply.stop_reason is None:
-            raise EndpointError(f"the response stream from {self.endpoint} ended early")
+            raise StreamInterrupted(f"the response stream from {self.endpoint} ended early")
         return reply
 
     async def close(self) -> None:

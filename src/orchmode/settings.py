@@ -36,6 +36,9 @@ class Settings(BaseModel):
     max_retries: int = Field(
         2, ge=0, description="Retries of a failed model request (429, 5xx, connection)."
     )
+    stream_retries: int = Field(
+        3, ge=0, description="Retries of a response stream that breaks off part-way."
+    )
     bash_timeout: float = Field(60.0, gt=0, description="Seconds one bash command may run.")
     output_limit: int = Field(8000, gt=0, description="Characters of tool output sent back.")
     max_concurrent: int = Field(10, gt=0, description="Subagents in flight at once.")
