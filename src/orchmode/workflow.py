@@ -209,7 +209,9 @@ class Workflow:
             for chain in chains:
                 chain.cancel()
             await asyncio.gather(*chains, return_exceptions=True)
-            await asyncio.gather(*self._housekeeping)
+            for failure in await asyncio.gather(*self._housekeeping, return_exceptions=True):
+                if isinstance(failure, Exception):
+                    log.warning("housekeeping after the fan-out failed: %s", failure)
         self.events.emit(FanoutDone(call, time.monotonic() - started))
         sections = [plan.note] if plan.note else []
         budget = await self.store.budget(self.budget.session)
@@ -299,6 +301,9 @@ class Workflow:
                 self._done(call, index, role, result, 0.0)
                 return result
             result, duration = await self._run_agent(call, index, role, prompt, priority)
+        except BaseException:  # cancelled or broken: let the next run take it at once
+            self._background(self.store.release(key, holder))
+            raise
         finally:
             heartbeat.cancel()
         # The chain goes on while the disk flushes; the claim is let go only once the
