@@ -15,6 +15,18 @@ from orchmode.testing import Fault, Reply, ScriptedRequest, ScriptedServer
 from orchmode.testing.scenario import OrchestrationScenario, first_user_text
 
 
+def slowed(scenario: OrchestrationScenario, subtask: str, delay: float) -> Any:
+    """The scenario, with the worker of one subtask answering after ``delay`` seconds."""
+
+    def respond(request: ScriptedRequest) -> Reply:
+        reply = scenario(request)
+        if first_user_text(request) == subtask:
+            reply.delay = delay
+        return reply
+
+    return respond
+
+
 def role_of(body: dict[str, Any]) -> str:
     names = {t["name"] for t in body.get("tools", [])}
     if "Workflow" in names:
@@ -140,14 +152,7 @@ async def test_verification_starts_before_the_first_wave_is_over(
 ) -> None:
     """No barrier: item 1's verifier runs while item 2's slow worker is still working."""
     scenario = OrchestrationScenario(subtasks=2, worker_command=None)
-
-    def respond(request: ScriptedRequest) -> Reply | Fault:
-        reply = scenario(request)
-        if first_user_text(request) == "Check item 2":
-            reply.delay = 0.5
-        return reply
-
-    server = await serve(respond)
+    server = await serve(slowed(scenario, "Check item 2", 0.5))
     await run_session(server, tmp_path)
     slow_worker = next(e for e in server.log if first_user_text_of(e.body) == "Check item 2")
     verifier_1 = next(
@@ -199,14 +204,7 @@ async def test_identical_subtasks_in_one_wave_run_once(serve: StartServer, tmp_p
 async def test_a_heartbeat_keeps_a_long_subtask_claimed(serve: StartServer, tmp_path: Path) -> None:
     """Two sessions on one store; the worker outlives its lease many times over, yet runs once."""
     scenario = OrchestrationScenario(subtasks=["Check item 1"], worker_command=None)
-
-    def respond(request: ScriptedRequest) -> Reply | Fault:
-        reply = scenario(request)
-        if first_user_text(request) == "Check item 1":
-            reply.delay = 1.0
-        return reply
-
-    server = await serve(respond)
+    server = await serve(slowed(scenario, "Check item 1", 1.0))
     import asyncio
 
     await asyncio.gather(

@@ -190,15 +190,7 @@ class PostgresStore:
     async def reserve(
         self, session: str, caps: BudgetCaps, *, subagents: int, tokens: int, cost: float
     ) -> bool:
-        params = schema.reserve_params(
-            session,
-            subagents=subagents,
-            tokens=tokens,
-            cost=cost,
-            max_subagents=caps.max_subagents,
-            max_tokens=caps.max_tokens,
-            max_cost=caps.max_cost,
-        )
+        params = schema.reserve_params(session, caps, subagents=subagents, tokens=tokens, cost=cost)
 
         async def add(conn: Conn) -> bool:
             await conn.execute(ENSURE_BUDGET, (session,))

@@ -7,6 +7,11 @@ an old database always upgrades and a newer one is refused.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .base import BudgetCaps
+
 #: Larger than any real cap; stands in for "no limit" so the SQL needs no NULL tests.
 NO_LIMIT_TOKENS = 2**62
 NO_LIMIT_COST = 1e300
@@ -138,27 +143,12 @@ EVENTS = "SELECT seq, at, kind, data FROM events WHERE session = ? ORDER BY seq"
 
 
 def reserve_params(
-    session: str,
-    *,
-    subagents: int,
-    tokens: int,
-    cost: float,
-    max_subagents: int,
-    max_tokens: int | None,
-    max_cost: float | None,
+    session: str, caps: BudgetCaps, *, subagents: int, tokens: int, cost: float
 ) -> tuple[object, ...]:
     """The parameters of :data:`RESERVE`, with absent caps as effectively infinite."""
-    token_cap = NO_LIMIT_TOKENS if max_tokens is None else max_tokens
-    cost_cap = NO_LIMIT_COST if max_cost is None else max_cost
+    token_cap = NO_LIMIT_TOKENS if caps.max_tokens is None else caps.max_tokens
+    cost_cap = NO_LIMIT_COST if caps.max_cost is None else caps.max_cost
     return (
-        subagents,
-        tokens,
-        cost,
-        session,
-        subagents,
-        max_subagents,
-        tokens,
-        token_cap,
-        cost,
-        cost_cap,
-    )
+        subagents, tokens, cost, session,
+        subagents, caps.max_subagents, tokens, token_cap, cost, cost_cap,
+    )  # fmt: skip

@@ -140,15 +140,7 @@ class SQLiteStore:
     async def reserve(
         self, session: str, caps: BudgetCaps, *, subagents: int, tokens: int, cost: float
     ) -> bool:
-        params = schema.reserve_params(
-            session,
-            subagents=subagents,
-            tokens=tokens,
-            cost=cost,
-            max_subagents=caps.max_subagents,
-            max_tokens=caps.max_tokens,
-            max_cost=caps.max_cost,
-        )
+        params = schema.reserve_params(session, caps, subagents=subagents, tokens=tokens, cost=cost)
 
         def add(db: sqlite3.Connection) -> bool:
             db.execute(schema.ENSURE_BUDGET, (session,))
