@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 from pathlib import Path
 
 import pytest
@@ -9,6 +11,7 @@ import pytest
 from conftest import StartServer, gateway_for, settings_for
 from orchmode.errors import AuthError, EndpointError, ModelRequestError
 from orchmode.events import EventBus, ModelRequestDone
+from orchmode.limits import AdaptiveLimit
 from orchmode.model import Credentials
 from orchmode.prompts import MAIN_TOOLS
 from orchmode.testing import Fault, Reply
@@ -86,7 +89,8 @@ async def test_failures_become_endpoint_errors(
     serve: StartServer, tmp_path: Path, fault: Fault, needle: str
 ) -> None:
     server = await serve(lambda r: fault)
-    gateway = gateway_for(settings_for(server, tmp_path, stream_retries=0))
+    settings = settings_for(server, tmp_path, stream_retries=0, overload_patience=0.2)
+    gateway = gateway_for(settings)
     with pytest.raises(EndpointError, match=needle):
         await gateway.complete(agent="main", system="s", messages=USER, tools=MAIN_TOOLS)
     assert gateway.requests == 0
@@ -160,12 +164,75 @@ async def test_a_stream_that_keeps_breaking_fails_after_the_retries(
     assert len(server.log) == 3
 
 
-async def test_an_overloaded_answer_is_not_retried_twice(
+async def test_a_rate_limited_request_waits_as_told_and_finishes(
     serve: StartServer, tmp_path: Path
 ) -> None:
-    """429/529/5xx are the SDK's to retry (max_retries); the gateway adds no second layer."""
-    server = await serve(lambda r: Fault("overloaded"))
-    gateway = gateway_for(settings_for(server, tmp_path, stream_retries=3, max_retries=1))
-    with pytest.raises(EndpointError, match="529"):
+    server = await serve(
+        lambda r: Fault("rate_limit", retry_after=0.2) if r.index < 2 else Reply.text("done")
+    )
+    gateway = gateway_for(settings_for(server, tmp_path))
+    reply = await gateway.complete(agent="main", system="s", messages=USER, tools=MAIN_TOOLS)
+    assert reply.text == "done" and len(server.log) == 3
+    for refused, retried in itertools.pairwise(server.log):
+        assert refused.finished is not None
+        assert retried.started - refused.finished >= 0.18  # retry-after honoured
+
+
+async def test_a_server_error_is_retried_max_retries_times(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    server = await serve(lambda r: Fault("server_error"))
+    gateway = gateway_for(settings_for(server, tmp_path, max_retries=2))
+    with pytest.raises(EndpointError, match="500"):
         await gateway.complete(agent="main", system="s", messages=USER, tools=MAIN_TOOLS)
-    assert len(server.log) == 2
+    assert len(server.log) == 3
+
+
+async def test_the_limit_settles_at_what_the_server_accepts(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    """12 agents at once against a server that takes 3: all finish, none fails."""
+    server = await serve(lambda r: Reply.text("ok", delay=0.1), max_in_flight=3)
+    gateway = gateway_for(settings_for(server, tmp_path, max_concurrent=12))
+    replies = await asyncio.gather(
+        *(
+            gateway.complete(agent=f"a{i}", system="s", messages=USER, tools=MAIN_TOOLS)
+            for i in range(12)
+        )
+    )
+    assert [r.text for r in replies] == ["ok"] * 12
+    outcomes = [e.outcome for e in server.log]
+    assert outcomes.count("ok") == 12 and "rate_limited" in outcomes
+    assert gateway.limit.limit < 12
+
+
+async def test_adaptive_limit_halves_once_per_round_and_grows_back() -> None:
+    limit = AdaptiveLimit(8)
+    started = [await limit.acquire() for _ in range(8)]
+    for t in started:  # a whole round refused together is one signal
+        limit.overloaded(t, None)
+        limit.release()
+    assert limit.limit == 4
+    later = await limit.acquire()
+    limit.overloaded(later, None)
+    limit.release()
+    assert limit.limit == 2
+    for _ in range(100):
+        await limit.acquire()
+        limit.release()
+        limit.succeeded()
+    assert limit.limit == 8  # back to the ceiling, never past it
+    assert limit.peak == 8
+
+
+async def test_adaptive_limit_queues_beyond_the_limit() -> None:
+    limit = AdaptiveLimit(2)
+    await limit.acquire()
+    await limit.acquire()
+    third = asyncio.create_task(limit.acquire())
+    while not limit._waiters:  # until the third has queued up
+        await asyncio.sleep(0)
+    assert not third.done()
+    limit.release()
+    await asyncio.wait_for(third, 1)
+    assert limit.in_flight == 2

@@ -34,6 +34,18 @@ class StreamInterrupted(EndpointError):
     """A response stream broke off or reported an error part-way: safe to send again."""
 
 
+class Overloaded(EndpointError):
+    """429 or 529: the API wants fewer requests; wait (``retry_after`` if it said) and retry."""
+
+    def __init__(self, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class TransientFailure(EndpointError):
+    """A 5xx, a timeout or a lost connection: worth a few more tries."""
+
+
 class ModelRequestError(OrchmodeError):
     """The API refused a request (a 4xx other than authentication)."""
 

@@ -20,8 +20,15 @@ from typing import TYPE_CHECKING, Any, cast
 import anthropic
 import httpx2
 
-from .errors import AuthError, EndpointError, ModelRequestError, StreamInterrupted
+from .errors import (
+    AuthError,
+    ModelRequestError,
+    Overloaded,
+    StreamInterrupted,
+    TransientFailure,
+)
 from .events import EventBus, ModelRequestDone, TokenUsage
+from .limits import AdaptiveLimit
 from .settings import Settings
 
 if TYPE_CHECKING:
@@ -174,6 +181,24 @@ def _request_block(block: Block) -> Block | None:
     return block
 
 
+def _backoff(attempt: int) -> float:
+    """Full-jitter exponential backoff: a random wait up to base * 2**(attempt - 1)."""
+    return random.uniform(0, min(RETRY_CAP, RETRY_BASE * 2 ** (attempt - 1)))
+
+
+def _retry_after(exc: anthropic.APIStatusError) -> float | None:
+    """The wait the API asked for, from ``retry-after-ms`` or ``retry-after`` (seconds)."""
+    headers = exc.response.headers
+    for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
+        value = headers.get(name)
+        if value is not None:
+            try:
+                return max(0.0, float(value) * scale)
+            except ValueError:
+                continue
+    return None
+
+
 def _api_message(exc: anthropic.APIStatusError) -> str:
     body = exc.body
     if isinstance(body, dict):
@@ -195,6 +220,14 @@ class ModelGateway:
     #: The session's budget: requests reserve against it first and settle after.
     budget: SessionBudget | None = None
     _client: anthropic.AsyncAnthropic | None = None
+    _limit: AdaptiveLimit | None = None
+
+    @property
+    def limit(self) -> AdaptiveLimit:
+        """Requests in flight across every agent of the session, adapted to the API's load."""
+        if self._limit is None:
+            self._limit = AdaptiveLimit(self.settings.max_concurrent)
+        return self._limit
 
     @property
     def client(self) -> anthropic.AsyncAnthropic:
@@ -208,7 +241,7 @@ class ModelGateway:
                 auth_token=self.credentials.auth_token,
                 base_url=self.settings.base_url,
                 timeout=self.settings.request_timeout,
-                max_retries=self.settings.max_retries,
+                max_retries=0,  # retries are ours: see _send
             )
         return self._client
 
@@ -231,7 +264,7 @@ class ModelGateway:
         if self.budget is not None:
             reservation = await self.budget.before_request(system, messages, tools)
         try:
-            reply = await self._stream_with_retries(system, messages, tools, on_text)
+            reply = await self._send(system, messages, tools, on_text)
         except BaseException:
             if self.budget is not None:
                 await self.budget.after_request(reservation, TokenUsage())
@@ -254,31 +287,58 @@ class ModelGateway:
         )
         return reply
 
-    async def _stream_with_retries(
+    async def _send(
         self,
         system: str,
         messages: Sequence[Message],
         tools: Sequence[Block],
         on_text: Callable[[str], None] | None,
     ) -> ModelReply:
-        """Send again, from the start, a request whose stream broke off part-way.
+        """Send one request under the adaptive limit, retrying what is worth retrying.
 
-        The SDK retries failed requests but not a stream that dies after it began. A
-        request has no effect until its response is complete, so sending it again is
-        safe; the waits grow exponentially, with full jitter so a wave of agents cut off
-        together does not come back together. ``on_text`` sees a retried reply again from
-        its start.
+        The SDK's own retries are off so that every 429 and 529 reaches the limit, which
+        halves; a rate-limited request goes back to waiting, not started, for as long as
+        ``overload_patience`` allows. A 5xx, a timeout or a lost connection is tried again
+        up to ``max_retries`` times, and a stream that broke off part-way (safe: a request
+        has no effect until its response is complete) up to ``stream_retries`` times. Waits
+        grow exponentially with full jitter, so agents cut off together do not come back
+        together. ``on_text`` sees a retried reply again from its start.
         """
-        retries = self.settings.stream_retries
-        for attempt in range(retries + 1):
+        loop = asyncio.get_running_loop()
+        give_up_at = loop.time() + self.settings.overload_patience
+        overloads = failures = breaks = 0
+        while True:
+            started = await self.limit.acquire()
             try:
-                return await self._stream(system, messages, tools, on_text)
+                reply = await self._stream(system, messages, tools, on_text)
+            except Overloaded as exc:
+                overloads += 1
+                self.limit.overloaded(started, exc.retry_after)
+                if loop.time() > give_up_at:
+                    raise Overloaded(
+                        f"{exc} — still refused after "
+                        f"{self.settings.overload_patience:g} s of retrying"
+                    ) from exc
+                if exc.retry_after is None:
+                    await asyncio.sleep(_backoff(overloads))
+                continue
+            except TransientFailure:
+                failures += 1
+                if failures > self.settings.max_retries:
+                    raise
+                await asyncio.sleep(_backoff(failures))
+                continue
             except StreamInterrupted as exc:
-                if attempt == retries:
+                breaks += 1
+                if breaks > self.settings.stream_retries:
                     raise
                 log.info("retrying a broken response stream (%s)", exc)
-                await asyncio.sleep(random.uniform(0, min(RETRY_CAP, RETRY_BASE * 2**attempt)))
-        raise AssertionError("unreachable")
+                await asyncio.sleep(_backoff(breaks))
+                continue
+            finally:
+                self.limit.release()
+            self.limit.succeeded()
+            return reply
 
     async def _stream(
         self,
@@ -322,8 +382,12 @@ class ModelGateway:
                 raise StreamInterrupted(
                     f"the response stream from {self.endpoint} reported an error: {message_text}"
                 ) from exc
-            if status in (429, 529) or status >= 500:
-                raise EndpointError(
+            if status in (429, 529):
+                raise Overloaded(
+                    f"the API is overloaded ({status}: {message_text})", _retry_after(exc)
+                ) from exc
+            if status >= 500 or status in (408, 409):
+                raise TransientFailure(
                     f"the API kept failing ({status}: {message_text}) after "
                     f"{self.settings.max_retries} retries"
                 ) from exc
@@ -331,11 +395,11 @@ class ModelGateway:
                 f"the API rejected a request ({status}): {message_text}"
             ) from exc
         except anthropic.APITimeoutError as exc:
-            raise EndpointError(
+            raise TransientFailure(
                 f"a request to {self.endpoint} timed out after {self.settings.request_timeout:g} s"
             ) from exc
         except anthropic.APIConnectionError as exc:
-            raise EndpointError(
+            raise TransientFailure(
                 f"cannot reach the Messages API at {self.endpoint} — check --base-url, "
                 "ANTHROPIC_BASE_URL and the network"
             ) from exc

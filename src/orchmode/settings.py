@@ -34,14 +34,24 @@ class Settings(BaseModel):
     max_tokens: int = Field(64000, gt=0, description="`max_tokens` of every model request.")
     request_timeout: float = Field(600.0, gt=0, description="Seconds one model request may take.")
     max_retries: int = Field(
-        2, ge=0, description="Retries of a failed model request (429, 5xx, connection)."
+        2, ge=0, description="Retries of a model request that fails (5xx, timeout, connection)."
+    )
+    overload_patience: float = Field(
+        900.0,
+        gt=0,
+        description="Seconds a request keeps retrying while the API answers 429 or 529.",
     )
     stream_retries: int = Field(
         3, ge=0, description="Retries of a response stream that breaks off part-way."
     )
     bash_timeout: float = Field(60.0, gt=0, description="Seconds one bash command may run.")
     output_limit: int = Field(8000, gt=0, description="Characters of tool output sent back.")
-    max_concurrent: int = Field(10, gt=0, description="Subagents in flight at once.")
+    max_concurrent: int = Field(
+        10,
+        gt=0,
+        description="Subagents in flight at once, and the ceiling of model requests in "
+        "flight (lowered automatically while the API answers 429 or 529).",
+    )
     max_subtasks: int = Field(200, gt=0, description="Subtasks run per Workflow call.")
     subagent_turns: int = Field(15, gt=0, description="Model turns per subagent.")
     main_turns: int = Field(30, gt=0, description="Model calls per main-agent user turn.")
