@@ -365,3 +365,45 @@ def test_budget_prints_what_the_latest_session_launched(scripted: Any, tmp_path:
 
 def test_budget_without_any_session_is_one_line(tmp_path: Path) -> None:
     assert_one_line_error(orchmode("budget", cwd=tmp_path), "no sessions are recorded")
+
+
+def test_a_soak_with_a_fifth_of_requests_failing_delivers_everything(
+    scripted: Any, tmp_path: Path
+) -> None:
+    """200 subtasks; one request in five fails on its first try, in every way the API fails."""
+    import hashlib
+    import threading
+
+    from orchmode.testing import Fault, ScriptedRequest
+
+    scenario = OrchestrationScenario(subtasks=200, worker_command=None, scout_command=None)
+    faults = [
+        Fault("overloaded"),
+        Fault("rate_limit", retry_after=0.05),
+        Fault("server_error"),
+        Fault("drop", after_events=4),
+        Fault("sse_error", after_events=4),
+        Fault("drop", after_events=0),  # an empty response: headers, then nothing
+    ]
+    seen: set[str] = set()
+    lock = threading.Lock()
+    injected: list[str] = []
+
+    def respond(request: ScriptedRequest) -> Any:
+        digest = hashlib.sha256(json.dumps(request.body, sort_keys=True).encode()).hexdigest()
+        with lock:
+            first_try = digest not in seen
+            seen.add(digest)
+        if first_try and int(digest, 16) % 5 == 0:
+            fault = faults[int(digest, 16) % len(faults)]
+            injected.append(fault.kind)
+            return fault
+        return scenario(request)
+
+    server = scripted(respond)
+    result = orchmode(
+        "run", "go", "--base-url", server.url, "--max-concurrent", "20", cwd=tmp_path, timeout=300
+    )
+    assert result.returncode == 0, result.stderr
+    assert "Synthesis: 200 agents reported; 200 results were confirmed." in result.stdout
+    assert len(injected) >= 60 and len(set(injected)) >= 4
