@@ -51,18 +51,12 @@ def process_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def start_server(subtasks: int, latency: float) -> tuple[subprocess.Popen[str], str]:
+def start_server(subtasks: int, latency: float, *extra: str) -> tuple[subprocess.Popen[str], str]:
+    """The scripted server in its own process, answering with ``responder`` above."""
     env = {**os.environ, "BENCH_SUBTASKS": str(subtasks), "PYTHONPATH": str(Path(__file__).parent)}
+    command = [sys.executable, "-m", "orchmode.testing", "--latency", str(latency)]
     process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "orchmode.testing",
-            "--latency",
-            str(latency),
-            "--responder",
-            "fanout:responder",
-        ],
+        [*command, "--responder", "fanout:responder", *extra],
         stdout=subprocess.PIPE,
         text=True,
         env=env,

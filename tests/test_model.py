@@ -206,23 +206,28 @@ async def test_the_limit_settles_at_what_the_server_accepts(
     assert gateway.limit.limit < 12
 
 
-async def test_adaptive_limit_halves_once_per_round_and_grows_back() -> None:
-    limit = AdaptiveLimit(8)
-    started = [await limit.acquire() for _ in range(8)]
+async def test_adaptive_limit_cuts_once_per_round_and_grows_back() -> None:
+    limit = AdaptiveLimit(10)
+    started = [await limit.acquire() for _ in range(10)]
     for t in started:  # a whole round refused together is one signal
-        limit.overloaded(t, None)
+        limit.overloaded(t)
         limit.release()
-    assert limit.limit == 4
+    assert limit.limit == pytest.approx(7)
     later = await limit.acquire()
-    limit.overloaded(later, None)
+    limit.overloaded(later)
     limit.release()
-    assert limit.limit == 2
-    for _ in range(100):
+    assert limit.limit == pytest.approx(4.9)
+    grown = []
+    for _ in range(200):
         await limit.acquire()
         limit.release()
         limit.succeeded()
-    assert limit.limit == 8  # back to the ceiling, never past it
-    assert limit.peak == 8
+        grown.append(limit.limit)
+    # Quick (half a request per success) back to 90 % of the refused level, 7; slow after.
+    assert grown[:3] == pytest.approx([5.4, 5.9, 6.4])
+    assert grown[3] - grown[2] == pytest.approx(1 / 6.4)
+    assert limit.limit == 10  # back to the ceiling, never past it
+    assert limit.peak == 10
 
 
 async def test_adaptive_limit_queues_beyond_the_limit() -> None:

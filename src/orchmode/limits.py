@@ -1,16 +1,23 @@
 """Adaptive concurrency: how many model requests a session keeps in flight, learnt from the API.
 
-One limit is shared by every agent of a session. It starts at the configured ceiling,
-halves when the API answers 429 or 529 (once per round of requests: only a request that
-started after the last cut can cut again, so one burst of refusals is one signal), grows
-by about one for every round that succeeds, and never passes the ceiling. A
-``retry-after`` pauses new requests until it has passed.
+One limit is shared by every agent of a session. It starts at the configured ceiling and
+never passes it. When the API answers 429 or 529 it is cut to 70 % (once per round of
+requests: only a request that started after the last cut can cut again, so one burst of
+refusals is one signal). Successes grow it quickly back to just under the level that was
+refused, then slowly (about one request per round) to probe for more. The refused request
+itself waits its ``retry-after`` and goes back in the queue, not started.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
+
+#: The factor a refusal cuts the limit by, and the fraction of the refused level that the
+#: limit climbs back to quickly (half a request per success) before probing slowly (about
+#: one more request per round). Tuned on bench/ratelimit.py.
+CUT = 0.7
+KNEE = 0.9
 
 
 class AdaptiveLimit:
@@ -19,8 +26,8 @@ class AdaptiveLimit:
         self.limit = float(ceiling)
         self.in_flight = 0
         self.peak = 0
-        self._not_before = 0.0
         self._last_cut = float("-inf")
+        self._overload_level = float(ceiling)
         self._waiters: deque[asyncio.Future[None]] = deque()
 
     @property
@@ -28,13 +35,9 @@ class AdaptiveLimit:
         return max(1, int(self.limit))
 
     async def acquire(self) -> float:
-        """Wait for room (and for any retry-after); returns when the request may start."""
+        """Wait for room; returns the time the request may start."""
         loop = asyncio.get_running_loop()
         while True:
-            pause = self._not_before - loop.time()
-            if pause > 0:
-                await asyncio.sleep(pause)
-                continue
             if self.in_flight < self.allowed and not self._waiters:
                 break
             waiter: asyncio.Future[None] = loop.create_future()
@@ -58,17 +61,17 @@ class AdaptiveLimit:
         self._wake()
 
     def succeeded(self) -> None:
-        self.limit = min(float(self.ceiling), self.limit + 1 / self.limit)
+        # Quickly back to just under the level that was refused last, then probe slowly.
+        step = 0.5 if self.limit < KNEE * self._overload_level else 1 / self.limit
+        self.limit = min(float(self.ceiling), self.limit + step)
         self._wake()
 
-    def overloaded(self, started: float, retry_after: float | None) -> None:
+    def overloaded(self, started: float) -> None:
         """A request that started at ``started`` was refused for load."""
-        now = asyncio.get_running_loop().time()
         if started > self._last_cut:
-            self.limit = max(1.0, self.limit / 2)
-            self._last_cut = now
-        if retry_after:
-            self._not_before = max(self._not_before, now + retry_after)
+            self._overload_level = self.limit
+            self.limit = max(1.0, self.limit * CUT)
+            self._last_cut = asyncio.get_running_loop().time()
 
     def _wake(self) -> None:
         room = self.allowed - self.in_flight

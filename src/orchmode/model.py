@@ -313,14 +313,16 @@ class ModelGateway:
                 reply = await self._stream(system, messages, tools, on_text)
             except Overloaded as exc:
                 overloads += 1
-                self.limit.overloaded(started, exc.retry_after)
+                self.limit.overloaded(started)
                 if loop.time() > give_up_at:
                     raise Overloaded(
                         f"{exc} — still refused after "
                         f"{self.settings.overload_patience:g} s of retrying"
                     ) from exc
-                if exc.retry_after is None:
-                    await asyncio.sleep(_backoff(overloads))
+                # The refused request waits as the API asked; the others go on, fewer at once.
+                await asyncio.sleep(
+                    _backoff(overloads) if exc.retry_after is None else exc.retry_after
+                )
                 continue
             except TransientFailure:
                 failures += 1
