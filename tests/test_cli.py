@@ -112,6 +112,11 @@ def test_every_main_request_extends_the_previous_one_and_asks_for_caching(
     for previous, current in itertools.pairwise(main):
         assert current["messages"][: len(previous["messages"])] == previous["messages"]
         assert current["system"] == previous["system"] and current["tools"] == previous["tools"]
+    # Each asks the API's cache diagnostics about the one before, which saw no divergence.
+    entries = [e for e in server.log if role_of(e.body) == "main"]
+    assert entries[0].body["diagnostics"] == {"previous_message_id": None}
+    for previous_entry, entry in itertools.pairwise(entries):
+        assert entry.body["diagnostics"] == {"previous_message_id": previous_entry.message_id}
     for body in (e.body for e in server.log):
         assert body["cache_control"] == {"type": "ephemeral"}
         assert body["output_config"] == {"effort": "xhigh"}

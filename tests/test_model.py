@@ -241,3 +241,31 @@ async def test_adaptive_limit_queues_beyond_the_limit() -> None:
     limit.release()
     await asyncio.wait_for(third, 1)
     assert limit.in_flight == 2
+
+
+async def test_cache_diagnostics_name_what_broke_the_prefix(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    server = await serve(lambda r: Reply.text("answer " * 20))
+    events = EventBus()
+    seen: list[ModelRequestDone] = []
+    events.subscribe(lambda e: seen.append(e) if isinstance(e, ModelRequestDone) else None)
+    gateway = gateway_for(settings_for(server, tmp_path), events)
+    messages: list[dict[str, object]] = [{"role": "user", "content": "question " * 100}]
+    first = await gateway.complete(agent="main", system="s", messages=messages, tools=MAIN_TOOLS)
+    assert server.log[0].body["diagnostics"] == {"previous_message_id": None}
+    messages += [
+        {"role": "assistant", "content": first.content},
+        {"role": "user", "content": "more"},
+    ]
+    second = await gateway.complete(
+        agent="main", system="s", messages=messages, tools=MAIN_TOOLS,
+        previous_message_id=first.message_id,
+    )  # fmt: skip
+    assert second.cache_miss is None  # it only appended
+    third = await gateway.complete(
+        agent="main", system="a different system prompt", messages=messages, tools=MAIN_TOOLS,
+        previous_message_id=second.message_id,
+    )  # fmt: skip
+    assert third.cache_miss == "system_changed" and third.cache_missed_tokens > 0
+    assert [e.cache_miss for e in seen] == [None, None, "system_changed"]

@@ -84,6 +84,8 @@ class Session:
         self.on_text = on_text
         self.mode = ModeState(mode_on=settings.mode, refresh_every=settings.refresh_every)
         self.history: list[Message] = []
+        #: The main conversation's last response, for the API's cache diagnostics.
+        self.last_message_id: str | None = None
         credentials = gateway.credentials
         self.command_env = command_environment(
             os.environ, (credentials.api_key or "", credentials.auth_token or "")
@@ -161,7 +163,9 @@ class Session:
                     messages=self.history,
                     tools=MAIN_TOOLS,
                     on_text=self.on_text,
+                    previous_message_id=self.last_message_id,
                 )
+                self.last_message_id = reply.message_id
             except AuthError:
                 raise
             except OrchmodeError as exc:

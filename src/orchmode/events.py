@@ -45,6 +45,10 @@ class ModelRequestDone:
     usage: TokenUsage
     duration: float
     cost: float = 0.0
+    #: Why the prompt cache could not reuse the previous request's prefix (the API's
+    #: diagnostics: messages_changed, system_changed, …), and how many tokens it missed.
+    cache_miss: str | None = None
+    cache_missed_tokens: int = 0
 
 
 @dataclass(frozen=True)

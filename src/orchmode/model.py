@@ -74,6 +74,8 @@ class ModelReply:
     content: list[Block]
     stop_reason: str | None
     usage: TokenUsage
+    cache_miss: str | None = None
+    cache_missed_tokens: int = 0
 
     @property
     def text(self) -> str:
@@ -98,6 +100,8 @@ class _ReplyBuilder:
         self.blocks: list[Block] = []
         self.json_parts: dict[int, list[str]] = {}
         self.usage: dict[str, int] = {}
+        self.cache_miss: str | None = None
+        self.cache_missed_tokens = 0
 
     def feed(self, event: Any) -> str | None:
         """Take one event; return the text it adds, if any."""
@@ -126,6 +130,11 @@ class _ReplyBuilder:
         elif kind == "message_start":
             self.message_id = event.message.id
             self._take_usage(event.message.usage)
+            diagnostics = getattr(event.message, "diagnostics", None)
+            reason = getattr(diagnostics, "cache_miss_reason", None)
+            if reason is not None:
+                self.cache_miss = str(reason.type)
+                self.cache_missed_tokens = getattr(reason, "cache_missed_input_tokens", 0) or 0
         elif kind == "message_delta":
             self.stop_reason = event.delta.stop_reason
             self._take_usage(event.usage)
@@ -151,7 +160,14 @@ class _ReplyBuilder:
             cache_read_tokens=self.usage.get("cache_read_input_tokens", 0),
             cache_write_tokens=self.usage.get("cache_creation_input_tokens", 0),
         )
-        return ModelReply(self.message_id, content, self.stop_reason, usage)
+        return ModelReply(
+            self.message_id,
+            content,
+            self.stop_reason,
+            usage,
+            self.cache_miss,
+            self.cache_missed_tokens,
+        )
 
 
 def _tool_input(raw: str) -> dict[str, Any]:
@@ -257,14 +273,19 @@ class ModelGateway:
         messages: Sequence[Message],
         tools: Sequence[Block],
         on_text: Callable[[str], None] | None = None,
+        previous_message_id: str | None = None,
     ) -> ModelReply:
-        """Stream one response to the end and return it; raise an ``OrchmodeError`` on failure."""
+        """Stream one response to the end and return it; raise an ``OrchmodeError`` on failure.
+
+        ``previous_message_id`` is the conversation's last response: the API then says why,
+        if it could not reuse that request's cached prefix (recorded on the event).
+        """
         started = time.monotonic()
         reservation = None
         if self.budget is not None:
             reservation = await self.budget.before_request(system, messages, tools)
         try:
-            reply = await self._send(system, messages, tools, on_text)
+            reply = await self._send(system, messages, tools, on_text, previous_message_id)
         except BaseException:
             if self.budget is not None:
                 await self.budget.after_request(reservation, TokenUsage())
@@ -283,6 +304,8 @@ class ModelGateway:
                 usage=reply.usage,
                 duration=time.monotonic() - started,
                 cost=cost,
+                cache_miss=reply.cache_miss,
+                cache_missed_tokens=reply.cache_missed_tokens,
             )
         )
         return reply
@@ -293,6 +316,7 @@ class ModelGateway:
         messages: Sequence[Message],
         tools: Sequence[Block],
         on_text: Callable[[str], None] | None,
+        previous_message_id: str | None,
     ) -> ModelReply:
         """Send one request under the adaptive limit, retrying what is worth retrying.
 
@@ -310,7 +334,7 @@ class ModelGateway:
         while True:
             started = await self.limit.acquire()
             try:
-                reply = await self._stream(system, messages, tools, on_text)
+                reply = await self._stream(system, messages, tools, on_text, previous_message_id)
             except Overloaded as exc:
                 overloads += 1
                 self.limit.overloaded(started)
@@ -348,6 +372,7 @@ class ModelGateway:
         messages: Sequence[Message],
         tools: Sequence[Block],
         on_text: Callable[[str], None] | None,
+        previous_message_id: str | None,
     ) -> ModelReply:
         builder = _ReplyBuilder()
         try:
@@ -359,6 +384,7 @@ class ModelGateway:
                 tools=cast(Any, list(tools)),
                 output_config={"effort": self.settings.effort},
                 cache_control={"type": "ephemeral"},
+                diagnostics={"previous_message_id": previous_message_id},
                 timeout=self.settings.request_timeout,
                 stream=True,
             )

@@ -6,7 +6,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import TextIO
 
-from .events import BashDone, Event, FanoutDone, FanoutStarted, SubagentDone
+from .events import BashDone, Event, FanoutDone, FanoutStarted, ModelRequestDone, SubagentDone
 
 
 def _one_line(text: str, width: int = 100) -> str:
@@ -43,4 +43,6 @@ class StderrProgress:
                 )
             case FanoutDone(call=call, duration=duration):
                 return f"[workflow {call}] done in {duration:.1f} s"
+            case ModelRequestDone(agent=agent, cache_miss=str(reason), cache_missed_tokens=n):
+                return f"[{agent}] prompt cache miss: {reason} ({n:,} tokens not read from cache)"
         return None

@@ -98,10 +98,16 @@ class Subagent:
         messages: list[Message] = [{"role": "user", "content": prompt}]
         usage = TokenUsage()
         last_text = ""
+        previous: str | None = None
         for turn in range(1, self.max_turns + 1):
             reply = await self.gateway.complete(
-                agent=self.name, system=self.system, messages=messages, tools=self.tools
+                agent=self.name,
+                system=self.system,
+                messages=messages,
+                tools=self.tools,
+                previous_message_id=previous,
             )
+            previous = reply.message_id
             usage = usage + reply.usage
             last_text = reply.text or last_text
             if reply.stop_reason == "pause_turn":
