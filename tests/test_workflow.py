@@ -213,3 +213,19 @@ async def test_a_heartbeat_keeps_a_long_subtask_claimed(serve: StartServer, tmp_
     )
     workers = [first_user_text_of(e.body) for e in server.log if role_of(e.body) == "worker"]
     assert workers == ["Check item 1"]
+
+
+async def test_every_subagent_request_shares_one_byte_stable_prefix(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    """Tools and system prompt identical to the byte across the wave, so caches hit across it."""
+    import json
+
+    server = await serve(OrchestrationScenario(subtasks=6))
+    await run_session(server, tmp_path)
+    prefixes = {
+        json.dumps([e.body["tools"], e.body["system"]], sort_keys=False)
+        for e in server.log
+        if role_of(e.body) != "main"
+    }
+    assert len(prefixes) == 1
