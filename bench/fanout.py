@@ -83,6 +83,12 @@ async def measure(url: str, concurrent: int, workdir: Path) -> tuple[float, Coun
             per_chain[event.agent.split()[-1]] += 1  # "worker 1.7" and "verifier 1.7" -> "1.7"
 
     events.subscribe(record)
+    gateway = await one_turn(settings, events, workdir)
+    return fanout_time[0], per_chain, gateway.requests
+
+
+async def one_turn(settings: Settings, events: EventBus, workdir: Path) -> ModelGateway:
+    """One orchestrated user turn ("fan out") against the scripted server; its gateway."""
     store = SQLiteStore.open(workdir / "store.db")
     gateway = ModelGateway(settings, Credentials(api_key="test-key"), events)
     session = Session(settings, gateway, workdir=workdir, store=store, events=events)
@@ -92,7 +98,7 @@ async def measure(url: str, concurrent: int, workdir: Path) -> tuple[float, Coun
         await session.close()
         await gateway.close()
         await store.close()
-    return fanout_time[0], per_chain, gateway.requests
+    return gateway
 
 
 async def bare_sdk_fanout(url: str, concurrent: int, chains: list[int]) -> float:

@@ -18,12 +18,9 @@ import tempfile
 import urllib.request
 from pathlib import Path
 
-from fanout import start_server
-from orchmode.agent import Session
+from fanout import one_turn, start_server
 from orchmode.events import Event, EventBus, SubagentDone
-from orchmode.model import Credentials, ModelGateway
 from orchmode.settings import Settings
-from orchmode.store.sqlite import SQLiteStore
 from orchmode.testing.server import LOG_PATH
 
 
@@ -37,15 +34,7 @@ async def run(url: str, ceiling: int, workdir: Path) -> tuple[int, int]:
             failed.append(event)
 
     events.subscribe(record)
-    store = SQLiteStore.open(workdir / "store.db")
-    gateway = ModelGateway(settings, Credentials(api_key="test-key"), events)
-    session = Session(settings, gateway, workdir=workdir, store=store, events=events)
-    try:
-        await session.turn("fan out")
-    finally:
-        await session.close()
-        await gateway.close()
-        await store.close()
+    gateway = await one_turn(settings, events, workdir)
     return len(failed), gateway.limit.peak
 
 
