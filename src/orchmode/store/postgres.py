@@ -283,17 +283,10 @@ async def _migrate(conn: Conn, location: str, migrations: Sequence[tuple[str, li
         await conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
         await conn.execute(MIGRATIONS_TABLE)
         applied = {row[0] for row in await (await conn.execute(APPLIED_VERSIONS)).fetchall()}
-        newest = max(applied, default=0)
-        if newest > len(migrations):
-            raise StoreError(
-                f"the store {location} was written by a newer orchmode (schema {newest}, this "
-                f"version knows {len(migrations)}) — upgrade orchmode or use another --store"
-            )
-        for version, (name, statements) in enumerate(migrations, start=1):
-            if version not in applied:
-                for statement in statements:
-                    await conn.execute(_pg(statement))
-                await conn.execute(RECORD_MIGRATION, (version, name, time.time()))
+        for version, name, statements in schema.pending_migrations(applied, migrations, location):
+            for statement in statements:
+                await conn.execute(_pg(statement))
+            await conn.execute(RECORD_MIGRATION, (version, name, time.time()))
 
 
 def _parse(url: str) -> dict[str, Any]:

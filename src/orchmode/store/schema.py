@@ -7,7 +7,10 @@ an old database always upgrades and a newer one is refused.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
+
+from ..errors import StoreError
 
 if TYPE_CHECKING:
     from .base import BudgetCaps
@@ -140,6 +143,23 @@ NEXT_EVENT_SEQ = "SELECT COALESCE(MAX(seq), 0) + 1 FROM events WHERE session = ?
 #: Parameters: session, seq, at, kind, data.
 INSERT_EVENT = "INSERT INTO events (session, seq, at, kind, data) VALUES (?, ?, ?, ?, ?)"
 EVENTS = "SELECT seq, at, kind, data FROM events WHERE session = ? ORDER BY seq"
+
+
+def pending_migrations(
+    applied: set[int], migrations: Sequence[tuple[str, list[str]]], location: object
+) -> list[tuple[int, str, list[str]]]:
+    """The migrations still to apply, in order; a store from a newer orchmode is refused."""
+    newest = max(applied, default=0)
+    if newest > len(migrations):
+        raise StoreError(
+            f"the store {location} was written by a newer orchmode (schema {newest}, this "
+            f"version knows {len(migrations)}) — upgrade orchmode or use another --store"
+        )
+    return [
+        (version, name, statements)
+        for version, (name, statements) in enumerate(migrations, start=1)
+        if version not in applied
+    ]
 
 
 def reserve_params(

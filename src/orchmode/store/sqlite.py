@@ -280,14 +280,7 @@ def migrate(
     """Apply the missing numbered migrations, inside the caller's transaction."""
     db.execute(schema.MIGRATIONS_TABLE)
     applied = {row[0] for row in db.execute(schema.APPLIED_VERSIONS)}
-    newest = max(applied, default=0)
-    if newest > len(migrations):
-        raise StoreError(
-            f"the store {where} was written by a newer orchmode (schema {newest}, this "
-            f"version knows {len(migrations)}) — upgrade orchmode or use another --store"
-        )
-    for version, (name, statements) in enumerate(migrations, start=1):
-        if version not in applied:
-            for statement in statements:
-                db.execute(statement)
-            db.execute(schema.RECORD_MIGRATION, (version, name, time.time()))
+    for version, name, statements in schema.pending_migrations(applied, migrations, where):
+        for statement in statements:
+            db.execute(statement)
+        db.execute(schema.RECORD_MIGRATION, (version, name, time.time()))
