@@ -358,12 +358,23 @@ def test_a_run_is_recorded_and_can_be_resumed_by_name(scripted: Any, tmp_path: P
 
 def test_budget_prints_what_the_latest_session_launched(scripted: Any, tmp_path: Path) -> None:
     server = scripted(OrchestrationScenario(subtasks=3))
-    assert orchmode("run", "go", "--base-url", server.url, cwd=tmp_path).returncode == 0
+    run = orchmode("run", "go", "--base-url", server.url, cwd=tmp_path)
+    assert run.returncode == 0
+    answered = [e for e in server.log if e.outcome == "ok" and e.usage is not None]
+    read = sum(e.usage.cache_read_input_tokens for e in answered if e.usage)
+    total = sum(e.usage.total_input_tokens for e in answered if e.usage)
+    share = f"{read / total:.0%} read from cache"
+    assert f"[session] {len(answered)} model requests · {total:,} input tokens ({share})" in (
+        run.stderr
+    )
+    assert re.search(r"worker 1: finished after \d+ turns \(.*tokens.*\$0\.\d{3}\)", run.stderr)
     result = orchmode("budget", "--max-subagents", "50", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "subagents  6 launched of 50 (44 left)" in result.stdout
     tokens = int(result.stdout.split("tokens", 1)[1].split()[0].replace(",", ""))
     assert tokens > 0
+    assert f"requests   {len(answered)} to the model" in result.stdout
+    assert f"cache      {read / total:.0%} of input read from cache (main " in result.stdout
     missing = orchmode("budget", "--session", "nope", cwd=tmp_path)
     assert_one_line_error(missing, "no session named 'nope'")
 
@@ -376,39 +387,14 @@ def test_a_soak_with_a_fifth_of_requests_failing_delivers_everything(
     scripted: Any, tmp_path: Path
 ) -> None:
     """200 subtasks; one request in five fails on its first try, in every way the API fails."""
-    import hashlib
-    import threading
-
-    from orchmode.testing import Fault, ScriptedRequest
+    from orchmode.testing import FaultSchedule
 
     scenario = OrchestrationScenario(subtasks=200, worker_command=None, scout_command=None)
-    faults = [
-        Fault("overloaded"),
-        Fault("rate_limit", retry_after=0.05),
-        Fault("server_error"),
-        Fault("drop", after_events=4),
-        Fault("sse_error", after_events=4),
-        Fault("drop", after_events=0),  # an empty response: headers, then nothing
-    ]
-    seen: set[str] = set()
-    lock = threading.Lock()
-    injected: list[str] = []
-
-    def respond(request: ScriptedRequest) -> Any:
-        digest = hashlib.sha256(json.dumps(request.body, sort_keys=True).encode()).hexdigest()
-        with lock:
-            first_try = digest not in seen
-            seen.add(digest)
-        if first_try and int(digest, 16) % 5 == 0:
-            fault = faults[int(digest, 16) % len(faults)]
-            injected.append(fault.kind)
-            return fault
-        return scenario(request)
-
+    respond = FaultSchedule(scenario, rate=0.2)
     server = scripted(respond)
     result = orchmode(
         "run", "go", "--base-url", server.url, "--max-concurrent", "20", cwd=tmp_path, timeout=300
     )
     assert result.returncode == 0, result.stderr
     assert "Synthesis: 200 agents reported; 200 results were confirmed." in result.stdout
-    assert len(injected) >= 60 and len(set(injected)) >= 4
+    assert len(respond.injected) >= 60 and len(set(respond.injected)) == 5

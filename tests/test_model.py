@@ -42,7 +42,9 @@ async def test_a_reply_streams_with_text_callbacks_and_usage(
     body = server.log[0].body
     assert body["output_config"] == {"effort": "xhigh"}
     assert body["cache_control"] == {"type": "ephemeral"}
-    assert body["stream"] is True and body["system"] == "s"
+    assert body["stream"] is True and body["system"] == [
+        {"type": "text", "text": "s", "cache_control": {"type": "ephemeral"}}
+    ]
     await gateway.close()
 
 

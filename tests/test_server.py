@@ -24,6 +24,7 @@ from anthropic.types import MessageParam
 
 from orchmode.testing import (
     Fault,
+    FaultSchedule,
     Reply,
     Responder,
     ScriptedRequest,
@@ -31,6 +32,7 @@ from orchmode.testing import (
     validate_request,
 )
 from orchmode.testing.__main__ import fallback_responder, load_responder
+from orchmode.testing.cache import estimate_tokens
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -929,6 +931,24 @@ async def test_no_cache_control_means_no_cache_accounting(serve: Serve) -> None:
     assert totals[0] < totals[1] == totals[2]
 
 
+async def test_the_log_knows_what_the_cache_could_have_served(serve: Serve) -> None:
+    """Top-level caching only: a shared system prompt is not read, though it could have been."""
+    server = await serve(Counting())
+    client = client_for(server)
+    for question in ("question one", "a different question"):
+        await client.messages.create(
+            model=MODEL,
+            max_tokens=5,
+            system=SYSTEM,
+            messages=[user(question)],
+            cache_control={"type": "ephemeral"},
+        )
+    first, second = (entry.usage for entry in server.log)
+    assert first is not None and second is not None
+    assert first.ideal_read_tokens == 0 and second.cache_read_input_tokens == 0
+    assert second.ideal_read_tokens == estimate_tokens({"type": "text", "text": SYSTEM})
+
+
 async def test_cache_diagnostics_explain_misses(serve: Serve) -> None:
     server = await serve(Counting())
     client = client_for(server)
@@ -1074,3 +1094,50 @@ async def test_the_request_log_is_served_as_json_for_other_processes() -> None:
     assert len(entries) == 1
     assert entries[0]["first_user_text"] == "first words" and entries[0]["status"] == 200
     assert entries[0]["finished"] >= entries[0]["started"]
+
+
+# -------------------------------------------------------------------- fault schedules
+
+
+async def test_a_schedule_fails_the_requests_it_names_and_passes_the_rest(serve: Serve) -> None:
+    schedule = FaultSchedule(Counting(), at={1: Fault("overloaded"), 3: Fault("server_error")})
+    server = await serve(schedule)
+    client = client_for(server)
+    statuses = []
+    for i in range(5):
+        try:
+            await client.messages.create(model=MODEL, max_tokens=5, messages=[user(f"q{i}")])
+            statuses.append(200)
+        except anthropic.APIStatusError as exc:
+            statuses.append(exc.status_code)
+    assert statuses == [200, 529, 200, 500, 200]
+    assert schedule.injected == ["overloaded", "server_error"]
+
+
+async def test_a_rate_fails_a_share_of_bodies_once_each_or_for_good(serve: Serve) -> None:
+    """The same body meets the same fate; first_try_only lets its second try through."""
+    kinds = [Fault("server_error")]
+    once = FaultSchedule(Counting(), rate=0.3, kinds=kinds, seed="s")
+    always = FaultSchedule(Counting(), rate=0.3, kinds=kinds, seed="s", first_try_only=False)
+    outcomes: dict[str, list[list[int]]] = {}
+    for name, schedule in (("once", once), ("always", always)):
+        server = await serve(schedule)
+        client = client_for(server)
+        rounds = []
+        for _ in range(2):
+            statuses = []
+            for i in range(100):
+                try:
+                    await client.messages.create(
+                        model=MODEL, max_tokens=5, messages=[user(f"question {i}")]
+                    )
+                    statuses.append(200)
+                except anthropic.InternalServerError:
+                    statuses.append(500)
+            rounds.append(statuses)
+        outcomes[name] = rounds
+    first, second = outcomes["once"]
+    assert 15 <= first.count(500) <= 45 and second.count(500) == 0
+    assert outcomes["always"] == [first, first]  # the same bodies, failing every time
+    with pytest.raises(ValueError, match="between 0 and 1"):
+        FaultSchedule(Counting(), rate=1.5)

@@ -6,6 +6,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from conftest import StartServer, gateway_for, settings_for, store_for
 from orchmode.agent import Session
 from orchmode.events import EventBus, SubagentDone
@@ -78,6 +80,40 @@ async def test_in_flight_subagents_never_exceed_the_limit(
     server = await serve(OrchestrationScenario(subtasks=12, delay=0.02))
     await run_session(server, tmp_path, max_concurrent=3)
     assert server.max_in_flight_seen == 3
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [
+        Fault("overloaded"),
+        Fault("rate_limit", retry_after=0.05),
+        Fault("server_error"),
+        Fault("drop", after_events=4),
+        Fault("sse_error", after_events=4),
+        Fault("drop", after_events=0),  # an empty response: headers, then nothing
+    ],
+    ids=["529", "429", "500", "dropped", "sse-error", "empty"],
+)
+async def test_a_fault_on_every_subagent_still_delivers_every_result(
+    serve: StartServer, tmp_path: Path, fault: Fault
+) -> None:
+    """Each subagent's first request fails once; the fan-out finishes as if nothing happened."""
+    scenario = OrchestrationScenario(subtasks=8, worker_command=None)
+    failed: set[str] = set()
+
+    def respond(request: ScriptedRequest) -> Reply | Fault:
+        agent = first_user_text(request)
+        if len(request.messages) == 1 and agent not in failed:
+            failed.add(agent)
+            return fault
+        return scenario(request)
+
+    server = await serve(respond)
+    text, _ = await run_session(server, tmp_path, max_retries=2)
+    assert text == "Synthesis: 8 agents reported; 8 results were confirmed."
+    assert len(failed) == 16  # 8 workers and 8 verifiers, each refused once
+    assert f"fault:{fault.kind}" in {e.outcome for e in server.log}
+    assert "error:" not in workflow_result(server)
 
 
 async def test_a_failing_subagent_is_an_error_string_in_its_slot(
@@ -229,3 +265,40 @@ async def test_every_subagent_request_shares_one_byte_stable_prefix(
         if role_of(e.body) != "main"
     }
     assert len(prefixes) == 1
+
+
+async def test_every_subagent_after_the_first_reads_the_shared_prefix_from_the_cache(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    server = await serve(OrchestrationScenario(subtasks=6, worker_command=None))
+    await run_session(server, tmp_path, max_concurrent=1)
+    firsts = [e for e in server.log if role_of(e.body) != "main" and len(e.body["messages"]) == 1]
+    assert len(firsts) == 12
+    reads = [e.usage.cache_read_input_tokens for e in firsts if e.usage is not None]
+    assert len(reads) == 12 and reads[0] == 0 and all(r > 0 for r in reads[1:])
+
+
+async def test_subagent_costs_and_the_main_agent_add_up_to_the_session(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    from orchmode.events import ModelRequestDone
+    from orchmode.pricing import default_prices
+
+    server = await serve(OrchestrationScenario(subtasks=5))
+    seen: list[Any] = []
+    settings = settings_for(server, tmp_path)
+    events = EventBus()
+    events.subscribe(seen.append)
+    store = SQLiteStore.open(tmp_path / "store.db")
+    gateway = gateway_for(settings, events)
+    session = Session(settings, gateway, workdir=tmp_path, store=store)
+    await session.turn("review it")
+    await session.close()
+    await store.close()
+    done = [e for e in seen if isinstance(e, SubagentDone)]
+    main = [e for e in seen if isinstance(e, ModelRequestDone) and e.agent == "main"]
+    price = default_prices()["claude-opus-5-5"]
+    assert len(done) == 10 and all(d.cost == pytest.approx(price.cost(d.usage)) for d in done)
+    assert all(d.cost > 0 for d in done)
+    total = sum(d.cost for d in done) + sum(m.cost for m in main)
+    assert total == pytest.approx(gateway.cost) and gateway.cost > 0

@@ -115,6 +115,7 @@ async def _run(settings: Settings, task: str, workdir: Path) -> None:
     from .prompts import SUMMARY_TASK
     from .records import EventRecorder
     from .store import open_store
+    from .totals import SessionTotals
 
     credentials = Credentials.from_env(os.environ)
     if settings.max_cost is not None and settings.price() is None:
@@ -124,6 +125,8 @@ async def _run(settings: Settings, task: str, workdir: Path) -> None:
         )
     events = EventBus()
     events.subscribe(StderrProgress())
+    totals = SessionTotals()
+    events.subscribe(totals)
     store = await open_store(settings.store_url(workdir))
     gateway = ModelGateway(settings, credentials, events)
     session = Session(settings, gateway, workdir=workdir, store=store, events=events)
@@ -144,6 +147,7 @@ async def _run(settings: Settings, task: str, workdir: Path) -> None:
         if second.error is not None:
             raise second.error
         print(f"\n---\n\n{second.text}", flush=True)
+        print(f"[session] {totals.describe()}", file=sys.stderr, flush=True)
         print(
             f"[session] recorded as {session.session_id}; continue it with "
             f"--session {session.session_id}",
@@ -176,6 +180,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 async def _budget(settings: Settings, workdir: Path) -> None:
     from .store import open_store
+    from .totals import SessionTotals
 
     store = await open_store(settings.store_url(workdir))
     try:
@@ -187,6 +192,7 @@ async def _budget(settings: Settings, workdir: Path) -> None:
         if await store.load_session(session) is None:
             raise OrchmodeError(f"no session named {session!r} is recorded in {store.location}")
         state = await store.budget(session)
+        totals = SessionTotals.from_records(await store.events(session))
     finally:
         await store.close()
     cap = settings.max_subagents
@@ -198,6 +204,8 @@ async def _budget(settings: Settings, workdir: Path) -> None:
     cost_cap = settings.max_cost
     cost = f"${state.cost:.2f} spent" + (f" of ${cost_cap:.2f}" if cost_cap else "")
     print(f"cost       {cost}")
+    print(f"requests   {totals.all.requests:,} to the model")
+    print(f"cache      {totals.describe_cache()}")
 
 
 def cmd_budget(args: argparse.Namespace) -> int:

@@ -36,6 +36,12 @@ class TokenUsage:
     def total_input(self) -> int:
         return self.input_tokens + self.cache_read_tokens + self.cache_write_tokens
 
+    @property
+    def cache_hit(self) -> float:
+        """The fraction of input tokens read from the prompt cache (0 with no input)."""
+        total = self.total_input
+        return self.cache_read_tokens / total if total else 0.0
+
 
 @dataclass(frozen=True)
 class ModelRequestDone:
@@ -88,6 +94,8 @@ class SubagentDone:
     from_journal: bool = False
     verdict: str | None = None
     result: str = ""
+    #: Dollars for this subagent's own requests (0 for a journal hit: nothing was asked).
+    cost: float = 0.0
 
 
 @dataclass(frozen=True)

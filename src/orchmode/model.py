@@ -43,6 +43,9 @@ RETRY_CAP = 8.0
 Block = dict[str, Any]
 Message = dict[str, Any]
 
+#: A 5-minute cache breakpoint, as the API spells it.
+EPHEMERAL: Any = {"type": "ephemeral"}
+
 
 @dataclass(frozen=True)
 class Credentials:
@@ -233,6 +236,8 @@ class ModelGateway:
     events: EventBus = field(default_factory=EventBus)
     usage: TokenUsage = field(default_factory=TokenUsage)
     requests: int = 0
+    #: Dollars for every request so far, from the price table (0 for an unpriced model).
+    cost: float = 0.0
     #: The session's budget: requests reserve against it first and settle after.
     budget: SessionBudget | None = None
     _client: anthropic.AsyncAnthropic | None = None
@@ -290,11 +295,12 @@ class ModelGateway:
             if self.budget is not None:
                 await self.budget.after_request(reservation, TokenUsage())
             raise
-        cost = 0.0
+        price = self.settings.price()
+        cost = price.cost(reply.usage) if price else 0.0
         if self.budget is not None:
-            cost = self.budget.cost(reply.usage)
             await self.budget.after_request(reservation, reply.usage)
         self.usage = self.usage + reply.usage
+        self.cost += cost
         self.requests += 1
         self.events.emit(
             ModelRequestDone(
@@ -379,11 +385,13 @@ class ModelGateway:
             stream = await self.client.messages.create(
                 model=self.settings.model,
                 max_tokens=self.settings.max_tokens,
-                system=system,
+                # The system prompt is its own cache breakpoint: every agent of a role sends
+                # the same tools and system bytes first, so the wave shares that prefix.
+                system=[{"type": "text", "text": system, "cache_control": EPHEMERAL}],
                 messages=cast(Any, list(messages)),
                 tools=cast(Any, list(tools)),
                 output_config={"effort": self.settings.effort},
-                cache_control={"type": "ephemeral"},
+                cache_control=EPHEMERAL,
                 diagnostics={"previous_message_id": previous_message_id},
                 timeout=self.settings.request_timeout,
                 stream=True,

@@ -6,12 +6,27 @@ import sys
 from dataclasses import dataclass, field
 from typing import TextIO
 
-from .events import BashDone, Event, FanoutDone, FanoutStarted, ModelRequestDone, SubagentDone
+from .events import (
+    BashDone,
+    Event,
+    FanoutDone,
+    FanoutStarted,
+    ModelRequestDone,
+    SubagentDone,
+    TokenUsage,
+)
 
 
 def _one_line(text: str, width: int = 100) -> str:
     line = " ".join(text.split())
     return line if len(line) <= width else line[: width - 1] + "…"
+
+
+def _usage(usage: TokenUsage, cost: float) -> str:
+    return (
+        f"{usage.total_input + usage.output_tokens:,} tokens, "
+        f"{usage.cache_hit:.0%} of input cached, ${cost:.3f}"
+    )
 
 
 @dataclass
@@ -35,11 +50,14 @@ class StderrProgress:
             case SubagentDone(from_journal=True, role=role, call=call, index=i):
                 return f"[workflow {call}] {role} {i}: result taken from the journal"
             case SubagentDone(role="verifier", call=call, index=i, verdict=verdict):
-                return f"[workflow {call}] verify {i}: {verdict}"
+                return (
+                    f"[workflow {call}] verify {i}: {verdict} "
+                    f"({event.duration:.1f} s, {_usage(event.usage, event.cost)})"
+                )
             case SubagentDone(role=role, call=call, index=i, status=status, turns=turns):
                 return (
                     f"[workflow {call}] {role} {i}: {status} after {turns} turns "
-                    f"({event.duration:.1f} s)"
+                    f"({event.duration:.1f} s, {_usage(event.usage, event.cost)})"
                 )
             case FanoutDone(call=call, duration=duration):
                 return f"[workflow {call}] done in {duration:.1f} s"

@@ -24,7 +24,15 @@ from typing import Any
 
 from .budget import BudgetExhausted, SessionBudget
 from .errors import AuthError, OrchmodeError
-from .events import EventBus, FanoutDone, FanoutStarted, Role, SubagentDone, SubagentStarted
+from .events import (
+    EventBus,
+    FanoutDone,
+    FanoutStarted,
+    Role,
+    SubagentDone,
+    SubagentStarted,
+    TokenUsage,
+)
 from .model import ModelGateway
 from .prompts import SUBAGENT_SYSTEM, SUBAGENT_TOOLS, verify_prompt
 from .settings import Settings
@@ -397,6 +405,9 @@ class Workflow:
         from_journal: bool = False,
     ) -> None:
         verdict = verdict_of(result.text) if role == "verifier" and result.finished else None
+        # A journal hit asked the model nothing: it used no tokens and cost nothing now.
+        usage = TokenUsage() if from_journal else result.usage
+        price = self.settings.price()
         self.events.emit(
             SubagentDone(
                 call,
@@ -404,11 +415,12 @@ class Workflow:
                 role,
                 result.status.value,
                 result.turns,
-                result.usage,
+                usage,
                 duration,
                 from_journal=from_journal,
                 verdict=verdict,
                 result=result.text,
+                cost=price.cost(usage) if price else 0.0,
             )
         )
 

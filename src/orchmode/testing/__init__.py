@@ -1,5 +1,6 @@
 """Test doubles for orchmode: a scripted Anthropic Messages API server over real HTTP."""
 
+from .faults import MIXED, FaultSchedule
 from .server import (
     Fault,
     FaultKind,
@@ -15,6 +16,8 @@ from .validate import InvalidRequest, validate_request
 __all__ = [
     "Fault",
     "FaultKind",
+    "FaultSchedule",
+    "MIXED",
     "InvalidRequest",
     "LoggedRequest",
     "Reply",

@@ -17,6 +17,7 @@ import sys
 from collections.abc import Sequence
 from typing import cast
 
+from .faults import FaultSchedule
 from .server import Fault, Reply, Responder, ScriptedRequest, ScriptedServer
 
 DEFAULT_RESPONDER = "orchmode.testing.scenario:demo_responder"
@@ -75,6 +76,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--max-in-flight", type=int, default=None, help="simulated concurrency limit (429 above)"
     )
     parser.add_argument(
+        "--fault-rate",
+        type=float,
+        default=0.0,
+        help="share of requests failed once each, in every way the API fails (0 to 1)",
+    )
+    parser.add_argument("--fault-seed", default="", help="picks which requests fail")
+    parser.add_argument(
         "--responder", default=None, help=f"module:attr (default {DEFAULT_RESPONDER})"
     )
     return parser.parse_args(argv)
@@ -86,6 +94,8 @@ async def serve(args: argparse.Namespace) -> None:
         responder = load_responder(DEFAULT_RESPONDER, optional=True)
     else:
         responder = load_responder(args.responder)
+    if args.fault_rate > 0:
+        responder = FaultSchedule(responder, rate=args.fault_rate, seed=args.fault_seed)
     if args.latency > 0:
         responder = with_latency(responder, args.latency)
     server = ScriptedServer(

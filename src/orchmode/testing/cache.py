@@ -16,6 +16,9 @@ harness can be tested for *cache-friendly* behaviour, using these approximations
 * Each breakpoint's prefix is remembered (per model) forever: no TTL, no minimum
   cacheable length, no 20-block lookback limit. A later request reads the longest
   remembered prefix of itself that ends at or before its last breakpoint.
+* ``ideal_read_tokens`` is what the cache could have served had every block boundary been
+  a breakpoint: the longest prefix, at any boundary, that an earlier request also sent.
+  It is not on the wire; benchmarks compare a harness's real reads against it.
 * Diagnostics compare with the request that produced ``previous_message_id``: model,
   then tools, then system, then whether the old messages are a prefix of the new ones.
   ``cache_missed_input_tokens`` is the old prompt's tokens past the common prefix.
@@ -106,6 +109,7 @@ class CacheUsage:
     cache_read_input_tokens: int
     ephemeral_5m_input_tokens: int
     ephemeral_1h_input_tokens: int
+    ideal_read_tokens: int = 0
 
     @property
     def total_input_tokens(self) -> int:
@@ -138,6 +142,7 @@ class PromptCache:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._prefixes: set[tuple[str, str]] = set()
+        self._every_prefix: set[tuple[str, str]] = set()
         self._fingerprints: dict[str, _Fingerprint] = {}
 
     def account(self, body: dict[str, Any]) -> CacheUsage:
@@ -154,10 +159,15 @@ class PromptCache:
             hashes.append(digest.copy().hexdigest())
         total = cumulative[-1] // _CHARS_PER_TOKEN
         breakpoints = [k + 1 for k, seg in enumerate(segments) if seg.ttl is not None]
-        if not breakpoints:
-            return CacheUsage(total, 0, 0, 0, 0)
-        last = breakpoints[-1]
         with self._lock:
+            ideal = max(
+                (k for k in range(1, len(hashes)) if (model, hashes[k]) in self._every_prefix),
+                default=0,
+            )
+            self._every_prefix.update((model, h) for h in hashes[1:])
+            if not breakpoints:
+                return CacheUsage(total, 0, 0, 0, 0, cumulative[ideal] // _CHARS_PER_TOKEN)
+            last = breakpoints[-1]
             hit = max(
                 (k for k in range(1, last + 1) if (model, hashes[k]) in self._prefixes),
                 default=0,
@@ -172,6 +182,7 @@ class PromptCache:
             cache_read_input_tokens=read,
             ephemeral_5m_input_tokens=created - long_lived,
             ephemeral_1h_input_tokens=long_lived,
+            ideal_read_tokens=cumulative[ideal] // _CHARS_PER_TOKEN,
         )
 
     def remember(self, message_id: str, body: dict[str, Any]) -> None:

@@ -26,7 +26,7 @@ import secrets
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from types import TracebackType
 from typing import Any, Literal, get_args
 
@@ -277,6 +277,8 @@ class LoggedRequest:
     outcome: str = "pending"
     reply: Reply | None = None
     message_id: str | None = None
+    #: The input-token accounting of a 200 answer (cache reads, writes, the ideal read).
+    usage: CacheUsage | None = None
 
     @property
     def duration(self) -> float | None:
@@ -323,6 +325,10 @@ class _Answer:
     reply: Reply  # finalised
     cache: CacheUsage
     diagnostics: dict[str, Any] | None
+
+    def logged(self) -> dict[str, Any]:
+        """What the request log keeps of this answer."""
+        return {"reply": self.reply, "message_id": self.message_id, "usage": self.cache}
 
     def message(self) -> dict[str, Any]:
         """The non-streaming ``Message`` body."""
@@ -541,6 +547,7 @@ class ScriptedServer:
                     "status": entry.status,
                     "outcome": entry.outcome,
                     "first_user_text": first if isinstance(first, str) else None,
+                    "usage": None if entry.usage is None else asdict(entry.usage),
                 }
             )
         return web.json_response(entries)
@@ -782,14 +789,14 @@ class ScriptedServer:
         if not streaming:
             gone = request.transport is None or request.transport.is_closing()
             outcome = "disconnected" if gone else "ok"
-            self._finish(index, 200, outcome, reply=prepared.reply, message_id=prepared.message_id)
+            self._finish(index, 200, outcome, **prepared.logged())
             return web.json_response(prepared.message(), headers={"request-id": request_id})
         events = prepared.events(self.chunk_size)
         response, delivered = await self._send_events(
             request, request_id, events, prepared.reply.event_delay
         )
         outcome = "ok" if delivered else "disconnected"
-        self._finish(index, 200, outcome, reply=prepared.reply, message_id=prepared.message_id)
+        self._finish(index, 200, outcome, **prepared.logged())
         return response
 
     def _answer(self, body: dict[str, Any], reply: Reply) -> _Answer:
@@ -838,7 +845,7 @@ class ScriptedServer:
         response, _ = await self._send_events(
             request, request_id, events, prepared.reply.event_delay, abort=kind == "drop"
         )
-        self._finish(index, 200, outcome, reply=prepared.reply, message_id=prepared.message_id)
+        self._finish(index, 200, outcome, **prepared.logged())
         return response
 
     async def _send_events(
