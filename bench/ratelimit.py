@@ -17,6 +17,7 @@ import json
 import tempfile
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 from fanout import one_turn, start_server
 from orchmode.events import Event, EventBus, SubagentDone
@@ -24,8 +25,14 @@ from orchmode.settings import Settings
 from orchmode.testing.server import LOG_PATH
 
 
-async def run(url: str, ceiling: int, workdir: Path) -> tuple[int, int]:
-    settings = Settings(base_url=url, max_concurrent=ceiling, workdir=workdir)
+async def run(url: str, ceiling: int, subtasks: int, workdir: Path) -> tuple[int, int]:
+    settings = Settings(
+        base_url=url,
+        max_concurrent=ceiling,
+        workdir=workdir,
+        max_subtasks=subtasks,
+        max_subagents=2 * subtasks + 10,
+    )
     events = EventBus()
     failed: list[SubagentDone] = []
 
@@ -38,10 +45,31 @@ async def run(url: str, ceiling: int, workdir: Path) -> tuple[int, int]:
     return len(failed), gateway.limit.peak
 
 
-def average_in_flight(url: str) -> tuple[float, int, int]:
-    """Time-weighted requests being served while the fan-out ran, from the server's log."""
+def server_log(url: str) -> list[dict[str, Any]]:
     with urllib.request.urlopen(url + LOG_PATH) as response:
-        entries = json.load(response)
+        entries: list[dict[str, Any]] = json.load(response)
+    return entries
+
+
+def timeline(entries: list[dict[str, Any]], step: float) -> str:
+    """Requests served (average) and refused in each ``step`` seconds, for a diagnosis."""
+    served = [e for e in entries if e["outcome"] == "ok" and e["finished"] is not None]
+    start = min(e["started"] for e in entries)
+    end = max(e["finished"] or e["started"] for e in entries)
+    rows = []
+    t = start
+    while t < end:
+        busy = sum(max(0.0, min(e["finished"], t + step) - max(e["started"], t)) for e in served)
+        refused = sum(
+            1 for e in entries if e["outcome"] == "rate_limited" and t <= e["started"] < t + step
+        )
+        rows.append(f"{t - start:6.2f} s  {busy / step:5.1f} served  {refused:3d} refused")
+        t += step
+    return "\n".join(rows)
+
+
+def average_in_flight(entries: list[dict[str, Any]]) -> tuple[float, int, int]:
+    """Time-weighted requests being served while the fan-out ran, from the server's log."""
     served = [e for e in entries if e["outcome"] == "ok" and e["finished"] is not None]
     refused = sum(1 for e in entries if e["outcome"] == "rate_limited")
     main_calls = [e for e in served if e["first_user_text"] == "fan out"]
@@ -61,14 +89,16 @@ def main() -> None:
     parser.add_argument("--ceiling", type=int, default=100)
     parser.add_argument("--server-limit", type=int, default=20)
     parser.add_argument("--latency", type=float, default=0.05)
+    parser.add_argument("--timeline", type=float, help="print a timeline in steps of this many s")
     args = parser.parse_args()
     server, url = start_server(
         args.subtasks, args.latency, "--max-in-flight", str(args.server_limit)
     )
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            failed, peak = asyncio.run(run(url, args.ceiling, Path(tmp)))
-        average, refused, served = average_in_flight(url)
+            failed, peak = asyncio.run(run(url, args.ceiling, args.subtasks, Path(tmp)))
+        entries = server_log(url)
+        average, refused, served = average_in_flight(entries)
     finally:
         server.terminate()
         server.wait()
@@ -82,6 +112,8 @@ def main() -> None:
         "(target >= 0.9)"
     )
     print(f"failed subagents: {failed}  (target 0)")
+    if args.timeline:
+        print(timeline(entries, args.timeline))
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ import pytest
 from conftest import StartServer, gateway_for, settings_for
 from orchmode.errors import AuthError, EndpointError, ModelRequestError
 from orchmode.events import EventBus, ModelRequestDone
-from orchmode.limits import AdaptiveLimit
+from orchmode.limits import CUT, KNEE, AdaptiveLimit
 from orchmode.model import Credentials
 from orchmode.prompts import MAIN_TOOLS
 from orchmode.testing import Fault, Reply
@@ -214,20 +214,25 @@ async def test_adaptive_limit_cuts_once_per_round_and_grows_back() -> None:
     for t in started:  # a whole round refused together is one signal
         limit.overloaded(t)
         limit.release()
-    assert limit.limit == pytest.approx(7)
+    assert limit.limit == pytest.approx(10 * CUT)
     later = await limit.acquire()
     limit.overloaded(later)
     limit.release()
-    assert limit.limit == pytest.approx(4.9)
+    refused_level = 10 * CUT
+    assert limit.limit == pytest.approx(refused_level * CUT)
     grown = []
     for _ in range(200):
         await limit.acquire()
         limit.release()
         limit.succeeded()
         grown.append(limit.limit)
-    # Quick (half a request per success) back to 90 % of the refused level, 7; slow after.
-    assert grown[:3] == pytest.approx([5.4, 5.9, 6.4])
-    assert grown[3] - grown[2] == pytest.approx(1 / 6.4)
+    # Quick (half a request per success) back to KNEE of the refused level; slow after.
+    quick, level = [], refused_level * CUT
+    while level < KNEE * refused_level:
+        level += 0.5
+        quick.append(level)
+    assert len(quick) >= 2 and grown[: len(quick)] == pytest.approx(quick)
+    assert grown[len(quick)] - quick[-1] == pytest.approx(1 / quick[-1])
     assert limit.limit == 10  # back to the ceiling, never past it
     assert limit.peak == 10
 

@@ -14,10 +14,10 @@ from .server import (
 from .validate import InvalidRequest, validate_request
 
 __all__ = [
+    "MIXED",
     "Fault",
     "FaultKind",
     "FaultSchedule",
-    "MIXED",
     "InvalidRequest",
     "LoggedRequest",
     "Reply",

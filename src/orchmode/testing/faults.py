@@ -1,11 +1,12 @@
 """Fault schedules: which scripted requests fail, and how, decided per request.
 
 A schedule wraps any responder. It can name requests by their position among those that
-reach the responder (``at``: ``{2: Fault("overloaded")}`` gives the third a 529) or pick a share of them (``rate``) deterministically from the
-request's bytes, so the same request always meets the same fate however the client's
-requests interleave. With ``first_try_only`` (the default) a request body that failed is
-answered normally when it is sent again, which is what a run that can be finished needs;
-without it, a failing body fails every time (a permanent fault).
+reach the responder (``at``: ``{2: Fault("overloaded")}`` gives the third a 529), or pick
+a share of them (``rate``) deterministically from the request's bytes, so the same request
+always meets the same fate however the client's requests interleave. With
+``first_try_only`` (the default) a request body that failed is answered normally when it
+is sent again, which is what a run that can be finished needs; without it, a failing body
+fails every time (a permanent fault).
 """
 
 from __future__ import annotations
