@@ -10,6 +10,7 @@ import pytest
 from conftest import StartServer, gateway_for, settings_for, store_for
 from orchmode.agent import Session
 from orchmode.errors import AuthError
+from orchmode.events import EventBus, TurnDone
 from orchmode.mode import Notice
 from orchmode.prompts import NOTICES
 from orchmode.testing import Fault, Reply, ScriptedRequest, ScriptedServer
@@ -158,10 +159,14 @@ async def test_a_failed_request_ends_the_turn_and_the_next_turn_works(
 async def test_a_bad_key_raises_auth_error(serve: StartServer, tmp_path: Path) -> None:
     server = await serve(lambda r: Reply.text("never"))
     settings = settings_for(server, tmp_path)
-    gateway = gateway_for(settings, api_key="wrong")
-    session = Session(settings, gateway, workdir=tmp_path, store=store_for(tmp_path))
+    events = EventBus()
+    seen: list[object] = []
+    events.subscribe(seen.append)
+    gateway = gateway_for(settings, events, api_key="wrong")
+    session = Session(settings, gateway, workdir=tmp_path, store=store_for(tmp_path), events=events)
     with pytest.raises(AuthError, match="rejected the credentials"):
         await session.turn("hi")
+    assert seen[-1] == TurnDone("error", 0)  # recorded as failed, not left open
 
 
 async def test_a_bad_workflow_call_is_an_error_result(serve: StartServer, tmp_path: Path) -> None:

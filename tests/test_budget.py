@@ -11,6 +11,7 @@ from orchmode.agent import Session
 from orchmode.budget import BudgetExhausted, SessionBudget, estimate_input_tokens
 from orchmode.events import TokenUsage
 from orchmode.pricing import ModelPrice, default_prices
+from orchmode.prompts import MAIN_SYSTEM, MAIN_TOOLS
 from orchmode.testing import Reply
 from orchmode.testing.scenario import OrchestrationScenario
 
@@ -37,7 +38,13 @@ async def test_a_token_cap_stops_requests_before_they_can_cross_it(
     serve: StartServer, tmp_path: Path
 ) -> None:
     server = await serve(lambda r: Reply.text("short answer"))
-    settings = settings_for(server, tmp_path, max_tokens=1000, max_session_tokens=2500)
+    # Room for the first request's worst case (its estimated input and max_tokens of
+    # output) and a little more, so the cap lets it through and stops a later one.
+    first = estimate_input_tokens(
+        MAIN_SYSTEM, [{"role": "user", "content": "question 0"}], MAIN_TOOLS
+    )
+    cap = first + 1000 + 500
+    settings = settings_for(server, tmp_path, max_tokens=1000, max_session_tokens=cap)
     store = store_for(tmp_path)
     session = Session(settings, gateway_for(settings), workdir=tmp_path, store=store)
     results = [await session.turn(f"question {i}") for i in range(5)]
@@ -46,7 +53,7 @@ async def test_a_token_cap_stops_requests_before_they_can_cross_it(
     assert failed and isinstance(failed[0].error, BudgetExhausted)
     assert "--max-session-tokens" in failed[0].text
     state = await store.budget(session.session_id)
-    assert state.tokens <= 2500
+    assert state.tokens <= cap
     assert len(server.log) == sum(1 for r in results if r.ok)  # refused requests never left
 
 

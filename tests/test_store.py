@@ -293,6 +293,29 @@ async def test_events_come_back_in_order_and_number_on(store: Store) -> None:
     assert await store.next_event_seq("s") == 4
 
 
+async def test_sessions_are_listed_newest_first_with_those_known_only_by_events(
+    store: Store, store_url: str
+) -> None:
+    from orchmode.store import EventRow, SessionInfo
+
+    assert await store.sessions() == []
+    await store.save_session("old", "/work/a", "{}")
+    await store.save_session("new", "/work/b", "{}")
+    # A run killed in its first turn recorded events but never saved its state.
+    await store.append_events("killed", [EventRow(1, 1.0e12, "TurnStarted", "{}")])
+    await store.append_events("killed", [EventRow(2, 1.0e12 + 5, "TurnDone", "{}")])
+    await store.append_events("old", [EventRow(1, 3.0, "TurnStarted", "{}")])
+    listed = await store.sessions()
+    assert [s.id for s in listed] == ["killed", "new", "old"]
+    assert listed[0] == SessionInfo("killed", "", 1.0e12, 1.0e12 + 5)
+    assert listed[1].workdir == "/work/b"
+    assert listed[1].created_at <= listed[1].updated_at
+    updated = {s.id: s.updated_at for s in listed}
+    assert updated["new"] >= updated["old"]
+    execute(store_url, "UPDATE sessions SET updated_at = 2e12 WHERE id = 'old'")
+    assert [s.id for s in await store.sessions()] == ["old", "killed", "new"]
+
+
 async def test_settling_a_new_session_creates_its_ledger(store: Store) -> None:
     await store.settle("fresh", tokens=1234, cost=0.5)
     state = await store.budget("fresh")

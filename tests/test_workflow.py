@@ -302,3 +302,19 @@ async def test_subagent_costs_and_the_main_agent_add_up_to_the_session(
     assert all(d.cost > 0 for d in done)
     total = sum(d.cost for d in done) + sum(m.cost for m in main)
     assert total == pytest.approx(gateway.cost) and gateway.cost > 0
+
+
+async def test_a_worker_hands_its_slot_to_its_own_verifier(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    """One slot, three chains: each chain finishes before the next worker starts."""
+    server = await serve(OrchestrationScenario(subtasks=3))
+    await run_session(server, tmp_path, max_concurrent=1)
+    order = []
+    for entry in server.log:
+        if role_of(entry.body) != "main" and len(entry.body["messages"]) == 1:
+            text = entry.body["messages"][0]["content"]
+            item = re.search(r"Check item (\d)", text)
+            assert item is not None
+            order.append(f"{role_of(entry.body)} {item.group(1)}")
+    assert order == [f"{role} {i}" for i in (1, 2, 3) for role in ("worker", "verifier")]

@@ -24,6 +24,7 @@ from .events import EventBus, TurnDone, TurnStarted
 from .mode import ModeState
 from .model import Message, ModelGateway
 from .prompts import MAIN_SYSTEM, MAIN_TOOLS, MAX_TOKENS_NOTE, NOTICES, turn_limit_note
+from .sandbox import Sandbox
 from .settings import Settings
 from .shell import BashSession
 from .store import Store
@@ -90,6 +91,8 @@ class Session:
         self.command_env = command_environment(
             os.environ, (credentials.api_key or "", credentials.auth_token or "")
         )
+        #: None when the user turned the sandbox off; built once, shared by every shell.
+        self.sandbox = Sandbox.from_settings(settings, workdir)
         self.shell = self.make_shell()
         self.store = store
         self.session_id = session_id or settings.session or new_session_id()
@@ -98,12 +101,17 @@ class Session:
         self.workflow = Workflow(settings, gateway, self.budget, self.events, self.make_shell)
 
     def make_shell(self) -> BashSession:
-        """A fresh persistent shell in the working directory, with no credentials in reach."""
+        """A fresh persistent shell in the working directory, with no credentials in reach.
+
+        It runs in the session's sandbox unless that is off; if the sandbox cannot work
+        here, its commands are refused rather than run unsandboxed.
+        """
         return BashSession(
             self.workdir,
             timeout=self.settings.bash_timeout,
             output_limit=self.settings.output_limit,
             env=self.command_env,
+            sandbox=self.sandbox.for_shell() if self.sandbox is not None else None,
         )
 
     def set_mode(self, on: bool) -> None:
@@ -121,6 +129,11 @@ class Session:
         self.events.emit(TurnStarted(text, tuple(n.value for n in notices)))
         try:
             result = await self._loop()
+        except Exception:
+            # A turn that raised (a rejected key, a store gone bad) is recorded as failed;
+            # only one that never got here — a killed process — reads as interrupted.
+            self.events.emit(TurnDone("error", 0))
+            raise
         finally:
             await self._save()
         self.events.emit(TurnDone(result.stop, result.model_calls))

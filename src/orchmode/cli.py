@@ -22,6 +22,9 @@ from . import __version__
 from .errors import ConfigError, OrchmodeError
 from .settings import Settings, env_var, flag, flag_names, load_settings
 
+if typing.TYPE_CHECKING:
+    from .history import SessionHistory
+
 log = logging.getLogger("orchmode")
 
 
@@ -82,7 +85,57 @@ def build_parser() -> argparse.ArgumentParser:
     )
     budget.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
     _add_setting_flags(budget)
+    _add_history_commands(commands)
     return parser
+
+
+def _add_history_commands(commands: Any) -> None:
+    """``runs``, ``show`` and ``report``: read-only views of what the store recorded."""
+    runs = commands.add_parser(
+        "runs",
+        help="the sessions recorded here, newest first, turn by turn",
+        description=(
+            "List the sessions in the store, newest first: each turn with when it started, "
+            "its task, how many subagents it ran, what it cost and how it ended."
+        ),
+    )
+    runs.add_argument(
+        "-n", "--limit", type=_positive, default=20, metavar="N",
+        help="show the N most recent sessions (default: 20)",
+    )  # fmt: skip
+    show = commands.add_parser(
+        "show",
+        help="a session's transcript: turns, commands, agents' findings and verdicts",
+        description="Print a recorded session: user turns, mode notices, commands, fan-outs, "
+        "every subagent's findings and verdict, and totals.",
+    )
+    report = commands.add_parser(
+        "report",
+        help="write a session as one self-contained HTML file",
+        description="Write a recorded session as an HTML file that works offline: a timeline "
+        "of every worker and verifier, findings by severity, per-agent details, totals.",
+    )
+    report.add_argument(
+        "-o", "--output", type=Path, metavar="FILE",
+        help="where to write it, - for stdout (default: orchmode-RUN.html here)",
+    )  # fmt: skip
+    for command in (show, report):
+        command.add_argument(
+            "run", nargs="?", metavar="RUN", help="session id (default: the most recent)"
+        )
+    for command in (runs, show, report):
+        command.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+        _add_setting_flags(command)
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
+    return value
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -114,6 +167,7 @@ async def _run(settings: Settings, task: str, workdir: Path) -> None:
     from .progress import StderrProgress
     from .prompts import SUMMARY_TASK
     from .records import EventRecorder
+    from .sandbox import preflight
     from .store import open_store
     from .totals import SessionTotals
 
@@ -123,6 +177,8 @@ async def _run(settings: Settings, task: str, workdir: Path) -> None:
             f"--max-cost needs a price for {settings.model} — add it under "
             f'[prices."{settings.model}"] in orchmode.toml'
         )
+    for warning in preflight(settings):  # before anything is spent
+        print(f"orchmode: warning: {warning}", file=sys.stderr, flush=True)
     events = EventBus()
     events.subscribe(StderrProgress())
     totals = SessionTotals()
@@ -214,6 +270,114 @@ def cmd_budget(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _histories(
+    settings: Settings, workdir: Path, run: str | None, *, limit: int | None = None
+) -> tuple[str, int, list[SessionHistory]]:
+    """Where the store is, how many sessions it holds, and the histories asked for.
+
+    With ``limit`` that many of the newest sessions; without it the one named RUN (or by
+    --session), else the newest, which must exist. A SQLite store that does not exist is
+    not created just to be looked at.
+    """
+    from .history import read_session
+    from .store import open_store
+
+    url = settings.store_url(workdir)
+    path = url.removeprefix("sqlite://") if url.startswith("sqlite://") else None
+    wanted = run or settings.session
+    histories: list[SessionHistory] = []
+    if path and not Path(path).exists():
+        location, total = path, 0
+    else:
+        store = await open_store(url)
+        try:
+            sessions = await store.sessions()
+            if limit is not None:
+                chosen = sessions[:limit]
+            elif wanted is not None:
+                chosen = [info for info in sessions if info.id == wanted]
+            else:
+                chosen = sessions[:1]
+            for info in chosen:
+                # the saved conversation holds the answers; a listing does not show them
+                record = None if limit is not None else await store.load_session(info.id)
+                histories.append(
+                    read_session(
+                        await store.events(info.id),
+                        session=info.id,
+                        workdir=info.workdir,
+                        state=record.state if record else None,
+                    )
+                )
+        finally:
+            await store.close()
+        location, total = store.location, len(sessions)
+    if limit is None and not histories:
+        if wanted is not None:
+            raise OrchmodeError(
+                f"no session named {wanted!r} is recorded in {location} — "
+                "`orchmode runs` lists them"
+            )
+        raise OrchmodeError(f"no sessions are recorded in {location} — run `orchmode run` first")
+    return location, total, histories
+
+
+def _workdir(settings: Settings) -> Path:
+    return (settings.workdir or Path.cwd()).resolve()
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    from .history import RUN_COLUMNS, print_table, run_rows
+
+    settings = _settings(args)
+    location, count, histories = asyncio.run(
+        _histories(settings, _workdir(settings), None, limit=args.limit)
+    )
+    if not histories:
+        print(f"no runs are recorded in {location} yet — start one with `orchmode run`")
+        return 0
+    print_table(RUN_COLUMNS, run_rows(histories), sys.stdout)
+    if count > len(histories):
+        print(f"({len(histories)} most recent of {count} sessions; -n {count} shows them all)")
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from .history import print_lines, transcript
+
+    settings = _settings(args)
+    _, _, (history,) = asyncio.run(_histories(settings, _workdir(settings), args.run))
+    print_lines(transcript(history), sys.stdout)
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    import re
+
+    from .report import render_report
+
+    settings = _settings(args)
+    _, _, (history,) = asyncio.run(_histories(settings, _workdir(settings), args.run))
+    page = render_report(history)
+    if str(args.output) == "-":
+        sys.stdout.write(page)
+        return 0
+    safe_id = re.sub(r"[^A-Za-z0-9._-]", "_", history.id)
+    output: Path = args.output or Path(f"orchmode-{safe_id}.html")
+    partial = output.with_name(f".{output.name}.partial")
+    try:
+        partial.write_text(page, encoding="utf-8")
+        partial.replace(output)
+    except OSError as exc:
+        partial.unlink(missing_ok=True)
+        raise OrchmodeError(
+            f"cannot write the report to {output}: {exc.strerror or exc} — pass -o with a "
+            "writable path"
+        ) from None
+    print(output)
+    return 0
+
+
 def _configure_logging(debug: bool) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("orchmode: %(levelname)s: %(message)s"))
@@ -226,7 +390,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     _configure_logging(args.debug)
-    handlers: dict[str, Any] = {"run": cmd_run, "budget": cmd_budget}
+    handlers: dict[str, Any] = {
+        "run": cmd_run,
+        "budget": cmd_budget,
+        "runs": cmd_runs,
+        "show": cmd_show,
+        "report": cmd_report,
+    }
     if args.command is None:
         parser.print_help(sys.stderr)
         return 2

@@ -56,3 +56,9 @@ class StoreError(OrchmodeError):
     """The store (journal, claims, budget) cannot be opened, read or written."""
 
     exit_code = 6
+
+
+class SandboxError(OrchmodeError):
+    """bash cannot be sandboxed here, and the user did not opt out with ``--sandbox off``."""
+
+    exit_code = 8

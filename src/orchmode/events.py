@@ -64,6 +64,8 @@ class BashDone:
     exit_code: int | None
     timed_out: bool
     duration: float
+    #: The sandbox the command ran in: ``workspace-write``, ``read-only`` or ``off``.
+    sandbox: str
 
 
 @dataclass(frozen=True)
@@ -118,6 +120,24 @@ class TurnDone:
     model_calls: int
 
 
+@dataclass(frozen=True)
+class ScriptStarted:
+    """A Workflow call ran an orchestration script; its agents follow as Subagent events."""
+
+    call: int
+    lines: int
+
+
+@dataclass(frozen=True)
+class ScriptDone:
+    call: int
+    duration: float
+    #: agents the script asked for, journal hits included
+    agents: int
+    #: the first line of the error the model was shown, if the script failed
+    error: str | None = None
+
+
 Event = (
     ModelRequestDone
     | BashDone
@@ -127,6 +147,8 @@ Event = (
     | FanoutDone
     | TurnStarted
     | TurnDone
+    | ScriptStarted
+    | ScriptDone
 )
 
 Subscriber = Callable[[Event], None]

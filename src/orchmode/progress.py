@@ -12,6 +12,8 @@ from .events import (
     FanoutDone,
     FanoutStarted,
     ModelRequestDone,
+    ScriptDone,
+    ScriptStarted,
     SubagentDone,
     TokenUsage,
 )
@@ -61,6 +63,13 @@ class StderrProgress:
                 )
             case FanoutDone(call=call, duration=duration):
                 return f"[workflow {call}] done in {duration:.1f} s"
+            case ScriptStarted(call=call, lines=lines):
+                return f"[workflow {call}] running a script of {lines} lines"
+            case ScriptDone(call=call, duration=duration, agents=n, error=str(error)):
+                why = _one_line(error)
+                return f"[workflow {call}] script failed after {duration:.1f} s, {n} agents: {why}"
+            case ScriptDone(call=call, duration=duration, agents=n):
+                return f"[workflow {call}] script done in {duration:.1f} s, {n} agents"
             case ModelRequestDone(agent=agent, cache_miss=str(reason), cache_missed_tokens=n):
                 return f"[{agent}] prompt cache miss: {reason} ({n:,} tokens not read from cache)"
         return None

@@ -38,7 +38,8 @@ NOTICES: dict[Notice, str] = {
 }
 
 WORKFLOW_DESCRIPTION = """\
-Runs a list of independent subtasks as parallel agents and returns every agent's result.
+Runs independent subtasks as parallel agents and returns every agent's result; or runs a \
+short Python script that starts agents itself, for work with phases, branches or loops.
 
 Purpose: split a large task into independent subtasks; each runs as its own agent with a \
 bash shell in the same directory and reports structured findings. Each result is then \
@@ -63,6 +64,41 @@ or per file section. A focused review of a module of a few hundred lines rarely 
 than about ten subtasks; a broad audit of a large codebase can justify more. Write each \
 subtask as a self-contained prompt: the agent sees nothing else.
 
+Scripts: pass {"script": "..."} instead of {"subtasks": [...]} (exactly one of the two) when \
+later agents depend on earlier results. The script is plain Python run in a sandbox with no \
+files, network or OS access; it may import only json, re, math, random, itertools, \
+functools, collections, dataclasses, typing, bisect, copy and decimal. It drives agents \
+through these functions, called directly (not awaited):
+- agent(prompt) -> dict: runs one agent; returns its report {"summary", "findings"}, or \
+{"error", "status"} if it failed or was not run.
+- parallel(prompts) -> list: runs the prompts as parallel agents; results in the same order.
+- verify(prompt, result) -> dict: one agent tries to refute `result` (what agent(prompt) \
+returned); adds "verdict": "confirmed", "refuted" or "unclear". Scripts verify only what \
+they pass to verify().
+- budget() -> dict: what is left of the session's budget and of this script's agents.
+- log(text): a line you will see under the result.
+The value of the script's last line, if it is an expression, is the tool result (as JSON). \
+An agent's result is recorded under its prompt, so the same prompt returns the same result \
+and a rerun after a crash repeats no finished agent. Limits on time, memory and the number \
+of agents apply; an error in the script comes back with its line number.
+
+Completeness critic as a script:
+    areas = ["parsing", "storage", "the command line"]
+    found = parallel(["Review " + a + " in src/ for defects." for a in areas])
+    seen = "\\n".join(r.get("summary", "") for r in found)
+    critic = agent("Others reviewed this code and reported:\\n" + seen +
+                   "\\nFind the defects they missed; do not repeat theirs.")
+    {"reviews": found, "missed": critic}
+
+Multiphase sequencing as a script (understand, design, implement, review):
+    facts = agent("Map how the cache module is used; cite file:line.")
+    plan = agent("Design a fix for stale cache entries given: " + facts["summary"])
+    done = agent("Implement this plan and run the tests: " + plan["summary"])
+    check = verify("Implement this plan and run the tests: " + plan["summary"], done)
+    if check.get("verdict") != "confirmed":
+        done = agent("Fix what this review found: " + check.get("summary", ""))
+    {"plan": plan, "change": done, "review": check}
+
 Standing consent: while a system message confirms that orchestration mode is on, the \
 opt-in is standing — author and run a workflow for every substantive task by default and \
 lean toward adversarial verification; work alone only on conversational turns or trivial \
@@ -72,16 +108,24 @@ applies again."""
 WORKFLOW_TOOL: dict[str, Any] = {
     "name": "Workflow",
     "description": WORKFLOW_DESCRIPTION,
+    # The API refuses oneOf at the top of an input schema, so "exactly one of subtasks or
+    # script" is stated in the descriptions and checked when the call arrives.
     "input_schema": {
         "type": "object",
         "properties": {
             "subtasks": {
                 "type": "array",
                 "items": {"type": "string"},
-                "description": "Independent subtask prompts, one per parallel agent.",
-            }
+                "description": "Independent subtask prompts, one per parallel agent. Give "
+                "this or script, not both.",
+            },
+            "script": {
+                "type": "string",
+                "description": "A short Python program that starts agents with agent(), "
+                "parallel() and verify() and ends with an expression: its value is the "
+                "result. Give this or subtasks, not both.",
+            },
         },
-        "required": ["subtasks"],
     },
 }
 

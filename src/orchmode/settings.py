@@ -22,6 +22,8 @@ ENV_PREFIX = "ORCHMODE_"
 LEGACY_JOURNAL_ENV = "ORCH_JOURNAL"
 
 Effort = Literal["low", "medium", "high", "xhigh", "max"]
+#: Where model-written bash runs; see :mod:`orchmode.sandbox`.
+SandboxMode = Literal["workspace-write", "read-only", "off"]
 
 
 class Settings(BaseModel):
@@ -46,6 +48,39 @@ class Settings(BaseModel):
     )
     bash_timeout: float = Field(60.0, gt=0, description="Seconds one bash command may run.")
     output_limit: int = Field(8000, gt=0, description="Characters of tool output sent back.")
+    sandbox: SandboxMode = Field(
+        "workspace-write",
+        description="Where bash runs: `workspace-write` is a bubblewrap sandbox (the host "
+        "read-only, the working directory writable, a private /tmp and an empty home, no "
+        "network); `read-only` makes the working directory read-only too; `off` runs "
+        "commands unsandboxed with your own permissions.",
+    )
+    allow_network: bool = Field(
+        False, description="Give sandboxed commands the host's network (DNS, internet, loopback)."
+    )
+    sandbox_cpu_seconds: int = Field(
+        300,
+        gt=0,
+        description="CPU seconds each process in the sandbox may use (RLIMIT_CPU); the shell "
+        "itself counts too, so a shell that used them up is restarted.",
+    )
+    sandbox_memory_mb: int = Field(
+        4096,
+        gt=0,
+        description="Megabytes of memory one sandboxed shell may use with everything it runs "
+        "(a cgroup where orchmode can make one, else each process's RLIMIT_DATA); its "
+        "private /tmp holds half as much.",
+    )
+    sandbox_processes: int = Field(
+        512,
+        ge=8,
+        description="Processes and threads one sandboxed shell may run at once (a cgroup's "
+        "pids.max where orchmode can make one, else RLIMIT_NPROC in the sandbox's user "
+        "namespace).",
+    )
+    sandbox_bwrap: str = Field(
+        "bwrap", description="The bubblewrap binary: a name looked up on PATH, or a path."
+    )
     max_concurrent: int = Field(
         10,
         gt=0,
@@ -58,6 +93,30 @@ class Settings(BaseModel):
     refresh_every: int = Field(10, gt=0, description="User turns between mode refreshers.")
     mode: bool = Field(True, description="Start sessions with orchestration mode on.")
     verify: bool = Field(True, description="Run the adversarial verification wave.")
+    script_timeout: float = Field(
+        3600.0,
+        gt=0,
+        description="Wall-clock seconds a Workflow script may take in all, its agents' work "
+        "included; past it the agents still running are stopped.",
+    )
+    script_cpu_seconds: float = Field(
+        10.0,
+        gt=0,
+        description="Seconds a Workflow script's own code may run, time spent waiting on its "
+        "agents not counted; stops a loop that never ends.",
+    )
+    script_memory_mb: int = Field(
+        64, gt=0, description="Megabytes of memory a Workflow script's interpreter may use."
+    )
+    script_recursion_limit: int = Field(
+        200, gt=0, description="How deeply a Workflow script's function calls may nest."
+    )
+    script_max_agents: int = Field(
+        100,
+        gt=0,
+        description="Agents one Workflow script may start (each agent, verify and parallel "
+        "prompt counts, journal hits included, so a rerun takes the same path).",
+    )
     store: str | None = Field(
         None,
         description="Where results, claims and the budget live: `sqlite:///path` or "

@@ -17,8 +17,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import Protocol
 
-__all__ = ["BashSession", "ShellResult"]
+__all__ = ["BashSession", "ShellResult", "ShellSandbox"]
 
 # How long to wait for the kernel to deliver a killed shell's exit status, and for the
 # output pipe to reach EOF once everything holding it is dead. Both are upper bounds on
@@ -38,6 +39,22 @@ _OUT_FD = 19
 
 _RESET_NOTE = "so the working directory and environment are reset"
 _USAGE = 'send {"command": "<shell command>"} to run a command, or {"restart": true}'
+
+
+class ShellSandbox(Protocol):
+    """What runs bash inside a sandbox (see :mod:`orchmode.sandbox`) for one session.
+
+    ``argv`` is asked anew for every shell started, because the shell's private dir for
+    command files (``tmpdir``) must be visible inside; an ``OSError`` it raises becomes
+    the command's error result. ``release`` is called when the session closes.
+    """
+
+    @property
+    def mode(self) -> str: ...
+
+    def argv(self, tmpdir: str) -> Sequence[str]: ...
+
+    def release(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -326,6 +343,10 @@ class _Shell:
     pid: int
     nonce: str
     used: bool = False
+    #: In a sandbox's own PID namespace, which the kernel empties when its first process
+    #: dies: killing the group is enough, and the /proc sweep (a read of every process on
+    #: the machine, per shell) is skipped.
+    contained: bool = False
 
     @property
     def marker(self) -> bytes:
@@ -344,10 +365,11 @@ class _Shell:
     def kill(self, *, sweep: bool = True) -> None:
         """SIGKILL the group; ``sweep`` also hunts the session's members through /proc.
 
-        A shell that never ran a command has no children to hunt, so it skips the sweep
-        (a read of every process's stat file).
+        A shell that never ran a command has no children to hunt, nor has a contained one
+        anything that could escape, so neither sweeps (a read of every process's stat file).
         """
-        _kill_tree(self.pid, self.protocol.exited.is_set(), sweep=sweep and self.used)
+        sweep = sweep and self.used and not self.contained
+        _kill_tree(self.pid, self.protocol.exited.is_set(), sweep=sweep)
 
     def returncode(self) -> int | None:
         return self.transport.get_returncode()
@@ -370,6 +392,7 @@ class BashSession:
         output_limit: int = 8000,
         env: Mapping[str, str] | None = None,
         argv_prefix: Sequence[str] = (),
+        sandbox: ShellSandbox | None = None,
     ) -> None:
         if timeout <= 0:
             raise ValueError(f"timeout must be positive, got {timeout!r}")
@@ -380,6 +403,7 @@ class BashSession:
         self._output_limit = output_limit
         self._env = dict(os.environ if env is None else env)
         self._argv = [*argv_prefix, "bash", "--noprofile", "--norc"]
+        self._sandbox = sandbox
         self._lock = asyncio.Lock()
         self._shell: _Shell | None = None
         self._tmpdir: str | None = None
@@ -389,6 +413,11 @@ class BashSession:
         """PID (and process-group id) of the running shell; None when none is running."""
         shell = self._shell
         return shell.pid if shell is not None and shell.alive() else None
+
+    @property
+    def sandbox_mode(self) -> str:
+        """The sandbox the commands run in, as recorded in events (``off`` for none)."""
+        return "off" if self._sandbox is None else self._sandbox.mode
 
     async def handle(self, tool_input: object) -> ShellResult:
         """Run one model-supplied ``bash_20250124`` input; bad shapes become error results."""
@@ -462,6 +491,8 @@ class BashSession:
             if self._tmpdir is not None:
                 shutil.rmtree(self._tmpdir, ignore_errors=True)
                 self._tmpdir = None
+            if self._sandbox is not None:
+                self._sandbox.release()
 
     def __del__(self) -> None:
         # Last resort for a session that was never closed: no background job outlives it.
@@ -490,10 +521,13 @@ class BashSession:
         _use_pidfd_child_watcher()
         if self._tmpdir is None or not os.path.isdir(self._tmpdir):
             self._tmpdir = tempfile.mkdtemp(prefix="orchmode-shell-")
+        argv = self._argv
+        if self._sandbox is not None:
+            argv = [*self._sandbox.argv(self._tmpdir), *argv]
         loop = asyncio.get_running_loop()
         transport, protocol = await loop.subprocess_exec(
             _ShellProtocol,
-            *self._argv,
+            *argv,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -501,7 +535,13 @@ class BashSession:
             env=self._env,
             start_new_session=True,
         )
-        shell = _Shell(transport, protocol, transport.get_pid(), secrets.token_hex(16))
+        shell = _Shell(
+            transport,
+            protocol,
+            transport.get_pid(),
+            secrets.token_hex(16),
+            contained=self._sandbox is not None,
+        )
         self._shell = shell
         shell.send(f"exec {_OUT_FD}>&1\n")
         return shell

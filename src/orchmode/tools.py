@@ -37,6 +37,7 @@ async def run_bash(shell: BashSession, tool_use: Block, *, agent: str, events: E
             exit_code=result.exit_code,
             timed_out=result.timed_out,
             duration=result.duration,
+            sandbox=shell.sandbox_mode,
         )
     )
     return tool_result(tool_use["id"], result.output, is_error=result.is_error)

@@ -1,5 +1,9 @@
 """The Workflow tool: normalise subtasks, fan out, verify each result, format the tool result.
 
+A call carries either a flat list of ``subtasks`` (run here) or a ``script``, an
+orchestration program run by :mod:`.script`; both start every agent through
+:meth:`Workflow.run_subagent`, so the journal, claims, budget and slots treat them alike.
+
 Each subtask is a chain — its worker, then a verifier that tries to refute the worker's
 result — and every chain runs as its own coroutine, so a result's verification starts the
 moment that result exists. Verifiers take free slots before queued workers, so finished
@@ -86,6 +90,32 @@ class Plan:
         )
 
 
+#: The two forms of a Workflow call; exactly one of them is given.
+FORMS = ("subtasks", "script")
+
+
+def workflow_form(tool_input: object) -> str:
+    """``subtasks`` or ``script``, or an error message when not exactly one of them is given.
+
+    A key whose value is null counts as absent: models sometimes send the unused one so.
+    """
+    if not isinstance(tool_input, dict):
+        return "subtasks"  # plan_subtasks words the error
+    given = [form for form in FORMS if tool_input.get(form) is not None]
+    if len(given) == 1:
+        return given[0]
+    if given:
+        return (
+            "error: give Workflow either subtasks or a script, not both — "
+            '{"subtasks": ["...", "..."]} for independent agents, {"script": "..."} for a '
+            "program that sequences them"
+        )
+    return (
+        'error: Workflow needs exactly one of {"subtasks": ["first subtask prompt", ...]} '
+        'or {"script": "a short Python program"}'
+    )
+
+
 def plan_subtasks(tool_input: object, cap: int) -> Plan | str:
     """The subtasks to run, or an error message when there are none."""
     if not isinstance(tool_input, dict) or "subtasks" not in tool_input:
@@ -129,12 +159,40 @@ class PrioritySlots:
         self._order = itertools.count()
 
     @asynccontextmanager
-    async def slot(self, priority: int) -> AsyncIterator[None]:
-        await self._acquire(priority)
+    async def slot(self, priority: int, relay: Relay | None = None) -> AsyncIterator[None]:
+        """Hold a slot: the one ``relay`` has waiting, if it has one, else a new one."""
+        ticket = relay.take() if relay is not None else None
+        if ticket is None:
+            await self._acquire(priority)
+        else:
+            try:
+                await ticket
+            except asyncio.CancelledError:
+                if ticket.done() and not ticket.cancelled():
+                    self._release()
+                raise
         try:
             yield
         finally:
             self._release()
+
+    def queue(self, priority: int) -> asyncio.Future[None]:
+        """Join the queue now and wait later: the future is done once a slot is ours."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if self._free > 0 and not self._waiters:
+            self._free -= 1
+            future.set_result(None)
+        else:
+            heapq.heappush(self._waiters, (priority, next(self._order), future))
+        return future
+
+    def drop(self, ticket: asyncio.Future[None]) -> None:
+        """Give up a place taken with :meth:`queue`, or the slot it was already given."""
+        if ticket.done():
+            if not ticket.cancelled():
+                self._release()
+        else:
+            ticket.cancel()  # _release skips it
 
     async def _acquire(self, priority: int) -> None:
         if self._free > 0 and not self._waiters:
@@ -156,6 +214,34 @@ class PrioritySlots:
                 future.set_result(None)
                 return
         self._free += 1
+
+
+class Relay:
+    """Hands a chain's slot from its worker straight to its verifier.
+
+    The worker queues for the verifier's slot just before it gives its own back, so the
+    slot it frees goes to a verifier (its own, or one that was waiting longer) and never to
+    a worker that queued meanwhile: each chain finishes as soon as it can, which is what
+    keeps the fan-out's makespan near its bound. If the verifier does not run after all
+    (journal hit, claim held elsewhere, no budget), the place is dropped at once.
+    """
+
+    def __init__(self, slots: PrioritySlots) -> None:
+        self._slots = slots
+        self._ticket: asyncio.Future[None] | None = None
+
+    def queue_next(self, priority: int) -> None:
+        if self._ticket is None:
+            self._ticket = self._slots.queue(priority)
+
+    def take(self) -> asyncio.Future[None] | None:
+        ticket, self._ticket = self._ticket, None
+        return ticket
+
+    def drop(self) -> None:
+        ticket = self.take()
+        if ticket is not None:
+            self._slots.drop(ticket)
 
 
 WORKER_PRIORITY = 1
@@ -200,6 +286,14 @@ class Workflow:
 
     async def run(self, tool_input: object) -> tuple[str, bool]:
         """The tool result text and whether it is an error."""
+        form = workflow_form(tool_input)
+        if form == "script" and isinstance(tool_input, dict):
+            from .script import run_script  # the sandbox is loaded only when a script comes
+
+            self.calls += 1
+            return await run_script(self, self.calls, tool_input["script"])
+        if form != "subtasks":
+            return form, True
         plan = plan_subtasks(tool_input, self.settings.max_subtasks)
         if isinstance(plan, str):
             return plan, True
@@ -217,9 +311,7 @@ class Workflow:
             for chain in chains:
                 chain.cancel()
             await asyncio.gather(*chains, return_exceptions=True)
-            for failure in await asyncio.gather(*self._housekeeping, return_exceptions=True):
-                if isinstance(failure, Exception):
-                    log.warning("housekeeping after the fan-out failed: %s", failure)
+            await self.settle()
         self.events.emit(FanoutDone(call, time.monotonic() - started))
         sections = [plan.note] if plan.note else []
         budget = await self.store.budget(self.budget.session)
@@ -237,10 +329,17 @@ class Workflow:
             sections.append(f"[agent {i}: {title(subtask)}]\n{worker.text}")
             if verifier is not None:
                 sections.append(f"[verify {i}]\n{verifier.text}")
-        sections.append(self._budget_status(budget))
+        sections.append(self.budget_status(budget))
         return "\n\n".join(sections), False
 
-    def _budget_status(self, budget: BudgetState) -> str:
+    async def settle(self) -> None:
+        """Wait for the housekeeping of the agents run so far: results recorded, claims let go."""
+        for failure in await asyncio.gather(*self._housekeeping, return_exceptions=True):
+            if isinstance(failure, Exception):
+                log.warning("housekeeping after the fan-out failed: %s", failure)
+
+    def budget_status(self, budget: BudgetState) -> str:
+        """The one-line budget status that ends every Workflow tool result."""
         left = max(0, self.settings.max_subagents - budget.subagents)
         return f"[budget: {self.budget.describe(budget)} in this session; {left} subagents left]"
 
@@ -260,23 +359,49 @@ class Workflow:
     async def _chain(
         self, call: int, index: int, subtask: str
     ) -> tuple[AgentResult, AgentResult | None]:
-        worker = await self._agent(call, index, "worker", subtask, WORKER_PRIORITY)
-        if not self.settings.verify:
-            return worker, None
-        if worker.status is Status.FAILED:
-            return worker, AgentResult(
-                "[orchmode: not verified, because the agent failed]", Status.FAILED
+        relay = Relay(self.slots) if self.settings.verify else None
+        try:
+            worker = await self.run_subagent(
+                call, index, "worker", subtask, WORKER_PRIORITY, hand_on=relay
             )
-        if worker.status is SKIPPED:
-            return worker, AgentResult("[orchmode: not verified, because it was not run]", SKIPPED)
-        prompt = verify_prompt(subtask, worker.text)
-        verifier = await self._agent(call, index, "verifier", prompt, VERIFIER_PRIORITY)
-        return worker, verifier
+            if relay is None:
+                return worker, None
+            if worker.status is Status.FAILED:
+                return worker, AgentResult(
+                    "[orchmode: not verified, because the agent failed]", Status.FAILED
+                )
+            if worker.status is SKIPPED:
+                return worker, AgentResult(
+                    "[orchmode: not verified, because it was not run]", SKIPPED
+                )
+            prompt = verify_prompt(subtask, worker.text)
+            verifier = await self.run_subagent(
+                call, index, "verifier", prompt, VERIFIER_PRIORITY, relay=relay
+            )
+            return worker, verifier
+        finally:
+            if relay is not None:
+                relay.drop()
 
-    async def _agent(
-        self, call: int, index: int, role: Role, prompt: str, priority: int
+    async def run_subagent(
+        self,
+        call: int,
+        index: int,
+        role: Role,
+        prompt: str,
+        priority: int,
+        *,
+        relay: Relay | None = None,
+        hand_on: Relay | None = None,
     ) -> AgentResult:
-        """One subagent through the store; any failure becomes an error result in its slot."""
+        """One subagent through the store; any failure becomes an error result in its slot.
+
+        The one path every agent takes, a flat fan-out's or a script's: journal lookup,
+        claim, budget reservation, slot. Its housekeeping finishes in the background, so
+        whoever calls it must :meth:`settle` before reporting. ``relay`` may hold a slot
+        handed on by the previous agent of the chain; ``hand_on`` is where this agent
+        queues for the next one's before it lets its own slot go.
+        """
         key = content_key(
             role=role,
             model=self.settings.model,
@@ -288,12 +413,12 @@ class Workflow:
         if not self.settings.fresh:
             recorded = await self.store.lookup(key)
             if recorded is not None:
-                self._done(call, index, role, recorded, 0.0, from_journal=True)
+                self._journal_hit(call, index, role, prompt, recorded)
                 return recorded
         holder = f"{self._holder}:{uuid.uuid4().hex[:12]}"
-        recorded = await self._claim_or_wait(key, holder)
+        recorded = await self._claim_or_wait(key, holder, relay)
         if recorded is not None:  # another agent, here or elsewhere, just finished it
-            self._done(call, index, role, recorded, 0.0, from_journal=True)
+            self._journal_hit(call, index, role, prompt, recorded)
             return recorded
         heartbeat = asyncio.create_task(self._heartbeat(key, holder))
         try:
@@ -308,7 +433,9 @@ class Workflow:
                 )
                 self._done(call, index, role, result, 0.0)
                 return result
-            result, duration = await self._run_agent(call, index, role, prompt, priority)
+            result, duration = await self._run_agent(
+                call, index, role, prompt, priority, relay, hand_on
+            )
         except BaseException:  # cancelled or broken: let the next run take it at once
             self._background(self.store.release(key, holder))
             raise
@@ -321,9 +448,16 @@ class Workflow:
         return result
 
     async def _run_agent(
-        self, call: int, index: int, role: Role, prompt: str, priority: int
+        self,
+        call: int,
+        index: int,
+        role: Role,
+        prompt: str,
+        priority: int,
+        relay: Relay | None,
+        hand_on: Relay | None,
     ) -> tuple[AgentResult, float]:
-        async with self.slots.slot(priority):
+        async with self.slots.slot(priority, relay):
             self.events.emit(SubagentStarted(call, index, role, title(prompt), prompt))
             started = time.monotonic()
             shell = self.make_shell()
@@ -349,16 +483,23 @@ class Workflow:
                 result = AgentResult(describe_failure(exc), Status.FAILED)
             finally:
                 self._background(shell.close())
+            if hand_on is not None and result.status not in (Status.FAILED, SKIPPED):
+                hand_on.queue_next(VERIFIER_PRIORITY)
         return result, time.monotonic() - started
 
-    async def _claim_or_wait(self, key: str, holder: str) -> AgentResult | None:
+    async def _claim_or_wait(
+        self, key: str, holder: str, relay: Relay | None = None
+    ) -> AgentResult | None:
         """Claim ``key`` (returns None), or wait until its holder records a result.
 
         Polls the store: that works across processes and machines alike. A holder that
-        died stops renewing, its lease lapses, and the claim comes to us.
+        died stops renewing, its lease lapses, and the claim comes to us. A slot handed on
+        in ``relay`` is given back before waiting: others can use it meanwhile.
         """
         pause = CLAIM_POLL_FIRST
         while not await self.store.claim(key, holder, self.settings.claim_lease):
+            if relay is not None:
+                relay.drop()
             await asyncio.sleep(pause)
             pause = min(pause * 2, CLAIM_POLL_MAX)
             recorded = await self.store.lookup(key)
@@ -389,10 +530,17 @@ class Workflow:
         await self.store.release(key, holder)
 
     def _background(self, work: Coroutine[Any, Any, None]) -> None:
-        """Housekeeping off the critical path; run() waits for all of it before returning."""
+        """Housekeeping off the critical path; settle() waits for all of it."""
         task = asyncio.create_task(work)
         self._housekeeping.add(task)
         task.add_done_callback(self._housekeeping.discard)
+
+    def _journal_hit(
+        self, call: int, index: int, role: Role, prompt: str, recorded: AgentResult
+    ) -> None:
+        """A result served from the journal: its records say what it was, as a run's do."""
+        self.events.emit(SubagentStarted(call, index, role, title(prompt), prompt))
+        self._done(call, index, role, recorded, 0.0, from_journal=True)
 
     def _done(
         self,

@@ -9,12 +9,21 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import ConfigError
-from .base import BudgetCaps, BudgetState, EventRow, SessionRecord, Store, content_key
+from .base import (
+    BudgetCaps,
+    BudgetState,
+    EventRow,
+    SessionInfo,
+    SessionRecord,
+    Store,
+    content_key,
+)
 
 __all__ = [
     "BudgetCaps",
     "BudgetState",
     "EventRow",
+    "SessionInfo",
     "SessionRecord",
     "Store",
     "content_key",

@@ -49,6 +49,16 @@ class SessionRecord:
 
 
 @dataclass(frozen=True)
+class SessionInfo:
+    """A session as ``orchmode runs`` lists it: the id, where it ran, first and last activity."""
+
+    id: str
+    workdir: str
+    created_at: float
+    updated_at: float
+
+
+@dataclass(frozen=True)
 class EventRow:
     """One recorded event: its number in the session, when, what kind, and its JSON data."""
 
@@ -116,6 +126,14 @@ class Store(Protocol):
 
     async def latest_session(self) -> str | None:
         """The most recently updated session's id."""
+
+    async def sessions(self) -> list[SessionInfo]:
+        """Every recorded session, most recently updated first.
+
+        A session whose first turn was killed before its state was saved has events but no
+        saved state; it is listed too (workdir empty, times from its events), because an
+        interrupted run is exactly the one worth inspecting.
+        """
 
     async def next_event_seq(self, session: str) -> int:
         """The sequence number the session's next event gets."""

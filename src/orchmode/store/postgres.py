@@ -26,7 +26,7 @@ from ..errors import StoreError
 from ..events import Role, TokenUsage
 from ..subagent import AgentResult, Status
 from . import schema
-from .base import BudgetCaps, BudgetState, EventRow, SessionRecord
+from .base import BudgetCaps, BudgetState, EventRow, SessionInfo, SessionRecord
 
 log = logging.getLogger("orchmode")
 T = TypeVar("T")
@@ -65,6 +65,7 @@ BUDGET = _pg(schema.BUDGET)
 SAVE_SESSION = _pg(schema.SAVE_SESSION)
 LOAD_SESSION = _pg(schema.LOAD_SESSION)
 LATEST_SESSION = _pg(schema.LATEST_SESSION)
+LIST_SESSIONS = _pg(schema.LIST_SESSIONS)
 NEXT_EVENT_SEQ = _pg(schema.NEXT_EVENT_SEQ)
 INSERT_EVENT = _pg(schema.INSERT_EVENT)
 EVENTS = _pg(schema.EVENTS)
@@ -231,6 +232,13 @@ class PostgresStore:
     async def latest_session(self) -> str | None:
         row = await self._row(LATEST_SESSION, (), "find the latest session")
         return str(row[0]) if row else None
+
+    async def sessions(self) -> list[SessionInfo]:
+        async def read(conn: Conn) -> list[tuple[Any, ...]]:
+            return await (await conn.execute(LIST_SESSIONS)).fetchall()
+
+        rows = await self._guarded(read, "list the sessions")
+        return [SessionInfo(str(r[0]), str(r[1]), float(r[2]), float(r[3])) for r in rows]
 
     async def next_event_seq(self, session: str) -> int:
         row = await self._row(NEXT_EVENT_SEQ, (session,), "number the events")

@@ -139,6 +139,14 @@ SAVE_SESSION = (
 )
 LOAD_SESSION = "SELECT workdir, state FROM sessions WHERE id = ?"
 LATEST_SESSION = "SELECT id FROM sessions ORDER BY updated_at DESC LIMIT 1"
+#: Saved sessions, and sessions known only from their events (killed before the first save).
+LIST_SESSIONS = (
+    "SELECT id, workdir, created_at, updated_at FROM sessions "
+    "UNION ALL "
+    "SELECT session, '', MIN(at), MAX(at) FROM events "
+    "WHERE session NOT IN (SELECT id FROM sessions) GROUP BY session "
+    "ORDER BY 4 DESC, 1 DESC"
+)
 NEXT_EVENT_SEQ = "SELECT COALESCE(MAX(seq), 0) + 1 FROM events WHERE session = ?"
 #: Parameters: session, seq, at, kind, data.
 INSERT_EVENT = "INSERT INTO events (session, seq, at, kind, data) VALUES (?, ?, ?, ?, ?)"

@@ -31,7 +31,7 @@ from ..errors import StoreError
 from ..events import Role, TokenUsage
 from ..subagent import AgentResult, Status
 from . import schema
-from .base import BudgetCaps, BudgetState, EventRow, SessionRecord
+from .base import BudgetCaps, BudgetState, EventRow, SessionInfo, SessionRecord
 
 log = logging.getLogger("orchmode")
 T = TypeVar("T")
@@ -176,6 +176,13 @@ class SQLiteStore:
     async def latest_session(self) -> str | None:
         row = await self._read(schema.LATEST_SESSION, (), "find the latest session")
         return str(row[0]) if row else None
+
+    async def sessions(self) -> list[SessionInfo]:
+        try:
+            rows = self._reader.execute(schema.LIST_SESSIONS).fetchall()
+        except sqlite3.Error as exc:
+            raise StoreError(f"could not list the sessions in {self.path}: {exc}") from exc
+        return [SessionInfo(str(r[0]), str(r[1]), float(r[2]), float(r[3])) for r in rows]
 
     async def next_event_seq(self, session: str) -> int:
         row = await self._read(schema.NEXT_EVENT_SEQ, (session,), "number the events")

@@ -3,7 +3,8 @@
 :class:`OrchestrationScenario` plays every role of a session, deciding each reply from the
 request alone (so it survives a killed and restarted client):
 
-- main agent, mode on: scout with bash, call Workflow with N subtasks, then summarise;
+- main agent, mode on: scout with bash, call Workflow with N subtasks (or with ``script``,
+  when one is set), then summarise;
 - main agent, mode off: answer briefly in text;
 - worker: run one bash command, then report_findings;
 - verifier: report_findings with a ``confirmed:`` (or ``refuted:``) summary.
@@ -100,6 +101,8 @@ class OrchestrationScenario:
     delay: float = 0.0
     summary: str = "In brief: the workflow ran and every result was checked."
     subtask_prefix: str = "Check item"
+    #: when set, the main agent calls Workflow with this orchestration script instead
+    script: str | None = None
     stats: dict[str, int] = field(default_factory=dict)
 
     def subtask_list(self) -> list[str]:
@@ -128,6 +131,8 @@ class OrchestrationScenario:
         elif step == 0:
             return tool_call("bash", {"command": self.scout_command}, say="Scouting first.")
         if step == 1:
+            if self.script is not None:
+                return tool_call("Workflow", {"script": self.script}, say="Running a script.")
             return tool_call("Workflow", {"subtasks": self.subtask_list()}, say="Fanning out.")
         result = last_tool_result_text(messages)
         agents = result.count("[agent ")

@@ -1,0 +1,133 @@
+"""Real recorded runs for the history tests: `orchmode` processes against the scripted server.
+
+Shared by ``test_history.py`` and ``test_report.py``: start the server, run the CLI, and read
+the store it left with plain ``sqlite3``, independently of orchmode's own reading code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from orchmode.testing import Reply, Responder, ScriptedRequest, ScriptedServer
+from orchmode.testing.scenario import OrchestrationScenario, first_user_text, report, tool_call
+
+API_KEY = "test-key"
+SEVERITY_OF_ITEM = {1: "high", 2: "medium", 3: "low", 4: "info"}
+
+
+def orchmode(
+    *args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "orchmode", *args],
+        cwd=cwd,
+        env=env if env is not None else base_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def base_env(**extra: str) -> dict[str, str]:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("ANTHROPIC_", "ORCHMODE_", "ORCH_"))
+    }
+    env["ANTHROPIC_API_KEY"] = API_KEY
+    env.update(extra)
+    return env
+
+
+@contextmanager
+def scripted_server(responder: Responder) -> Iterator[ScriptedServer]:
+    server = ScriptedServer(responder, api_key=API_KEY)
+    server.start_in_thread()
+    try:
+        yield server
+    finally:
+        server.stop_thread()
+
+
+def run(server: ScriptedServer, cwd: Path, task: str, *flags: str) -> str:
+    """Run a session to the end and return its id."""
+    result = orchmode("run", task, "--base-url", server.url, "--sandbox", "off", *flags, cwd=cwd)
+    assert result.returncode == 0, result.stderr
+    found = re.search(r"recorded as (\S+);", result.stderr)
+    assert found, result.stderr
+    return found[1]
+
+
+def item_number(subtask: str) -> int:
+    tail = subtask.rsplit(" ", 1)[-1]
+    return int(tail) if tail.isdigit() else 0
+
+
+class FindingsScenario(OrchestrationScenario):
+    """Workers report a finding whose severity depends on the item; ``payload`` goes in each."""
+
+    payload: str = ""
+
+    def worker(self, request: ScriptedRequest) -> Reply:
+        subtask = first_user_text(request)
+        if not any(m.get("role") == "assistant" for m in request.messages) and self.worker_command:
+            return tool_call("bash", {"command": self.worker_command})
+        n = item_number(subtask)
+        severity = SEVERITY_OF_ITEM.get(n, "info")
+        return report(
+            f"Looked at {subtask}.{self.payload}",
+            [
+                {
+                    "claim": f"item {n} has a {severity} issue{self.payload}",
+                    "evidence": f"file{n}.py:{n}{self.payload}",
+                    "severity": severity,
+                }
+            ],
+        )
+
+
+def refute_item_two(prompt: str) -> str:
+    return "refuted" if "Check item 2\n" in prompt else "confirmed"
+
+
+# --- reading the store behind orchmode's back ---------------------------------------------
+
+
+def store_path(workdir: Path) -> Path:
+    return workdir / ".orchmode" / "journal.db"
+
+
+def events(workdir: Path, session: str) -> list[tuple[int, str, dict[str, Any]]]:
+    db = sqlite3.connect(store_path(workdir))
+    try:
+        rows = db.execute(
+            "SELECT seq, kind, data FROM events WHERE session = ? ORDER BY seq", (session,)
+        ).fetchall()
+    finally:
+        db.close()
+    return [(seq, kind, json.loads(data)) for seq, kind, data in rows]
+
+
+def turn_costs(workdir: Path, session: str) -> list[float]:
+    """Dollars of the recorded model requests, turn by turn."""
+    costs: list[float] = []
+    for _, kind, data in events(workdir, session):
+        if kind == "TurnStarted":
+            costs.append(0.0)
+        elif kind == "ModelRequestDone" and costs:
+            costs[-1] += data["cost"]
+    return costs
+
+
+def agents_done(workdir: Path, session: str) -> list[dict[str, Any]]:
+    return [data for _, kind, data in events(workdir, session) if kind == "SubagentDone"]

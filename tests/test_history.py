@@ -1,0 +1,427 @@
+"""Run history: turn records from events (pure), and `orchmode runs` / `show` on real runs."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from orchmode.history import (
+    RUN_COLUMNS,
+    answers,
+    format_columns,
+    parse_report,
+    print_lines,
+    print_table,
+    read_session,
+    run_rows,
+    transcript,
+)
+from orchmode.store import EventRow
+from recorded_runs import (
+    FindingsScenario,
+    agents_done,
+    base_env,
+    events,
+    orchmode,
+    refute_item_two,
+    run,
+    scripted_server,
+    store_path,
+    turn_costs,
+)
+
+# --- pure: turn records from rows ---------------------------------------------------------
+
+
+class Rows:
+    """Event rows numbered and timed in order, as the recorder writes them."""
+
+    def __init__(self) -> None:
+        self.rows: list[EventRow] = []
+
+    def add(self, kind: str, at: float | None = None, /, **data: Any) -> Rows:
+        seq = len(self.rows) + 1
+        self.rows.append(EventRow(seq, 1000.0 + seq if at is None else at, kind, json.dumps(data)))
+        return self
+
+    def raw(self, kind: str, data: str, at: Any = 1.0) -> Rows:
+        self.rows.append(EventRow(len(self.rows) + 1, at, kind, data))
+        return self
+
+
+USAGE = {"input_tokens": 10, "output_tokens": 5, "cache_read_tokens": 80, "cache_write_tokens": 5}
+
+
+def finding(claim: str, severity: str = "info") -> str:
+    return json.dumps(
+        {"summary": "s", "findings": [{"claim": claim, "evidence": "e", "severity": severity}]}
+    )
+
+
+def agent(rows: Rows, call: int, index: int, role: str, **done: Any) -> None:
+    """A subagent that starts, runs one command and one request, and finishes."""
+    rows.add("SubagentStarted", call=call, index=index, role=role, title=f"t{index}", prompt="p")
+    rows.add("BashDone", agent=f"{role} {call}.{index}", command="pwd", exit_code=0,
+             timed_out=False, duration=0.1, sandbox="off")  # fmt: skip
+    rows.add("ModelRequestDone", agent=f"{role} {call}.{index}", usage=USAGE, cost=0.5)
+    values = {"status": "finished", "turns": 1, "usage": USAGE, "duration": 1.0}
+    values.update(done)
+    rows.add("SubagentDone", call=call, index=index, role=role, **values)
+
+
+def test_turn_status_is_finished_failed_or_interrupted() -> None:
+    rows = Rows()
+    for text, stop in [("a", "end_turn"), ("b", "turn_limit"), ("c", "error"), ("d", None)]:
+        rows.add("TurnStarted", text=f"{text}\nmore", notices=[])
+        if stop is not None:
+            rows.add("TurnDone", stop=stop, model_calls=1)
+    turns = read_session(rows.rows).turns
+    assert [t.status for t in turns] == ["finished", "failed", "failed", "interrupted"]
+    assert [t.status_text for t in turns][1] == "failed (turn_limit)"
+    assert [t.task for t in turns] == ["a", "b", "c", "d"]
+
+
+def test_agents_are_counted_per_turn_with_journal_hits_and_skips() -> None:
+    rows = Rows().add("TurnStarted", text="go", notices=["enter"])
+    rows.add("ModelRequestDone", agent="main", usage=USAGE, cost=0.25)
+    rows.add("BashDone", agent="main", command="ls", exit_code=0, timed_out=False,
+             duration=0.2, sandbox="off")  # fmt: skip
+    rows.add("FanoutStarted", call=1, subtasks=3, not_run=0)
+    agent(rows, 1, 1, "worker", result=finding("one", "high"))
+    agent(rows, 1, 1, "verifier", verdict="refuted", result=finding("nope"))
+    # a journal hit and a budget skip never start; they only finish
+    rows.add("SubagentDone", call=1, index=2, role="worker", status="finished", turns=1,
+             usage=USAGE, duration=0.0, from_journal=True, result=finding("two"))  # fmt: skip
+    rows.add("SubagentDone", call=1, index=3, role="worker", status="skipped", turns=0,
+             duration=0.0)  # fmt: skip
+    rows.add("FanoutDone", call=1, duration=3.0).add("TurnDone", stop="end_turn", model_calls=2)
+    # a resumed process numbers its Workflow calls from 1 again
+    rows.add("TurnStarted", text="again", notices=["refresh"])
+    agent(rows, 1, 1, "worker", status="failed", result="[orchmode: the agent failed]")
+    history = read_session(rows.rows, session="s")
+    first, second = history.turns
+    assert [len(first.agents), len(second.agents)] == [4, 1]
+    states = [(a.name, a.state) for a in first.agents]
+    assert states == [("worker 1.1", "done"), ("verifier 1.1", "done"),
+                      ("worker 1.2", "journal"), ("worker 1.3", "skipped")]  # fmt: skip
+    assert second.agents[0].state == "failed" and second.agents[0].report is None
+    assert first.cost == pytest.approx(0.25 + 0.5 * 2) and second.cost == pytest.approx(0.5)
+    assert [c.command for c in first.agents[0].commands] == ["pwd"]
+    assert [type(s).__name__ for s in first.steps] == ["Command", "Fanout"]
+    report = first.agents[0].report
+    assert report is not None and report.findings[0].severity == "high"
+    fanout = first.fanouts[0]
+    verifier = fanout.verifier_of(first.agents[0])
+    assert verifier is not None and verifier.verdict == "refuted"
+    assert history.totals.all.requests == 4 and history.totals.all.cost == pytest.approx(1.75)
+    assert len(history.agents) == 5 and history.skipped == 0
+    hit = first.agents[2]
+    assert hit.started_at == hit.done_at  # no start event: it took no time
+
+
+def test_a_script_s_verifier_is_paired_with_the_worker_its_prompt_quotes() -> None:
+    rows = Rows().add("TurnStarted", text="go", notices=[]).add("ScriptStarted", call=1, lines=4)
+    for index, prompt in [(1, "Check the parser"), (2, "Check the cache")]:
+        rows.add("SubagentStarted", call=1, index=index, role="worker", title=prompt,
+                 prompt=prompt)  # fmt: skip
+        rows.add("SubagentDone", call=1, index=index, role="worker", status="finished",
+                 result=finding(f"{prompt} is fine"))  # fmt: skip
+    quoted = f"Verify: <subtask>Check the cache</subtask> {finding('Check the cache is fine')}"
+    rows.add("SubagentStarted", call=1, index=3, role="verifier", prompt=quoted)
+    rows.add("SubagentDone", call=1, index=3, role="verifier", status="finished",
+             verdict="refuted", result=finding("no"))  # fmt: skip
+    rows.add("ScriptDone", call=1, duration=2.0, agents=3, error=None)
+    (fanout,) = read_session(rows.rows).turns[0].fanouts
+    parser, cache, verifier = fanout.agents
+    assert fanout.verifier_of(parser) is None and fanout.verifier_of(cache) is verifier
+    assert fanout.describe() == "workflow 1: script of 4 lines, 3 agents · 2.0 s"
+
+
+@pytest.mark.parametrize(
+    ("kind", "data"),
+    [
+        ("SubagentDone", "{not json"),
+        ("SubagentDone", '["a", "list"]'),
+        ("SubagentDone", '{"call": 1, "index": 1, "role": "worker"}'),  # no status
+        ("SubagentDone", '{"call": "1", "index": 1, "role": "worker", "status": "finished"}'),
+        ("SubagentDone", '{"call": 1, "index": 1, "role": "boss", "status": "finished"}'),
+        ("SubagentDone", '{"call": true, "index": 1, "role": "worker", "status": "finished"}'),
+        ("SubagentStarted", '{"call": 1, "role": "worker"}'),
+        ("ModelRequestDone", '{"agent": "main", "usage": "lots", "cost": 1}'),
+        ("ModelRequestDone", '{"agent": "main", "usage": {"input_tokens": "9"}, "cost": 1}'),
+        ("BashDone", '{"agent": "main"}'),
+        ("TurnStarted", '{"text": "x", "notices": "enter"}'),
+        ("TurnDone", '{"model_calls": 3}'),
+        ("SomethingNew", '{"call": 1}'),
+        ("SubagentDone", "null"),
+    ],
+)
+def test_a_malformed_row_is_skipped_and_the_rest_still_read(kind: str, data: str) -> None:
+    rows = Rows().add("TurnStarted", text="go", notices=[])
+    rows.raw(kind, data, at=1001.5)
+    agent(rows, 1, 1, "worker")
+    rows.add("TurnDone", stop="end_turn", model_calls=1)
+    history = read_session(rows.rows)
+    assert history.skipped == 1
+    assert [t.status for t in history.turns] == ["finished"]
+    assert [a.state for a in history.agents] == ["done"]
+    assert history.totals.all.cost == pytest.approx(0.5)
+    assert "1 unreadable event rows were left out" in _plain(history)
+
+
+def test_a_row_with_a_bad_time_is_skipped() -> None:
+    rows = Rows().add("TurnStarted", text="go", notices=[]).raw("TurnDone", '{"stop": "x"}', "?")
+    history = read_session(rows.rows)
+    assert history.skipped == 1 and history.turns[0].status == "interrupted"
+
+
+def test_events_before_any_turn_count_in_the_totals_only() -> None:
+    rows = Rows().add("ModelRequestDone", agent="main", usage=USAGE, cost=2.0)
+    history = read_session(rows.rows)
+    assert history.turns == [] and history.totals.all.cost == 2.0
+    assert run_rows([history])[0][3] == "(no turns recorded)"
+
+
+KINDS = [
+    "TurnStarted", "TurnDone", "ModelRequestDone", "BashDone", "FanoutStarted", "FanoutDone",
+    "SubagentStarted", "SubagentDone", "ScriptStarted", "ScriptDone", "X",
+]  # fmt: skip
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner),
+    max_leaves=8,
+)
+FIELDS = st.sampled_from(
+    ["call", "index", "role", "status", "usage", "text", "notices", "stop", "agent", "command",
+     "result", "verdict", "duration", "cost", "from_journal", "exit_code", "subtasks", "lines"]
+)  # fmt: skip
+DATA = st.dictionaries(FIELDS, JSON | st.sampled_from(["worker", "verifier", "worker 1.1"]))
+
+
+@given(st.lists(st.tuples(st.sampled_from(KINDS), DATA | JSON, st.floats()), max_size=25))
+def test_no_sequence_of_rows_crashes_the_reader(rows: list[tuple[str, Any, float]]) -> None:
+    events = [EventRow(i, at, kind, json.dumps(data)) for i, (kind, data, at) in enumerate(rows)]
+    history = read_session(events, state='{"history": "nope"}')
+    _plain(history)
+    run_rows([history])
+    from orchmode.report import render_report
+
+    render_report(history)
+
+
+def test_a_report_with_junk_findings_keeps_what_it_can() -> None:
+    text = json.dumps({"summary": "s", "findings": [1, {"claim": "c", "severity": "HIGH "},
+                                                     {"evidence": "no claim"}]})  # fmt: skip
+    report = parse_report(text)
+    assert report is not None and [(f.claim, f.severity) for f in report.findings] == [
+        ("c", "high")
+    ]
+    assert parse_report("[orchmode: stopped]") is None and parse_report("[1]") is None
+
+
+def test_answers_pair_with_user_turns_only_when_the_count_matches() -> None:
+    history = [
+        {"role": "user", "content": "one"},
+        {"role": "system", "content": "mode on"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "a", "name": "bash"}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "a"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "first answer"}]},
+        {"role": "user", "content": "two"},
+    ]
+    state = json.dumps({"history": history})
+    assert answers(state, 2) == ["first answer", None]
+    assert answers(state, 3) == [None, None, None]
+    assert answers("not json", 1) == [None]
+
+
+def test_plain_columns_line_up() -> None:
+    table = format_columns(("A", "TURN", "B"), [("x", "1", "long value"), ("yyyy", "12", "z")])
+    lines = table.splitlines()
+    assert lines == ["A     TURN  B", "x        1  long value", "yyyy    12  z"]
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_on_a_terminal_user_text_is_never_read_as_rich_markup() -> None:
+    rows = Rows().add("TurnStarted", text="[b]x[/b] [red]", notices=[])
+    history = read_session(rows.rows, session="s1")
+    for render in (
+        lambda out: print_lines(transcript(history), out),
+        lambda out: print_table(RUN_COLUMNS, run_rows([history]), out),
+    ):
+        out = Terminal()
+        render(out)
+        text = re.sub(r"\x1b\[[0-9;]*m", "", out.getvalue())
+        assert "[b]x[/b] [red]" in text, text
+
+
+def _plain(history: Any) -> str:
+    out = io.StringIO()
+    print_lines(transcript(history), out)
+    return out.getvalue()
+
+
+# --- the CLI on real runs -----------------------------------------------------------------
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess[str], *needles: str) -> None:
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("orchmode: "), result.stderr
+    for needle in needles:
+        assert needle in lines[0]
+
+
+def runs_table(tmp_path: Path) -> list[str]:
+    result = orchmode("runs", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.splitlines()
+
+
+def test_runs_lists_a_session_with_its_agents_and_recorded_cost(tmp_path: Path) -> None:
+    with scripted_server(FindingsScenario(subtasks=3)) as server:
+        session = run(server, tmp_path, "review the code\nsecond line of the task")
+    header, first, second, *rest = runs_table(tmp_path)
+    assert rest == []
+    assert header.split() == ["RUN", "WHEN", "TURN", "TASK", "AGENTS", "COST", "STATUS"]
+    costs = turn_costs(tmp_path, session)
+    assert len(costs) == 2 and costs[0] > 0
+    assert re.fullmatch(
+        rf"{session}  [\d-]+ [\d:]+  +1  review the code +6  \${costs[0]:.4f}  finished", first
+    ), first
+    assert re.search(rf"  2  Now give a brief summary.*  0  \${costs[1]:.4f}  finished$", second)
+    assert len({line.index("$") for line in (first, second)}) == 1  # aligned
+    assert len(agents_done(tmp_path, session)) == 6
+
+
+def test_show_prints_turns_notices_commands_findings_and_verdicts(tmp_path: Path) -> None:
+    scenario = FindingsScenario(subtasks=4, verdict=refute_item_two)
+    with scripted_server(scenario) as server:
+        session = run(server, tmp_path, "audit the module")
+    result = orchmode("show", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert out.startswith(f"session {session} · {tmp_path} · 2 turns")
+    assert "  user    audit the module" in out
+    assert "  mode    enter: orchestration mode ON" in out
+    assert "  mode    exit: orchestration mode OFF" in out
+    assert re.search(r"^  \$ ls  exit 0 · \d+\.\d s$", out, flags=re.M)
+    assert "workflow 1: 4 subtasks" in out
+    for n, severity in [(1, "high"), (2, "medium"), (3, "low"), (4, "info")]:
+        assert re.search(rf"^      \[{severity}\] +item {n} has a {severity} issue$", out, re.M)
+        assert f"evidence file{n}.py:{n}" in out
+        assert re.search(rf"^    worker 1\.{n} · Check item {n} · done · 2 turns", out, re.M)
+        verdict = "refuted" if n == 2 else "confirmed"
+        assert re.search(rf"^    verifier 1\.{n} · {verdict} · done · 1 turn ", out, re.M)
+    assert out.count("      $ pwd  exit 0") == 4
+    assert "answer  Synthesis: 4 agents reported; 3 results were confirmed." in out
+    requests = sum(1 for _, kind, _ in events(tmp_path, session) if kind == "ModelRequestDone")
+    cost = sum(turn_costs(tmp_path, session))
+    totals = out.strip().splitlines()[-1]
+    assert totals.startswith(f"totals {requests} model requests · ")
+    assert f" · ${cost:.4f} · 8 agents · " in totals
+
+
+def test_the_default_run_is_the_latest_of_two_sessions(tmp_path: Path) -> None:
+    with scripted_server(FindingsScenario(subtasks=1)) as server:
+        older = run(server, tmp_path, "the older task")
+        newer = run(server, tmp_path, "the newer task")
+    lines = runs_table(tmp_path)
+    assert lines[1].startswith(newer) and lines[3].startswith(older)
+    latest = orchmode("show", cwd=tmp_path)
+    assert f"session {newer}" in latest.stdout and "the newer task" in latest.stdout
+    assert "the older task" not in latest.stdout
+    named = orchmode("show", older, cwd=tmp_path)
+    assert "the older task" in named.stdout and "the newer task" not in named.stdout
+    by_flag = orchmode("show", "--session", older, cwd=tmp_path)
+    assert by_flag.stdout == named.stdout
+    report = orchmode("report", cwd=tmp_path)
+    assert report.returncode == 0, report.stderr
+    assert report.stdout.strip() == f"orchmode-{newer}.html"
+    assert newer in (tmp_path / f"orchmode-{newer}.html").read_text(encoding="utf-8")
+
+
+def test_a_report_goes_to_stdout_or_fails_in_one_line_when_unwritable(tmp_path: Path) -> None:
+    with scripted_server(FindingsScenario(subtasks=1)) as server:
+        session = run(server, tmp_path, "a task")
+    printed = orchmode("report", "-o", "-", cwd=tmp_path)
+    assert printed.returncode == 0 and printed.stdout.startswith("<!DOCTYPE html>")
+    assert session in printed.stdout
+    missing = tmp_path / "no" / "such" / "dir" / "r.html"
+    failed = orchmode("report", "-o", str(missing), cwd=tmp_path)
+    assert_one_line_error(failed, "cannot write the report to", str(missing))
+    assert not list(tmp_path.glob("*.partial"))
+
+
+@pytest.mark.parametrize("command", ["show", "report"])
+def test_an_unknown_run_is_a_one_line_error(tmp_path: Path, command: str) -> None:
+    with scripted_server(FindingsScenario(subtasks=1)) as server:
+        run(server, tmp_path, "a task")
+    result = orchmode(command, "no-such-run", cwd=tmp_path)
+    assert_one_line_error(result, "no session named 'no-such-run'", "orchmode runs")
+    assert result.stdout == ""
+
+
+def test_an_empty_store_says_so_in_one_line(tmp_path: Path) -> None:
+    listed = orchmode("runs", cwd=tmp_path)
+    assert listed.returncode == 0 and listed.stderr == ""
+    assert listed.stdout.count("\n") == 1 and "no runs are recorded" in listed.stdout
+    assert_one_line_error(orchmode("show", cwd=tmp_path), "no sessions are recorded")
+    assert_one_line_error(orchmode("report", cwd=tmp_path), "no sessions are recorded")
+    assert not store_path(tmp_path).exists()  # looking does not create a store
+    # an existing store with no sessions in it says the same
+    with scripted_server(FindingsScenario(subtasks=1)) as server:
+        run(server, tmp_path, "x", "--session", "keep")
+    other = tmp_path / "other"
+    other.mkdir()
+    listed = orchmode("runs", "--store", f"sqlite://{tmp_path / 'empty.db'}", cwd=other)
+    assert listed.returncode == 0 and listed.stdout.count("\n") == 1
+    assert "no runs are recorded" in listed.stdout
+
+
+def test_a_killed_run_is_listed_as_interrupted_and_can_be_shown(tmp_path: Path) -> None:
+    scenario = FindingsScenario(subtasks=2, delay=0.3, worker_command="sleep 30")
+    with scripted_server(scenario) as server:
+        args = [sys.executable, "-m", "orchmode", "run", "slow task", "--base-url", server.url,
+                "--sandbox", "off", "--session", "killed"]  # fmt: skip
+        quiet = subprocess.DEVNULL
+        process = subprocess.Popen(
+            args, cwd=tmp_path, env=base_env(), stdin=quiet, stdout=quiet, stderr=quiet
+        )
+        deadline = time.monotonic() + 60
+        try:
+            while not any(kind == "BashDone" for _, kind, _ in _events_or_none(tmp_path)):
+                assert process.poll() is None and time.monotonic() < deadline
+                time.sleep(0.05)
+            time.sleep(0.5)  # the workers are inside their `sleep 30`
+        finally:
+            process.send_signal(signal.SIGKILL)
+            process.wait()
+    lines = runs_table(tmp_path)
+    assert re.search(r"^killed  .*  1  slow task .*interrupted$", lines[1]), lines
+    shown = orchmode("show", cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    assert "session killed · workdir not recorded · 1 turn" in shown.stdout
+    assert "turn 1 · " in shown.stdout and " · interrupted · " in shown.stdout
+    assert re.search(r"worker 1\.1 · Check item 1 · interrupted$", shown.stdout, re.M)
+
+
+def _events_or_none(workdir: Path) -> list[tuple[int, str, Any]]:
+    try:
+        return events(workdir, "killed")
+    except Exception:  # not created yet, or locked for a moment
+        return []
