@@ -579,3 +579,10 @@ def test_printf_round_trips_any_text(s: str) -> None:
             f"{expected[:_LIMIT]}\n… [output truncated: {_LIMIT} of {len(expected)} "
             "characters shown]"
         )
+
+
+async def test_a_start_that_comes_after_close_starts_nothing(tmp_path: Path) -> None:
+    shell = BashSession(tmp_path)
+    await shell.close()
+    await shell.start()  # a prewarm that lost the race with the end of its agent
+    assert shell.pid is None

@@ -3,7 +3,8 @@
 One limit is shared by every agent of a session. It starts at the configured ceiling and
 never passes it. When the API answers 429 or 529 it is cut to 85 % (once per round of
 requests: only a request that started after the last cut can cut again, so one burst of
-refusals is one signal). Successes grow it quickly back to just under the level that was
+refusals is one signal), and never left above the number of other requests that were in
+flight when one was refused. Successes grow it quickly back to just under the level that was
 refused, then slowly (about one request per round) to probe for more. The refused request
 itself waits its ``retry-after`` and goes back in the queue, not started.
 """
@@ -67,11 +68,21 @@ class AdaptiveLimit:
         self._wake()
 
     def overloaded(self, started: float) -> None:
-        """A request that started at ``started`` was refused for load."""
+        """A request that started at ``started`` was refused for load (before its release).
+
+        Besides the once-a-round cut, the API refused it while ``in_flight - 1`` others were
+        out, so more than that is too many for now: the limit drops there at once. From far
+        above (a ceiling of 100 against a server that takes 20) that finds the level within
+        one burst of refusals instead of a dozen rounds of cuts.
+        """
         if started > self._last_cut:
             self._overload_level = self.limit
             self.limit = max(1.0, self.limit * CUT)
             self._last_cut = asyncio.get_running_loop().time()
+        # The level to climb back to quickly stays the round's: after a storm of refusals
+        # that left next to nothing in flight (a per-minute quota running out), the limit
+        # recovers in a few dozen successes rather than probing up one by one.
+        self.limit = min(self.limit, float(max(1, self.in_flight - 1)))
 
     def _wake(self) -> None:
         room = self.allowed - self.in_flight

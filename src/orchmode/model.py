@@ -279,18 +279,21 @@ class ModelGateway:
         tools: Sequence[Block],
         on_text: Callable[[str], None] | None = None,
         previous_message_id: str | None = None,
+        on_send: Callable[[], None] | None = None,
     ) -> ModelReply:
         """Stream one response to the end and return it; raise an ``OrchmodeError`` on failure.
 
         ``previous_message_id`` is the conversation's last response: the API then says why,
         if it could not reuse that request's cached prefix (recorded on the event).
+        ``on_send`` is called once, just before the request first goes out: work started
+        from it runs while the request is in flight, not ahead of it.
         """
         started = time.monotonic()
         reservation = None
         if self.budget is not None:
             reservation = await self.budget.before_request(system, messages, tools)
         try:
-            reply = await self._send(system, messages, tools, on_text, previous_message_id)
+            reply = await self._send(system, messages, tools, on_text, previous_message_id, on_send)
         except BaseException:
             if self.budget is not None:
                 await self.budget.after_request(reservation, TokenUsage())
@@ -323,6 +326,7 @@ class ModelGateway:
         tools: Sequence[Block],
         on_text: Callable[[str], None] | None,
         previous_message_id: str | None,
+        on_send: Callable[[], None] | None = None,
     ) -> ModelReply:
         """Send one request under the adaptive limit, retrying what is worth retrying.
 
@@ -339,6 +343,10 @@ class ModelGateway:
         overloads = failures = breaks = 0
         while True:
             started = await self.limit.acquire()
+            if on_send is not None:
+                on_send()  # runs once this task next waits: after the request is written
+                on_send = None
+            wait: float | None = None
             try:
                 reply = await self._stream(system, messages, tools, on_text, previous_message_id)
             except Overloaded as exc:
@@ -349,26 +357,25 @@ class ModelGateway:
                         f"{exc} — still refused after "
                         f"{self.settings.overload_patience:g} s of retrying"
                     ) from exc
-                # The refused request waits as the API asked; the others go on, fewer at once.
-                await asyncio.sleep(
-                    _backoff(overloads) if exc.retry_after is None else exc.retry_after
-                )
-                continue
+                # The refused request waits as the API asked, out of the limit (it is not
+                # started); the others go on, fewer at once.
+                wait = _backoff(overloads) if exc.retry_after is None else exc.retry_after
             except TransientFailure:
                 failures += 1
                 if failures > self.settings.max_retries:
                     raise
-                await asyncio.sleep(_backoff(failures))
-                continue
+                wait = _backoff(failures)
             except StreamInterrupted as exc:
                 breaks += 1
                 if breaks > self.settings.stream_retries:
                     raise
                 log.info("retrying a broken response stream (%s)", exc)
-                await asyncio.sleep(_backoff(breaks))
-                continue
+                wait = _backoff(breaks)
             finally:
                 self.limit.release()
+            if wait is not None:
+                await asyncio.sleep(wait)
+                continue
             self.limit.succeeded()
             return reply
 

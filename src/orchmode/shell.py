@@ -404,6 +404,7 @@ class BashSession:
         self._env = dict(os.environ if env is None else env)
         self._argv = [*argv_prefix, "bash", "--noprofile", "--norc"]
         self._sandbox = sandbox
+        self._closed = False
         self._lock = asyncio.Lock()
         self._shell: _Shell | None = None
         self._tmpdir: str | None = None
@@ -461,7 +462,7 @@ class BashSession:
         first model request. A failure is not raised here: the next command reports it.
         """
         async with self._lock:
-            if self._shell is None:
+            if self._shell is None and not self._closed:  # a late start must not outlive close
                 with contextlib.suppress(OSError):
                     await self._spawn()
 
@@ -482,6 +483,7 @@ class BashSession:
 
     async def close(self) -> None:
         """Kill the shell's process group and remove the temp dir; safe to call twice."""
+        self._closed = True
         shell = self._shell
         if shell is not None:
             shell.kill(sweep=False)  # at once, so a running command ends instead of blocking us

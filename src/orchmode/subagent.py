@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Literal
@@ -93,6 +94,8 @@ class Subagent:
     system: str
     tools: list[Block]
     max_turns: int
+    #: Called as the first model request goes out (the fan-out starts the shell then).
+    on_first_request: Callable[[], None] | None = None
 
     async def run(self, prompt: str) -> AgentResult:
         messages: list[Message] = [{"role": "user", "content": prompt}]
@@ -106,6 +109,7 @@ class Subagent:
                 messages=messages,
                 tools=self.tools,
                 previous_message_id=previous,
+                on_send=self.on_first_request if turn == 1 else None,
             )
             previous = reply.message_id
             usage = usage + reply.usage

@@ -246,6 +246,10 @@ class Relay:
 
 WORKER_PRIORITY = 1
 VERIFIER_PRIORITY = 0
+#: Shells started ahead of need at once. Starting one (a fork, a sandbox, its cgroup)
+#: holds the event loop for a few milliseconds; a wave of hundreds at once would hold back
+#: the wave's model requests, which matter more.
+SPAWNS = 2
 SKIPPED = Status.SKIPPED
 #: How often an agent waiting on another's claim looks for the result: first, at most.
 CLAIM_POLL_FIRST = 0.05
@@ -271,6 +275,7 @@ class Workflow:
     make_shell: Callable[[], BashSession]
     calls: int = 0
     _slots: PrioritySlots | None = field(default=None, repr=False)
+    _spawn_gate: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(SPAWNS))
     _housekeeping: set[asyncio.Task[None]] = field(default_factory=set, repr=False)
     _holder: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
 
@@ -462,8 +467,8 @@ class Workflow:
             started = time.monotonic()
             shell = self.make_shell()
             # Start bash while the first model request is in flight, so its start-up is
-            # off the critical path; and close it after the slot is free, for the same reason.
-            self._background(shell.start())
+            # off the critical path (and not ahead of a wave of requests going out); and
+            # close it after the slot is free, for the same reason.
             agent = Subagent(
                 gateway=self.gateway,
                 shell=shell,
@@ -472,6 +477,7 @@ class Workflow:
                 system=SUBAGENT_SYSTEM,
                 tools=SUBAGENT_TOOLS,
                 max_turns=self.settings.subagent_turns,
+                on_first_request=lambda: self._background(self._prewarm(shell)),
             )
             try:
                 result = await agent.run(prompt)
@@ -528,6 +534,11 @@ class Workflow:
     ) -> None:
         await self.store.record(key, role, prompt, result)
         await self.store.release(key, holder)
+
+    async def _prewarm(self, shell: BashSession) -> None:
+        """Start a shell ahead of need, a few at a time (see :data:`SPAWNS`)."""
+        async with self._spawn_gate:
+            await shell.start()
 
     def _background(self, work: Coroutine[Any, Any, None]) -> None:
         """Housekeeping off the critical path; settle() waits for all of it."""
