@@ -176,3 +176,22 @@ async def test_a_bad_workflow_call_is_an_error_result(serve: StartServer, tmp_pa
     result = server.log[1].body["messages"][-1]["content"][0]
     assert result["is_error"] is True and "no usable subtasks" in result["content"]
     await session.close()
+
+
+async def test_notices_fold_into_the_user_turn_for_endpoints_without_system_messages(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    server = await serve(lambda r: Reply.text("hi"), system_messages=False)
+    refused = session_for(server, tmp_path / "a")
+    result = await refused.turn("hello")
+    assert result.error is not None and "400" in str(result.error)  # the plain way fails
+    session = session_for(server, tmp_path / "b", notice_delivery="user-text")
+    assert (await session.turn("hello")).text == "hi"
+    session.set_mode(False)
+    assert (await session.turn("bye")).text == "hi"
+    first, second = (e.body["messages"] for e in server.log[-2:])
+    assert all(m["role"] in ("user", "assistant") for m in first + second)
+    assert first[0]["content"].startswith("hello\n\n[orchmode notice: from the harness")
+    assert NOTICES[Notice.ENTER] in first[0]["content"]
+    assert NOTICES[Notice.EXIT] in second[-1]["content"]
+    assert second[-1]["content"].startswith("bye\n\n[orchmode notice")

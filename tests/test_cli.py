@@ -398,3 +398,13 @@ def test_a_soak_with_a_fifth_of_requests_failing_delivers_everything(
     assert result.returncode == 0, result.stderr
     assert "Synthesis: 200 agents reported; 200 results were confirmed." in result.stdout
     assert len(respond.injected) >= 60 and len(set(respond.injected)) == 5
+
+
+def test_demo_runs_without_a_key_and_says_the_model_is_scripted(tmp_path: Path) -> None:
+    env = {k: v for k, v in base_env().items() if k != "ANTHROPIC_API_KEY"}
+    result = orchmode("demo", "--subtasks", "3", cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.startswith("[demo] the model here is orchmode's scripted test server")
+    assert "Synthesis: 3 agents reported; 3 results were confirmed." in result.stdout
+    assert "continue it with" not in result.stderr  # its records went with the directory
+    assert not (tmp_path / ".orchmode").exists()  # nothing left where it was started

@@ -23,7 +23,14 @@ from .errors import AuthError, OrchmodeError
 from .events import EventBus, TurnDone, TurnStarted
 from .mode import ModeState
 from .model import Message, ModelGateway
-from .prompts import MAIN_SYSTEM, MAIN_TOOLS, MAX_TOKENS_NOTE, NOTICES, turn_limit_note
+from .prompts import (
+    MAIN_SYSTEM,
+    MAIN_TOOLS,
+    MAX_TOKENS_NOTE,
+    NOTICES,
+    notice_as_user_text,
+    turn_limit_note,
+)
 from .sandbox import Sandbox
 from .settings import Settings
 from .shell import BashSession
@@ -122,10 +129,14 @@ class Session:
         text = text.strip()
         if not text:
             raise OrchmodeError("a user turn needs some text")
-        self.history.append({"role": "user", "content": text})
         notices = self.mode.user_turn()
-        for notice in notices:
-            self.history.append({"role": "system", "content": NOTICES[notice]})
+        if self.settings.notice_delivery == "user-text":
+            folded = "".join(notice_as_user_text(NOTICES[n]) for n in notices)
+            self.history.append({"role": "user", "content": text + folded})
+        else:
+            self.history.append({"role": "user", "content": text})
+            for notice in notices:
+                self.history.append({"role": "system", "content": NOTICES[notice]})
         self.events.emit(TurnStarted(text, tuple(n.value for n in notices)))
         try:
             result = await self._loop()

@@ -24,6 +24,7 @@ from .settings import Settings, env_var, flag, flag_names, load_settings
 
 if typing.TYPE_CHECKING:
     from .history import SessionHistory
+    from .model import Credentials
 
 log = logging.getLogger("orchmode")
 
@@ -86,6 +87,20 @@ def build_parser() -> argparse.ArgumentParser:
     budget.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
     _add_setting_flags(budget)
     _add_history_commands(commands)
+    demo = commands.add_parser(
+        "demo",
+        help="watch an orchestrated run against a scripted model (no API key, no cost)",
+        description=(
+            "A demonstration: orchmode's scripted test server stands in for Claude, in a "
+            "throwaway directory, so the scouting, fan-out, verification and synthesis can be "
+            "watched without an API key. Nothing it prints comes from a real model."
+        ),
+    )
+    demo.add_argument(
+        "--subtasks", type=_positive, default=6, help="how many subtasks to fan out (default 6)"
+    )
+    demo.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    _add_setting_flags(demo)
     return parser
 
 
@@ -160,7 +175,15 @@ def _make_fixture() -> Path:
     return root
 
 
-async def _run(settings: Settings, task: str, workdir: Path) -> None:
+async def _run(
+    settings: Settings,
+    task: str,
+    workdir: Path,
+    credentials: Credentials | None = None,
+    *,
+    kept: bool = True,
+) -> None:
+    """The ``run`` command's session; ``kept=False`` for one whose records are thrown away."""
     from .agent import Session
     from .events import EventBus
     from .model import Credentials, ModelGateway
@@ -171,7 +194,7 @@ async def _run(settings: Settings, task: str, workdir: Path) -> None:
     from .store import open_store
     from .totals import SessionTotals
 
-    credentials = Credentials.from_env(os.environ)
+    credentials = credentials or Credentials.from_env(os.environ)
     if settings.max_cost is not None and settings.price() is None:
         raise ConfigError(
             f"--max-cost needs a price for {settings.model} — add it under "
@@ -204,12 +227,13 @@ async def _run(settings: Settings, task: str, workdir: Path) -> None:
             raise second.error
         print(f"\n---\n\n{second.text}", flush=True)
         print(f"[session] {totals.describe()}", file=sys.stderr, flush=True)
-        print(
-            f"[session] recorded as {session.session_id}; continue it with "
-            f"--session {session.session_id}",
-            file=sys.stderr,
-            flush=True,
-        )
+        if kept:
+            print(
+                f"[session] recorded as {session.session_id}; continue it with "
+                f"--session {session.session_id}",
+                file=sys.stderr,
+                flush=True,
+            )
     finally:
         if recorder is not None:
             await recorder.flush()
@@ -326,6 +350,39 @@ def _workdir(settings: Settings) -> Path:
     return (settings.workdir or Path.cwd()).resolve()
 
 
+def cmd_demo(args: argparse.Namespace) -> int:
+    """``orchmode run`` against the scripted server: the one use of it outside tests."""
+    from .model import Credentials
+    from .testing.scenario import OrchestrationScenario
+    from .testing.server import ScriptedServer
+
+    settings = _settings(args)
+    print(
+        "[demo] the model here is orchmode's scripted test server, not Claude: its answers "
+        "are canned, no API key is used and nothing is billed",
+        file=sys.stderr,
+        flush=True,
+    )
+    scenario = OrchestrationScenario(
+        subtasks=[f"Demo subtask {i}: look over the files" for i in range(1, args.subtasks + 1)],
+        scout_command="ls -l",
+        worker_command="wc -l *.py",
+        verifier_command="grep -c def *.py",
+        delay=0.3,
+    )
+    key = "demo-key"
+    server = ScriptedServer(scenario, api_key=key)
+    fixture = _make_fixture()
+    try:
+        with server.in_thread():
+            demo = settings.model_copy(update={"base_url": server.url, "workdir": fixture})
+            task = "Review this little project"
+            asyncio.run(_run(demo, task, fixture, Credentials(key), kept=False))
+    finally:
+        shutil.rmtree(fixture, ignore_errors=True)
+    return 0
+
+
 def cmd_runs(args: argparse.Namespace) -> int:
     from .history import RUN_COLUMNS, print_table, run_rows
 
@@ -396,6 +453,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "runs": cmd_runs,
         "show": cmd_show,
         "report": cmd_report,
+        "demo": cmd_demo,
     }
     if args.command is None:
         parser.print_help(sys.stderr)

@@ -37,6 +37,15 @@ NOTICES: dict[Notice, str] = {
     ),
 }
 
+
+def notice_as_user_text(notice: str) -> str:
+    """A mode notice folded into a user turn, marked so it cannot pass for the user's words."""
+    return (
+        "\n\n[orchmode notice: from the harness, not written by the user]\n"
+        f"{notice}\n[end of orchmode notice]"
+    )
+
+
 WORKFLOW_DESCRIPTION = """\
 Runs independent subtasks as parallel agents and returns every agent's result; or runs a \
 short Python script that starts agents itself, for work with phases, branches or loops.

@@ -24,6 +24,7 @@ LEGACY_JOURNAL_ENV = "ORCH_JOURNAL"
 Effort = Literal["low", "medium", "high", "xhigh", "max"]
 #: Where model-written bash runs; see :mod:`orchmode.sandbox`.
 SandboxMode = Literal["workspace-write", "read-only", "off"]
+NoticeDelivery = Literal["system", "user-text"]
 
 
 class Settings(BaseModel):
@@ -93,6 +94,12 @@ class Settings(BaseModel):
     refresh_every: int = Field(10, gt=0, description="User turns between mode refreshers.")
     mode: bool = Field(True, description="Start sessions with orchestration mode on.")
     verify: bool = Field(True, description="Run the adversarial verification wave.")
+    notice_delivery: NoticeDelivery = Field(
+        "system",
+        description="How mode notices reach the model: `system` messages in the conversation "
+        "(the Messages API), or `user-text`, a marked block in the user's turn, for "
+        "compatible endpoints that refuse mid-conversation system messages.",
+    )
     script_timeout: float = Field(
         3600.0,
         gt=0,

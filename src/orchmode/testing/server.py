@@ -460,7 +460,8 @@ class ScriptedServer:
     ``rate_limit_retry_after``) and is not counted. ``max_in_flight_seen`` is the peak
     number of admitted requests open at once, a streamed one until its last byte.
     ``ping_every=0`` sends one ping after ``message_start``; N > 0 sends one after every
-    N events. ``api_key=None`` accepts any key.
+    N events. ``api_key=None`` accepts any key. ``system_messages=False`` plays a
+    compatible endpoint that refuses ``system`` messages inside ``messages`` (400).
     """
 
     def __init__(
@@ -474,6 +475,7 @@ class ScriptedServer:
         ping_every: int = 0,
         host: str = "127.0.0.1",
         port: int = 0,
+        system_messages: bool = True,
     ) -> None:
         if chunk_size < 1:
             raise ValueError("chunk_size must be >= 1")
@@ -482,6 +484,7 @@ class ScriptedServer:
         self.responder = responder
         self.api_key = api_key
         self.max_in_flight = max_in_flight
+        self.system_messages = system_messages
         self.rate_limit_retry_after = rate_limit_retry_after
         self.chunk_size = chunk_size
         self.ping_every = ping_every
@@ -716,6 +719,11 @@ class ScriptedServer:
                 valid = validate_request(body)
             except InvalidRequest as exc:
                 raise _Outcome(400, "invalid_request_error", str(exc), f"invalid:{exc}") from None
+            if not self.system_messages and any(
+                isinstance(m, dict) and m.get("role") == "system" for m in valid["messages"]
+            ):
+                message = "messages: roles must be 'user' or 'assistant'"
+                raise _Outcome(400, "invalid_request_error", message, f"invalid:{message}")
             if not self._admit():
                 raise _Outcome(
                     429,
