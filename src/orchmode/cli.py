@@ -23,6 +23,7 @@ from .errors import ConfigError, OrchmodeError
 from .settings import Settings, env_var, flag, flag_names, load_settings
 
 if typing.TYPE_CHECKING:
+    from .display import DisplayMode
     from .history import SessionHistory
     from .model import Credentials
 
@@ -75,6 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("task", nargs="?", help="what to do (default: review this directory)")
     run.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    _add_display_flags(run)
     _add_setting_flags(run)
     budget = commands.add_parser(
         "budget",
@@ -87,6 +89,19 @@ def build_parser() -> argparse.ArgumentParser:
     budget.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
     _add_setting_flags(budget)
     _add_history_commands(commands)
+    chat = commands.add_parser(
+        "chat",
+        help="talk with the agent: slash commands, Ctrl-C cancels a turn",
+        description=(
+            "An interactive session: type a message per turn; /mode on|off, /status, "
+            "/budget, /cost, /exit. Ctrl-C cancels the running turn (finished subagents "
+            "stay in the journal), a second Ctrl-C leaves. --session NAME resumes a recorded "
+            "session, its mode included. Reads plain lines when stdin is not a terminal."
+        ),
+    )
+    chat.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    _add_display_flags(chat)
+    _add_setting_flags(chat)
     demo = commands.add_parser(
         "demo",
         help="watch an orchestrated run against a scripted model (no API key, no cost)",
@@ -100,8 +115,28 @@ def build_parser() -> argparse.ArgumentParser:
         "--subtasks", type=_positive, default=6, help="how many subtasks to fan out (default 6)"
     )
     demo.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    _add_display_flags(demo)
     _add_setting_flags(demo)
     return parser
+
+
+def _add_display_flags(parser: argparse.ArgumentParser) -> None:
+    """How progress is shown: presentation only, so flags here and not settings."""
+    group = parser.add_argument_group("progress on stderr (default: live view on a terminal)")
+    choice = group.add_mutually_exclusive_group()
+    choice.add_argument(
+        "--json", dest="json_lines", action="store_true",
+        help="one JSON object per event per line on stderr (answers stay on stdout)",
+    )  # fmt: skip
+    choice.add_argument(
+        "--plain", action="store_true", help="plain progress lines, even on a terminal"
+    )
+
+
+def _display_mode(args: argparse.Namespace) -> DisplayMode:
+    from .display import choose_mode
+
+    return choose_mode(json_lines=args.json_lines, plain=args.plain, stream=sys.stderr)
 
 
 def _add_history_commands(commands: Any) -> None:
@@ -182,18 +217,28 @@ async def _run(
     credentials: Credentials | None = None,
     *,
     kept: bool = True,
+    display_mode: DisplayMode = "plain",
+    opening: Sequence[str] = (),
 ) -> None:
-    """The ``run`` command's session; ``kept=False`` for one whose records are thrown away."""
+    """The ``run`` command's session; ``kept=False`` for one whose records are thrown away.
+
+    Progress and orchmode's own notices (``opening`` first) go to stderr in
+    ``display_mode``; the answers go to stdout.
+    """
     from .agent import Session
+    from .display import make_display
     from .events import EventBus
     from .model import Credentials, ModelGateway
-    from .progress import StderrProgress
     from .prompts import SUMMARY_TASK
     from .records import EventRecorder
     from .sandbox import preflight
     from .store import open_store
     from .totals import SessionTotals
 
+    totals = SessionTotals()
+    display = make_display(display_mode, totals)
+    for line in opening:
+        display.notice(line)
     credentials = credentials or Credentials.from_env(os.environ)
     if settings.max_cost is not None and settings.price() is None:
         raise ConfigError(
@@ -201,11 +246,10 @@ async def _run(
             f'[prices."{settings.model}"] in orchmode.toml'
         )
     for warning in preflight(settings):  # before anything is spent
-        print(f"orchmode: warning: {warning}", file=sys.stderr, flush=True)
+        display.notice(f"orchmode: warning: {warning}")
     events = EventBus()
-    events.subscribe(StderrProgress())
-    totals = SessionTotals()
-    events.subscribe(totals)
+    events.subscribe(totals)  # first, so the live view's footer sees each request counted
+    events.subscribe(display)
     store = await open_store(settings.store_url(workdir))
     gateway = ModelGateway(settings, credentials, events)
     session = Session(settings, gateway, workdir=workdir, store=store, events=events)
@@ -215,7 +259,7 @@ async def _run(
         recorder = await EventRecorder.start(store, session.session_id)
         events.subscribe(recorder)
         if resumed:
-            print(f"[session] resuming {session.session_id}", file=sys.stderr, flush=True)
+            display.notice(f"[session] resuming {session.session_id}")
         session.set_mode(True)
         first = await session.turn(task)
         if first.error is not None:
@@ -226,15 +270,14 @@ async def _run(
         if second.error is not None:
             raise second.error
         print(f"\n---\n\n{second.text}", flush=True)
-        print(f"[session] {totals.describe()}", file=sys.stderr, flush=True)
+        display.notice(f"[session] {totals.describe()}")
         if kept:
-            print(
+            display.notice(
                 f"[session] recorded as {session.session_id}; continue it with "
-                f"--session {session.session_id}",
-                file=sys.stderr,
-                flush=True,
+                f"--session {session.session_id}"
             )
     finally:
+        display.stop()
         if recorder is not None:
             await recorder.flush()
         await session.close()
@@ -251,7 +294,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         workdir = (fixture or settings.workdir or Path.cwd()).resolve()
         if not workdir.is_dir():
             raise ConfigError(f"the working directory {workdir} does not exist")
-        asyncio.run(_run(settings, args.task or DEFAULT_TASK, workdir))
+        task = args.task or DEFAULT_TASK
+        asyncio.run(_run(settings, task, workdir, display_mode=_display_mode(args)))
     finally:
         if fixture is not None:
             shutil.rmtree(fixture, ignore_errors=True)
@@ -357,11 +401,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from .testing.server import ScriptedServer
 
     settings = _settings(args)
-    print(
+    banner = (
         "[demo] the model here is orchmode's scripted test server, not Claude: its answers "
-        "are canned, no API key is used and nothing is billed",
-        file=sys.stderr,
-        flush=True,
+        "are canned, no API key is used and nothing is billed"
     )
     scenario = OrchestrationScenario(
         subtasks=[f"Demo subtask {i}: look over the files" for i in range(1, args.subtasks + 1)],
@@ -377,9 +419,27 @@ def cmd_demo(args: argparse.Namespace) -> int:
         with server.in_thread():
             demo = settings.model_copy(update={"base_url": server.url, "workdir": fixture})
             task = "Review this little project"
-            asyncio.run(_run(demo, task, fixture, Credentials(key), kept=False))
+            mode = _display_mode(args)
+            run = _run(
+                demo, task, fixture, Credentials(key), kept=False, display_mode=mode,
+                opening=[banner],
+            )  # fmt: skip
+            asyncio.run(run)
     finally:
         shutil.rmtree(fixture, ignore_errors=True)
+    return 0
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    from .chat import run_chat
+    from .model import Credentials
+
+    settings = _settings(args)
+    workdir = _workdir(settings)
+    if not workdir.is_dir():
+        raise ConfigError(f"the working directory {workdir} does not exist")
+    credentials = Credentials.from_env(os.environ)
+    asyncio.run(run_chat(settings, workdir, credentials, display_mode=_display_mode(args)))
     return 0
 
 
@@ -454,6 +514,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "show": cmd_show,
         "report": cmd_report,
         "demo": cmd_demo,
+        "chat": cmd_chat,
     }
     if args.command is None:
         parser.print_help(sys.stderr)

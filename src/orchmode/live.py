@@ -1,0 +1,307 @@
+"""The Rich live view of a run on a terminal: commands, each Workflow call's agents, totals.
+
+An event subscriber like the plain progress, but it keeps state — every agent's row from
+queued to its verdict — and redraws it in place. Each user turn gets its own live region,
+started by ``TurnStarted`` and stopped by ``TurnDone`` (or :meth:`LiveView.stop` when a
+turn is cut short), so the answers printed between turns never fight with the redraws.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TextIO, cast
+
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from .events import (
+    BashDone,
+    Event,
+    FanoutDone,
+    FanoutStarted,
+    ModelRequestDone,
+    Role,
+    ScriptDone,
+    ScriptStarted,
+    SubagentDone,
+    SubagentStarted,
+    TokenUsage,
+    TurnDone,
+    TurnStarted,
+)
+from .totals import SessionTotals
+
+QUEUED = "queued"
+RUNNING = "running"
+JOURNAL = "journal hit"
+DONE = "done"
+FAILED = "failed"
+SKIPPED = "skipped by budget"
+
+#: Commands kept on screen; a long turn shows its latest ones and how many came before.
+COMMANDS_SHOWN = 12
+
+_STYLES = {
+    QUEUED: "dim",
+    RUNNING: "yellow",
+    JOURNAL: "cyan",
+    DONE: "green",
+    FAILED: "red",
+    SKIPPED: "magenta",
+}
+
+
+def _short(text: str, width: int) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= width else line[: width - 1] + "…"
+
+
+def _tokens(usage: TokenUsage) -> int:
+    return usage.total_input + usage.output_tokens
+
+
+@dataclass
+class AgentRow:
+    index: int
+    role: Role
+    title: str = ""
+    state: str = QUEUED
+    status: str = ""
+    turns: int = 0
+    usage: TokenUsage = field(default_factory=TokenUsage)
+    cost: float = 0.0
+    started: float | None = None
+    duration: float | None = None
+    verdict: str | None = None
+
+    def elapsed(self, now: float) -> float | None:
+        if self.duration is not None:
+            return self.duration
+        return now - self.started if self.started is not None else None
+
+
+@dataclass
+class CallView:
+    """One Workflow call: a fan-out of ``subtasks`` chains, or a script's agents."""
+
+    call: int
+    script: bool = False
+    subtasks: int = 0
+    not_run: int = 0
+    rows: dict[tuple[int, Role], AgentRow] = field(default_factory=dict)
+    duration: float | None = None
+    error: str | None = None
+
+    def row(self, index: int, role: Role) -> AgentRow:
+        key = (index, role)
+        if key not in self.rows:
+            self.rows[key] = AgentRow(index, role)
+        return self.rows[key]
+
+    def wave(self, role: Role) -> tuple[int, int]:
+        """(finished, expected) for one wave; a fan-out expects one of each per subtask."""
+        rows = [r for r in self.rows.values() if r.role == role]
+        finished = sum(r.state not in (QUEUED, RUNNING) for r in rows)
+        expected = len(rows) if self.script else max(self.subtasks, len(rows))
+        return finished, expected
+
+
+@dataclass
+class LiveView:
+    """The live view's state, fed by events; :meth:`renderable` draws it at any moment."""
+
+    totals: SessionTotals
+    console: Console | None = None
+    clock: Callable[[], float] = time.monotonic
+    calls: dict[int, CallView] = field(default_factory=dict)
+    commands: list[BashDone] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.began = self.clock()
+        self.commands_before = 0
+        self._lock = threading.Lock()  # Rich redraws from its own thread
+        self._live: Live | None = None
+
+    @classmethod
+    def on_stream(cls, stream: TextIO, totals: SessionTotals) -> LiveView:
+        return cls(totals, Console(file=stream, stderr=True))
+
+    def __call__(self, event: Event) -> None:
+        with self._lock:
+            self._apply(event)
+        if isinstance(event, TurnStarted):
+            self._start()
+        elif isinstance(event, TurnDone):
+            self.stop()
+        elif self._live is not None:
+            self._live.refresh()
+
+    def notice(self, text: str) -> None:
+        console = self.console or Console(stderr=True)
+        if self._live is not None:
+            self._live.console.print(Text(text))  # printed above the live region
+        else:
+            console.print(Text(text), soft_wrap=True)
+
+    def _start(self) -> None:
+        if self.console is None or self._live is not None:
+            return
+        self._live = Live(
+            console=self.console,
+            get_renderable=self._locked_render,
+            refresh_per_second=4,
+            redirect_stdout=False,
+            redirect_stderr=False,
+        )
+        self._live.start()
+
+    def stop(self) -> None:
+        """Draw the final frame and give the terminal back."""
+        live, self._live = self._live, None
+        if live is not None:
+            live.stop()
+
+    def _locked_render(self) -> RenderableType:
+        with self._lock:
+            return self.renderable()
+
+    def _apply(self, event: Event) -> None:
+        match event:
+            case TurnStarted():
+                self.calls.clear()
+                self.commands.clear()
+                self.commands_before = 0
+            case BashDone():
+                self.commands.append(event)
+                if len(self.commands) > COMMANDS_SHOWN:
+                    self.commands.pop(0)
+                    self.commands_before += 1
+            case FanoutStarted(call=call, subtasks=n, not_run=not_run):
+                view = self.calls.setdefault(call, CallView(call))
+                view.subtasks, view.not_run = n, not_run
+                for index in range(1, n + 1):
+                    view.row(index, "worker")
+            case ScriptStarted(call=call):
+                self.calls.setdefault(call, CallView(call, script=True))
+            case SubagentStarted(call=call, index=index, role=role, title=title):
+                view = self._call(call)
+                row = view.row(index, role)
+                if role == "verifier":  # its prompt is the verify brief: show the subtask
+                    title = view.row(index, "worker").title or title
+                row.title, row.state, row.started = title, RUNNING, self.clock()
+            case SubagentDone(call=call, index=index, role=role):
+                row = self._call(call).row(index, role)
+                row.status, row.turns, row.verdict = event.status, event.turns, event.verdict
+                row.usage, row.cost, row.duration = event.usage, event.cost, event.duration
+                row.state = self._state(event)
+                if not row.title and role == "verifier":
+                    row.title = self._call(call).row(index, "worker").title
+            case ModelRequestDone(agent=agent):
+                self._count_request(agent, event.usage, event.cost)
+            case FanoutDone(call=call, duration=duration):
+                self._call(call).duration = duration
+            case ScriptDone(call=call, duration=duration, error=error):
+                view = self._call(call)
+                view.duration, view.error = duration, error
+
+    @staticmethod
+    def _state(event: SubagentDone) -> str:
+        if event.from_journal:
+            return JOURNAL
+        if event.status == "finished":
+            return DONE
+        return SKIPPED if event.status == "skipped" else FAILED
+
+    def _call(self, call: int) -> CallView:
+        return self.calls.setdefault(call, CallView(call))
+
+    def _count_request(self, agent: str, usage: TokenUsage, cost: float) -> None:
+        """A running agent's tokens so far, from its requests (``worker 2.7`` names it)."""
+        role, _, place = agent.partition(" ")
+        call, _, index = place.partition(".")
+        if role not in ("worker", "verifier") or not (call.isdigit() and index.isdigit()):
+            return
+        view = self.calls.get(int(call))
+        row = view.rows.get((int(index), cast(Role, role))) if view else None
+        if row is not None and row.state == RUNNING:
+            row.usage, row.cost = row.usage + usage, row.cost + cost
+
+    def renderable(self) -> RenderableType:
+        now = self.clock()
+        parts: list[RenderableType] = []
+        if self.commands:
+            parts.append(self._commands())
+        parts.extend(self._table(view, now) for view in self.calls.values())
+        parts.append(self.footer(now))
+        return Group(*parts)
+
+    def _commands(self) -> Table:
+        title = "commands"
+        if self.commands_before:
+            title += f" ({self.commands_before} earlier not shown)"
+        table = Table(title=title, title_justify="left", show_header=False, box=None)
+        for column in ("agent", "command", "took", "status"):
+            table.add_column(column, no_wrap=column != "command")
+        for done in self.commands:
+            status = "timed out" if done.timed_out else f"exit {done.exit_code}"
+            style = "green" if done.exit_code == 0 and not done.timed_out else "red"
+            table.add_row(
+                Text(f"[{done.agent}]"),
+                Text("$ " + _short(done.command, 100)),
+                f"{done.duration:.1f} s",
+                Text(status, style=style),
+            )
+        return table
+
+    def _table(self, view: CallView, now: float) -> Table:
+        workers, verifiers = view.wave("worker"), view.wave("verifier")
+        kind = "script" if view.script else "fan-out"
+        title = (
+            f"Workflow {view.call} ({kind}) · workers {workers[0]}/{workers[1]} · "
+            f"verifiers {verifiers[0]}/{verifiers[1]}"
+        )
+        if view.not_run:
+            title += f" · {view.not_run} over the per-call limit not run"
+        if view.duration is not None:
+            title += f" · done in {view.duration:.1f} s"
+        if view.error:
+            title += f" · failed: {_short(view.error, 60)}"
+        table = Table(title=title, title_justify="left", expand=False)
+        table.add_column("#", justify="right")
+        table.add_column("subtask", max_width=48, no_wrap=True, overflow="ellipsis")
+        for name in ("role", "state"):
+            table.add_column(name, no_wrap=True)
+        for name in ("turns", "tokens", "cost", "elapsed"):
+            table.add_column(name, justify="right", no_wrap=True)
+        table.add_column("verdict", no_wrap=True)
+        order = {"worker": 0, "verifier": 1, "main": 2}
+        for row in sorted(view.rows.values(), key=lambda r: (r.index, order[r.role])):
+            elapsed = row.elapsed(now)
+            state = row.state if row.state != FAILED else f"{FAILED} ({row.status})"
+            table.add_row(
+                str(row.index),
+                Text(row.title or "…"),
+                row.role,
+                Text(state, style=_STYLES[row.state]),
+                str(row.turns) if row.turns else "",
+                f"{_tokens(row.usage):,}" if _tokens(row.usage) else "",
+                f"${row.cost:.3f}" if row.cost else "",
+                f"{elapsed:.1f} s" if elapsed is not None else "",
+                row.verdict or "",
+            )
+        return table
+
+    def footer(self, now: float | None = None) -> Text:
+        """Session totals: tokens, the share of input read from cache, dollars, elapsed."""
+        total = self.totals.all
+        elapsed = (self.clock() if now is None else now) - self.began
+        return Text(
+            f"session · {total.requests} requests · {_tokens(total.usage):,} tokens · "
+            f"{total.usage.cache_hit:.0%} cache hit · ${total.cost:.2f} · {elapsed:.1f} s",
+            style="bold",
+        )

@@ -1,0 +1,184 @@
+"""Output modes: the Rich live view fed by a real session's events, and `run --json`/`--plain`."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from conftest import StartServer, gateway_for, settings_for, store_for
+from orchmode.agent import Session
+from orchmode.events import BashDone, Event, EventBus, SubagentDone, TurnDone, TurnStarted
+from orchmode.live import DONE, JOURNAL, SKIPPED, LiveView
+from orchmode.settings import Settings
+from orchmode.testing.scenario import OrchestrationScenario
+from orchmode.totals import SessionTotals
+from test_cli import orchmode
+from test_cli import scripted as scripted_fixture
+
+scripted = scripted_fixture  # the scripted server in a thread, for the subprocess tests
+
+
+def refute_two(prompt: str) -> str:
+    return "refuted" if "<subtask>\nCheck item 2\n" in prompt else "confirmed"
+
+
+async def record_turn(settings: Settings, tmp_path: Path, *views: Any) -> list[Event]:
+    """One real orchestrated turn against the scripted server; its events, in order."""
+    events = EventBus()
+    seen: list[Event] = []
+    events.subscribe(seen.append)
+    for view in views:
+        events.subscribe(view)
+    gateway = gateway_for(settings, events)
+    session = Session(settings, gateway, workdir=tmp_path, store=store_for(tmp_path), events=events)
+    try:
+        session.set_mode(True)
+        result = await session.turn("review this")
+        assert result.ok, result.text
+    finally:
+        await session.close()
+    return seen
+
+
+class Clock:
+    """Time that moves only when told: elapsed columns are then exact."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def rows_of(text: str) -> dict[tuple[int, str], str]:
+    """The agent rows of a rendered table: (number, role) -> the whole line."""
+    rows = {}
+    for line in text.splitlines():
+        match = re.match(r"^\S?\s*(\d+)\s+\S?\s*(.+?)\s+\S?\s*(worker|verifier)\b", line)
+        if match:
+            rows[(int(match.group(1)), match.group(3))] = line
+    return rows
+
+
+def render(view: LiveView) -> str:
+    console = Console(file=io.StringIO(), width=160, force_terminal=True, color_system=None)
+    console.print(view.renderable())
+    output = console.file.getvalue()  # type: ignore[attr-defined]
+    assert isinstance(output, str)
+    return output
+
+
+async def test_the_live_view_draws_every_agent_of_a_real_run(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    server = await serve(OrchestrationScenario(subtasks=4, verdict=refute_two))
+    # Seven subagents for four chains: exactly one agent is skipped by the budget.
+    settings = settings_for(server, tmp_path, max_subagents=7)
+    totals = SessionTotals()
+    events = await record_turn(settings, tmp_path, totals)
+    assert isinstance(events[0], TurnStarted) and isinstance(events[-1], TurnDone)
+
+    clock = Clock()
+    view = LiveView(totals, clock=clock)  # no console: state and rendering only
+    for event in events:
+        view(event)
+    clock.now += 5
+    text = render(view)
+
+    rows = rows_of(text)
+    done = [e for e in events if isinstance(e, SubagentDone)]
+    assert set(rows) == {(e.index, e.role) for e in done}
+    skipped = [e for e in done if e.status == "skipped"]
+    assert len(skipped) == 1 and len(rows) in (7, 8)  # a skipped worker has no verifier
+    for event in done:
+        line = rows[(event.index, event.role)]
+        assert (SKIPPED if event.status == "skipped" else DONE) in line, line
+        assert f"Check item {event.index}" in line
+        if event.role == "verifier" and event.status == "finished":
+            expected = "refuted" if event.index == 2 else "confirmed"
+            assert line.rstrip().rstrip("│").rstrip().endswith(expected), line
+            assert f"{event.duration:.1f} s" in line
+        if event.status == "finished":
+            tokens = event.usage.total_input + event.usage.output_tokens
+            assert f"{tokens:,}" in line and f"${event.cost:.3f}" in line
+    finished = sum(e.status != "skipped" and e.role == "worker" for e in done)
+    assert f"workers {finished + (skipped[0].role == 'worker')}/4" in text
+    bash = [e for e in events if isinstance(e, BashDone)]
+    assert len(
+        re.findall(r"\[(?:main|worker \d\.\d)\]\s+\$ \w+\s+\d+\.\d s\s+exit 0", text)
+    ) == len(bash)
+
+    total = totals.all
+    assert total.requests == sum(1 for e in events if type(e).__name__ == "ModelRequestDone")
+    tokens = total.usage.total_input + total.usage.output_tokens
+    footer = (
+        f"session · {total.requests} requests · {tokens:,} tokens · "
+        f"{total.usage.cache_hit:.0%} cache hit · ${total.cost:.2f} · 5.0 s"
+    )
+    assert footer in text and total.cost > 0
+
+
+async def test_a_rerun_shows_journal_hits_and_the_live_region_is_drawn(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    server = await serve(OrchestrationScenario(subtasks=3))
+    settings = settings_for(server, tmp_path)
+    await record_turn(settings, tmp_path)
+    stream = io.StringIO()
+    console = Console(file=stream, width=160, force_terminal=True, color_system=None)
+    totals = SessionTotals()
+    view = LiveView(totals, console)
+    await record_turn(settings, tmp_path, totals, view)
+    assert view._live is None  # TurnDone stopped it
+    rows = rows_of(render(view))
+    assert len(rows) == 6 and all(JOURNAL in line for line in rows.values())
+    # The final frame was written to the terminal stream when the turn ended.
+    drawn = stream.getvalue()
+    assert "Workflow 1 (fan-out) · workers 3/3 · verifiers 3/3" in drawn
+    assert "journal hit" in drawn and "session · " in drawn
+
+
+def test_run_json_puts_one_event_per_line_on_stderr(scripted: Any, tmp_path: Path) -> None:
+    server = scripted(OrchestrationScenario(subtasks=2))
+    result = orchmode("run", "go", "--json", "--base-url", server.url, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "In brief:" in result.stdout and "{" not in result.stdout.splitlines()[0]
+    records = [json.loads(line) for line in result.stderr.splitlines()]
+    kinds = {r["kind"] for r in records}
+    expected = {
+        "TurnStarted", "TurnDone", "ModelRequestDone", "BashDone",
+        "FanoutStarted", "FanoutDone", "SubagentStarted", "SubagentDone", "Notice",
+    }  # fmt: skip
+    assert kinds == expected
+    verdicts = [r["verdict"] for r in records if r["kind"] == "SubagentDone"]
+    assert verdicts.count("confirmed") == 2
+    request = next(r for r in records if r["kind"] == "ModelRequestDone")
+    assert request["usage"]["input_tokens"] >= 0 and "cost" in request
+    assert [r["kind"] for r in records].count("TurnStarted") == 2
+
+
+def test_run_plain_and_piped_stderr_give_the_plain_lines(scripted: Any, tmp_path: Path) -> None:
+    server = scripted(OrchestrationScenario(subtasks=2))
+    for extra in (["--plain"], []):
+        result = orchmode("run", "go", *extra, "--base-url", server.url, cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        assert "[workflow 1] fanning out 2 subtasks" in result.stderr
+        assert "[main] $ ls" in result.stderr and "[session] " in result.stderr
+        assert "{" not in result.stderr
+
+
+def test_json_and_plain_are_exclusive(tmp_path: Path) -> None:
+    result = orchmode("run", "x", "--json", "--plain", cwd=tmp_path)
+    assert result.returncode == 2 and "not allowed with" in result.stderr
+
+
+def test_demo_json_starts_with_the_banner_as_a_notice(tmp_path: Path) -> None:
+    result = orchmode("demo", "--subtasks", "2", "--json", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    first = json.loads(result.stderr.splitlines()[0])
+    assert first["kind"] == "Notice" and first["text"].startswith("[demo] the model here")
