@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import re
 import sqlite3
 import subprocess
@@ -19,33 +18,7 @@ import pytest
 from orchmode.prompts import VERIFY_MARKER
 from orchmode.testing import ScriptedServer
 from orchmode.testing.scenario import OrchestrationScenario
-
-API_KEY = "test-key"
-
-
-def orchmode(
-    *args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 120
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "orchmode", *args],
-        cwd=cwd,
-        env=env if env is not None else base_env(),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        stdin=subprocess.DEVNULL,
-    )
-
-
-def base_env(**extra: str) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("ANTHROPIC_", "ORCHMODE_", "ORCH_"))
-    }
-    env["ANTHROPIC_API_KEY"] = API_KEY
-    env.update(extra)
-    return env
+from recorded_runs import API_KEY, base_env, orchmode
 
 
 def role_of(body: dict[str, Any]) -> str:

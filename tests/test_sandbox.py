@@ -30,9 +30,10 @@ from orchmode.settings import SandboxMode, Settings
 from orchmode.shell import BashSession, ShellResult
 from orchmode.testing import ScriptedServer
 from orchmode.testing.scenario import OrchestrationScenario
+from recorded_runs import API_KEY, base_env, orchmode
 
 SECRET = "ssh-private-key-" + secrets.token_hex(8)
-API_KEY = "test-key"
+
 BY_CGROUP = "cgroup" in probe().limits.get("processes", "")
 READ_ONLY_FS = "Read-only file system"
 
@@ -543,29 +544,7 @@ def test_a_bwrap_that_cannot_make_namespaces_is_reported(tmp_path: Path) -> None
 # ------------------------------------------------------------------ end to end, CLI
 
 
-def orchmode(
-    *args: str, cwd: Path, env: dict[str, str], timeout: float = 120
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "orchmode", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        stdin=subprocess.DEVNULL,
-    )
-
-
-def cli_env(**extra: str) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("ANTHROPIC_", "ORCHMODE_", "ORCH_"))
-    }
-    env["ANTHROPIC_API_KEY"] = API_KEY
-    env.update(extra)
-    return env
+cli_env = base_env  # the CLI tests' environment: no credentials but the test key
 
 
 @pytest.fixture
