@@ -1,7 +1,7 @@
 """Adaptive concurrency: how many model requests a session keeps in flight, learnt from the API.
 
 One limit is shared by every agent of a session. It starts at the configured ceiling and
-never passes it. When the API answers 429 or 529 it is cut to 85 % (once per round of
+never passes it. When the API answers 429 or 529 it is cut to 90 % (once per round of
 requests: only a request that started after the last cut can cut again, so one burst of
 refusals is one signal), and never left above the number of other requests that were in
 flight when one was refused. Successes grow it quickly back to just under the level that was
@@ -17,7 +17,7 @@ from collections import deque
 #: The factor a refusal cuts the limit by, and the fraction of the refused level that the
 #: limit climbs back to quickly (half a request per success) before probing slowly (about
 #: one more request per round). Tuned on bench/ratelimit.py.
-CUT = 0.85
+CUT = 0.9
 KNEE = 0.95
 
 
