@@ -134,3 +134,59 @@ def test_chat_needs_a_key(tmp_path: Path) -> None:
     del env["ANTHROPIC_API_KEY"]
     result = orchmode("chat", cwd=tmp_path, env=env)
     assert result.returncode != 0 and "ANTHROPIC_API_KEY" in result.stderr
+
+
+def test_chat_in_a_terminal_toggles_the_mode_and_survives_a_ctrl_c(
+    scripted: Any, tmp_path: Path
+) -> None:
+    """The prompt_toolkit path, through a real pseudo-terminal."""
+    import pexpect
+
+    server = scripted(OrchestrationScenario(subtasks=4, worker_command=None, delay=0.3))
+    args = ["-m", "orchmode", "chat", "--base-url", server.url, "--no-mode", "--plain"]
+    args += ["--max-concurrent", "1", "--session", "p1", "--fresh"]  # every fan-out runs
+    child = pexpect.spawn(
+        sys.executable,
+        args,
+        cwd=str(tmp_path),
+        env=base_env(PROMPT_TOOLKIT_NO_CPR="1", TERM="xterm"),
+        encoding="utf-8",
+        timeout=60,
+    )
+    try:
+        child.expect_exact("you>")
+        child.send("/mode on" + "\r")
+        child.expect_exact("you>")
+        child.send("review this" + "\r")
+        child.expect_exact("Synthesis: 4 agents reported; 4 results were confirmed.")
+        child.expect_exact("you>")
+        child.send("/mode off" + "\r")
+        child.expect_exact("you>")
+        child.send("thanks" + "\r")
+        child.expect_exact("In brief")
+        child.expect_exact("you>")
+        child.send("/mode on" + "\r")
+        child.expect_exact("you>")
+        child.send("check it again, more widely" + "\r")
+        child.expect_exact("verify 1: confirmed")
+        child.sendintr()  # Ctrl-C in the middle of the fan-out
+        child.expect_exact("[chat] turn cancelled")
+        child.expect_exact("you>")
+        child.send("and once more" + "\r")
+        child.expect_exact("Synthesis: 4 agents reported")
+        child.expect_exact("you>")
+        child.send("/exit" + "\r")
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 0
+    requests = main_requests(server)
+    turns = {
+        text: next(r for r in requests if {"role": "user", "content": text} in r)
+        for text in ("review this", "thanks", "and once more")
+    }
+    for text, notice in (("review this", Notice.ENTER), ("thanks", Notice.EXIT)):
+        messages = turns[text]
+        at = messages.index({"role": "user", "content": text})
+        assert messages[at + 1] == {"role": "system", "content": NOTICES[notice]}
+    assert {e.outcome for e in server.log} <= {"ok", "disconnected", "pending"}

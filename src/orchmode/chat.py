@@ -55,7 +55,9 @@ class PromptLines:
 
     async def read(self, prompt: str) -> str | None:
         try:
-            return await self.session.prompt_async(prompt)
+            # handle_sigint=False: prompt_toolkit would otherwise take over SIGINT while it
+            # reads and remove the handler on return, leaving a running turn deaf to Ctrl-C.
+            return await self.session.prompt_async(prompt, handle_sigint=False)
         except EOFError:
             return None
 
