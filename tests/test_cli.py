@@ -381,3 +381,11 @@ def test_demo_runs_without_a_key_and_says_the_model_is_scripted(tmp_path: Path) 
     assert "Synthesis: 3 agents reported; 3 results were confirmed." in result.stdout
     assert "continue it with" not in result.stderr  # its records went with the directory
     assert not (tmp_path / ".orchmode").exists()  # nothing left where it was started
+    # the second pass is served by the journal; then the ledger, then the report
+    assert "worker 3: result taken from the journal" in result.stderr
+    assert "subagents  0 launched of 500 (500 left)" in result.stdout
+    report = Path(result.stdout.rsplit("to open in a browser: ", 1)[1].strip())
+    try:
+        assert report.read_text().count('class="bar role-worker state-journal"') == 3
+    finally:
+        report.unlink()

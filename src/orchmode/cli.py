@@ -425,6 +425,18 @@ def cmd_demo(args: argparse.Namespace) -> int:
                 opening=[banner],
             )  # fmt: skip
             asyncio.run(run)
+            # The same task again, in a new session on the same store: the journal answers.
+            print("\n[demo] the same task again: every subagent's result is in the journal")
+            again = _run(demo, task, fixture, Credentials(key), kept=False, display_mode=mode)
+            asyncio.run(again)
+        print("\n[demo] the budget ledger of that last session (orchmode budget):")
+        asyncio.run(_budget(demo, fixture))
+        _, _, (history,) = asyncio.run(_histories(demo, fixture, None))
+        from .report import render_report
+
+        report = Path(tempfile.gettempdir()) / f"orchmode-demo-{history.id}.html"
+        report.write_text(render_report(history), encoding="utf-8")
+        print(f"\n[demo] its report (orchmode report), to open in a browser: {report}")
     finally:
         shutil.rmtree(fixture, ignore_errors=True)
     return 0
