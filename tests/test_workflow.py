@@ -13,7 +13,7 @@ from orchmode.agent import Session
 from orchmode.events import EventBus, SubagentDone
 from orchmode.prompts import VERIFY_MARKER
 from orchmode.store.sqlite import SQLiteStore
-from orchmode.testing import Fault, Reply, ScriptedRequest, ScriptedServer
+from orchmode.testing import MIXED, Fault, Reply, ScriptedRequest, ScriptedServer
 from orchmode.testing.scenario import OrchestrationScenario, first_user_text
 
 
@@ -82,18 +82,7 @@ async def test_in_flight_subagents_never_exceed_the_limit(
     assert server.max_in_flight_seen == 3
 
 
-@pytest.mark.parametrize(
-    "fault",
-    [
-        Fault("overloaded"),
-        Fault("rate_limit", retry_after=0.05),
-        Fault("server_error"),
-        Fault("drop", after_events=4),
-        Fault("sse_error", after_events=4),
-        Fault("drop", after_events=0),  # an empty response: headers, then nothing
-    ],
-    ids=["529", "429", "500", "dropped", "sse-error", "empty"],
-)
+@pytest.mark.parametrize("fault", MIXED, ids=["529", "429", "500", "dropped", "sse-error", "empty"])
 async def test_a_fault_on_every_subagent_still_delivers_every_result(
     serve: StartServer, tmp_path: Path, fault: Fault
 ) -> None:
