@@ -12,7 +12,17 @@ from rich.console import Console
 
 from conftest import StartServer, gateway_for, settings_for, store_for
 from orchmode.agent import Session
-from orchmode.events import BashDone, Event, EventBus, SubagentDone, TurnDone, TurnStarted
+from orchmode.events import (
+    BashDone,
+    BashStarted,
+    Event,
+    EventBus,
+    FanoutStarted,
+    SubagentDone,
+    SubagentStarted,
+    TurnDone,
+    TurnStarted,
+)
 from orchmode.live import DONE, JOURNAL, SKIPPED, LiveView
 from orchmode.settings import Settings
 from orchmode.testing.scenario import OrchestrationScenario
@@ -151,7 +161,7 @@ def test_run_json_puts_one_event_per_line_on_stderr(scripted: Any, tmp_path: Pat
     records = [json.loads(line) for line in result.stderr.splitlines()]
     kinds = {r["kind"] for r in records}
     expected = {
-        "TurnStarted", "TurnDone", "ModelRequestDone", "BashDone",
+        "TurnStarted", "TurnDone", "ModelRequestDone", "BashStarted", "BashDone",
         "FanoutStarted", "FanoutDone", "SubagentStarted", "SubagentDone", "Notice",
     }  # fmt: skip
     assert kinds == expected
@@ -182,3 +192,15 @@ def test_demo_json_starts_with_the_banner_as_a_notice(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     first = json.loads(result.stderr.splitlines()[0])
     assert first["kind"] == "Notice" and first["text"].startswith("[demo] the model here")
+
+
+def test_a_running_agent_shows_the_command_it_is_running_now() -> None:
+    view = LiveView(SessionTotals(), clock=Clock())
+    view(TurnStarted("go", ()))
+    view(FanoutStarted(call=1, subtasks=2, not_run=0))
+    view(SubagentStarted(1, 1, "worker", "Check item 1", "Check item 1"))
+    view(BashStarted("worker 1.1", "pytest -q tests/test_parser.py"))
+    line = rows_of(render(view))[(1, "worker")]
+    assert "$ pytest -q tests/test_parser.py" in line and "running" in line
+    view(BashDone("worker 1.1", "pytest -q tests/test_parser.py", 0, False, 1.5, "off"))
+    assert "$ pytest" not in rows_of(render(view))[(1, "worker")]

@@ -58,6 +58,14 @@ class ModelRequestDone:
 
 
 @dataclass(frozen=True)
+class BashStarted:
+    """A command began: the live view shows what each agent is running now."""
+
+    agent: str
+    command: str
+
+
+@dataclass(frozen=True)
 class BashDone:
     agent: str
     command: str
@@ -140,6 +148,7 @@ class ScriptDone:
 
 Event = (
     ModelRequestDone
+    | BashStarted
     | BashDone
     | FanoutStarted
     | SubagentStarted

@@ -19,6 +19,7 @@ from typing import IO, Any
 
 from .events import (
     BashDone,
+    BashStarted,
     Event,
     FanoutDone,
     FanoutStarted,
@@ -132,6 +133,7 @@ _PARSERS: dict[str, Callable[[Mapping[str, Any]], Event]] = {
         cache_miss=_optional_str(d, "cache_miss"),
         cache_missed_tokens=_int(d, "cache_missed_tokens", 0),
     ),
+    "BashStarted": lambda d: BashStarted(agent=_str(d, "agent"), command=_str(d, "command")),
     "BashDone": lambda d: BashDone(
         agent=_str(d, "agent"),
         command=_str(d, "command"),

@@ -21,6 +21,7 @@ from rich.text import Text
 
 from .events import (
     BashDone,
+    BashStarted,
     Event,
     FanoutDone,
     FanoutStarted,
@@ -78,6 +79,8 @@ class AgentRow:
     started: float | None = None
     duration: float | None = None
     verdict: str | None = None
+    #: the bash command it is running at this moment, if any
+    running: str = ""
 
     def elapsed(self, now: float) -> float | None:
         if self.duration is not None:
@@ -176,7 +179,14 @@ class LiveView:
                 self.calls.clear()
                 self.commands.clear()
                 self.commands_before = 0
+            case BashStarted(agent=agent, command=command):
+                row = self._row_of(agent)
+                if row is not None:
+                    row.running = command
             case BashDone():
+                row = self._row_of(event.agent)
+                if row is not None:
+                    row.running = ""
                 self.commands.append(event)
                 if len(self.commands) > COMMANDS_SHOWN:
                     self.commands.pop(0)
@@ -220,14 +230,18 @@ class LiveView:
     def _call(self, call: int) -> CallView:
         return self.calls.setdefault(call, CallView(call))
 
-    def _count_request(self, agent: str, usage: TokenUsage, cost: float) -> None:
-        """A running agent's tokens so far, from its requests (``worker 2.7`` names it)."""
+    def _row_of(self, agent: str) -> AgentRow | None:
+        """The row of a subagent named like ``worker 2.7`` (call 2, subtask 7), if shown."""
         role, _, place = agent.partition(" ")
         call, _, index = place.partition(".")
         if role not in ("worker", "verifier") or not (call.isdigit() and index.isdigit()):
-            return
+            return None
         view = self.calls.get(int(call))
-        row = view.rows.get((int(index), cast(Role, role))) if view else None
+        return view.rows.get((int(index), cast(Role, role))) if view else None
+
+    def _count_request(self, agent: str, usage: TokenUsage, cost: float) -> None:
+        """A running agent's tokens so far, from its requests."""
+        row = self._row_of(agent)
         if row is not None and row.state == RUNNING:
             row.usage, row.cost = row.usage + usage, row.cost + cost
 
@@ -278,6 +292,7 @@ class LiveView:
             table.add_column(name, no_wrap=True)
         for name in ("turns", "tokens", "cost", "elapsed"):
             table.add_column(name, justify="right", no_wrap=True)
+        table.add_column("now", max_width=40, no_wrap=True, overflow="ellipsis")
         table.add_column("verdict", no_wrap=True)
         order = {"worker": 0, "verifier": 1, "main": 2}
         for row in sorted(view.rows.values(), key=lambda r: (r.index, order[r.role])):
@@ -292,6 +307,7 @@ class LiveView:
                 f"{_tokens(row.usage):,}" if _tokens(row.usage) else "",
                 f"${row.cost:.3f}" if row.cost else "",
                 f"{elapsed:.1f} s" if elapsed is not None else "",
+                Text("$ " + _short(row.running, 60)) if row.running else "",
                 row.verdict or "",
             )
         return table

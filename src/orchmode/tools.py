@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .events import BashDone, EventBus
+from .events import BashDone, BashStarted, EventBus
 from .shell import BashSession
 
 Block = dict[str, Any]
@@ -28,12 +28,14 @@ def unknown_tool(tool_use: Block, known: list[str]) -> Block:
 
 async def run_bash(shell: BashSession, tool_use: Block, *, agent: str, events: EventBus) -> Block:
     tool_input = tool_use.get("input")
-    result = await shell.handle(tool_input)
     command = tool_input.get("command") if isinstance(tool_input, dict) else None
+    shown = command if isinstance(command, str) else "(restart)"
+    events.emit(BashStarted(agent=agent, command=shown))
+    result = await shell.handle(tool_input)
     events.emit(
         BashDone(
             agent=agent,
-            command=command if isinstance(command, str) else "(restart)",
+            command=shown,
             exit_code=result.exit_code,
             timed_out=result.timed_out,
             duration=result.duration,
