@@ -12,7 +12,8 @@ import re
 import sqlite3
 import subprocess
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,41 @@ def orchmode(
         timeout=timeout,
         stdin=subprocess.DEVNULL,
     )
+
+
+def worker_prompts(journal: Path) -> list[str]:
+    """The prompts of the workers recorded in a SQLite journal so far (none before it exists)."""
+    if not journal.exists():
+        return []
+    try:
+        db = sqlite3.connect(f"file:{journal}?mode=ro", uri=True, timeout=5)
+        try:
+            return [r[0] for r in db.execute("SELECT prompt FROM results WHERE role = 'worker'")]
+        finally:
+            db.close()
+    except sqlite3.OperationalError:  # not created yet
+        return []
+
+
+def kill_run_when(ready: Callable[[], bool], *args: str, cwd: Path) -> None:
+    """Start ``orchmode run ARGS`` and SIGKILL it as soon as ``ready()`` holds."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "orchmode", "run", *args],
+        cwd=cwd,
+        env=base_env(),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 60
+    try:
+        while not ready():
+            assert process.poll() is None, "the run ended before it could be killed"
+            assert time.monotonic() < deadline, "the run never got there"
+            time.sleep(0.01)  # polling the journal another process writes
+    finally:
+        process.kill()
+        process.wait()
 
 
 def base_env(**extra: str) -> dict[str, str]:

@@ -8,7 +8,6 @@ import re
 import sqlite3
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ import pytest
 from orchmode.prompts import VERIFY_MARKER
 from orchmode.testing import ScriptedServer
 from orchmode.testing.scenario import OrchestrationScenario
-from recorded_runs import API_KEY, base_env, orchmode
+from recorded_runs import API_KEY, base_env, kill_run_when, orchmode, worker_prompts
 
 
 def role_of(body: dict[str, Any]) -> str:
@@ -101,24 +100,8 @@ def test_a_killed_run_recomputes_no_finished_worker(scripted: Any, tmp_path: Pat
     journal = tmp_path / ".orchmode" / "journal.db"
     # A short lease: the rerun takes over the killed run's claims without a long wait.
     lease = ["--claim-lease", "2"]
-    args = [sys.executable, "-m", "orchmode", "run", "go", "--base-url", server.url, *lease]
-    process = subprocess.Popen(
-        args,
-        cwd=tmp_path,
-        env=base_env(),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 60
-    try:
-        while worker_results(journal) < 20:
-            assert process.poll() is None, "the run ended before it could be killed"
-            assert time.monotonic() < deadline, "workers never finished"
-            time.sleep(0.01)
-    finally:
-        process.kill()
-        process.wait()
+    ready = lambda: len(worker_prompts(journal)) >= 20  # noqa: E731
+    kill_run_when(ready, "go", "--base-url", server.url, *lease, cwd=tmp_path)
     finished = set(worker_prompts(journal))
     assert 20 <= len(finished) < 40
     before = len(server.log)
@@ -133,23 +116,6 @@ def test_a_killed_run_recomputes_no_finished_worker(scripted: Any, tmp_path: Pat
     db = sqlite3.connect(journal)
     assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     db.close()
-
-
-def worker_results(journal: Path) -> int:
-    return len(worker_prompts(journal))
-
-
-def worker_prompts(journal: Path) -> list[str]:
-    if not journal.exists():
-        return []
-    try:
-        db = sqlite3.connect(f"file:{journal}?mode=ro", uri=True, timeout=5)
-        try:
-            return [r[0] for r in db.execute("SELECT prompt FROM results WHERE role = 'worker'")]
-        finally:
-            db.close()
-    except sqlite3.OperationalError:  # not created yet
-        return []
 
 
 def test_test_mode_uses_small_limits_in_a_throwaway_directory(

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import sqlite3
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -19,7 +16,7 @@ from orchmode.events import EventBus, ScriptDone, ScriptStarted, SubagentDone, S
 from orchmode.prompts import VERIFY_MARKER, WORKFLOW_DESCRIPTION
 from orchmode.testing import ScriptedRequest, ScriptedServer
 from orchmode.testing.scenario import OrchestrationScenario, first_user_text
-from test_cli import base_env, orchmode
+from recorded_runs import kill_run_when, orchmode, worker_prompts
 
 
 def role_of(body: dict[str, Any]) -> str:
@@ -358,19 +355,6 @@ for r in firsts:
 """
 
 
-def worker_prompts(journal: Path) -> list[str]:
-    if not journal.exists():
-        return []
-    try:
-        db = sqlite3.connect(f"file:{journal}?mode=ro", uri=True, timeout=5)
-        try:
-            return [r[0] for r in db.execute("SELECT prompt FROM results WHERE role = 'worker'")]
-        finally:
-            db.close()
-    except sqlite3.OperationalError:  # not created yet
-        return []
-
-
 def test_a_script_killed_mid_run_recomputes_no_finished_agent(tmp_path: Path) -> None:
     server = ScriptedServer(
         OrchestrationScenario(script=KILLED, worker_command=None, delay=0.1), api_key="test-key"
@@ -378,24 +362,8 @@ def test_a_script_killed_mid_run_recomputes_no_finished_agent(tmp_path: Path) ->
     with server.in_thread():
         journal = tmp_path / ".orchmode" / "journal.db"
         lease = ["--claim-lease", "2"]
-        args = [sys.executable, "-m", "orchmode", "run", "go", "--base-url", server.url, *lease]
-        process = subprocess.Popen(
-            args,
-            cwd=tmp_path,
-            env=base_env(),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 60
-        try:
-            while len(worker_prompts(journal)) < 14:  # all ten firsts, four follow-ups
-                assert process.poll() is None, "the run ended before it could be killed"
-                assert time.monotonic() < deadline, "workers never finished"
-                time.sleep(0.01)
-        finally:
-            process.kill()
-            process.wait()
+        ready = lambda: len(worker_prompts(journal)) >= 14  # noqa: E731 (ten firsts, four more)
+        kill_run_when(ready, "go", "--base-url", server.url, *lease, cwd=tmp_path)
         finished = set(worker_prompts(journal))
         assert 14 <= len(finished) < 20
         before = len(server.log)

@@ -1099,18 +1099,23 @@ async def test_the_request_log_is_served_as_json_for_other_processes() -> None:
 # -------------------------------------------------------------------- fault schedules
 
 
+async def statuses(client: anthropic.AsyncAnthropic, questions: list[str]) -> list[int]:
+    """The HTTP status each question got, asked one after another."""
+    got = []
+    for question in questions:
+        try:
+            await client.messages.create(model=MODEL, max_tokens=5, messages=[user(question)])
+            got.append(200)
+        except anthropic.APIStatusError as exc:
+            got.append(exc.status_code)
+    return got
+
+
 async def test_a_schedule_fails_the_requests_it_names_and_passes_the_rest(serve: Serve) -> None:
     schedule = FaultSchedule(Counting(), at={1: Fault("overloaded"), 3: Fault("server_error")})
     server = await serve(schedule)
-    client = client_for(server)
-    statuses = []
-    for i in range(5):
-        try:
-            await client.messages.create(model=MODEL, max_tokens=5, messages=[user(f"q{i}")])
-            statuses.append(200)
-        except anthropic.APIStatusError as exc:
-            statuses.append(exc.status_code)
-    assert statuses == [200, 529, 200, 500, 200]
+    got = await statuses(client_for(server), [f"q{i}" for i in range(5)])
+    assert got == [200, 529, 200, 500, 200]
     assert schedule.injected == ["overloaded", "server_error"]
 
 
@@ -1123,19 +1128,8 @@ async def test_a_rate_fails_a_share_of_bodies_once_each_or_for_good(serve: Serve
     for name, schedule in (("once", once), ("always", always)):
         server = await serve(schedule)
         client = client_for(server)
-        rounds = []
-        for _ in range(2):
-            statuses = []
-            for i in range(100):
-                try:
-                    await client.messages.create(
-                        model=MODEL, max_tokens=5, messages=[user(f"question {i}")]
-                    )
-                    statuses.append(200)
-                except anthropic.InternalServerError:
-                    statuses.append(500)
-            rounds.append(statuses)
-        outcomes[name] = rounds
+        questions = [f"question {i}" for i in range(100)]
+        outcomes[name] = [await statuses(client, questions) for _ in range(2)]
     first, second = outcomes["once"]
     assert 15 <= first.count(500) <= 45 and second.count(500) == 0
     assert outcomes["always"] == [first, first]  # the same bodies, failing every time

@@ -21,6 +21,7 @@ from .agent import Session, TurnResult
 from .display import Display, DisplayMode, make_display
 from .errors import AuthError, OrchmodeError
 from .events import EventBus
+from .history import session_totals
 from .model import Credentials, ModelGateway
 from .records import EventRecorder
 from .settings import Settings
@@ -247,9 +248,7 @@ async def run_chat(
         resumed = await session.restore()
         # a resumed session's totals so far, so /cost speaks for all of it
         totals = (
-            SessionTotals.from_records(await store.events(session.session_id))
-            if resumed
-            else SessionTotals()
+            session_totals(await store.events(session.session_id)) if resumed else SessionTotals()
         )
         display = make_display(display_mode, totals)
         events.subscribe(totals)

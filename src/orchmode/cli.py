@@ -303,8 +303,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 async def _budget(settings: Settings, workdir: Path) -> None:
+    from .history import session_totals
     from .store import open_store
-    from .totals import SessionTotals
 
     store = await open_store(settings.store_url(workdir))
     try:
@@ -316,7 +316,7 @@ async def _budget(settings: Settings, workdir: Path) -> None:
         if await store.load_session(session) is None:
             raise OrchmodeError(f"no session named {session!r} is recorded in {store.location}")
         state = await store.budget(session)
-        totals = SessionTotals.from_records(await store.events(session))
+        totals = session_totals(await store.events(session))
     finally:
         await store.close()
     cap = settings.max_subagents

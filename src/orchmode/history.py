@@ -33,6 +33,7 @@ from .events import (
     TurnDone,
     TurnStarted,
 )
+from .prompts import SEVERITIES  # the order a reader wants; anything else sorts after
 from .store import EventRow
 from .totals import SessionTotals
 
@@ -196,10 +197,17 @@ def parse_row(row: EventRow) -> Event | None:
         return None
 
 
-# --- findings -----------------------------------------------------------------------------
+def session_totals(rows: Iterable[EventRow]) -> SessionTotals:
+    """A session's totals rebuilt from its records (rows that cannot be read are skipped)."""
+    totals = SessionTotals()
+    for row in rows:
+        event = parse_row(row)
+        if event is not None:
+            totals(event)
+    return totals
 
-#: Severities in the order a reader wants them; anything else sorts after, as given.
-SEVERITIES = ("high", "medium", "low", "info")
+
+# --- findings -----------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)

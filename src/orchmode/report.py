@@ -17,7 +17,6 @@ from html import escape
 
 from .history import (
     AGENT_STATES,
-    SEVERITIES,
     STATE_LABELS,
     AgentRecord,
     Command,
@@ -30,6 +29,7 @@ from .history import (
     severity_rank,
     when,
 )
+from .prompts import SEVERITIES
 
 
 def e(value: object) -> str:

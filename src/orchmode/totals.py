@@ -1,17 +1,15 @@
 """What a session has used so far: requests, tokens, the share read from cache, dollars.
 
 Built from ``ModelRequestDone`` events, live (as an event subscriber) or afterwards from the
-records in the store, so a running session and ``orchmode budget`` agree to the cent.
+records in the store (:func:`orchmode.history.session_totals`), so a running session and
+``orchmode budget`` agree to the cent.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from .events import Event, ModelRequestDone, TokenUsage
-from .store import EventRow
 
 
 @dataclass
@@ -39,30 +37,6 @@ class SessionTotals:
             part = self.main if event.agent == "main" else self.subagents
             part.add(event.usage, event.cost)
             self.cache_misses += event.cache_miss is not None
-
-    @classmethod
-    def from_records(cls, rows: Iterable[EventRow]) -> SessionTotals:
-        """Rebuild the totals from a session's recorded events (bad rows are skipped)."""
-        totals = cls()
-        for row in rows:
-            if row.kind != "ModelRequestDone":
-                continue
-            try:
-                data = json.loads(row.data)
-                usage = TokenUsage(**data["usage"])
-                event = ModelRequestDone(
-                    agent=str(data["agent"]),
-                    message_id=str(data.get("message_id", "")),
-                    stop_reason=data.get("stop_reason"),
-                    usage=usage,
-                    duration=float(data.get("duration", 0.0)),
-                    cost=float(data.get("cost", 0.0)),
-                    cache_miss=data.get("cache_miss"),
-                )
-            except (ValueError, KeyError, TypeError):
-                continue
-            totals(event)
-        return totals
 
     @property
     def all(self) -> UsageTotals:
