@@ -131,6 +131,7 @@ async def test_the_live_view_draws_every_agent_of_a_real_run(
         f"{total.usage.cache_hit:.0%} cache hit · ${total.cost:.2f} · 5.0 s"
     )
     assert footer in text and total.cost > 0
+    assert "budget: 7 of 7 subagents launched" in " ".join(text.split())  # what is left
 
 
 async def test_a_rerun_shows_journal_hits_and_the_live_region_is_drawn(
@@ -161,7 +162,7 @@ def test_run_json_puts_one_event_per_line_on_stderr(scripted: Any, tmp_path: Pat
     records = [json.loads(line) for line in result.stderr.splitlines()]
     kinds = {r["kind"] for r in records}
     expected = {
-        "TurnStarted", "TurnDone", "ModelRequestDone", "BashStarted", "BashDone",
+        "TurnStarted", "TurnDone", "ModelRequestDone", "BashStarted", "BashDone", "BudgetStatus",
         "FanoutStarted", "FanoutDone", "SubagentStarted", "SubagentDone", "Notice",
     }  # fmt: skip
     assert kinds == expected

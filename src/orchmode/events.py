@@ -115,6 +115,14 @@ class FanoutDone:
 
 
 @dataclass(frozen=True)
+class BudgetStatus:
+    """The session's budget as a Workflow call ended it (the line its tool result ends with)."""
+
+    line: str
+    subagents_left: int
+
+
+@dataclass(frozen=True)
 class TurnStarted:
     """A user turn, with the mode notices that went out with it."""
 
@@ -154,6 +162,7 @@ Event = (
     | SubagentStarted
     | SubagentDone
     | FanoutDone
+    | BudgetStatus
     | TurnStarted
     | TurnDone
     | ScriptStarted

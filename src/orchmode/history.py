@@ -20,6 +20,7 @@ from typing import IO, Any
 from .events import (
     BashDone,
     BashStarted,
+    BudgetStatus,
     Event,
     FanoutDone,
     FanoutStarted,
@@ -133,6 +134,9 @@ _PARSERS: dict[str, Callable[[Mapping[str, Any]], Event]] = {
         cost=_float(d, "cost", 0.0),
         cache_miss=_optional_str(d, "cache_miss"),
         cache_missed_tokens=_int(d, "cache_missed_tokens", 0),
+    ),
+    "BudgetStatus": lambda d: BudgetStatus(
+        line=_str(d, "line"), subagents_left=_int(d, "subagents_left", 0)
     ),
     "BashStarted": lambda d: BashStarted(agent=_str(d, "agent"), command=_str(d, "command")),
     "BashDone": lambda d: BashDone(

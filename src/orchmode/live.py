@@ -22,6 +22,7 @@ from rich.text import Text
 from .events import (
     BashDone,
     BashStarted,
+    BudgetStatus,
     Event,
     FanoutDone,
     FanoutStarted,
@@ -127,6 +128,8 @@ class LiveView:
     def __post_init__(self) -> None:
         self.began = self.clock()
         self.commands_before = 0
+        #: the budget as the last Workflow call left it (none before the first)
+        self.budget_line = ""
         self._lock = threading.Lock()  # Rich redraws from its own thread
         self._live: Live | None = None
 
@@ -213,6 +216,8 @@ class LiveView:
                     row.title = self._call(call).row(index, "worker").title
             case ModelRequestDone(agent=agent):
                 self._count_request(agent, event.usage, event.cost)
+            case BudgetStatus(line=line):
+                self.budget_line = line
             case FanoutDone(call=call, duration=duration):
                 self._call(call).duration = duration
             case ScriptDone(call=call, duration=duration, error=error):
@@ -316,8 +321,10 @@ class LiveView:
         """Session totals: tokens, the share of input read from cache, dollars, elapsed."""
         total = self.totals.all
         elapsed = (self.clock() if now is None else now) - self.began
+        budget = f" · budget: {self.budget_line}" if self.budget_line else ""
         return Text(
             f"session · {total.requests} requests · {_tokens(total.usage):,} tokens · "
-            f"{total.usage.cache_hit:.0%} cache hit · ${total.cost:.2f} · {elapsed:.1f} s",
+            f"{total.usage.cache_hit:.0%} cache hit · ${total.cost:.2f} · {elapsed:.1f} s"
+            f"{budget}",
             style="bold",
         )

@@ -29,6 +29,7 @@ from typing import Any
 from .budget import BudgetExhausted, SessionBudget
 from .errors import AuthError, OrchmodeError
 from .events import (
+    BudgetStatus,
     EventBus,
     FanoutDone,
     FanoutStarted,
@@ -344,9 +345,11 @@ class Workflow:
                 log.warning("housekeeping after the fan-out failed: %s", failure)
 
     def budget_status(self, budget: BudgetState) -> str:
-        """The one-line budget status that ends every Workflow tool result."""
+        """The one-line budget status that ends every Workflow tool result; the display too."""
         left = max(0, self.settings.max_subagents - budget.subagents)
-        return f"[budget: {self.budget.describe(budget)} in this session; {left} subagents left]"
+        line = f"{self.budget.describe(budget)} in this session; {left} subagents left"
+        self.events.emit(BudgetStatus(line, left))
+        return f"[budget: {line}]"
 
     def _budget_note(self, skipped: list[int], unverified: list[int], budget: BudgetState) -> str:
         parts = []
