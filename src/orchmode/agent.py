@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import secrets
 import time
 from collections.abc import Callable
@@ -18,9 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .budget import SessionBudget
-from .environment import command_environment
 from .errors import AuthError, OrchmodeError
 from .events import EventBus, TurnDone, TurnStarted
+from .executors import Executor
+from .executors.host import AgentHost, ShellFactory
+from .executors.local import LocalExecutor
 from .mode import ModeState
 from .model import Message, ModelGateway
 from .prompts import (
@@ -31,9 +32,7 @@ from .prompts import (
     notice_as_user_text,
     turn_limit_note,
 )
-from .sandbox import Sandbox
 from .settings import Settings
-from .shell import BashSession
 from .store import Store
 from .tools import Block, run_bash, tool_result, unknown_tool
 from .workflow import Workflow
@@ -84,6 +83,7 @@ class Session:
         session_id: str | None = None,
         events: EventBus | None = None,
         on_text: Callable[[str], None] | None = None,
+        executor: Executor | None = None,
     ) -> None:
         self.settings = settings
         self.gateway = gateway
@@ -95,31 +95,21 @@ class Session:
         #: The main conversation's last response, for the API's cache diagnostics.
         self.last_message_id: str | None = None
         credentials = gateway.credentials
-        self.command_env = command_environment(
-            os.environ, (credentials.api_key or "", credentials.auth_token or "")
+        self.make_shell = ShellFactory.build(
+            settings, workdir, (credentials.api_key or "", credentials.auth_token or "")
         )
-        #: None when the user turned the sandbox off; built once, shared by every shell.
-        self.sandbox = Sandbox.from_settings(settings, workdir)
         self.shell = self.make_shell()
         self.store = store
         self.session_id = session_id or settings.session or new_session_id()
         self.budget = SessionBudget(store, self.session_id, settings)
         gateway.budget = self.budget
-        self.workflow = Workflow(settings, gateway, self.budget, self.events, self.make_shell)
-
-    def make_shell(self) -> BashSession:
-        """A fresh persistent shell in the working directory, with no credentials in reach.
-
-        It runs in the session's sandbox unless that is off; if the sandbox cannot work
-        here, its commands are refused rather than run unsandboxed.
-        """
-        return BashSession(
-            self.workdir,
-            timeout=self.settings.bash_timeout,
-            output_limit=self.settings.output_limit,
-            env=self.command_env,
-            sandbox=self.sandbox.for_shell() if self.sandbox is not None else None,
+        #: Where subagents run: here unless the caller brought another executor (Ray),
+        #: which the caller then closes.
+        self._owns_executor = executor is None
+        self.executor = executor or LocalExecutor(
+            AgentHost(settings, gateway, store, self.make_shell)
         )
+        self.workflow = Workflow(settings, gateway, self.budget, self.events, self.executor)
 
     def set_mode(self, on: bool) -> None:
         """Switch orchestration mode; the model hears of it with the next user turn."""
@@ -247,3 +237,5 @@ class Session:
 
     async def close(self) -> None:
         await self.shell.close()
+        if self._owns_executor:
+            await self.executor.close()

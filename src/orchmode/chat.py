@@ -21,6 +21,7 @@ from .agent import Session, TurnResult
 from .display import Display, DisplayMode, make_display
 from .errors import AuthError, OrchmodeError
 from .events import EventBus
+from .executors import open_executor
 from .history import session_totals
 from .model import Credentials, ModelGateway
 from .records import EventRecorder
@@ -238,13 +239,18 @@ async def run_chat(
     """The ``chat`` command: open the session (resumed if recorded), then talk until /exit."""
     stdin = stdin or sys.stdin
     events = EventBus()
+    executor = open_executor(settings, credentials, workdir)
     store = await open_store(settings.store_url(workdir))
     gateway = ModelGateway(settings, credentials, events)
-    session = Session(settings, gateway, workdir=workdir, store=store, events=events)
+    session = Session(
+        settings, gateway, workdir=workdir, store=store, events=events, executor=executor
+    )
     recorder: EventRecorder | None = None
     display: Display | None = None
     undo: Callable[[], None] = lambda: None  # noqa: E731
     try:
+        if executor is not None:
+            await executor.start()
         resumed = await session.restore()
         # a resumed session's totals so far, so /cost speaks for all of it
         totals = (
@@ -278,5 +284,7 @@ async def run_chat(
         if recorder is not None:
             await recorder.flush()
         await session.close()
+        if executor is not None:
+            await executor.close()
         await gateway.close()
         await store.close()

@@ -228,6 +228,7 @@ async def _run(
     from .agent import Session
     from .display import make_display
     from .events import EventBus
+    from .executors import open_executor
     from .model import Credentials, ModelGateway
     from .prompts import SUMMARY_TASK
     from .records import EventRecorder
@@ -250,11 +251,16 @@ async def _run(
     events = EventBus()
     events.subscribe(totals)  # first, so the live view's footer sees each request counted
     events.subscribe(display)
+    executor = open_executor(settings, credentials, workdir)
     store = await open_store(settings.store_url(workdir))
     gateway = ModelGateway(settings, credentials, events)
-    session = Session(settings, gateway, workdir=workdir, store=store, events=events)
+    session = Session(
+        settings, gateway, workdir=workdir, store=store, events=events, executor=executor
+    )
     recorder: EventRecorder | None = None
     try:
+        if executor is not None:
+            await executor.start()
         resumed = await session.restore()
         recorder = await EventRecorder.start(store, session.session_id)
         events.subscribe(recorder)
@@ -281,6 +287,8 @@ async def _run(
         if recorder is not None:
             await recorder.flush()
         await session.close()
+        if executor is not None:
+            await executor.close()
         await gateway.close()
         await store.close()
 

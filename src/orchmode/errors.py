@@ -62,3 +62,9 @@ class SandboxError(OrchmodeError):
     """bash cannot be sandboxed here, and the user did not opt out with ``--sandbox off``."""
 
     exit_code = 8
+
+
+class ClusterError(OrchmodeError):
+    """The Ray cluster cannot be used: Ray missing, the cluster unreachable, no live node."""
+
+    exit_code = 9

@@ -90,6 +90,8 @@ class SubagentStarted:
     role: Role
     title: str
     prompt: str = ""
+    #: The Ray node it runs on; empty when it runs in the user's own process.
+    node: str = ""
 
 
 @dataclass(frozen=True)
@@ -106,6 +108,8 @@ class SubagentDone:
     result: str = ""
     #: Dollars for this subagent's own requests (0 for a journal hit: nothing was asked).
     cost: float = 0.0
+    #: The Ray node it ran on; empty when it ran in the user's own process.
+    node: str = ""
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,8 @@ Effort = Literal["low", "medium", "high", "xhigh", "max"]
 #: Where model-written bash runs; see :mod:`orchmode.sandbox`.
 SandboxMode = Literal["workspace-write", "read-only", "off"]
 NoticeDelivery = Literal["system", "user-text"]
+#: Where subagents run: in this process, or on a Ray cluster's nodes.
+ExecutorKind = Literal["local", "ray"]
 
 
 class Settings(BaseModel):
@@ -151,6 +153,26 @@ class Settings(BaseModel):
         description="Dollars per million tokens per model: input, output, cache_write, "
         "cache_read (defaults for current models; `orchmode.toml` only).",
         json_schema_extra={"flag": False},
+    )
+    executor: ExecutorKind = Field(
+        "local",
+        description="Where subagents run: `local` (this process) or `ray` (async actors on "
+        "a Ray cluster's nodes; needs `pip install 'orchmode[ray]'` and a PostgreSQL store).",
+    )
+    ray_address: str = Field(
+        "auto",
+        description="The Ray cluster to join: `auto` (the one `ray start` began on this "
+        "machine, or `RAY_ADDRESS`) or `host:port` of its head node.",
+    )
+    ray_actors: int = Field(
+        1, gt=0, description="Ray actors per node; each runs many subagents as coroutines."
+    )
+    ray_max_per_actor: int = Field(500, gt=0, description="Subagents one Ray actor runs at once.")
+    ray_max_upload_mb: float = Field(
+        100.0,
+        gt=0,
+        description="Megabytes of working directory (after `.gitignore`) shipped to the "
+        "Ray nodes; a larger one is refused before anything runs.",
     )
     claim_lease: float = Field(
         30.0,

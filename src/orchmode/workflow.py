@@ -21,13 +21,12 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .budget import BudgetExhausted, SessionBudget
-from .errors import AuthError, OrchmodeError
+from .budget import SessionBudget
 from .events import (
     BudgetStatus,
     EventBus,
@@ -38,12 +37,14 @@ from .events import (
     SubagentStarted,
     TokenUsage,
 )
+from .executors import Executor, Job, WorkerLost
+from .executors.host import keep_claim
+from .executors.local import HERE
 from .model import ModelGateway
 from .prompts import SUBAGENT_SYSTEM, SUBAGENT_TOOLS, verify_prompt
 from .settings import Settings
-from .shell import BashSession
 from .store import BudgetState, Store, content_key
-from .subagent import AgentResult, Status, Subagent, describe_failure
+from .subagent import AgentResult, Status
 
 
 def normalise_subtasks(raw: object) -> list[str]:
@@ -247,16 +248,22 @@ class Relay:
 
 WORKER_PRIORITY = 1
 VERIFIER_PRIORITY = 0
-#: Shells started ahead of need at once. Starting one (a fork, a sandbox, its cgroup)
-#: holds the event loop for a few milliseconds; a wave of hundreds at once would hold back
-#: the wave's model requests, which matter more.
-SPAWNS = 2
+#: Times a subagent is run again after its node was lost, before it counts as failed.
+RERUNS = 3
 SKIPPED = Status.SKIPPED
 #: How often an agent waiting on another's claim looks for the result: first, at most.
 CLAIM_POLL_FIRST = 0.05
 CLAIM_POLL_MAX = 1.0
 
 log = logging.getLogger("orchmode")
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    result: AgentResult
+    duration: float
+    node: str
+    from_journal: bool = False
 
 
 @dataclass
@@ -273,10 +280,9 @@ class Workflow:
     gateway: ModelGateway
     budget: SessionBudget
     events: EventBus
-    make_shell: Callable[[], BashSession]
+    executor: Executor
     calls: int = 0
     _slots: PrioritySlots | None = field(default=None, repr=False)
-    _spawn_gate: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(SPAWNS))
     _housekeeping: set[asyncio.Task[None]] = field(default_factory=set, repr=False)
     _holder: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
 
@@ -343,6 +349,7 @@ class Workflow:
         for failure in await asyncio.gather(*self._housekeeping, return_exceptions=True):
             if isinstance(failure, Exception):
                 log.warning("housekeeping after the fan-out failed: %s", failure)
+        await self.executor.settle()
 
     def budget_status(self, budget: BudgetState) -> str:
         """The one-line budget status that ends every Workflow tool result; the display too."""
@@ -405,10 +412,10 @@ class Workflow:
         """One subagent through the store; any failure becomes an error result in its slot.
 
         The one path every agent takes, a flat fan-out's or a script's: journal lookup,
-        claim, budget reservation, slot. Its housekeeping finishes in the background, so
-        whoever calls it must :meth:`settle` before reporting. ``relay`` may hold a slot
-        handed on by the previous agent of the chain; ``hand_on`` is where this agent
-        queues for the next one's before it lets its own slot go.
+        claim, budget reservation, slot, executor. Its housekeeping finishes in the
+        background, so whoever calls it must :meth:`settle` before reporting. ``relay``
+        may hold a slot handed on by the previous agent of the chain; ``hand_on`` is where
+        this agent queues for the next one's before it lets its own slot go.
         """
         key = content_key(
             role=role,
@@ -423,12 +430,15 @@ class Workflow:
             if recorded is not None:
                 self._journal_hit(call, index, role, prompt, recorded)
                 return recorded
-        holder = f"{self._holder}:{uuid.uuid4().hex[:12]}"
+        holder = self._new_holder()
         recorded = await self._claim_or_wait(key, holder, relay)
         if recorded is not None:  # another agent, here or elsewhere, just finished it
             self._journal_hit(call, index, role, prompt, recorded)
             return recorded
-        heartbeat = asyncio.create_task(self._heartbeat(key, holder))
+        # Ours until the executor places the job; from then on the executor renews it.
+        heartbeat = asyncio.create_task(
+            keep_claim(self.store, key, holder, self.settings.claim_lease)
+        )
         try:
             if not await self.store.reserve(
                 self.budget.session, self.budget.caps, subagents=1, tokens=0, cost=0.0
@@ -441,60 +451,72 @@ class Workflow:
                 )
                 self._done(call, index, role, result, 0.0)
                 return result
-            result, duration = await self._run_agent(
-                call, index, role, prompt, priority, relay, hand_on
-            )
+            job = Job(key, holder, self.budget.session, role, f"{role} {call}.{index}", prompt)
+            async with self.slots.slot(priority, relay):
+                outcome = await self._run_job(call, index, job, heartbeat)
+                if hand_on is not None and outcome.result.status not in (Status.FAILED, SKIPPED):
+                    hand_on.queue_next(VERIFIER_PRIORITY)
         except BaseException:  # cancelled or broken: let the next run take it at once
             self._background(self.store.release(key, holder))
             raise
         finally:
             heartbeat.cancel()
-        # The chain goes on while the disk flushes; the claim is let go only once the
-        # result is recorded, so a waiting agent never finds neither; run() waits for both.
-        self._background(self._record_and_release(key, holder, role, prompt, result))
-        self._done(call, index, role, result, duration)
-        return result
+        self._done(
+            call,
+            index,
+            role,
+            outcome.result,
+            outcome.duration,
+            from_journal=outcome.from_journal,
+            node=outcome.node,
+        )
+        return outcome.result
 
-    async def _run_agent(
-        self,
-        call: int,
-        index: int,
-        role: Role,
-        prompt: str,
-        priority: int,
-        relay: Relay | None,
-        hand_on: Relay | None,
-    ) -> tuple[AgentResult, float]:
-        async with self.slots.slot(priority, relay):
-            self.events.emit(SubagentStarted(call, index, role, title(prompt), prompt))
+    async def _run_job(
+        self, call: int, index: int, job: Job, heartbeat: asyncio.Task[None]
+    ) -> _Outcome:
+        """Run ``job`` on the executor; if its node is lost, run it again where one is left.
+
+        A lost node's claim is left to lapse (the node may be cut off yet still working),
+        so the rerun first waits for the lease, or for the result if the node records it.
+        Holding the slot while waiting keeps the fan-out's order of work.
+        """
+        attempt = 1
+        node = HERE
+        role, prompt = job.role, job.prompt
+
+        def placed(where: str) -> None:
+            nonlocal node
+            node = where
+            heartbeat.cancel()
+            self.events.emit(SubagentStarted(call, index, role, title(prompt), prompt, where))
+
+        while True:
             started = time.monotonic()
-            shell = self.make_shell()
-            # Start bash while the first model request is in flight, so its start-up is
-            # off the critical path (and not ahead of a wave of requests going out); and
-            # close it after the slot is free, for the same reason.
-            agent = Subagent(
-                gateway=self.gateway,
-                shell=shell,
-                events=self.events,
-                name=f"{role} {call}.{index}",
-                system=SUBAGENT_SYSTEM,
-                tools=SUBAGENT_TOOLS,
-                max_turns=self.settings.subagent_turns,
-                on_first_request=lambda: self._background(self._prewarm(shell)),
-            )
             try:
-                result = await agent.run(prompt)
-            except AuthError:
-                raise  # retrying cannot help: stop the whole run
-            except BudgetExhausted as exc:
-                result = AgentResult(f"[orchmode: stopped — {exc}]", SKIPPED)
-            except Exception as exc:
-                result = AgentResult(describe_failure(exc), Status.FAILED)
-            finally:
-                self._background(shell.close())
-            if hand_on is not None and result.status not in (Status.FAILED, SKIPPED):
-                hand_on.queue_next(VERIFIER_PRIORITY)
-        return result, time.monotonic() - started
+                result = await self.executor.run(job, self.events, placed)
+            except WorkerLost as exc:
+                if attempt >= RERUNS:
+                    return _Outcome(
+                        AgentResult(
+                            f"error: the subagent failed: its node was lost {attempt} times "
+                            f"(last: {exc})",
+                            Status.FAILED,
+                        ),
+                        time.monotonic() - started,
+                        node,
+                    )
+                log.warning("%s: %s; running it again on another node", job.name, exc)
+                attempt += 1
+                job = replace(job, holder=self._new_holder())
+                recorded = await self._claim_or_wait(job.key, job.holder)
+                if recorded is not None:  # the lost node finished it after all
+                    return _Outcome(recorded, time.monotonic() - started, node, from_journal=True)
+                continue
+            return _Outcome(result, time.monotonic() - started, node)
+
+    def _new_holder(self) -> str:
+        return f"{self._holder}:{uuid.uuid4().hex[:12]}"
 
     async def _claim_or_wait(
         self, key: str, holder: str, relay: Relay | None = None
@@ -521,28 +543,6 @@ class Workflow:
             await self.store.release(key, holder)
         return recorded
 
-    async def _heartbeat(self, key: str, holder: str) -> None:
-        """Renew the claim while the subagent runs, a third of the lease at a time."""
-        while True:
-            await asyncio.sleep(self.settings.claim_lease / 3)
-            try:
-                if not await self.store.renew(key, holder, self.settings.claim_lease):
-                    log.warning("lost the claim on a running subtask; it may run twice")
-                    return
-            except OrchmodeError as exc:
-                log.warning("could not renew a claim: %s", exc)
-
-    async def _record_and_release(
-        self, key: str, holder: str, role: Role, prompt: str, result: AgentResult
-    ) -> None:
-        await self.store.record(key, role, prompt, result)
-        await self.store.release(key, holder)
-
-    async def _prewarm(self, shell: BashSession) -> None:
-        """Start a shell ahead of need, a few at a time (see :data:`SPAWNS`)."""
-        async with self._spawn_gate:
-            await shell.start()
-
     def _background(self, work: Coroutine[Any, Any, None]) -> None:
         """Housekeeping off the critical path; settle() waits for all of it."""
         task = asyncio.create_task(work)
@@ -565,6 +565,7 @@ class Workflow:
         duration: float,
         *,
         from_journal: bool = False,
+        node: str = HERE,
     ) -> None:
         verdict = verdict_of(result.text) if role == "verifier" and result.finished else None
         # A journal hit asked the model nothing: it used no tokens and cost nothing now.
@@ -583,6 +584,7 @@ class Workflow:
                 verdict=verdict,
                 result=result.text,
                 cost=price.cost(usage) if price else 0.0,
+                node=node,
             )
         )
 

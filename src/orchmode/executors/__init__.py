@@ -1,0 +1,96 @@
+"""Where subagents run: in this process (``local``) or on a Ray cluster's nodes (``ray``).
+
+The fan-out decides *what* runs — journal, claims, budget, slots — and hands each subagent
+that must run to an executor as a :class:`Job`. The executor runs it wherever it runs
+agents, renews the job's claim while it runs, records the result and lets the claim go,
+and reports the agent's events back here as they happen.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+from ..errors import ClusterError, ConfigError
+from ..events import EventBus, Role
+from ..subagent import AgentResult
+
+if TYPE_CHECKING:
+    from ..model import Credentials
+    from ..settings import Settings
+
+
+@dataclass(frozen=True)
+class Job:
+    """One subagent to run, with the claim the fan-out took for it."""
+
+    #: The journal address of its result; the claim is on it.
+    key: str
+    #: Who holds the claim: the executor renews it under this name while the agent runs.
+    holder: str
+    #: The session whose budget ledger its requests count against.
+    session: str
+    role: Role
+    #: ``worker 1.3``: how its requests and commands are labelled.
+    name: str
+    prompt: str
+
+
+class WorkerLost(Exception):
+    """The node running a job went away before the job ended.
+
+    The job's claim is left to lapse rather than let go: the node may only be cut off,
+    still working, and it records its result if it finishes. Whoever runs the job again
+    waits for the lease, then finds either that result or a free claim.
+    """
+
+    def __init__(self, node: str, reason: str) -> None:
+        super().__init__(f"lost node {node}: {reason}")
+        self.node = node
+
+
+class Executor(Protocol):
+    """Runs jobs; ``start`` and ``close`` bracket a session's use of it."""
+
+    async def start(self) -> None:
+        """Get ready to run jobs (connect, ship the working directory); may raise."""
+
+    async def run(
+        self, job: Job, events: EventBus, on_placed: Callable[[str], None]
+    ) -> AgentResult:
+        """Run ``job`` to its result; ``on_placed(node)`` is called once it has a place.
+
+        Raises :class:`WorkerLost` if its node went away, and ``AuthError`` if the API
+        refused the credentials; any other failure is an error result.
+        """
+
+    async def settle(self) -> None:
+        """Wait until every result run so far is recorded and its claim let go."""
+
+    async def close(self) -> None:
+        """Stop whatever :meth:`start` began."""
+
+
+def open_executor(settings: Settings, credentials: Credentials, workdir: Path) -> Executor | None:
+    """The executor ``settings`` ask for, not yet started; None for the local one.
+
+    Checked before anything is spent: the Ray executor needs a store that every node can
+    reach, and Ray itself.
+    """
+    if settings.executor == "local":
+        return None
+    if not settings.store_url(workdir).startswith(("postgresql://", "postgres://")):
+        raise ConfigError(
+            "--executor ray needs a PostgreSQL store that every node reaches (--store "
+            "postgresql://user:password@host/db): a SQLite file cannot be shared between "
+            "machines"
+        )
+    try:
+        from .ray import RayExecutor
+    except ImportError:
+        raise ClusterError(
+            "--executor ray needs Ray, which is not installed — pip install 'orchmode[ray]'"
+        ) from None
+    return RayExecutor(settings, credentials, workdir)

@@ -1,0 +1,162 @@
+"""Runs one job in this process: its subagent loop, its shell, its claim and its record.
+
+The local executor runs its jobs through an :class:`AgentHost` in the user's process; each
+Ray actor has one of its own on its node. Either way the host that runs an agent is the
+one that keeps the agent's claim alive, so a host that dies takes its claims' renewals
+with it and the claims lapse for someone else to take.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..budget import BudgetExhausted
+from ..environment import command_environment
+from ..errors import AuthError, OrchmodeError
+from ..events import EventBus
+from ..model import ModelGateway
+from ..prompts import SUBAGENT_SYSTEM, SUBAGENT_TOOLS
+from ..sandbox import Sandbox
+from ..settings import Settings
+from ..shell import BashSession
+from ..store import Store
+from ..subagent import AgentResult, Status, Subagent, describe_failure
+from . import Job
+
+log = logging.getLogger("orchmode")
+
+#: Shells started ahead of need at once. Starting one (a fork, a sandbox, its cgroup)
+#: holds the event loop for a few milliseconds; a wave of hundreds at once would hold back
+#: the wave's model requests, which matter more.
+SPAWNS = 2
+
+
+async def keep_claim(store: Store, key: str, holder: str, lease: float) -> None:
+    """Renew a claim a third of the lease at a time, until cancelled."""
+    while True:
+        await asyncio.sleep(lease / 3)
+        try:
+            if not await store.renew(key, holder, lease):
+                log.warning("lost the claim on a running subtask; it may run twice")
+                return
+        except OrchmodeError as exc:
+            log.warning("could not renew a claim: %s", exc)
+
+
+@dataclass
+class ShellFactory:
+    """Makes an agent's persistent shell: in ``workdir``, sandboxed, with no secret in reach.
+
+    If the sandbox cannot work here, the shell's commands are refused rather than run
+    unsandboxed; ``sandbox`` is None only when the user turned it off.
+    """
+
+    settings: Settings
+    workdir: Path
+    env: dict[str, str]
+    sandbox: Sandbox | None
+
+    @classmethod
+    def build(cls, settings: Settings, workdir: Path, secrets: tuple[str, ...]) -> ShellFactory:
+        """From this process's environment, less credentials and any of ``secrets``."""
+        return cls(
+            settings,
+            workdir,
+            command_environment(os.environ, secrets),
+            Sandbox.from_settings(settings, workdir),
+        )
+
+    def __call__(self) -> BashSession:
+        return BashSession(
+            self.workdir,
+            timeout=self.settings.bash_timeout,
+            output_limit=self.settings.output_limit,
+            env=self.env,
+            sandbox=self.sandbox.for_shell() if self.sandbox is not None else None,
+        )
+
+
+@dataclass
+class AgentHost:
+    """What running subagents needs in one process, and the running itself."""
+
+    settings: Settings
+    gateway: ModelGateway
+    store: Store
+    make_shell: Callable[[], BashSession]
+    #: Whether a result is recorded before :meth:`run` returns. Off, it is recorded in the
+    #: background and :meth:`settle` waits for it: the chain goes on while the disk flushes.
+    record_inline: bool = False
+    _spawn_gate: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(SPAWNS))
+    _housekeeping: set[asyncio.Task[None]] = field(default_factory=set, repr=False)
+
+    async def run(self, job: Job, events: EventBus) -> AgentResult:
+        """The job's result; any failure but a rejected credential becomes an error result."""
+        heartbeat = asyncio.create_task(
+            keep_claim(self.store, job.key, job.holder, self.settings.claim_lease)
+        )
+        shell = self.make_shell()
+        # Start bash while the first model request is in flight, so its start-up is off
+        # the critical path (and not ahead of a wave of requests going out); close it in
+        # the background, for the same reason.
+        agent = Subagent(
+            gateway=self.gateway,
+            shell=shell,
+            events=events,
+            name=job.name,
+            system=SUBAGENT_SYSTEM,
+            tools=SUBAGENT_TOOLS,
+            max_turns=self.settings.subagent_turns,
+            on_first_request=lambda: self.background(self._prewarm(shell)),
+        )
+        try:
+            try:
+                result = await agent.run(job.prompt)
+            except AuthError:
+                raise  # retrying cannot help: stop the whole run
+            except BudgetExhausted as exc:
+                result = AgentResult(f"[orchmode: stopped — {exc}]", Status.SKIPPED)
+            except Exception as exc:
+                result = AgentResult(describe_failure(exc), Status.FAILED)
+        except BaseException:  # cancelled or broken: let the next run take it at once
+            self.background(self.store.release(job.key, job.holder))
+            raise
+        finally:
+            heartbeat.cancel()
+            self.background(shell.close())
+        # The claim is let go only once the result is recorded, so an agent waiting on
+        # the claim never finds neither.
+        recording = self._record_and_release(job, result)
+        if self.record_inline:
+            await recording
+        else:
+            self.background(recording)
+        return result
+
+    async def settle(self) -> None:
+        """Wait for the housekeeping so far: results recorded, claims let go, shells closed."""
+        while self._housekeeping:
+            for failure in await asyncio.gather(*self._housekeeping, return_exceptions=True):
+                if isinstance(failure, Exception):
+                    log.warning("housekeeping after a subagent failed: %s", failure)
+
+    def background(self, work: Coroutine[Any, Any, None]) -> None:
+        """Housekeeping off the critical path; :meth:`settle` waits for all of it."""
+        task = asyncio.create_task(work)
+        self._housekeeping.add(task)
+        task.add_done_callback(self._housekeeping.discard)
+
+    async def _record_and_release(self, job: Job, result: AgentResult) -> None:
+        await self.store.record(job.key, job.role, job.prompt, result)
+        await self.store.release(job.key, job.holder)
+
+    async def _prewarm(self, shell: BashSession) -> None:
+        """Start a shell ahead of need, a few at a time (see :data:`SPAWNS`)."""
+        async with self._spawn_gate:
+            await shell.start()

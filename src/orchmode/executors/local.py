@@ -1,0 +1,35 @@
+"""The default executor: subagents run as coroutines in this process."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ..events import EventBus
+from ..subagent import AgentResult
+from . import Job
+from .host import AgentHost
+
+#: How the records name the node of an agent that ran in the user's own process.
+HERE = ""
+
+
+class LocalExecutor:
+    """Runs every job in this process, through one :class:`AgentHost`."""
+
+    def __init__(self, host: AgentHost) -> None:
+        self.host = host
+
+    async def start(self) -> None:
+        return None
+
+    async def run(
+        self, job: Job, events: EventBus, on_placed: Callable[[str], None]
+    ) -> AgentResult:
+        on_placed(HERE)
+        return await self.host.run(job, events)
+
+    async def settle(self) -> None:
+        await self.host.settle()
+
+    async def close(self) -> None:
+        await self.host.settle()

@@ -1,0 +1,374 @@
+"""The Ray executor: subagents run as coroutines in async actors on a Ray cluster's nodes.
+
+Each live node gets ``--ray-actors`` actors (pinned to it), each running up to
+``--ray-max-per-actor`` subagents at once; a job goes to the least busy actor. An actor
+runs its jobs through an :class:`AgentHost` of its own, in the working directory Ray
+unpacked on its node, with its own sandbox, its own connection to the PostgreSQL store
+and its own gateway to the Messages API. It streams each agent's events back as they
+happen and ends the stream with the result.
+
+Secrets (the API key, the store's password) go to the actors as arguments of their
+creation, through Ray's object transport. They are kept out of the runtime environment's
+``env_vars`` on purpose: Ray's runtime-environment agent logs that dict, values and all,
+to every node's ``runtime_env_agent.log``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import resource
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import ray
+import ray.exceptions
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from ..errors import AuthError, ClusterError
+from ..events import (
+    BashDone,
+    BashStarted,
+    Event,
+    EventBus,
+    ModelRequestDone,
+)
+from ..model import Credentials, ModelGateway
+from ..settings import Settings
+from ..store import Store, open_store
+from ..subagent import AgentResult, Status
+from . import Job, WorkerLost
+from .host import AgentHost, ShellFactory
+from .upload import package_workdir
+
+log = logging.getLogger("orchmode")
+
+#: What Ray raises when the actor a call went to, or the node under it, is gone.
+LOST = (
+    ray.exceptions.RayActorError,  # ActorDiedError and ActorUnavailableError among them
+    ray.exceptions.ObjectLostError,
+    ray.exceptions.NodeDiedError,
+    ray.exceptions.WorkerCrashedError,
+)
+
+
+class Secret:
+    """A string that never shows itself in a repr, a log line or an error message."""
+
+    def __init__(self, value: str) -> None:
+        self.value = value
+
+    def __repr__(self) -> str:
+        return "Secret(***)"
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """What an actor reports of itself once ready."""
+
+    node_id: str
+    address: str
+    pid: int
+    #: Why bash cannot be sandboxed on that node, if it cannot.
+    sandbox_problem: str | None
+
+
+@dataclass(frozen=True)
+class Finished:
+    """The last item of a job's stream: its result, or the credential error that stops all."""
+
+    result: AgentResult | None
+    auth_error: str | None = None
+
+
+@dataclass(frozen=True)
+class ActorStats:
+    pid: int
+    #: The actor process's peak resident memory, in bytes.
+    peak_rss: int
+    running: int
+
+
+class AgentPool:
+    """One Ray actor: many subagents at once, as coroutines, on the node it is pinned to."""
+
+    def __init__(self, settings: Settings, credentials: Credentials, store_url: Secret) -> None:
+        self.settings = settings
+        self.credentials = credentials
+        self.store_url = store_url
+        self.events = EventBus()
+        self.events.subscribe(self._route)
+        self.routes: dict[str, Callable[[Event], None]] = {}
+        self.hosts: dict[str, AgentHost] = {}
+        self.store: Store | None = None
+        self.gateways: list[ModelGateway] = []
+        self.make_shell: ShellFactory | None = None
+
+    async def ready(self) -> NodeInfo:
+        """Open the store and build the shells' sandbox; say where this actor is."""
+        self.store = await open_store(self.store_url.value)
+        credentials = self.credentials
+        secrets = (credentials.api_key or "", credentials.auth_token or "", self.store_url.value)
+        self.make_shell = ShellFactory.build(self.settings, Path.cwd(), secrets)
+        sandbox = self.make_shell.sandbox
+        problem = sandbox.probe().problem if sandbox is not None else None
+        context = ray.get_runtime_context()
+        address: str = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
+        return NodeInfo(context.get_node_id(), address, os.getpid(), problem)
+
+    async def run(self, job: Job) -> AsyncIterator[Event | Finished]:
+        """The job's events as they happen, then its :class:`Finished`."""
+        host = self._host(job.session)
+        queue: asyncio.Queue[Event | Finished] = asyncio.Queue()
+        self.routes[job.name] = queue.put_nowait
+        task = asyncio.create_task(host.run(job, self.events))
+        task.add_done_callback(lambda done: queue.put_nowait(_finished(done)))
+        try:
+            while True:
+                item = await queue.get()
+                yield item
+                if isinstance(item, Finished):
+                    return
+        finally:
+            self.routes.pop(job.name, None)
+            if not task.done():
+                task.cancel()  # the caller went away: its claim is let go for a rerun
+
+    async def stats(self) -> ActorStats:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        return ActorStats(os.getpid(), peak, len(self.routes))
+
+    async def shutdown(self) -> None:
+        for host in self.hosts.values():
+            await host.settle()
+        for gateway in self.gateways:
+            await gateway.close()
+        if self.store is not None:
+            await self.store.close()
+
+    def _host(self, session: str) -> AgentHost:
+        host = self.hosts.get(session)
+        if host is None:
+            if self.store is None or self.make_shell is None:
+                raise RuntimeError("the actor was not made ready")
+            from ..budget import SessionBudget
+
+            gateway = ModelGateway(self.settings, self.credentials, self.events)
+            gateway.budget = SessionBudget(self.store, session, self.settings)
+            self.gateways.append(gateway)
+            host = AgentHost(
+                self.settings, gateway, self.store, self.make_shell, record_inline=True
+            )
+            self.hosts[session] = host
+        return host
+
+    def _route(self, event: Event) -> None:
+        """Send an agent's event to the stream of the job it belongs to."""
+        if isinstance(event, ModelRequestDone | BashStarted | BashDone):
+            deliver = self.routes.get(event.agent)
+            if deliver is not None:
+                deliver(event)
+
+
+def _finished(task: asyncio.Task[AgentResult]) -> Finished:
+    if task.cancelled():
+        return Finished(AgentResult("[orchmode: cancelled]", Status.FAILED))
+    failure = task.exception()
+    if isinstance(failure, AuthError):
+        return Finished(None, str(failure))
+    if failure is not None:
+        return Finished(AgentResult(f"error: the subagent failed: {failure}", Status.FAILED))
+    return Finished(task.result())
+
+
+@dataclass
+class _Member:
+    actor: Any
+    node: str
+    info: NodeInfo
+    running: int = 0
+    alive: bool = True
+
+
+@dataclass
+class RayExecutor:
+    """Runs jobs on a Ray cluster; one per session process, started before the first job."""
+
+    settings: Settings
+    credentials: Credentials
+    workdir: Path
+    members: list[_Member] = field(default_factory=list)
+    _changed: asyncio.Condition | None = None
+    _tmp: Path | None = None
+    _started: bool = False
+
+    async def start(self) -> None:
+        if self._started:
+            return
+        self._started = True
+        self._tmp = Path(tempfile.mkdtemp(prefix="orchmode-ray-"))
+        package = package_workdir(self.workdir, self.settings.ray_max_upload_mb, self._tmp)
+        log.info("shipping %d files (%d bytes) to the Ray nodes", package.files, package.size)
+        try:
+            ray.init(
+                address=self.settings.ray_address,
+                runtime_env={"working_dir": str(package.path)},
+                log_to_driver=False,
+                logging_level=logging.WARNING,
+                namespace="orchmode",
+            )
+        except Exception as exc:  # ConnectionError, AuthenticationError, ValueError …
+            raise ClusterError(
+                f"could not join the Ray cluster at {self.settings.ray_address}: "
+                f"{_first_line(exc)} — start one with `ray start --head`, or pass its "
+                "head's host:port with --ray-address (and its token in RAY_AUTH_TOKEN if "
+                "it uses RAY_AUTH_MODE=token)"
+            ) from None
+        self._changed = asyncio.Condition()
+        await self._fill()
+
+    async def run(
+        self, job: Job, events: EventBus, on_placed: Callable[[str], None]
+    ) -> AgentResult:
+        member = await self._pick()
+        member.running += 1
+        on_placed(member.node)
+        stream = member.actor.run.options(num_returns="streaming").remote(job)
+        try:
+            async for ref in stream:
+                item = await ref
+                if isinstance(item, Finished):
+                    if item.auth_error is not None:
+                        raise AuthError(item.auth_error)
+                    assert item.result is not None
+                    return item.result
+                events.emit(item)
+            raise WorkerLost(member.node, "its stream ended without a result")
+        except LOST as exc:
+            await self._lost(member)
+            raise WorkerLost(member.node, _first_line(exc)) from None
+        except ray.exceptions.RayError as exc:
+            return AgentResult(
+                f"error: the subagent failed on Ray: {_first_line(exc)}", Status.FAILED
+            )
+        except asyncio.CancelledError:
+            ray.cancel(stream)
+            raise
+        finally:
+            member.running -= 1
+            await self._notify()
+
+    async def settle(self) -> None:
+        return None  # actors record each result before they report it
+
+    async def close(self) -> None:
+        if self.members:
+            live = [m for m in self.members if m.alive]
+            await asyncio.gather(*(m.actor.shutdown.remote() for m in live), return_exceptions=True)
+            for member in live:
+                ray.kill(member.actor)
+            self.members.clear()
+        if self._started and ray.is_initialized():
+            ray.shutdown()
+        if self._tmp is not None:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            self._tmp = None
+
+    async def stats(self) -> dict[str, list[ActorStats]]:
+        """Each live node's actors, for benchmarks: pid, peak memory, jobs running."""
+        by_node: dict[str, list[ActorStats]] = {}
+        for member in self.members:
+            if member.alive:
+                by_node.setdefault(member.node, []).append(await member.actor.stats.remote())
+        return by_node
+
+    async def _fill(self) -> None:
+        """Start actors on every live node that has none; raise if no node can run any."""
+        covered = {m.info.node_id for m in self.members if m.alive}
+        every: list[dict[str, Any]] = ray.nodes()  # type: ignore[no-untyped-call]
+        nodes = [n for n in every if n.get("Alive") and n["NodeID"] not in covered]
+        remote: Any = ray.remote(AgentPool)
+        settings = self.settings.model_copy(
+            update={
+                "store": None,
+                "journal": None,
+                "workdir": None,
+                "base_url": self.settings.base_url or os.environ.get("ANTHROPIC_BASE_URL"),
+            }
+        )
+        store_url = Secret(self.settings.store or "")
+        actors: list[Any] = [
+            remote.options(
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False),
+                max_concurrency=self.settings.ray_max_per_actor,
+                num_cpus=0,
+                max_restarts=0,
+            ).remote(settings, self.credentials, store_url)
+            for node in nodes
+            for _ in range(self.settings.ray_actors)
+        ]
+        answers = await asyncio.gather(*(a.ready.remote() for a in actors), return_exceptions=True)
+        failures: list[str] = []
+        infos: list[tuple[Any, NodeInfo]] = []
+        for actor, answer in zip(actors, answers, strict=True):
+            if isinstance(answer, NodeInfo):
+                infos.append((actor, answer))
+            else:
+                failures.append(_first_line(answer))
+                ray.kill(actor)
+        nodes_seen = {info.node_id: info.address for _, info in infos}
+        nodes_seen.update({m.info.node_id: m.info.address for m in self.members})
+        addresses = list(nodes_seen.values())
+        for actor, info in infos:
+            if info.sandbox_problem is not None and self.settings.sandbox != "off":
+                log.warning("node %s cannot sandbox bash: %s", info.address, info.sandbox_problem)
+            self.members.append(_Member(actor, _label(info, addresses), info))
+        if not any(m.alive for m in self.members):
+            reason = f": {failures[0]}" if failures else ": the cluster has no live node"
+            raise ClusterError(
+                f"no Ray node could run subagents{reason} — every node needs "
+                "`pip install 'orchmode[ray]'` in the same Python as the head"
+            )
+        for failure in failures:
+            log.warning("a Ray actor could not start: %s", failure)
+
+    async def _pick(self) -> _Member:
+        """The live actor with the fewest jobs, once one has room."""
+        assert self._changed is not None
+        async with self._changed:
+            while True:
+                live = [m for m in self.members if m.alive]
+                if not live:
+                    await self._fill()
+                    continue
+                member = min(live, key=lambda m: m.running)
+                if member.running < self.settings.ray_max_per_actor:
+                    return member
+                await self._changed.wait()
+
+    async def _lost(self, member: _Member) -> None:
+        if member.alive:
+            member.alive = False
+            log.warning("lost the Ray actor on node %s", member.node)
+
+    async def _notify(self) -> None:
+        if self._changed is not None:
+            async with self._changed:
+                self._changed.notify_all()
+
+
+def _label(info: NodeInfo, addresses: list[str]) -> str:
+    """A node's name in the records: its address, and its id too if the address is shared."""
+    if addresses.count(info.address) > 1:
+        return f"{info.address}#{info.node_id[:6]}"
+    return info.address
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0]
