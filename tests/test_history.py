@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -16,17 +17,29 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from orchmode.events import (
+    Event,
+    FanoutDone,
+    FanoutStarted,
+    SubagentDone,
+    SubagentStarted,
+    TokenUsage,
+    TurnDone,
+    TurnStarted,
+)
 from orchmode.history import (
     RUN_COLUMNS,
     answers,
     format_columns,
     parse_report,
+    parse_row,
     print_lines,
     print_table,
     read_session,
     run_rows,
     transcript,
 )
+from orchmode.records import event_row
 from orchmode.store import EventRow
 from recorded_runs import (
     FindingsScenario,
@@ -158,6 +171,8 @@ def test_a_script_s_verifier_is_paired_with_the_worker_its_prompt_quotes() -> No
         ("SubagentDone", '{"call": 1, "index": 1, "role": "boss", "status": "finished"}'),
         ("SubagentDone", '{"call": true, "index": 1, "role": "worker", "status": "finished"}'),
         ("SubagentStarted", '{"call": 1, "role": "worker"}'),
+        ("SubagentStarted", '{"call": 1, "index": 1, "role": "worker", "node": 3}'),
+        ("SubagentDone", '{"call": 1, "index": 1, "role": "worker", "status": "x", "node": []}'),
         ("ModelRequestDone", '{"agent": "main", "usage": "lots", "cost": 1}'),
         ("ModelRequestDone", '{"agent": "main", "usage": {"input_tokens": "9"}, "cost": 1}'),
         ("BashDone", '{"agent": "main"}'),
@@ -204,7 +219,8 @@ JSON = st.recursive(
 )
 FIELDS = st.sampled_from(
     ["call", "index", "role", "status", "usage", "text", "notices", "stop", "agent", "command",
-     "result", "verdict", "duration", "cost", "from_journal", "exit_code", "subtasks", "lines"]
+     "result", "verdict", "duration", "cost", "from_journal", "exit_code", "subtasks", "lines",
+     "node"]
 )  # fmt: skip
 DATA = st.dictionaries(FIELDS, JSON | st.sampled_from(["worker", "verifier", "worker 1.1"]))
 
@@ -267,6 +283,78 @@ def test_on_a_terminal_user_text_is_never_read_as_rich_markup() -> None:
         render(out)
         text = re.sub(r"\x1b\[[0-9;]*m", "", out.getvalue())
         assert "[b]x[/b] [red]" in text, text
+
+
+def recorded(*events: Event) -> list[EventRow]:
+    """Events as the recorder writes them (their dataclass fields as JSON), a second apart."""
+    return [replace(event_row(seq, event), at=1000.0 + seq) for seq, event in enumerate(events)]
+
+
+def fanout_on(nodes: dict[tuple[int, str], tuple[str, str]]) -> list[Event]:
+    """One turn, one fan-out: per (index, role), the node it started on and the one it ended on."""
+    usage = TokenUsage(10, 5, 80, 5)
+    events: list[Event] = [TurnStarted("go", ()), FanoutStarted(1, subtasks=2, not_run=0)]
+    for (index, role), (started, done) in nodes.items():
+        assert role in ("worker", "verifier")
+        events.append(SubagentStarted(1, index, role, f"Check item {index}", "p", node=started))
+        events.append(SubagentDone(1, index, role, "finished", 2, usage, 1.5, cost=0.25, node=done))
+    return [*events, FanoutDone(1, 9.0), TurnDone("end_turn", 3)]
+
+
+def agent_lines(text: str) -> dict[str, str]:
+    """The transcript's head line of each agent, by its name."""
+    found = re.findall(r"^    ((?:worker|verifier) \d+\.\d+) · (.*)$", text, flags=re.M)
+    return {name: line for name, line in found}
+
+
+def test_show_names_the_node_each_agent_ran_on() -> None:
+    events = fanout_on(
+        {
+            (1, "worker"): ("127.0.0.2", "127.0.0.2"),
+            (1, "verifier"): ("127.0.0.3", "127.0.0.3"),
+            # started on a node that was lost, rerun and finished on another: the end wins
+            (2, "worker"): ("127.0.0.2", "127.0.0.3"),
+        }
+    )
+    # a budget skip never starts and never runs anywhere
+    skip = SubagentDone(1, 3, "worker", "skipped", 0, TokenUsage(), 0.0)
+    history = read_session(recorded(*events[:-2], skip, *events[-2:]), session="s")
+    nodes = {a.name: a.node for a in history.agents}
+    assert nodes == {"worker 1.1": "127.0.0.2", "verifier 1.1": "127.0.0.3",
+                     "worker 1.2": "127.0.0.3", "worker 1.3": ""}  # fmt: skip
+    lines = agent_lines(_plain(history))
+    assert set(lines) == set(nodes)
+    for name, node in nodes.items():
+        if node:
+            assert f" · node {node} · " in lines[name], lines[name]
+        else:
+            assert "node" not in lines[name], lines[name]
+    assert "127.0.0.2" not in lines["worker 1.2"]
+
+
+def test_a_run_without_nodes_shows_no_node() -> None:
+    events = fanout_on({(1, "worker"): ("", ""), (1, "verifier"): ("", "")})
+    history = read_session(recorded(*events), session="s")
+    assert [a.node for a in history.agents] == ["", ""]
+    text = _plain(history)
+    assert "node" not in text
+    # exactly the line a local run has always had
+    lines = agent_lines(text)
+    assert lines["worker 1.1"] == "Check item 1 · done · 2 turns · 100 tokens · $0.2500 · 1.5 s"
+
+
+def test_an_old_record_without_a_node_still_loads() -> None:
+    old = {"call": 1, "index": 1, "role": "worker", "title": "t", "prompt": "p"}
+    started = parse_row(EventRow(1, 1000.0, "SubagentStarted", json.dumps(old)))
+    assert started == SubagentStarted(1, 1, "worker", "t", "p", node="")
+    done = {"call": 1, "index": 1, "role": "worker", "status": "finished", "turns": 1}
+    ended = parse_row(EventRow(2, 1001.0, "SubagentDone", json.dumps(done)))
+    assert isinstance(ended, SubagentDone) and ended.node == ""
+    rows = Rows().add("TurnStarted", text="go", notices=[])
+    agent(rows, 1, 1, "worker")  # written without a node, as orchmode did before
+    assert all("node" not in json.loads(row.data) for row in rows.rows)
+    history = read_session(rows.rows)
+    assert history.skipped == 0 and [(a.state, a.node) for a in history.agents] == [("done", "")]
 
 
 def _plain(history: Any) -> str:

@@ -12,6 +12,7 @@ from rich.console import Console
 
 from conftest import StartServer, gateway_for, settings_for, store_for
 from orchmode.agent import Session
+from orchmode.display import PlainDisplay
 from orchmode.events import (
     BashDone,
     BashStarted,
@@ -20,6 +21,7 @@ from orchmode.events import (
     FanoutStarted,
     SubagentDone,
     SubagentStarted,
+    TokenUsage,
     TurnDone,
     TurnStarted,
 )
@@ -205,3 +207,67 @@ def test_a_running_agent_shows_the_command_it_is_running_now() -> None:
     assert "$ pytest -q tests/test_parser.py" in line and "running" in line
     view(BashDone("worker 1.1", "pytest -q tests/test_parser.py", 0, False, 1.5, "off"))
     assert "$ pytest" not in rows_of(render(view))[(1, "worker")]
+
+
+def header_of(text: str) -> list[str]:
+    """The column names of the rendered agent table."""
+    line = next(line for line in text.splitlines() if "subtask" in line and "role" in line)
+    return [cell.strip() for cell in line.strip("│┃ ").replace("┃", "│").split("│")]
+
+
+def fan_out_on(*nodes: tuple[str, str]) -> LiveView:
+    """A live view of one fan-out: worker i starts on nodes[i][0] and ends on nodes[i][1]."""
+    view = LiveView(SessionTotals(), clock=Clock())
+    view(TurnStarted("go", ()))
+    view(FanoutStarted(call=1, subtasks=len(nodes), not_run=0))
+    usage = TokenUsage(10, 5, 0, 0)
+    for index, (started, done) in enumerate(nodes, 1):
+        view(SubagentStarted(1, index, "worker", f"Check item {index}", "p", node=started))
+        view(SubagentDone(1, index, "worker", "finished", 1, usage, 2.0, node=done))
+    return view
+
+
+def test_agents_on_ray_nodes_show_their_node_in_a_node_column() -> None:
+    # worker 3's first node was lost: it was started again on, and finished on, another
+    view = fan_out_on(("127.0.0.2", "127.0.0.2"), ("127.0.0.3", "127.0.0.3"),
+                      ("127.0.0.2", "127.0.0.3"))  # fmt: skip
+    text = render(view)
+    header = header_of(text)
+    assert header[:5] == ["#", "subtask", "role", "node", "state"], header
+    rows = rows_of(text)
+    assert len(rows) == 3
+    for index, node in [(1, "127.0.0.2"), (2, "127.0.0.3"), (3, "127.0.0.3")]:
+        cells = [c.strip() for c in rows[(index, "worker")].strip("│ ").split("│")]
+        assert cells[header.index("node")] == node, cells
+        assert cells[header.index("state")] == DONE, cells
+
+
+def test_a_node_shows_while_the_agent_runs_and_a_local_run_has_no_node_column() -> None:
+    local = render(fan_out_on(("", ""), ("", "")))
+    assert "node" not in header_of(local) and "node" not in local
+    assert header_of(local)[:4] == ["#", "subtask", "role", "state"]
+    view = LiveView(SessionTotals(), clock=Clock())
+    view(FanoutStarted(call=1, subtasks=2, not_run=0))
+    view(SubagentStarted(1, 1, "worker", "Check item 1", "p", node="127.0.0.2"))
+    text = render(view)
+    assert "node" in header_of(text)
+    assert "127.0.0.2" in rows_of(text)[(1, "worker")]
+    assert "127.0.0.2" not in rows_of(text)[(2, "worker")]  # still queued: no node yet
+
+
+def test_plain_lines_say_which_node_an_agent_ran_on() -> None:
+    stream = io.StringIO()
+    display = PlainDisplay(stream)
+    usage = TokenUsage(10, 5, 0, 0)
+    display(SubagentStarted(1, 1, "worker", "Check item 1", "p", node="127.0.0.2"))
+    display(SubagentDone(1, 1, "worker", "finished", 2, usage, 1.0, node="127.0.0.2"))
+    display(SubagentDone(1, 2, "worker", "finished", 2, usage, 1.0))
+    display(SubagentDone(1, 1, "verifier", "finished", 1, usage, 1.0, verdict="confirmed",
+                         node="127.0.0.3"))  # fmt: skip
+    first, local, verify = stream.getvalue().splitlines()
+    assert first.startswith("[workflow 1] worker 1: finished after 2 turns (")
+    assert first.endswith(") on 127.0.0.2")
+    assert local.startswith("[workflow 1] worker 2: ") and local.endswith(")")
+    assert "on 127" not in local
+    assert verify.startswith("[workflow 1] verify 1: confirmed (")
+    assert verify.endswith(") on 127.0.0.3")

@@ -121,7 +121,14 @@ def injected_history() -> Any:
         ("FanoutStarted", {"call": 1, "subtasks": 1, "not_run": 0}),
         (
             "SubagentStarted",
-            {"call": 1, "index": 1, "role": "worker", "title": PAYLOAD, "prompt": PAYLOAD},
+            {
+                "call": 1,
+                "index": 1,
+                "role": "worker",
+                "title": PAYLOAD,
+                "prompt": PAYLOAD,
+                "node": PAYLOAD,
+            },
         ),
         (
             "SubagentDone",
@@ -166,7 +173,63 @@ def test_everything_from_the_model_and_user_is_escaped() -> None:
         assert not [name for name in attrs if name.startswith("on")], attrs
     assert html.count(PAYLOAD) == 0
     assert html.count(escape(PAYLOAD)) > 5  # shown, as text
+    assert [d["data-node"] for d in dom.find("details") if "data-node" in d] == [PAYLOAD]
     assert_self_contained(html)
+
+
+def node_history(*nodes: tuple[str, str]) -> Any:
+    """One fan-out whose worker i starts on nodes[i][0] and ends on nodes[i][1] ("" = local)."""
+    usage = {
+        "input_tokens": 10,
+        "output_tokens": 5,
+        "cache_read_tokens": 0,
+        "cache_write_tokens": 0,
+    }
+    rows: list[tuple[str, dict[str, Any]]] = [
+        ("TurnStarted", {"text": "go", "notices": []}),
+        ("FanoutStarted", {"call": 1, "subtasks": len(nodes), "not_run": 0}),
+    ]
+    for index, (started, done) in enumerate(nodes, 1):
+        agent = {"call": 1, "index": index, "role": "worker"}
+        rows.append(("SubagentStarted", {**agent, "title": f"Check item {index}", "prompt": "p",
+                                         "node": started}))  # fmt: skip
+        rows.append(("SubagentDone", {**agent, "status": "finished", "turns": 1, "usage": usage,
+                                      "duration": 1.0, "node": done}))  # fmt: skip
+    rows += [("FanoutDone", {"call": 1, "duration": 3.0}), ("TurnDone", {"stop": "end_turn"})]
+    events = [EventRow(i, 100.0 + i, kind, json.dumps(d)) for i, (kind, d) in enumerate(rows)]
+    return read_session(events, session="s")
+
+
+def test_the_report_shows_the_node_each_agent_ran_on() -> None:
+    # worker 2 lost its first node and finished on another; worker 3 was never placed
+    html = render_report(
+        node_history(("127.0.0.2", "127.0.0.2"), ("127.0.0.2", "127.0.0.3"), ("", ""))
+    )
+    dom = Dom(html)
+    expected = {"worker 1.1": "127.0.0.2", "worker 1.2": "127.0.0.3", "worker 1.3": ""}
+    texts = {}
+    for name, node in expected.items():
+        (bar,) = dom.find("a", data_agent=name)
+        (details,) = dom.find("details", data_agent=name)
+        texts[name] = text = " ".join(dom.text[details["id"]].split())
+        assert bar.get("data-node", "") == node and details.get("data-node", "") == node
+        if node:
+            assert f" · node {node} · " in bar["title"], bar["title"]
+            # in the summary line, and as a fact (<dt>node</dt><dd>…</dd>) before the turns
+            assert f"node {node} · 15 tokens" in text and f"node{node}turns" in text, text
+        else:
+            assert "node" not in bar["title"]
+            assert "node—turns" in text, text  # the facts name no node rather than a wrong one
+    assert "127.0.0.2" not in texts["worker 1.2"]  # where it finished, not where it began
+    assert_self_contained(html)
+
+
+def test_a_local_run_s_report_has_no_node() -> None:
+    html = render_report(node_history(("", ""), ("", "")))
+    dom = Dom(html)
+    assert len(dom.find("details", class_="agent")) == 2
+    assert "node" not in html
+    assert not [attrs for _, attrs in dom.elements if "data-node" in attrs]
 
 
 def test_the_content_security_policy_allows_only_the_page_s_own_script() -> None:

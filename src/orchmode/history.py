@@ -164,6 +164,7 @@ _PARSERS: dict[str, Callable[[Mapping[str, Any]], Event]] = {
         role=_role(d),
         title=_str(d, "title", ""),
         prompt=_str(d, "prompt", ""),
+        node=_str(d, "node", ""),
     ),
     "SubagentDone": lambda d: SubagentDone(
         call=_int(d, "call"),
@@ -177,6 +178,7 @@ _PARSERS: dict[str, Callable[[Mapping[str, Any]], Event]] = {
         verdict=_optional_str(d, "verdict"),
         result=_str(d, "result", ""),
         cost=_float(d, "cost", 0.0),
+        node=_str(d, "node", ""),
     ),
 }
 
@@ -320,6 +322,8 @@ class AgentRecord:
     result: str = ""
     requests: int = 0
     commands: list[Command] = field(default_factory=list)
+    #: the Ray node it ran on; empty when it ran in the user's own process (or never ran)
+    node: str = ""
 
     @property
     def name(self) -> str:
@@ -558,6 +562,8 @@ def _apply(turn: Turn, event: Event, at: float) -> None:
         case SubagentStarted():
             agent = turn.fanout(event.call, at).agent(event.index, event.role)
             agent.started_at, agent.title, agent.prompt = at, event.title, event.prompt
+            if event.node:  # a rerun after a lost node starts again elsewhere
+                agent.node = event.node
         case SubagentDone():
             agent = turn.fanout(event.call, at).agent(event.index, event.role)
             agent.done_at = at
@@ -566,6 +572,8 @@ def _apply(turn: Turn, event: Event, at: float) -> None:
             agent.status, agent.turns, agent.usage = event.status, event.turns, event.usage
             agent.duration, agent.from_journal = event.duration, event.from_journal
             agent.verdict, agent.result, agent.cost = event.verdict, event.result, event.cost
+            if event.node:  # where it finished, if it was placed on a node
+                agent.node = event.node
 
 
 def _agent_named(turn: Turn, name: str, at: float) -> AgentRecord | None:
@@ -750,6 +758,8 @@ def _agent_lines(agent: AgentRecord, indent: str) -> list[Line]:
         head += [" · ", (agent.verdict, _STATE_STYLES.get(agent.verdict, ""))]
     label = f"failed ({agent.status})" if state == "failed" else STATE_LABELS[state]
     head += [" · ", (label, _STATE_STYLES[state])]
+    if agent.node:  # only runs on a cluster have nodes: a local run reads as it always has
+        head += [" · ", (f"node {agent.node}", "blue")]
     if agent.status is not None and not agent.from_journal:
         head += [f" · {_usage_text(agent)}"]
     lines = [_line(*head)]

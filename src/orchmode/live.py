@@ -82,6 +82,8 @@ class AgentRow:
     verdict: str | None = None
     #: the bash command it is running at this moment, if any
     running: str = ""
+    #: the Ray node it runs on; empty in the user's own process
+    node: str = ""
 
     def elapsed(self, now: float) -> float | None:
         if self.duration is not None:
@@ -207,11 +209,15 @@ class LiveView:
                 if role == "verifier":  # its prompt is the verify brief: show the subtask
                     title = view.row(index, "worker").title or title
                 row.title, row.state, row.started = title, RUNNING, self.clock()
+                if event.node:  # a rerun after a lost node starts again elsewhere
+                    row.node = event.node
             case SubagentDone(call=call, index=index, role=role):
                 row = self._call(call).row(index, role)
                 row.status, row.turns, row.verdict = event.status, event.turns, event.verdict
                 row.usage, row.cost, row.duration = event.usage, event.cost, event.duration
                 row.state = self._state(event)
+                if event.node:
+                    row.node = event.node
                 if not row.title and role == "verifier":
                     row.title = self._call(call).row(index, "worker").title
             case ModelRequestDone(agent=agent):
@@ -293,7 +299,9 @@ class LiveView:
         table = Table(title=title, title_justify="left", expand=False)
         table.add_column("#", justify="right")
         table.add_column("subtask", max_width=48, no_wrap=True, overflow="ellipsis")
-        for name in ("role", "state"):
+        # Only a call with an agent on a cluster node shows where each ran.
+        nodes = any(row.node for row in view.rows.values())
+        for name in ("role", "node", "state") if nodes else ("role", "state"):
             table.add_column(name, no_wrap=True)
         for name in ("turns", "tokens", "cost", "elapsed"):
             table.add_column(name, justify="right", no_wrap=True)
@@ -303,10 +311,12 @@ class LiveView:
         for row in sorted(view.rows.values(), key=lambda r: (r.index, order[r.role])):
             elapsed = row.elapsed(now)
             state = row.state if row.state != FAILED else f"{FAILED} ({row.status})"
+            where = [Text(row.node)] if nodes else []
             table.add_row(
                 str(row.index),
                 Text(row.title or "…"),
                 row.role,
+                *where,
                 Text(state, style=_STYLES[row.state]),
                 str(row.turns) if row.turns else "",
                 f"{_tokens(row.usage):,}" if _tokens(row.usage) else "",

@@ -160,16 +160,23 @@ def _bar(turn: Turn, fanout: Fanout, agent: AgentRecord, start: float, span: flo
     width = max(0.0, ended - began) / span * 100
     state = agent.state
     verdict = f" · {agent.verdict}" if agent.verdict else ""
+    node = f" · node {agent.node}" if agent.node else ""
     tip = (
-        f"{agent.name} · {STATE_LABELS[state]}{verdict} · {seconds(max(0.0, ended - began))}"
-        f" · {agent.tokens:,} tokens · {money(agent.cost)}"
+        f"{agent.name} · {STATE_LABELS[state]}{verdict}{node} · "
+        f"{seconds(max(0.0, ended - began))} · {agent.tokens:,} tokens · {money(agent.cost)}"
     )
     return (
         f'<a class="bar role-{agent.role} state-{state}" href="#{agent_id(turn, agent)}" '
         f'data-agent="{e(agent.name)}" data-role="{agent.role}" data-state="{state}" '
-        f'data-turn="{turn.number}" data-call="{fanout.call}" data-index="{agent.index}" '
+        f'data-turn="{turn.number}" data-call="{fanout.call}" data-index="{agent.index}"'
+        f"{_node_attribute(agent)} "
         f'style="left:{left:.3f}%;width:{width:.3f}%" title="{e(tip)}"></a>'
     )
+
+
+def _node_attribute(agent: AgentRecord) -> str:
+    """``data-node`` for an agent placed on a cluster node; nothing for one run locally."""
+    return f' data-node="{e(agent.node)}"' if agent.node else ""
 
 
 def _fanout_timeline(turn: Turn, fanout: Fanout) -> str:
@@ -335,7 +342,8 @@ def _turns(history: SessionHistory) -> str:
     return f'<section id="turns"><h2>Turns</h2>\n{content}\n</section>'
 
 
-def _agent_details(turn: Turn, agent: AgentRecord) -> str:
+def _agent_details(turn: Turn, agent: AgentRecord, nodes: bool = False) -> str:
+    """One agent's details; ``nodes`` when the run had agents on cluster nodes."""
     usage = agent.usage
     state = agent.state
     verdict = (
@@ -345,6 +353,7 @@ def _agent_details(turn: Turn, agent: AgentRecord) -> str:
     )
     facts = [
         ("status", agent.status or "never finished"),
+        *([("node", agent.node or "—")] if nodes else []),
         ("turns", str(agent.turns)),
         ("model requests", str(agent.requests)),
         ("input tokens", f"{usage.input_tokens:,}"),
@@ -383,13 +392,14 @@ def _agent_details(turn: Turn, agent: AgentRecord) -> str:
     else:
         result = ""
     commands = _commands(agent.commands)
+    node = f"node {e(agent.node)} · " if agent.node else ""
     return (
         f'<details class="agent" id="{agent_id(turn, agent)}" data-agent="{e(agent.name)}" '
-        f'data-role="{agent.role}" data-state="{state}">'
+        f'data-role="{agent.role}" data-state="{state}"{_node_attribute(agent)}>'
         f'<summary><span class="swatch state-{state} role-{agent.role}"></span>'
         f"<b>{e(agent.name)}</b> {e(agent.title if agent.role == 'worker' else '')} "
         f'<span class="badge state-{state}">{e(STATE_LABELS[state])}</span>{verdict} '
-        f'<span class="meta">{agent.tokens:,} tokens · {e(money(agent.cost))} · '
+        f'<span class="meta">{node}{agent.tokens:,} tokens · {e(money(agent.cost))} · '
         f"{e(seconds(agent.duration))}</span></summary>"
         f'<div class="agent-body"><dl class="facts">{dl}</dl>{prompt}{result}'
         + (f"<h4>commands</h4>{commands}" if commands else "")
@@ -398,8 +408,9 @@ def _agent_details(turn: Turn, agent: AgentRecord) -> str:
 
 
 def _agents(history: SessionHistory) -> str:
+    nodes = any(agent.node for agent in history.agents)  # a run on a cluster shows where
     parts = [
-        _agent_details(turn, agent)
+        _agent_details(turn, agent, nodes)
         for turn in history.turns
         for fanout in turn.fanouts
         for agent in fanout.agents

@@ -20,6 +20,7 @@ import logging
 import os
 import resource
 import shutil
+import socket
 import tempfile
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -47,6 +48,9 @@ from .host import AgentHost, ShellFactory
 from .upload import package_workdir
 
 log = logging.getLogger("orchmode")
+
+#: Seconds to wait for the head node's port to answer before giving up.
+REACH_TIMEOUT = 5.0
 
 #: What Ray raises when the actor a call went to, or the node under it, is gone.
 LOST = (
@@ -211,6 +215,7 @@ class RayExecutor:
         if self._started:
             return
         self._started = True
+        _check_reachable(self.settings.ray_address)
         self._tmp = Path(tempfile.mkdtemp(prefix="orchmode-ray-"))
         package = package_workdir(self.workdir, self.settings.ray_max_upload_mb, self._tmp)
         log.info("shipping %d files (%d bytes) to the Ray nodes", package.files, package.size)
@@ -251,7 +256,12 @@ class RayExecutor:
             raise WorkerLost(member.node, "its stream ended without a result")
         except LOST as exc:
             await self._lost(member)
-            raise WorkerLost(member.node, _first_line(exc)) from None
+            reason = (
+                "its actor stopped answering"
+                if isinstance(exc, ray.exceptions.RayActorError)
+                else _first_line(exc)
+            )
+            raise WorkerLost(member.node, reason) from None
         except ray.exceptions.RayError as exc:
             return AgentResult(
                 f"error: the subagent failed on Ray: {_first_line(exc)}", Status.FAILED
@@ -360,6 +370,23 @@ class RayExecutor:
         if self._changed is not None:
             async with self._changed:
                 self._changed.notify_all()
+
+
+def _check_reachable(address: str) -> None:
+    """Fail in seconds on a head that does not answer: Ray itself keeps trying for minutes."""
+    if address == "auto":
+        return  # Ray finds the local cluster, or says at once that there is none
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        raise ClusterError(f"--ray-address {address!r} is not auto or host:port")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=REACH_TIMEOUT):
+            return
+    except OSError as exc:
+        raise ClusterError(
+            f"no Ray head answers at {address} ({exc.strerror or exc}) — start one with "
+            "`ray start --head`, or pass its host:port with --ray-address"
+        ) from None
 
 
 def _label(info: NodeInfo, addresses: list[str]) -> str:

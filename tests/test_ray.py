@@ -1,0 +1,323 @@
+"""The Ray executor on a real two-node Ray cluster started on this machine, with PostgreSQL.
+
+The nodes are real ``ray start`` processes on 127.0.0.2 and 127.0.0.3 with token auth; the
+model is the scripted server; orchmode runs as its own process, as a user runs it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from orchmode.testing import ScriptedServer
+from orchmode.testing.raycluster import LocalCluster, RayUnavailable, local_ray_cluster
+from orchmode.testing.scenario import OrchestrationScenario
+from recorded_runs import base_env
+
+pytestmark = pytest.mark.timeout(300)
+
+#: A key unlike any other string, so finding it anywhere means it leaked.
+API_KEY = f"sk-ant-test-{secrets.token_hex(12)}"
+#: A worker's command that passes only in the shipped copy of the project, not the original:
+#: the kept file is there, the ignored one is not, and it is somewhere else.
+SHIPPED_CHECK = 'test -f kept.txt && ! test -e ignored.log && test "$(pwd)" != '
+
+
+def _cluster() -> Iterator[LocalCluster]:
+    try:
+        with local_ray_cluster(nodes=2) as cluster:
+            yield cluster
+    except RayUnavailable as exc:
+        if os.environ.get("ORCHMODE_TEST_RAY") == "required":
+            pytest.fail(f"{exc} (ORCHMODE_TEST_RAY=required)")
+        pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[LocalCluster]:
+    """Two nodes shared by the tests that leave them standing."""
+    yield from _cluster()
+
+
+@pytest.fixture
+def own_cluster() -> Iterator[LocalCluster]:
+    """Two nodes for a test that takes one away."""
+    yield from _cluster()
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    root = tmp_path / "project"
+    root.mkdir()
+    (root / "kept.txt").write_text("shipped\n")
+    (root / "ignored.log").write_text("never shipped\n")
+    (root / ".gitignore").write_text("*.log\n")
+    return root
+
+
+@pytest.fixture
+def server() -> Iterator[Any]:
+    servers: list[ScriptedServer] = []
+
+    def start(scenario: OrchestrationScenario) -> ScriptedServer:
+        started = ScriptedServer(scenario, api_key=API_KEY)
+        started.start_in_thread()
+        servers.append(started)
+        return started
+
+    yield start
+    for started in servers:
+        started.stop_thread()
+
+
+def run_env(cluster: LocalCluster | None) -> dict[str, str]:
+    env = base_env(ANTHROPIC_API_KEY=API_KEY)
+    if cluster is not None:
+        env.update(cluster.env)
+    return env
+
+
+def orchmode_args(server: ScriptedServer, *flags: str) -> list[str]:
+    return [sys.executable, "-m", "orchmode", "run", "check", "--base-url", server.url, *flags]
+
+
+def on_ray(cluster: LocalCluster, store: str) -> list[str]:
+    return ["--executor", "ray", "--ray-address", cluster.address, "--store", store]
+
+
+def session_of(stderr: str) -> str:
+    found = re.search(r"recorded as (\S+);", stderr)
+    assert found, stderr
+    return found[1]
+
+
+def recorded(store: str, session: str) -> list[tuple[str, dict[str, Any]]]:
+    """The session's events, read from PostgreSQL behind orchmode's back."""
+    with psycopg.connect(store) as db:
+        rows = db.execute(
+            "SELECT kind, data FROM events WHERE session = %s ORDER BY seq", (session,)
+        ).fetchall()
+    return [(kind, json.loads(data)) for kind, data in rows]
+
+
+def agents(events: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+    return [data for kind, data in events if kind == "SubagentDone"]
+
+
+def test_fifty_subtasks_on_two_nodes_give_every_result_and_verdict(
+    cluster: LocalCluster, postgres_clean_url: str, project: Path, server: Any
+) -> None:
+    scenario = OrchestrationScenario(
+        subtasks=50, worker_command=SHIPPED_CHECK + str(project), scout_command="true"
+    )
+    started = server(scenario)
+    done = subprocess.run(
+        orchmode_args(started, *on_ray(cluster, postgres_clean_url), "--max-concurrent", "20"),
+        cwd=project,
+        env=run_env(cluster),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "50 agents reported; 50 results were confirmed" in done.stdout
+    events = recorded(postgres_clean_url, session_of(done.stderr))
+    finished = agents(events)
+    assert Counter((a["role"], a["status"]) for a in finished) == {
+        ("worker", "finished"): 50,
+        ("verifier", "finished"): 50,
+    }
+    assert {a["verdict"] for a in finished if a["role"] == "verifier"} == {"confirmed"}
+    assert {a["node"] for a in finished} == {"127.0.0.2", "127.0.0.3"}
+    # Every worker's bash ran in the shipped copy, in the sandbox, and passed its check.
+    commands = [data for kind, data in events if kind == "BashDone" and data["agent"] != "main"]
+    assert len(commands) == 50
+    assert {(c["exit_code"], c["sandbox"]) for c in commands} == {(0, "workspace-write")}
+
+
+def test_the_api_key_reaches_no_ray_log_nor_record(
+    cluster: LocalCluster, postgres_clean_url: str, project: Path, server: Any
+) -> None:
+    started = server(OrchestrationScenario(subtasks=4, worker_command="env"))
+    done = subprocess.run(
+        orchmode_args(started, *on_ray(cluster, postgres_clean_url), "--json"),
+        cwd=project,
+        env=run_env(cluster),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr
+    assert API_KEY not in done.stdout + done.stderr
+    leaked = subprocess.run(
+        ["grep", "-rl", "--binary-files=text", API_KEY, str(cluster.temp_dir)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert leaked.stdout == "", f"the key is in {leaked.stdout}"
+    with psycopg.connect(postgres_clean_url) as db:
+        for table in ("events", "results", "sessions"):
+            dump = db.execute(f"SELECT string_agg(t::text, ' ') FROM {table} t").fetchone()
+            assert API_KEY not in str(dump), table
+    # The control: the grep does find what the nodes did write, so an empty answer means
+    # something. Ray's runtime-environment log names the package that was shipped.
+    assert (
+        subprocess.run(
+            ["grep", "-rlq", "working_dir", str(cluster.temp_dir)], check=False
+        ).returncode
+        == 0
+    )
+
+
+def test_losing_a_node_mid_run_still_completes_the_run(
+    own_cluster: LocalCluster, postgres_clean_url: str, project: Path, server: Any
+) -> None:
+    started = server(OrchestrationScenario(subtasks=16, delay=0.5, worker_command=None))
+    process = subprocess.Popen(
+        orchmode_args(
+            started,
+            *on_ray(own_cluster, postgres_clean_url),
+            "--json",
+            "--claim-lease",
+            "2",
+            "--max-concurrent",
+            "8",
+            "--sandbox",
+            "off",
+        ),
+        cwd=project,
+        env=run_env(own_cluster),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stderr is not None and process.stdout is not None
+    lines: list[str] = []
+    killed = False
+    for line in process.stderr:  # the live events, one JSON object a line
+        lines.append(line)
+        if not killed and '"SubagentStarted"' in line and '"node": "127.0.0.3"' in line:
+            own_cluster.kill_node(1)
+            killed = True
+    stdout = process.stdout.read()
+    assert process.wait(timeout=240) == 0, "".join(lines)
+    assert killed, "no subagent ever started on the second node"
+    assert "16 agents reported; 16 results were confirmed" in stdout
+    events = recorded(postgres_clean_url, session_of("".join(lines)))
+    started_on = {
+        (d["role"], d["index"], d["node"]) for kind, d in events if kind == "SubagentStarted"
+    }
+    finished = agents(events)
+    assert len(finished) == 32 and {a["status"] for a in finished} == {"finished"}
+    # Some agent started on the lost node and was finished on the one left.
+    moved = [
+        a
+        for a in finished
+        if ("worker", a["index"], "127.0.0.3") in started_on
+        and a["role"] == "worker"
+        and a["node"] == "127.0.0.2"
+    ]
+    assert moved, "no agent was run again after its node was lost"
+    assert any("running it again on another node" in line for line in lines)
+
+
+def refute_item_three(prompt: str) -> str:
+    return "refuted" if "Check item 3\n" in prompt else "confirmed"
+
+
+def test_ray_and_local_executors_give_the_same_results(
+    cluster: LocalCluster, postgres_clean_url: str, project: Path, server: Any, tmp_path: Path
+) -> None:
+    def outcome(flags: list[str], store: str | None) -> tuple[str, list[tuple[Any, ...]]]:
+        # The workers read a file of the project: its content is the same on every node,
+        # where the path it lies at is not.
+        started = server(
+            OrchestrationScenario(
+                subtasks=8, verdict=refute_item_three, worker_command="cat kept.txt"
+            )
+        )
+        done = subprocess.run(
+            orchmode_args(started, "--sandbox", "off", *flags),
+            cwd=project,
+            env=run_env(cluster),
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
+        assert done.returncode == 0, done.stderr
+        session = session_of(done.stderr)
+        if store is None:
+            from recorded_runs import agents_done
+
+            finished = agents_done(project, session)
+        else:
+            finished = agents(recorded(store, session))
+        results = sorted(
+            (a["role"], a["index"], a["status"], a["verdict"], a["result"]) for a in finished
+        )
+        return done.stdout, results
+
+    local = outcome([], None)
+    on_cluster = outcome(on_ray(cluster, postgres_clean_url), postgres_clean_url)
+    assert on_cluster[0] == local[0]
+    only_local = [r for r in local[1] if r not in on_cluster[1]]
+    only_ray = [r for r in on_cluster[1] if r not in local[1]]
+    assert (only_local, only_ray) == ([], [])
+    assert len(local[1]) == 16
+    assert all("shipped" in r[4] for r in local[1] if r[0] == "worker")
+    assert "8 agents reported; 7 results were confirmed" in local[0]
+
+
+def test_the_ray_executor_refuses_a_sqlite_store(project: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "orchmode", "run", "check", "--executor", "ray"],
+        cwd=project,
+        env=run_env(None),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "needs a PostgreSQL store" in lines[0], done.stderr
+
+
+def test_an_unreachable_head_is_one_clear_error_within_seconds(
+    project: Path, postgres_clean_url: str
+) -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "orchmode",
+            "run",
+            "check",
+            "--executor",
+            "ray",
+            "--ray-address",
+            "127.0.0.9:9",
+            "--store",
+            postgres_clean_url,
+            "--sandbox",
+            "off",
+        ],
+        cwd=project,
+        env=run_env(None),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 9, done.stderr
+    assert "no Ray head answers at 127.0.0.9:9" in done.stderr
