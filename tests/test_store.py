@@ -111,6 +111,17 @@ async def test_a_claim_is_exclusive_until_released(store: Store) -> None:
     assert await store.claim("k", "b", 30)
 
 
+async def test_recording_with_the_holder_lets_its_claim_go_in_the_same_write(
+    store: Store,
+) -> None:
+    assert await store.claim("k", "a", 30)
+    await store.record("k", "worker", "p", DONE, holder="b")  # not b's claim: it stays
+    assert not await store.claim("k", "c", 30)
+    await store.record("k", "worker", "p", DONE, holder="a")
+    assert await store.lookup("k") == DONE
+    assert await store.claim("k", "c", 30)
+
+
 async def test_an_expired_claim_is_taken_over_and_its_holder_knows(store: Store) -> None:
     assert await store.claim("k", "dead", -1)  # a lease that has already run out
     assert await store.claim("k", "alive", 30)
@@ -334,3 +345,31 @@ def test_a_locked_sqlite_file_is_a_clear_error(tmp_path: Path) -> None:
     finally:
         holder.execute("ROLLBACK")
         holder.close()
+
+
+async def test_a_wave_reserving_together_never_overshoots_the_cap(store: Store) -> None:
+    import asyncio
+
+    from orchmode.budget import SessionBudget
+    from orchmode.settings import Settings
+
+    budget = SessionBudget(store, "s", Settings(max_subagents=20))
+    first = await asyncio.gather(*(budget.reserve_subagent() for _ in range(15)))
+    wave = await asyncio.gather(*(budget.reserve_subagent() for _ in range(30)))
+    assert all(first) and sum(wave) == 5
+    assert wave[:5] == [True] * 5  # in the order they asked
+    assert (await store.budget("s")).subagents == 20
+
+
+async def test_use_added_together_reaches_the_ledger_exactly(store: Store) -> None:
+    import asyncio
+
+    from orchmode.budget import SessionBudget
+    from orchmode.settings import Settings
+
+    budget = SessionBudget(store, "s", Settings())
+    await asyncio.gather(
+        *(budget.after_request(None, TokenUsage(i, 1, 0, 0)) for i in range(1, 201))
+    )
+    await budget.flush()
+    assert (await store.budget("s")).tokens == sum(range(1, 201)) + 200

@@ -237,5 +237,6 @@ class Session:
 
     async def close(self) -> None:
         await self.shell.close()
+        await self.budget.flush()
         if self._owns_executor:
             await self.executor.close()

@@ -9,15 +9,19 @@ together spend past a cap. Without caps, requests only add what they used.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import OrchmodeError
 from .events import TokenUsage
 from .settings import Settings
 from .store import BudgetCaps, BudgetState, Store
+
+log = logging.getLogger("orchmode")
 
 #: Characters per token when estimating a request's input; low, so the estimate is high.
 CHARS_PER_TOKEN = 3
@@ -45,6 +49,12 @@ class SessionBudget:
     store: Store
     session: str
     settings: Settings
+    #: Use not yet in the ledger (sessions without caps only), and the task writing it.
+    _unsettled: list[float] = field(default_factory=lambda: [0, 0.0], repr=False)
+    _settler: asyncio.Task[None] | None = field(default=None, repr=False)
+    #: Subagents waiting for a place in the ledger, and the task reserving them.
+    _waiting: list[asyncio.Future[bool]] = field(default_factory=list, repr=False)
+    _reserver: asyncio.Task[None] | None = field(default=None, repr=False)
 
     @property
     def caps(self) -> BudgetCaps:
@@ -87,8 +97,71 @@ class SessionBudget:
         cost = self.cost(usage)
         if reservation is not None:
             tokens, cost = tokens - reservation.tokens, cost - reservation.cost
-        if tokens or cost:
+        if not (tokens or cost):
+            return
+        if self.metered:  # a cap counts on the ledger being exact now
             await self.store.settle(self.session, tokens=tokens, cost=cost)
+            return
+        self._unsettled[0] += tokens
+        self._unsettled[1] += cost
+        if self._settler is None or self._settler.done():
+            self._settler = asyncio.create_task(self._settle_unsettled())
+
+    async def reserve_subagent(self) -> bool:
+        """Count one more subagent against the cap; false if the session may launch no more.
+
+        The subagents of a wave that ask together are reserved together, in one update of
+        the ledger, while the cap still holds for all of them. Reserving them one update at
+        a time would queue the whole wave on the ledger's row.
+        """
+        waiting: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._waiting.append(waiting)
+        if self._reserver is None or self._reserver.done():
+            self._reserver = asyncio.create_task(self._reserve_waiting())
+        return await waiting
+
+    async def _reserve_waiting(self) -> None:
+        while self._waiting:
+            batch = [f for f in self._waiting if not f.done()]
+            self._waiting = []
+            try:
+                granted = await self._grant(len(batch))
+            except OrchmodeError as exc:
+                for waiting in batch:
+                    if not waiting.done():
+                        waiting.set_exception(exc)
+                continue
+            for i, waiting in enumerate(batch):
+                if not waiting.done():
+                    waiting.set_result(i < granted)
+
+    async def _grant(self, count: int) -> int:
+        """Reserve ``count`` subagents, or as many as the cap leaves room for."""
+        if count == 0:
+            return 0
+        reserve = self.store.reserve
+        if await reserve(self.session, self.caps, subagents=count, tokens=0, cost=0.0):
+            return count
+        granted = 0  # near the cap: one at a time, until it says no
+        while granted < count and await reserve(
+            self.session, self.caps, subagents=1, tokens=0, cost=0.0
+        ):
+            granted += 1
+        return granted
+
+    async def flush(self) -> None:
+        """Wait until every request's use so far is in the ledger."""
+        while self._settler is not None and not self._settler.done():
+            await asyncio.shield(self._settler)
+
+    async def _settle_unsettled(self) -> None:
+        while self._unsettled[0] or self._unsettled[1]:
+            tokens, cost = int(self._unsettled[0]), self._unsettled[1]
+            self._unsettled[:] = [0, 0.0]
+            try:
+                await self.store.settle(self.session, tokens=tokens, cost=cost)
+            except OrchmodeError as exc:  # the ledger is short by this much; the run goes on
+                log.warning("could not add %d tokens to the budget ledger: %s", tokens, exc)
 
     def describe(self, state: BudgetState) -> str:
         """``12 of 500 subagents launched; 120,340 tokens; $0.84 spent``, with any caps."""

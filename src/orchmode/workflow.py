@@ -345,11 +345,12 @@ class Workflow:
         return "\n\n".join(sections), False
 
     async def settle(self) -> None:
-        """Wait for the housekeeping of the agents run so far: results recorded, claims let go."""
+        """Wait for the agents' housekeeping: results recorded, claims let go, use counted."""
         for failure in await asyncio.gather(*self._housekeeping, return_exceptions=True):
             if isinstance(failure, Exception):
                 log.warning("housekeeping after the fan-out failed: %s", failure)
         await self.executor.settle()
+        await self.budget.flush()
 
     def budget_status(self, budget: BudgetState) -> str:
         """The one-line budget status that ends every Workflow tool result; the display too."""
@@ -440,9 +441,7 @@ class Workflow:
             keep_claim(self.store, key, holder, self.settings.claim_lease)
         )
         try:
-            if not await self.store.reserve(
-                self.budget.session, self.budget.caps, subagents=1, tokens=0, cost=0.0
-            ):
+            if not await self.budget.reserve_subagent():
                 self._background(self.store.release(key, holder))
                 result = AgentResult(
                     f"[orchmode: not run — the session's budget of "

@@ -90,9 +90,6 @@ class AgentHost:
     gateway: ModelGateway
     store: Store
     make_shell: Callable[[], BashSession]
-    #: Whether a result is recorded before :meth:`run` returns. Off, it is recorded in the
-    #: background and :meth:`settle` waits for it: the chain goes on while the disk flushes.
-    record_inline: bool = False
     _spawn_gate: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(SPAWNS))
     _housekeeping: set[asyncio.Task[None]] = field(default_factory=set, repr=False)
 
@@ -132,19 +129,19 @@ class AgentHost:
             self.background(shell.close())
         # The claim is let go only once the result is recorded, so an agent waiting on
         # the claim never finds neither.
-        recording = self._record_and_release(job, result)
-        if self.record_inline:
-            await recording
-        else:
-            self.background(recording)
+        # Recorded in the background (settle() waits for it): the chain goes on meanwhile.
+        self.background(self._record_and_release(job, result))
         return result
 
     async def settle(self) -> None:
-        """Wait for the housekeeping so far: results recorded, claims let go, shells closed."""
+        """Wait for the housekeeping so far: results recorded, claims let go, shells closed,
+        the requests' use in the budget ledger."""
         while self._housekeeping:
             for failure in await asyncio.gather(*self._housekeeping, return_exceptions=True):
                 if isinstance(failure, Exception):
                     log.warning("housekeeping after a subagent failed: %s", failure)
+        if self.gateway.budget is not None:
+            await self.gateway.budget.flush()
 
     def background(self, work: Coroutine[Any, Any, None]) -> None:
         """Housekeeping off the critical path; :meth:`settle` waits for all of it."""
@@ -153,8 +150,7 @@ class AgentHost:
         task.add_done_callback(self._housekeeping.discard)
 
     async def _record_and_release(self, job: Job, result: AgentResult) -> None:
-        await self.store.record(job.key, job.role, job.prompt, result)
-        await self.store.release(job.key, job.holder)
+        await self.store.record(job.key, job.role, job.prompt, result, holder=job.holder)
 
     async def _prewarm(self, shell: BashSession) -> None:
         """Start a shell ahead of need, a few at a time (see :data:`SPAWNS`)."""

@@ -5,7 +5,7 @@ Each live node gets ``--ray-actors`` actors (pinned to it), each running up to
 runs its jobs through an :class:`AgentHost` of its own, in the working directory Ray
 unpacked on its node, with its own sandbox, its own connection to the PostgreSQL store
 and its own gateway to the Messages API. It streams each agent's events back as they
-happen and ends the stream with the result.
+happen and ends the stream with the result, which it records in the background.
 
 Secrets (the API key, the store's password) go to the actors as arguments of their
 creation, through Ray's object transport. They are kept out of the runtime environment's
@@ -96,6 +96,8 @@ class ActorStats:
     #: The actor process's peak resident memory, in bytes.
     peak_rss: int
     running: int
+    #: CPU seconds the actor process has used, user and system.
+    cpu: float
 
 
 class AgentPool:
@@ -143,9 +145,15 @@ class AgentPool:
             if not task.done():
                 task.cancel()  # the caller went away: its claim is let go for a rerun
 
+    async def settle(self) -> None:
+        """Wait until this actor's results are recorded and its claims let go."""
+        for host in list(self.hosts.values()):
+            await host.settle()
+
     async def stats(self) -> ActorStats:
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-        return ActorStats(os.getpid(), peak, len(self.routes))
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        cpu = usage.ru_utime + usage.ru_stime
+        return ActorStats(os.getpid(), usage.ru_maxrss * 1024, len(self.routes), cpu)
 
     async def shutdown(self) -> None:
         for host in self.hosts.values():
@@ -165,9 +173,7 @@ class AgentPool:
             gateway = ModelGateway(self.settings, self.credentials, self.events)
             gateway.budget = SessionBudget(self.store, session, self.settings)
             self.gateways.append(gateway)
-            host = AgentHost(
-                self.settings, gateway, self.store, self.make_shell, record_inline=True
-            )
+            host = AgentHost(self.settings, gateway, self.store, self.make_shell)
             self.hosts[session] = host
         return host
 
@@ -274,7 +280,13 @@ class RayExecutor:
             await self._notify()
 
     async def settle(self) -> None:
-        return None  # actors record each result before they report it
+        live = [m for m in self.members if m.alive]
+        answers = await asyncio.gather(
+            *(m.actor.settle.remote() for m in live), return_exceptions=True
+        )
+        for member, answer in zip(live, answers, strict=True):
+            if isinstance(answer, Exception):  # a lost node's results are rerun, not lost
+                log.warning("node %s could not finish its records: %s", member.node, answer)
 
     async def close(self) -> None:
         if self.members:

@@ -95,8 +95,13 @@ class Store(Protocol):
     async def lookup(self, key: str) -> AgentResult | None:
         """The finished result recorded under ``key``; a read failure counts as a miss."""
 
-    async def record(self, key: str, role: Role, prompt: str, result: AgentResult) -> None:
-        """Keep an attempt, and the result if finished. Logs a failure, never raises."""
+    async def record(
+        self, key: str, role: Role, prompt: str, result: AgentResult, *, holder: str = ""
+    ) -> None:
+        """Keep an attempt, and the result if finished. Logs a failure, never raises.
+
+        With ``holder``, that holder's claim on ``key`` is let go in the same transaction.
+        """
 
     async def claim(self, key: str, holder: str, lease: float) -> bool:
         """Take ``key`` for ``lease`` seconds: true if it was free, expired, or already ours."""

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import psycopg
 from psycopg import AsyncConnection
@@ -36,11 +37,28 @@ CONNECT_TIMEOUT = 5.0
 #: Seconds an operation waits for a free pooled connection before failing.
 POOL_TIMEOUT = 10.0
 POOL_MIN, POOL_MAX = 1, 10
+#: Seconds a pooled connection may sit unused before it is checked on checkout. A server
+#: restart takes longer than this, so a connection it broke is always checked first.
+IDLE_CHECK = 1.0
 #: Key of the transaction-level advisory lock that serialises migrations between processes
 #: (an arbitrary constant, "orchmode" in ASCII, so it does not collide with other apps' keys).
 MIGRATION_LOCK = 0x6F7263686D6F6465
 
 Conn = AsyncConnection[tuple[Any, ...]]
+
+
+class _IdleCheck:
+    """The pool's checkout check: a round trip, but only on a connection that sat idle."""
+
+    _last_used: ClassVar[weakref.WeakKeyDictionary[Conn, float]] = weakref.WeakKeyDictionary()
+
+    @classmethod
+    def used(cls, conn: Conn) -> None:
+        cls._last_used[conn] = time.monotonic()
+
+    async def __call__(self, conn: Conn) -> None:
+        if time.monotonic() - self._last_used.get(conn, 0.0) > IDLE_CHECK:
+            await AsyncConnectionPool.check_connection(conn)
 
 
 def _pg(query: str) -> str:
@@ -116,8 +134,9 @@ class PostgresStore:
             max_size=POOL_MAX,
             open=False,
             timeout=POOL_TIMEOUT,
-            # A cheap round trip on checkout replaces connections a server restart broke.
-            check=AsyncConnectionPool.check_connection,
+            # A cheap round trip on checkout replaces connections a server restart broke;
+            # only for connections that sat idle, so a busy fan-out does not pay it twice.
+            check=_IdleCheck(),
             name="orchmode-store",
         )
         try:
@@ -131,8 +150,12 @@ class PostgresStore:
 
     async def _transaction(self, statements: Callable[[Conn], Awaitable[T]]) -> T:
         """Run ``statements`` in one transaction on a pooled connection."""
-        async with self._pool.connection() as conn, conn.transaction():
-            return await statements(conn)
+        async with self._pool.connection() as conn:
+            try:
+                async with conn.transaction():
+                    return await statements(conn)
+            finally:
+                _IdleCheck.used(conn)
 
     async def lookup(self, key: str) -> AgentResult | None:
         async def read(conn: Conn) -> tuple[Any, ...] | None:
@@ -147,7 +170,9 @@ class PostgresStore:
             return None
         return AgentResult(row[0], Status.FINISHED, row[1], TokenUsage(*row[2:6]))
 
-    async def record(self, key: str, role: Role, prompt: str, result: AgentResult) -> None:
+    async def record(
+        self, key: str, role: Role, prompt: str, result: AgentResult, *, holder: str = ""
+    ) -> None:
         async def write(conn: Conn) -> None:
             now = time.time()
             await conn.execute(
@@ -160,6 +185,8 @@ class PostgresStore:
                     (key, role, prompt, result.text, result.turns, u.input_tokens,
                      u.output_tokens, u.cache_read_tokens, u.cache_write_tokens, now),
                 )  # fmt: skip
+            if holder:
+                await conn.execute(RELEASE, (key, holder))
 
         try:
             await self._transaction(write)

@@ -96,7 +96,9 @@ class SQLiteStore:
             return None
         return AgentResult(row[0], Status.FINISHED, row[1], TokenUsage(*row[2:6]))
 
-    async def record(self, key: str, role: Role, prompt: str, result: AgentResult) -> None:
+    async def record(
+        self, key: str, role: Role, prompt: str, result: AgentResult, *, holder: str = ""
+    ) -> None:
         def write(db: sqlite3.Connection) -> None:
             now = time.time()
             db.execute(
@@ -109,6 +111,8 @@ class SQLiteStore:
                     (key, role, prompt, result.text, result.turns, u.input_tokens,
                      u.output_tokens, u.cache_read_tokens, u.cache_write_tokens, now),
                 )  # fmt: skip
+            if holder:
+                db.execute(schema.RELEASE, (key, holder))
 
         try:
             await self._write(write)
