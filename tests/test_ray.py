@@ -321,3 +321,22 @@ def test_an_unreachable_head_is_one_clear_error_within_seconds(
     )
     assert done.returncode == 9, done.stderr
     assert "no Ray head answers at 127.0.0.9:9" in done.stderr
+
+
+def test_a_working_directory_over_the_upload_limit_stops_before_anything_is_spent(
+    cluster: LocalCluster, postgres_clean_url: str, project: Path, server: Any
+) -> None:
+    (project / "data.bin").write_bytes(b"x" * 300_000)
+    started = server(OrchestrationScenario(subtasks=2))
+    done = subprocess.run(
+        orchmode_args(started, *on_ray(cluster, postgres_clean_url), "--ray-max-upload-mb", "0.2"),
+        cwd=project,
+        env=run_env(cluster),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "0.3 MB to ship to the Ray nodes, over --ray-max-upload-mb 0.2" in done.stderr
+    assert "data.bin 0.3 MB" in done.stderr
+    assert started.log == []  # the model was never asked anything

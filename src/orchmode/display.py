@@ -11,7 +11,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Protocol, TextIO
 
-from .events import Event, SubagentDone
+from .events import Event
 from .progress import StderrProgress
 from .totals import SessionTotals
 
@@ -66,12 +66,7 @@ class PlainDisplay:
         self._progress = StderrProgress(self.stream)
 
     def __call__(self, event: Event) -> None:
-        line = self._progress.describe(event)
-        if not line:
-            return
-        if isinstance(event, SubagentDone) and event.node:
-            line += f" on {event.node}"  # a Ray node; nothing when it ran in this process
-        print(line, file=self.stream, flush=True)
+        self._progress(event)
 
     def notice(self, text: str) -> None:
         print(text, file=self.stream, flush=True)

@@ -40,8 +40,15 @@ class StderrProgress:
         if line:
             print(line, file=self.stream, flush=True)
 
+    @classmethod
+    def describe(cls, event: Event) -> str | None:
+        line = cls._describe(event)
+        if line and isinstance(event, SubagentDone) and event.node:
+            line += f" on {event.node}"  # a Ray node; nothing when it ran in this process
+        return line
+
     @staticmethod
-    def describe(event: Event) -> str | None:
+    def _describe(event: Event) -> str | None:
         match event:
             case BashDone(agent=agent, command=command, exit_code=code, timed_out=timed_out):
                 status = "timed out" if timed_out else f"exit {code}"
