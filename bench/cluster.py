@@ -28,17 +28,16 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import Counter
 from pathlib import Path
 
-from fanout import process_cpu, server_chain_times, start_server
+from fanout import FanoutTally, process_cpu, server_chain_times, start_server
 from orchmode.agent import Session
-from orchmode.events import Event, EventBus, FanoutDone, ModelRequestDone
+from orchmode.events import EventBus
 from orchmode.model import Credentials, ModelGateway
 from orchmode.settings import Settings
 from orchmode.store import open_store
 from orchmode.testing.postgres import postgres_server
-from orchmode.testing.raycluster import LocalCluster, local_ray_cluster
+from orchmode.testing.raycluster import LocalCluster, local_ray_cluster, session_members
 
 TARGET = 1.3
 _MB = 1024 * 1024
@@ -58,18 +57,17 @@ def session_processes(session_id: int) -> dict[int, tuple[int, float]]:
     """Every process of a session (a node's Ray processes): its resident bytes and CPU seconds."""
     found: dict[int, tuple[int, float]] = {}
     tick = os.sysconf("SC_CLK_TCK")
-    for stat in Path("/proc").glob("[0-9]*/stat"):
+    for pid in session_members(session_id):
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            if int(fields[3]) != session_id:
-                continue
-            status = (stat.parent / "status").read_text()
-        except (OSError, IndexError, ValueError):
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
             continue  # it ended while we looked
         cpu = (int(fields[11]) + int(fields[12])) / tick
-        for line in status.splitlines():
-            if line.startswith("VmRSS:"):
-                found[int(stat.parent.name)] = (int(line.split()[1]) * 1024, cpu)
+        rss = [
+            int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith("VmRSS:")
+        ]
+        found[pid] = (rss[0] if rss else 0, cpu)
     return found
 
 
@@ -101,16 +99,8 @@ async def measure_ray(
     from orchmode.executors.ray import RayExecutor
 
     events = EventBus()
-    fanout_time: list[float] = []
-    per_chain: Counter[str] = Counter()
-
-    def record(event: Event) -> None:
-        if isinstance(event, FanoutDone):
-            fanout_time.append(event.duration)
-        elif isinstance(event, ModelRequestDone) and event.agent != "main":
-            per_chain[event.agent.split()[-1]] += 1
-
-    events.subscribe(record)
+    tally = FanoutTally()
+    events.subscribe(tally)
     credentials = Credentials(api_key="test-key")
     store = await open_store(store_url)
     gateway = ModelGateway(settings, credentials, events)
@@ -147,9 +137,9 @@ async def measure_ray(
         await gateway.close()
         await store.close()
     return {
-        "makespan": fanout_time[0],
-        "chains": list(per_chain.values()),
-        "requests": sum(per_chain.values()),
+        "makespan": tally.durations[0],
+        "chains": list(tally.per_chain.values()),
+        "requests": sum(tally.per_chain.values()),
         "nodes": nodes,
         "driver_peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "driver_cpu": driver_cpu,

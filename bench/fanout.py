@@ -29,6 +29,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchmode.agent import Session
@@ -72,6 +73,21 @@ def start_server(subtasks: int, latency: float, *extra: str) -> tuple[subprocess
     return process, match.group(0)
 
 
+@dataclass
+class FanoutTally:
+    """From the events: each fan-out's duration, and each chain's model requests."""
+
+    durations: list[float] = field(default_factory=list)
+    per_chain: Counter[str] = field(default_factory=Counter)
+
+    def __call__(self, event: Event) -> None:
+        if isinstance(event, FanoutDone):
+            self.durations.append(event.duration)
+        elif isinstance(event, ModelRequestDone) and event.agent != "main":
+            # "worker 1.7" and "verifier 1.7" are chain "1.7"
+            self.per_chain[event.agent.split()[-1]] += 1
+
+
 async def measure(
     url: str, concurrent: int, workdir: Path, subtasks: int = 200
 ) -> tuple[float, Counter[str], int]:
@@ -84,18 +100,10 @@ async def measure(
         max_subagents=2 * subtasks + 10,
     )
     events = EventBus()
-    fanout_time: list[float] = []
-    per_chain: Counter[str] = Counter()
-
-    def record(event: Event) -> None:
-        if isinstance(event, FanoutDone):
-            fanout_time.append(event.duration)
-        elif isinstance(event, ModelRequestDone) and event.agent != "main":
-            per_chain[event.agent.split()[-1]] += 1  # "worker 1.7" and "verifier 1.7" -> "1.7"
-
-    events.subscribe(record)
+    tally = FanoutTally()
+    events.subscribe(tally)
     gateway = await one_turn(settings, events, workdir)
-    return fanout_time[0], per_chain, gateway.requests
+    return tally.durations[0], tally.per_chain, gateway.requests
 
 
 async def one_turn(settings: Settings, events: EventBus, workdir: Path) -> ModelGateway:

@@ -88,8 +88,19 @@ def run_env(cluster: LocalCluster | None) -> dict[str, str]:
     return env
 
 
+ORCHMODE_RUN = [sys.executable, "-m", "orchmode", "run", "check"]
+
+
 def orchmode_args(server: ScriptedServer, *flags: str) -> list[str]:
-    return [sys.executable, "-m", "orchmode", "run", "check", "--base-url", server.url, *flags]
+    return [*ORCHMODE_RUN, "--base-url", server.url, *flags]
+
+
+def run_orchmode(
+    args: list[str], project: Path, cluster: LocalCluster | None, timeout: float = 240
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        args, cwd=project, env=run_env(cluster), capture_output=True, text=True, timeout=timeout
+    )
 
 
 def on_ray(cluster: LocalCluster, store: str) -> list[str]:
@@ -122,13 +133,10 @@ def test_fifty_subtasks_on_two_nodes_give_every_result_and_verdict(
         subtasks=50, worker_command=SHIPPED_CHECK + str(project), scout_command="true"
     )
     started = server(scenario)
-    done = subprocess.run(
+    done = run_orchmode(
         orchmode_args(started, *on_ray(cluster, postgres_clean_url), "--max-concurrent", "20"),
-        cwd=project,
-        env=run_env(cluster),
-        capture_output=True,
-        text=True,
-        timeout=240,
+        project,
+        cluster,
     )
     assert done.returncode == 0, done.stderr
     assert "50 agents reported; 50 results were confirmed" in done.stdout
@@ -150,13 +158,10 @@ def test_the_api_key_reaches_no_ray_log_nor_record(
     cluster: LocalCluster, postgres_clean_url: str, project: Path, server: Any
 ) -> None:
     started = server(OrchestrationScenario(subtasks=4, worker_command="env"))
-    done = subprocess.run(
+    done = run_orchmode(
         orchmode_args(started, *on_ray(cluster, postgres_clean_url), "--json"),
-        cwd=project,
-        env=run_env(cluster),
-        capture_output=True,
-        text=True,
-        timeout=240,
+        project,
+        cluster,
     )
     assert done.returncode == 0, done.stderr
     assert API_KEY not in done.stdout + done.stderr
@@ -229,7 +234,7 @@ def test_losing_a_node_mid_run_still_completes_the_run(
         and a["role"] == "worker"
         and a["node"] == "127.0.0.2"
     ]
-    assert moved, "no agent was run again after its node was lost"
+    assert moved, "no agent was run again after its node was lost:\n" + "".join(lines)
     assert any("running it again on another node" in line for line in lines)
 
 
@@ -248,13 +253,10 @@ def test_ray_and_local_executors_give_the_same_results(
                 subtasks=8, verdict=refute_item_three, worker_command="cat kept.txt"
             )
         )
-        done = subprocess.run(
+        done = run_orchmode(
             orchmode_args(started, "--sandbox", "off", *flags),
-            cwd=project,
-            env=run_env(cluster),
-            capture_output=True,
-            text=True,
-            timeout=240,
+            project,
+            cluster,
         )
         assert done.returncode == 0, done.stderr
         session = session_of(done.stderr)
@@ -281,12 +283,10 @@ def test_ray_and_local_executors_give_the_same_results(
 
 
 def test_the_ray_executor_refuses_a_sqlite_store(project: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "orchmode", "run", "check", "--executor", "ray"],
-        cwd=project,
-        env=run_env(None),
-        capture_output=True,
-        text=True,
+    done = run_orchmode(
+        [*ORCHMODE_RUN, "--executor", "ray"],
+        project,
+        None,
         timeout=60,
     )
     assert done.returncode == 2
@@ -297,13 +297,9 @@ def test_the_ray_executor_refuses_a_sqlite_store(project: Path) -> None:
 def test_an_unreachable_head_is_one_clear_error_within_seconds(
     project: Path, postgres_clean_url: str
 ) -> None:
-    done = subprocess.run(
+    done = run_orchmode(
         [
-            sys.executable,
-            "-m",
-            "orchmode",
-            "run",
-            "check",
+            *ORCHMODE_RUN,
             "--executor",
             "ray",
             "--ray-address",
@@ -313,10 +309,8 @@ def test_an_unreachable_head_is_one_clear_error_within_seconds(
             "--sandbox",
             "off",
         ],
-        cwd=project,
-        env=run_env(None),
-        capture_output=True,
-        text=True,
+        project,
+        None,
         timeout=60,
     )
     assert done.returncode == 9, done.stderr
@@ -328,12 +322,10 @@ def test_a_working_directory_over_the_upload_limit_stops_before_anything_is_spen
 ) -> None:
     (project / "data.bin").write_bytes(b"x" * 300_000)
     started = server(OrchestrationScenario(subtasks=2))
-    done = subprocess.run(
+    done = run_orchmode(
         orchmode_args(started, *on_ray(cluster, postgres_clean_url), "--ray-max-upload-mb", "0.2"),
-        cwd=project,
-        env=run_env(cluster),
-        capture_output=True,
-        text=True,
+        project,
+        cluster,
         timeout=120,
     )
     assert done.returncode == 2, done.stderr

@@ -40,8 +40,29 @@ class LocalCluster:
     addresses: list[str] = field(default_factory=list)
 
     def kill_node(self, index: int) -> None:
-        """Take node ``index`` away at once, as a crashed machine goes: SIGKILL to all of it."""
-        _kill_group(self.nodes[index], signal.SIGKILL)
+        """Take node ``index`` away at once, as a crashed machine goes: SIGKILL to all of it.
+
+        All of it is its session: Ray puts each worker process in a process group of its
+        own, but they all stay in the session that the node's ``ray start`` began.
+        """
+        node = self.nodes[index]
+        for pid in session_members(node.pid):
+            with suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        _kill_group(node, signal.SIGKILL)
+
+
+def session_members(session: int) -> list[int]:
+    """The processes of a session (whose session id is ``session``), from /proc."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # it ended while we looked
+        if int(fields[3]) == session:
+            members.append(int(stat.parent.name))
+    return members
 
     def logs(self) -> Path:
         return self.temp_dir / "session_latest" / "logs"
@@ -100,6 +121,8 @@ def local_ray_cluster(nodes: int = 2, cpus: int = 1) -> Iterator[LocalCluster]:
             except subprocess.TimeoutExpired:
                 _kill_group(node, signal.SIGKILL)
                 node.wait()
+        for index in range(len(cluster.nodes)):  # any worker the node left behind
+            cluster.kill_node(index)
         log.close()
         shutil.rmtree(temp_dir, ignore_errors=True)
 
