@@ -31,6 +31,7 @@ import ray
 import ray.exceptions
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from ..budget import SessionBudget
 from ..errors import AuthError, ClusterError
 from ..events import (
     BashDone,
@@ -168,8 +169,6 @@ class AgentPool:
         if host is None:
             if self.store is None or self.make_shell is None:
                 raise RuntimeError("the actor was not made ready")
-            from ..budget import SessionBudget
-
             gateway = ModelGateway(self.settings, self.credentials, self.events)
             gateway.budget = SessionBudget(self.store, session, self.settings)
             self.gateways.append(gateway)
