@@ -34,9 +34,9 @@ API_KEY = f"sk-ant-test-{secrets.token_hex(12)}"
 SHIPPED_CHECK = 'test -f kept.txt && ! test -e ignored.log && test "$(pwd)" != '
 
 
-def _cluster() -> Iterator[LocalCluster]:
+def _cluster(nodes: int = 2) -> Iterator[LocalCluster]:
     try:
-        with local_ray_cluster(nodes=2) as cluster:
+        with local_ray_cluster(nodes=nodes) as cluster:
             yield cluster
     except RayUnavailable as exc:
         if os.environ.get("ORCHMODE_TEST_RAY") == "required":
@@ -54,6 +54,12 @@ def cluster() -> Iterator[LocalCluster]:
 def own_cluster() -> Iterator[LocalCluster]:
     """Two nodes for a test that takes one away."""
     yield from _cluster()
+
+
+@pytest.fixture
+def one_node() -> Iterator[LocalCluster]:
+    """A cluster of one node, for a test that adds another."""
+    yield from _cluster(nodes=1)
 
 
 @pytest.fixture
@@ -236,6 +242,38 @@ def test_losing_a_node_mid_run_still_completes_the_run(
     ]
     assert moved, "no agent was run again after its node was lost:\n" + "".join(lines)
     assert any("running it again on another node" in line for line in lines)
+
+
+def test_a_node_that_joins_mid_run_is_given_work(
+    one_node: LocalCluster, postgres_clean_url: str, project: Path, server: Any
+) -> None:
+    started = server(OrchestrationScenario(subtasks=40, delay=0.5, worker_command=None))
+    process = subprocess.Popen(
+        orchmode_args(
+            started,
+            *on_ray(one_node, postgres_clean_url),
+            *["--json", "--max-concurrent", "2", "--sandbox", "off"],
+        ),
+        cwd=project,
+        env=run_env(one_node),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stderr is not None and process.stdout is not None
+    lines: list[str] = []
+    joined = ""
+    for line in process.stderr:
+        lines.append(line)
+        if not joined and '"SubagentDone"' in line:
+            joined = one_node.add_node()  # 127.0.0.3, while the run goes on
+    stdout = process.stdout.read()
+    assert process.wait(timeout=240) == 0, "".join(lines)
+    assert "40 agents reported; 40 results were confirmed" in stdout
+    nodes = Counter(
+        a["node"] for a in agents(recorded(postgres_clean_url, session_of(stdout + "".join(lines))))
+    )
+    assert set(nodes) == {"127.0.0.2", joined}, nodes
 
 
 def refute_item_three(prompt: str) -> str:

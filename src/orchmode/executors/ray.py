@@ -22,6 +22,7 @@ import resource
 import shutil
 import socket
 import tempfile
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,6 +53,8 @@ log = logging.getLogger("orchmode")
 
 #: Seconds to wait for the head node's port to answer before giving up.
 REACH_TIMEOUT = 5.0
+#: Seconds between looks for nodes that joined the cluster during a run.
+LOOK_EVERY = 5.0
 
 #: What Ray raises when the actor a call went to, or the node under it, is gone.
 LOST = (
@@ -215,6 +218,9 @@ class RayExecutor:
     _changed: asyncio.Condition | None = None
     _tmp: Path | None = None
     _started: bool = False
+    #: When nodes were last looked for, and the background task starting actors on new ones.
+    _looked: float = 0.0
+    _joining: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         if self._started:
@@ -241,6 +247,7 @@ class RayExecutor:
             ) from None
         self._changed = asyncio.Condition()
         await self._fill()
+        self._looked = time.monotonic()
 
     async def run(
         self, job: Job, events: EventBus, on_placed: Callable[[str], None]
@@ -288,6 +295,8 @@ class RayExecutor:
                 log.warning("node %s could not finish its records: %s", member.node, answer)
 
     async def close(self) -> None:
+        if self._joining is not None:
+            self._joining.cancel()
         if self.members:
             live = [m for m in self.members if m.alive]
             await asyncio.gather(*(m.actor.shutdown.remote() for m in live), return_exceptions=True)
@@ -361,6 +370,7 @@ class RayExecutor:
     async def _pick(self) -> _Member:
         """The live actor with the fewest jobs, once one has room."""
         assert self._changed is not None
+        self._look_for_new_nodes()
         async with self._changed:
             while True:
                 live = [m for m in self.members if m.alive]
@@ -371,6 +381,26 @@ class RayExecutor:
                 if member.running < self.settings.ray_max_per_actor:
                     return member
                 await self._changed.wait()
+
+    def _look_for_new_nodes(self) -> None:
+        """Now and then, start actors on nodes that joined (or came back) since the start.
+
+        In the background: an actor takes a second or more to start, and jobs should not
+        wait for it while the nodes already known have room.
+        """
+        now = time.monotonic()
+        if now - self._looked < LOOK_EVERY or (self._joining and not self._joining.done()):
+            return
+        self._looked = now
+
+        async def join() -> None:
+            try:
+                await self._fill()
+            except ClusterError as exc:  # _pick reports it when no node is left at all
+                log.warning("%s", exc)
+            await self._notify()
+
+        self._joining = asyncio.create_task(join())
 
     async def _lost(self, member: _Member) -> None:
         if member.alive:

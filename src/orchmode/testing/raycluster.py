@@ -36,8 +36,45 @@ class LocalCluster:
     #: What a process needs in its environment to join: the token and its mode.
     env: dict[str, str]
     temp_dir: Path
+    cpus: int = 1
+    ray: str = "ray"
     nodes: list[subprocess.Popen[bytes]] = field(default_factory=list)
     addresses: list[str] = field(default_factory=list)
+
+    def start_node(self) -> None:
+        """Start one more node, on the next loopback address; the first is the head."""
+        index = len(self.nodes)
+        ip = f"127.0.0.{2 + index}"
+        common = ["--block", "--num-cpus", str(self.cpus), "--disable-usage-stats"]
+        if index == 0:
+            port = self.address.rsplit(":", 1)[1]
+            where = ["--head", "--port", port, "--include-dashboard", "false"]
+            where += ["--temp-dir", str(self.temp_dir)]
+        else:
+            where = ["--address", self.address]
+        with (self.temp_dir / "nodes.log").open("ab") as log:
+            node = subprocess.Popen(
+                [self.ray, "start", *where, "--node-ip-address", ip, *common],
+                env=self.full_env(),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
+            )
+        self.nodes.append(node)
+        self.addresses.append(ip)
+        if index == 0:
+            host, port = self.address.rsplit(":", 1)
+            _wait_for_port(host, int(port), node)
+
+    def add_node(self) -> str:
+        """Start a node that joins the running cluster; its address once it has joined."""
+        self.start_node()
+        _wait_for_nodes(self, len(self.nodes))
+        return self.addresses[-1]
+
+    def full_env(self) -> dict[str, str]:
+        return {**os.environ, **self.env, "RAY_USAGE_STATS_ENABLED": "0"}
 
     def kill_node(self, index: int) -> None:
         """Take node ``index`` away at once, as a crashed machine goes: SIGKILL to all of it.
@@ -64,9 +101,6 @@ def session_members(session: int) -> list[int]:
             members.append(int(stat.parent.name))
     return members
 
-    def logs(self) -> Path:
-        return self.temp_dir / "session_latest" / "logs"
-
 
 def ray_command() -> str:
     beside = Path(sys.executable).parent / "ray"
@@ -82,35 +116,15 @@ def local_ray_cluster(nodes: int = 2, cpus: int = 1) -> Iterator[LocalCluster]:
     ray = ray_command()
     token = secrets.token_hex(32)
     env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}
-    full_env = {**os.environ, **env, "RAY_USAGE_STATS_ENABLED": "0"}
     # Short: Ray's socket paths under it must fit in 107 bytes.
     temp_dir = Path(tempfile.mkdtemp(prefix="ray", dir="/tmp"))
     head_ip = "127.0.0.2"
     port = _free_port(head_ip)
-    cluster = LocalCluster(f"{head_ip}:{port}", env, temp_dir)
-    common = ["--block", "--num-cpus", str(cpus), "--disable-usage-stats"]
-    log = (temp_dir / "nodes.log").open("ab")
+    cluster = LocalCluster(f"{head_ip}:{port}", env, temp_dir, cpus=cpus, ray=ray)
     try:
-        for index in range(nodes):
-            ip = f"127.0.0.{2 + index}"
-            if index == 0:
-                where = ["--head", "--port", str(port), "--include-dashboard", "false"]
-                where += ["--temp-dir", str(temp_dir)]
-            else:
-                where = ["--address", cluster.address]
-            node = subprocess.Popen(
-                [ray, "start", *where, "--node-ip-address", ip, *common],
-                env=full_env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=log,
-                start_new_session=True,
-            )
-            cluster.nodes.append(node)
-            cluster.addresses.append(ip)
-            if index == 0:
-                _wait_for_port(head_ip, port, node)
-        _wait_for_nodes(cluster, nodes, full_env)
+        for _ in range(nodes):
+            cluster.start_node()
+        _wait_for_nodes(cluster, nodes)
         yield cluster
     finally:
         for node in cluster.nodes:
@@ -123,7 +137,6 @@ def local_ray_cluster(nodes: int = 2, cpus: int = 1) -> Iterator[LocalCluster]:
                 node.wait()
         for index in range(len(cluster.nodes)):  # any worker the node left behind
             cluster.kill_node(index)
-        log.close()
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
@@ -164,10 +177,10 @@ while sum(1 for n in ray.nodes() if n["Alive"]) < int(sys.argv[2]):
 """
 
 
-def _wait_for_nodes(cluster: LocalCluster, count: int, env: dict[str, str]) -> None:
+def _wait_for_nodes(cluster: LocalCluster, count: int) -> None:
     done = subprocess.run(
         [sys.executable, "-c", _COUNT_NODES, cluster.address, str(count), str(JOIN_TIMEOUT)],
-        env=env,
+        env=cluster.full_env(),
         capture_output=True,
         timeout=JOIN_TIMEOUT + 30,
         check=False,
