@@ -13,7 +13,7 @@ import secrets
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -109,6 +109,31 @@ def run_orchmode(
     )
 
 
+def watch_run(
+    args: list[str], project: Path, cluster: LocalCluster, on_line: Callable[[str], None]
+) -> tuple[str, list[str]]:
+    """Run orchmode with ``--json``, calling ``on_line`` on each live event line as it comes.
+
+    Returns its stdout and every stderr line, once it has exited with status 0.
+    """
+    process = subprocess.Popen(
+        [*args, "--json"],
+        cwd=project,
+        env=run_env(cluster),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stderr is not None and process.stdout is not None
+    lines: list[str] = []
+    for line in process.stderr:
+        lines.append(line)
+        on_line(line)
+    stdout = process.stdout.read()
+    assert process.wait(timeout=240) == 0, "".join(lines)
+    return stdout, lines
+
+
 def on_ray(cluster: LocalCluster, store: str) -> list[str]:
     return ["--executor", "ray", "--ray-address", cluster.address, "--store", store]
 
@@ -196,34 +221,24 @@ def test_losing_a_node_mid_run_still_completes_the_run(
     own_cluster: LocalCluster, postgres_clean_url: str, project: Path, server: Any
 ) -> None:
     started = server(OrchestrationScenario(subtasks=16, delay=0.5, worker_command=None))
-    process = subprocess.Popen(
-        orchmode_args(
-            started,
-            *on_ray(own_cluster, postgres_clean_url),
-            "--json",
-            "--claim-lease",
-            "2",
-            "--max-concurrent",
-            "8",
-            "--sandbox",
-            "off",
-        ),
-        cwd=project,
-        env=run_env(own_cluster),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    assert process.stderr is not None and process.stdout is not None
-    lines: list[str] = []
     killed = False
-    for line in process.stderr:  # the live events, one JSON object a line
-        lines.append(line)
+
+    def kill_second_node_once_it_has_work(line: str) -> None:
+        nonlocal killed
         if not killed and '"SubagentStarted"' in line and '"node": "127.0.0.3"' in line:
             own_cluster.kill_node(1)
             killed = True
-    stdout = process.stdout.read()
-    assert process.wait(timeout=240) == 0, "".join(lines)
+
+    stdout, lines = watch_run(
+        orchmode_args(
+            started,
+            *on_ray(own_cluster, postgres_clean_url),
+            *["--claim-lease", "2", "--max-concurrent", "8", "--sandbox", "off"],
+        ),
+        project,
+        own_cluster,
+        kill_second_node_once_it_has_work,
+    )
     assert killed, "no subagent ever started on the second node"
     assert "16 agents reported; 16 results were confirmed" in stdout
     events = recorded(postgres_clean_url, session_of("".join(lines)))
@@ -248,27 +263,23 @@ def test_a_node_that_joins_mid_run_is_given_work(
     one_node: LocalCluster, postgres_clean_url: str, project: Path, server: Any
 ) -> None:
     started = server(OrchestrationScenario(subtasks=40, delay=0.5, worker_command=None))
-    process = subprocess.Popen(
+    joined = ""
+
+    def add_a_node_once_work_is_done(line: str) -> None:
+        nonlocal joined
+        if not joined and '"SubagentDone"' in line:
+            joined = one_node.add_node()  # 127.0.0.3, while the run goes on
+
+    stdout, lines = watch_run(
         orchmode_args(
             started,
             *on_ray(one_node, postgres_clean_url),
-            *["--json", "--max-concurrent", "2", "--sandbox", "off"],
+            *["--max-concurrent", "2", "--sandbox", "off"],
         ),
-        cwd=project,
-        env=run_env(one_node),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+        project,
+        one_node,
+        add_a_node_once_work_is_done,
     )
-    assert process.stderr is not None and process.stdout is not None
-    lines: list[str] = []
-    joined = ""
-    for line in process.stderr:
-        lines.append(line)
-        if not joined and '"SubagentDone"' in line:
-            joined = one_node.add_node()  # 127.0.0.3, while the run goes on
-    stdout = process.stdout.read()
-    assert process.wait(timeout=240) == 0, "".join(lines)
     assert "40 agents reported; 40 results were confirmed" in stdout
     nodes = Counter(
         a["node"] for a in agents(recorded(postgres_clean_url, session_of(stdout + "".join(lines))))
