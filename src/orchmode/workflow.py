@@ -483,11 +483,12 @@ class Workflow:
         attempt = 1
         node = HERE
         role, prompt = job.role, job.prompt
+        renewing = heartbeat  # ours until the executor places the job
 
         def placed(where: str) -> None:
             nonlocal node
             node = where
-            heartbeat.cancel()
+            renewing.cancel()
             self.events.emit(SubagentStarted(call, index, role, title(prompt), prompt, where))
 
         while True:
@@ -511,7 +512,15 @@ class Workflow:
                 recorded = await self._claim_or_wait(job.key, job.holder)
                 if recorded is not None:  # the lost node finished it after all
                     return _Outcome(recorded, time.monotonic() - started, node, from_journal=True)
+                renewing = asyncio.create_task(
+                    keep_claim(self.store, job.key, job.holder, self.settings.claim_lease)
+                )
                 continue
+            except BaseException:
+                if renewing is not heartbeat:  # a rerun's claim; the caller lets go the first
+                    renewing.cancel()
+                    self._background(self.store.release(job.key, job.holder))
+                raise
             return _Outcome(result, time.monotonic() - started, node)
 
     def _new_holder(self) -> str:
