@@ -12,18 +12,19 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from .budget import SessionBudget
 from .errors import AuthError, OrchmodeError
 from .events import EventBus, TurnDone, TurnStarted
-from .executors import Executor
+from .executors import Executor, open_executor
 from .executors.host import AgentHost, ShellFactory
 from .executors.local import LocalExecutor
 from .mode import ModeState
-from .model import Message, ModelGateway
+from .model import Credentials, Message, ModelGateway
 from .prompts import (
     MAIN_SYSTEM,
     MAIN_TOOLS,
@@ -33,7 +34,7 @@ from .prompts import (
     turn_limit_note,
 )
 from .settings import Settings
-from .store import Store
+from .store import Store, open_store
 from .tools import Block, run_bash, tool_result, unknown_tool
 from .workflow import Workflow
 
@@ -240,3 +241,26 @@ class Session:
         await self.budget.flush()
         if self._owns_executor:
             await self.executor.close()
+
+
+@asynccontextmanager
+async def open_session(
+    settings: Settings, workdir: Path, credentials: Credentials, events: EventBus
+) -> AsyncIterator[Session]:
+    """A session with its executor (started), store and gateway; all closed on the way out."""
+    executor = open_executor(settings, credentials, workdir)
+    store = await open_store(settings.store_url(workdir))
+    gateway = ModelGateway(settings, credentials, events)
+    session = Session(
+        settings, gateway, workdir=workdir, store=store, events=events, executor=executor
+    )
+    try:
+        if executor is not None:
+            await executor.start()
+        yield session
+    finally:
+        await session.close()
+        if executor is not None:
+            await executor.close()
+        await gateway.close()
+        await store.close()

@@ -50,7 +50,8 @@ class SessionBudget:
     session: str
     settings: Settings
     #: Use not yet in the ledger (sessions without caps only), and the task writing it.
-    _unsettled: list[float] = field(default_factory=lambda: [0, 0.0], repr=False)
+    _unsettled_tokens: int = field(default=0, repr=False)
+    _unsettled_cost: float = field(default=0.0, repr=False)
     _settler: asyncio.Task[None] | None = field(default=None, repr=False)
     #: Subagents waiting for a place in the ledger, and the task reserving them.
     _waiting: list[asyncio.Future[bool]] = field(default_factory=list, repr=False)
@@ -102,8 +103,8 @@ class SessionBudget:
         if self.metered:  # a cap counts on the ledger being exact now
             await self.store.settle(self.session, tokens=tokens, cost=cost)
             return
-        self._unsettled[0] += tokens
-        self._unsettled[1] += cost
+        self._unsettled_tokens += tokens
+        self._unsettled_cost += cost
         if self._settler is None or self._settler.done():
             self._settler = asyncio.create_task(self._settle_unsettled())
 
@@ -155,9 +156,9 @@ class SessionBudget:
             await asyncio.shield(self._settler)
 
     async def _settle_unsettled(self) -> None:
-        while self._unsettled[0] or self._unsettled[1]:
-            tokens, cost = int(self._unsettled[0]), self._unsettled[1]
-            self._unsettled[:] = [0, 0.0]
+        while self._unsettled_tokens or self._unsettled_cost:
+            tokens, cost = self._unsettled_tokens, self._unsettled_cost
+            self._unsettled_tokens, self._unsettled_cost = 0, 0.0
             try:
                 await self.store.settle(self.session, tokens=tokens, cost=cost)
             except OrchmodeError as exc:  # the ledger is short by this much; the run goes on

@@ -17,16 +17,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, TextIO
 
-from .agent import Session, TurnResult
+from .agent import Session, TurnResult, open_session
 from .display import Display, DisplayMode, make_display
 from .errors import AuthError, OrchmodeError
 from .events import EventBus
-from .executors import open_executor
 from .history import session_totals
-from .model import Credentials, ModelGateway
+from .model import Credentials
 from .records import EventRecorder
 from .settings import Settings
-from .store import Store, open_store
+from .store import Store
 from .totals import SessionTotals
 
 PROMPT = "you> "
@@ -239,52 +238,43 @@ async def run_chat(
     """The ``chat`` command: open the session (resumed if recorded), then talk until /exit."""
     stdin = stdin or sys.stdin
     events = EventBus()
-    executor = open_executor(settings, credentials, workdir)
-    store = await open_store(settings.store_url(workdir))
-    gateway = ModelGateway(settings, credentials, events)
-    session = Session(
-        settings, gateway, workdir=workdir, store=store, events=events, executor=executor
-    )
-    recorder: EventRecorder | None = None
-    display: Display | None = None
-    undo: Callable[[], None] = lambda: None  # noqa: E731
-    try:
-        if executor is not None:
-            await executor.start()
-        resumed = await session.restore()
-        # a resumed session's totals so far, so /cost speaks for all of it
-        totals = (
-            session_totals(await store.events(session.session_id)) if resumed else SessionTotals()
-        )
-        display = make_display(display_mode, totals)
-        events.subscribe(totals)
-        events.subscribe(display)
-        if resumed:
-            state = "on" if session.mode.mode_on else "off"
-            display.notice(f"[session] resuming {session.session_id} (mode {state})")
-        recorder = await EventRecorder.start(store, session.session_id)
-        events.subscribe(recorder)
-        if stdin.isatty():
-            history = workdir / ".orchmode" / "chat_history"
-            history.parent.mkdir(parents=True, exist_ok=True)
-            lines: Lines = PromptLines(history)
-        else:
-            lines = PipeLines(stdin)
-        chat = Chat(session, store, totals, display, lines)
-        undo = _install_interrupt(chat.interrupt)
-        await chat.run()
-        display.notice(
-            f"[session] {totals.describe()}; continue it with "
-            f"orchmode chat --session {session.session_id}"
-        )
-    finally:
-        undo()
-        if display is not None:
-            display.stop()
-        if recorder is not None:
-            await recorder.flush()
-        await session.close()
-        if executor is not None:
-            await executor.close()
-        await gateway.close()
-        await store.close()
+    async with open_session(settings, workdir, credentials, events) as session:
+        store = session.store
+        recorder: EventRecorder | None = None
+        display: Display | None = None
+        undo: Callable[[], None] = lambda: None  # noqa: E731
+        try:
+            resumed = await session.restore()
+            # a resumed session's totals so far, so /cost speaks for all of it
+            totals = (
+                session_totals(await store.events(session.session_id))
+                if resumed
+                else SessionTotals()
+            )
+            display = make_display(display_mode, totals)
+            events.subscribe(totals)
+            events.subscribe(display)
+            if resumed:
+                state = "on" if session.mode.mode_on else "off"
+                display.notice(f"[session] resuming {session.session_id} (mode {state})")
+            recorder = await EventRecorder.start(store, session.session_id)
+            events.subscribe(recorder)
+            if stdin.isatty():
+                history = workdir / ".orchmode" / "chat_history"
+                history.parent.mkdir(parents=True, exist_ok=True)
+                lines: Lines = PromptLines(history)
+            else:
+                lines = PipeLines(stdin)
+            chat = Chat(session, store, totals, display, lines)
+            undo = _install_interrupt(chat.interrupt)
+            await chat.run()
+            display.notice(
+                f"[session] {totals.describe()}; continue it with "
+                f"orchmode chat --session {session.session_id}"
+            )
+        finally:
+            undo()
+            if display is not None:
+                display.stop()
+            if recorder is not None:
+                await recorder.flush()

@@ -225,15 +225,13 @@ async def _run(
     Progress and orchmode's own notices (``opening`` first) go to stderr in
     ``display_mode``; the answers go to stdout.
     """
-    from .agent import Session
+    from .agent import open_session
     from .display import make_display
     from .events import EventBus
-    from .executors import open_executor
-    from .model import Credentials, ModelGateway
+    from .model import Credentials
     from .prompts import SUMMARY_TASK
     from .records import EventRecorder
     from .sandbox import preflight
-    from .store import open_store
     from .totals import SessionTotals
 
     totals = SessionTotals()
@@ -251,46 +249,34 @@ async def _run(
     events = EventBus()
     events.subscribe(totals)  # first, so the live view's footer sees each request counted
     events.subscribe(display)
-    executor = open_executor(settings, credentials, workdir)
-    store = await open_store(settings.store_url(workdir))
-    gateway = ModelGateway(settings, credentials, events)
-    session = Session(
-        settings, gateway, workdir=workdir, store=store, events=events, executor=executor
-    )
-    recorder: EventRecorder | None = None
-    try:
-        if executor is not None:
-            await executor.start()
-        resumed = await session.restore()
-        recorder = await EventRecorder.start(store, session.session_id)
-        events.subscribe(recorder)
-        if resumed:
-            display.notice(f"[session] resuming {session.session_id}")
-        session.set_mode(True)
-        first = await session.turn(task)
-        if first.error is not None:
-            raise first.error
-        print(first.text, flush=True)
-        session.set_mode(False)
-        second = await session.turn(SUMMARY_TASK)
-        if second.error is not None:
-            raise second.error
-        print(f"\n---\n\n{second.text}", flush=True)
-        display.notice(f"[session] {totals.describe()}")
-        if kept:
-            display.notice(
-                f"[session] recorded as {session.session_id}; continue it with "
-                f"--session {session.session_id}"
-            )
-    finally:
-        display.stop()
-        if recorder is not None:
-            await recorder.flush()
-        await session.close()
-        if executor is not None:
-            await executor.close()
-        await gateway.close()
-        await store.close()
+    async with open_session(settings, workdir, credentials, events) as session:
+        recorder: EventRecorder | None = None
+        try:
+            resumed = await session.restore()
+            recorder = await EventRecorder.start(session.store, session.session_id)
+            events.subscribe(recorder)
+            if resumed:
+                display.notice(f"[session] resuming {session.session_id}")
+            session.set_mode(True)
+            first = await session.turn(task)
+            if first.error is not None:
+                raise first.error
+            print(first.text, flush=True)
+            session.set_mode(False)
+            second = await session.turn(SUMMARY_TASK)
+            if second.error is not None:
+                raise second.error
+            print(f"\n---\n\n{second.text}", flush=True)
+            display.notice(f"[session] {totals.describe()}")
+            if kept:
+                display.notice(
+                    f"[session] recorded as {session.session_id}; continue it with "
+                    f"--session {session.session_id}"
+                )
+        finally:
+            display.stop()
+            if recorder is not None:
+                await recorder.flush()
 
 
 def cmd_run(args: argparse.Namespace) -> int:
