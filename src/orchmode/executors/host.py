@@ -127,10 +127,9 @@ class AgentHost:
         finally:
             heartbeat.cancel()
             self.background(shell.close())
-        # The claim is let go only once the result is recorded, so an agent waiting on
-        # the claim never finds neither.
-        # Recorded in the background (settle() waits for it): the chain goes on meanwhile.
-        self.background(self._record_and_release(job, result))
+        # Recorded in the background (settle() waits for it), so the chain goes on; the
+        # claim is let go in the same write, so an agent waiting on it never finds neither.
+        self.background(self.store.record(job.key, job.role, job.prompt, result, holder=job.holder))
         return result
 
     async def settle(self) -> None:
@@ -148,9 +147,6 @@ class AgentHost:
         task = asyncio.create_task(work)
         self._housekeeping.add(task)
         task.add_done_callback(self._housekeeping.discard)
-
-    async def _record_and_release(self, job: Job, result: AgentResult) -> None:
-        await self.store.record(job.key, job.role, job.prompt, result, holder=job.holder)
 
     async def _prewarm(self, shell: BashSession) -> None:
         """Start a shell ahead of need, a few at a time (see :data:`SPAWNS`)."""
