@@ -18,13 +18,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .budget import SessionBudget
-from .errors import AuthError, OrchmodeError
-from .events import EventBus, TurnDone, TurnStarted
+from .context import Compaction, Meter, Window, compact, estimate_tokens
+from .errors import AuthError, OrchmodeError, PromptTooLong
+from .events import ContextCompacted, EventBus, TurnDone, TurnStarted
 from .executors import Executor, open_executor
 from .executors.host import AgentHost, ShellFactory
 from .executors.local import LocalExecutor
 from .mode import ModeState
-from .model import Credentials, Message, ModelGateway
+from .model import Credentials, Message, ModelGateway, ModelReply
 from .prompts import (
     MAIN_SYSTEM,
     MAIN_TOOLS,
@@ -33,6 +34,7 @@ from .prompts import (
     notice_as_user_text,
     turn_limit_note,
 )
+from .results import ResultFiles, results_dir
 from .settings import Settings
 from .store import Store, open_store
 from .tools import Block, run_bash, tool_result, unknown_tool
@@ -49,6 +51,8 @@ _DROPPED = {
     ),
     "refusal": "[orchmode: the model declined to continue (refusal); the reply was dropped]",
 }
+#: Tool uses the API's context editing leaves whole at the end of the conversation.
+KEEP_TOOL_USES = 4
 
 
 def new_session_id() -> str:
@@ -93,15 +97,23 @@ class Session:
         self.on_text = on_text
         self.mode = ModeState(mode_on=settings.mode, refresh_every=settings.refresh_every)
         self.history: list[Message] = []
+        #: Where the current turn begins (its user text), and where its own messages begin:
+        #: after that text and its notices.
+        self._turn_start = 0
+        self._turn_body = 0
         #: The main conversation's last response, for the API's cache diagnostics.
         self.last_message_id: str | None = None
-        credentials = gateway.credentials
-        self.make_shell = ShellFactory.build(
-            settings, workdir, (credentials.api_key or "", credentials.auth_token or "")
-        )
-        self.shell = self.make_shell()
         self.store = store
         self.session_id = session_id or settings.session or new_session_id()
+        credentials = gateway.credentials
+        secrets = (credentials.api_key or "", credentials.auth_token or "")
+        #: Every agent's full result, and every tool result a compaction took out.
+        self.results = ResultFiles(results_dir(workdir, self.session_id), secrets)
+        readable = (self.results.directory,) if self.results.prepare() else ()
+        self.make_shell = ShellFactory.build(settings, workdir, secrets, readable)
+        self.shell = self.make_shell()
+        self.window = Window.from_settings(settings)
+        self.meter = Meter([MAIN_SYSTEM, MAIN_TOOLS])
         self.budget = SessionBudget(store, self.session_id, settings)
         gateway.budget = self.budget
         #: Where subagents run: here unless the caller brought another executor (Ray),
@@ -110,7 +122,9 @@ class Session:
         self.executor = executor or LocalExecutor(
             AgentHost(settings, gateway, store, self.make_shell)
         )
-        self.workflow = Workflow(settings, gateway, self.budget, self.events, self.executor)
+        self.workflow = Workflow(
+            settings, gateway, self.budget, self.events, self.executor, results=self.results
+        )
 
     def set_mode(self, on: bool) -> None:
         """Switch orchestration mode; the model hears of it with the next user turn."""
@@ -121,6 +135,7 @@ class Session:
         if not text:
             raise OrchmodeError("a user turn needs some text")
         notices = self.mode.user_turn()
+        self._turn_start = len(self.history)
         if self.settings.notice_delivery == "user-text":
             folded = "".join(notice_as_user_text(NOTICES[n]) for n in notices)
             self.history.append({"role": "user", "content": text + folded})
@@ -128,6 +143,7 @@ class Session:
             self.history.append({"role": "user", "content": text})
             for notice in notices:
                 self.history.append({"role": "system", "content": NOTICES[notice]})
+        self._turn_body = len(self.history)
         self.events.emit(TurnStarted(text, tuple(n.value for n in notices)))
         try:
             result = await self._loop()
@@ -157,6 +173,7 @@ class Session:
                 "start a new one without --session"
             ) from exc
         self.history, self.mode = history, mode
+        self.meter.forget()
         return True
 
     async def _save(self) -> None:
@@ -170,7 +187,11 @@ class Session:
     async def _loop(self) -> TurnResult:
         limit = self.settings.main_turns
         paused_text: list[str] = []
+        #: A request refused as too long is compacted and sent again once, not more.
+        retried = False
         for call in range(1, limit + 1):
+            self._make_room()
+            sent = len(self.history)
             try:
                 reply = await self.gateway.complete(
                     agent="main",
@@ -179,15 +200,29 @@ class Session:
                     tools=MAIN_TOOLS,
                     on_text=self.on_text,
                     previous_message_id=self.last_message_id,
+                    context_edits=self._context_edits(),
                 )
                 self.last_message_id = reply.message_id
             except AuthError:
                 raise
+            except PromptTooLong as exc:
+                if exc.tokens is not None:
+                    self.meter.observe(sent, exc.tokens)
+                if not retried and self._compact(refused=True):
+                    retried = True
+                    continue
+                return self._give_up(str(exc), call)
             except OrchmodeError as exc:
                 return TurnResult(
                     f"[orchmode: the model request failed: {exc}]", "error", call, exc
                 )
+            self._measured(sent, reply)
             stop = reply.stop_reason or "end_turn"
+            refused = stop == "model_context_window_exceeded"
+            if refused and not retried and self._compact(refused=True):
+                retried = True
+                continue
+            retried = False
             if stop == "pause_turn":
                 if reply.content:
                     self.history.append({"role": "assistant", "content": reply.content})
@@ -206,12 +241,145 @@ class Session:
             await self._run_tools(reply.tool_uses)
         return TurnResult(turn_limit_note(limit), "turn_limit", limit)
 
+    # ------------------------------------------------------------------ context
+
+    def _context_edits(self) -> list[Block] | None:
+        """The API's context editing, asked for while the endpoint takes it."""
+        if self.settings.context_management != "auto" or not self.gateway.context_editing:
+            return None
+        w = self.window
+        return [
+            {
+                "type": "clear_tool_uses_20250919",
+                "trigger": {"type": "input_tokens", "value": w.compact_at},
+                "keep": {"type": "tool_uses", "value": KEEP_TOOL_USES},
+                # One large step, so the cached prefix is rebuilt seldom.
+                "clear_at_least": {"type": "input_tokens", "value": w.compact_at - w.compact_to},
+            }
+        ]
+
+    def _measured(self, sent: int, reply: ModelReply) -> None:
+        """Calibrate the meter on the API's count; announce what its context editing cleared."""
+        counted = reply.usage.total_input
+        self.meter.observe(sent, counted)
+        if reply.cleared_tokens or reply.cleared_tool_uses:
+            uses = reply.cleared_tool_uses
+            self.events.emit(
+                ContextCompacted(
+                    "main",
+                    "api",
+                    counted + reply.cleared_tokens,
+                    counted,
+                    f"{uses} tool {'result' if uses == 1 else 'results'} cleared by the API, "
+                    f"{reply.cleared_tokens:,} tokens",
+                )
+            )
+
+    def _make_room(self, extra: int = 0) -> None:
+        """Compact before a request (or a result of ``extra`` tokens) would pass the point.
+
+        While the API's context editing is on, it gets the first go at ``compact_at``, and
+        orchmode's own compaction is the backstop half-way from there to the window's end.
+        """
+        w = self.window
+        point = w.compact_at
+        if self._context_edits() is not None:
+            point = (w.compact_at + w.tokens) // 2
+        size = self.meter.size(self.history) + extra
+        if size > point:
+            self._compact(size=size)
+
+    def _compact(self, *, refused: bool = False, size: int | None = None) -> bool:
+        """Stub old tool results down to ``compact_to``; False if there was nothing to stub."""
+        before = size if size is not None else self.meter.size(self.history)
+        estimate = self.meter.estimate(self.history)
+        target = self.meter.target(self.history, self.window.compact_to)
+        done = compact(self.history, estimate, target, self._save_tool_result)
+        if not done.stubbed and refused:  # the latest results may go too, rather than fail
+            done = compact(self.history, estimate, target, self._save_tool_result, keep_last=False)
+        if not done.stubbed:
+            return False
+        self._take(done, "stubbed", before, refused)
+        return True
+
+    def _take(self, done: Compaction, how: str, before: int, refused: bool) -> None:
+        self.history = done.messages
+        self.meter.forget()
+        self.events.emit(
+            ContextCompacted(
+                "main",
+                how,
+                before,
+                self.meter.estimate(self.history),
+                f"{done.detail} (saved copies in {self.results.directory})",
+                refused,
+            )
+        )
+
+    def _save_tool_result(self, tool_use_id: str, text: str) -> str | None:
+        return self.results.write_text("tool", tool_use_id, text)
+
+    def _give_up(self, why: str, call: int) -> TurnResult:
+        """End a turn that cannot be made to fit, leaving a conversation the next turn can use.
+
+        Every tool result is stubbed; if that is not enough, the turn's own work after its
+        user message is let go, then the user message itself is stubbed, then the oldest
+        turns are let go — until the conversation is back under ``compact_to``.
+        """
+        before = self.meter.size(self.history)
+        target = self.meter.target(self.history, self.window.compact_to)
+        done = compact(
+            self.history,
+            self.meter.estimate(self.history),
+            0,
+            self._save_tool_result,
+            keep_last=False,
+        )
+        history, notes = done.messages, [done.detail] if done.stubbed else []
+        if self.meter.estimate(history) > target and len(history) > self._turn_body:
+            history = history[: self._turn_body]
+            notes.append("the turn's work after its user message")
+        start = self._turn_start
+        if self.meter.estimate(history) > target and start < len(history):
+            text = _message_text(history[start])
+            saved = self.results.write_text("message", f"{self.session_id}:{start}", text)
+            history[start] = {
+                "role": "user",
+                "content": f"[orchmode: the user's message (about {estimate_tokens(text):,} "
+                f"tokens) did not fit the context window; it is saved at {saved}]",
+            }
+            notes.append("the user's message")
+        dropped = 0
+        while self.meter.estimate(history) > target:
+            cut = _second_turn_start(history)
+            if cut is None:
+                break
+            history = history[cut:]
+            dropped += 1
+        if dropped:
+            notes.append(f"the {dropped} oldest {'turn' if dropped == 1 else 'turns'}")
+        self._turn_start = min(self._turn_start, len(history))
+        self.history = history
+        self.meter.forget()
+        self.events.emit(
+            ContextCompacted(
+                "main", "dropped", before, self.meter.estimate(history), "; ".join(notes), True
+            )
+        )
+        return TurnResult(
+            "[orchmode: this turn could not go on — the conversation does not fit the model's "
+            f"context window even after compaction ({why}). Its tool results are saved in "
+            f"{self.results.directory}; the next turn starts from a smaller conversation.]",
+            "context_exceeded",
+            call,
+        )
+
     async def _run_tools(self, tool_uses: list[Block]) -> None:
         """Run the calls in order and append all results in one user message, whatever happens."""
         results: list[Block] = []
         try:
             for tool_use in tool_uses:
-                results.append(await self._run_tool(tool_use))
+                results.append(await self._run_tool(tool_use, estimate_tokens(results)))
         finally:
             answered = {r["tool_use_id"] for r in results}
             for tool_use in tool_uses:
@@ -221,13 +389,17 @@ class Session:
                     )
             self.history.append({"role": "user", "content": results})
 
-    async def _run_tool(self, tool_use: Block) -> Block:
+    async def _run_tool(self, tool_use: Block, pending: int = 0) -> Block:
+        """One tool call; ``pending`` is the tokens of results already gathered beside it."""
         name = tool_use.get("name")
         if name == "bash":
             return await run_bash(self.shell, tool_use, agent="main", events=self.events)
         if name == "Workflow":
             try:
-                text, is_error = await self.workflow.run(tool_use.get("input"))
+                # Room for the result first: older results give way before this one shrinks.
+                self._make_room(pending + self.window.result_tokens)
+                tokens = self.window.result_budget(self.meter.size(self.history) + pending)
+                text, is_error = await self.workflow.run(tool_use.get("input"), tokens)
             except AuthError:
                 raise
             except Exception as exc:
@@ -241,6 +413,30 @@ class Session:
         await self.budget.flush()
         if self._owns_executor:
             await self.executor.close()
+
+
+def _message_text(message: Message) -> str:
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    return "\n".join(
+        str(b.get("text", "")) for b in content or [] if isinstance(b, dict) and "text" in b
+    )
+
+
+def _second_turn_start(history: list[Message]) -> int | None:
+    """Where the conversation's second user turn begins: cutting there lets go of the first
+    turn and keeps the rest valid (it starts at a user text, never at a tool result)."""
+    for i, message in enumerate(history[1:], start=1):
+        content = message.get("content")
+        if message.get("role") != "user":
+            continue
+        if isinstance(content, list) and any(
+            isinstance(b, dict) and b.get("type") == "tool_result" for b in content
+        ):
+            continue
+        return i
+    return None
 
 
 @asynccontextmanager

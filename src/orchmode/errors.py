@@ -52,6 +52,14 @@ class ModelRequestError(OrchmodeError):
     exit_code = 5
 
 
+class PromptTooLong(ModelRequestError):
+    """400 "prompt is too long": the request passed the context window (``tokens`` if said)."""
+
+    def __init__(self, message: str, tokens: int | None = None) -> None:
+        super().__init__(message)
+        self.tokens = tokens
+
+
 class StoreError(OrchmodeError):
     """The store (journal, claims, budget) cannot be opened, read or written."""
 

@@ -110,6 +110,8 @@ class SubagentDone:
     cost: float = 0.0
     #: The Ray node it ran on; empty when it ran in the user's own process.
     node: str = ""
+    #: The file holding its full result (see :mod:`orchmode.results`); empty if none.
+    report_path: str = ""
 
 
 @dataclass(frozen=True)
@@ -158,6 +160,37 @@ class ScriptDone:
     error: str | None = None
 
 
+@dataclass(frozen=True)
+class ContextCompacted:
+    """A conversation was made smaller so that its next request fits the context window."""
+
+    agent: str
+    #: ``stubbed``: the harness replaced old tool results with stubs naming their saved
+    #: copies; ``api``: the API's context editing cleared old tool results itself;
+    #: ``dropped``: nothing more could be stubbed, so the turn's unfittable part was let go.
+    how: str
+    tokens_before: int
+    tokens_after: int
+    #: What was condensed or stubbed, in a few words ("14 tool results, 61,200 tokens").
+    detail: str = ""
+    #: Set when a request refused as too long caused it (the request is then retried).
+    refused: bool = False
+
+
+@dataclass(frozen=True)
+class ResultCondensed:
+    """A Workflow result over its token budget reached the model condensed."""
+
+    call: int
+    tokens_full: int
+    tokens_shown: int
+    budget: int
+    #: What was left out, e.g. "31 low and 12 info findings not shown".
+    omitted: str
+    #: Where the whole result is saved (every agent's report is a file beside it).
+    path: str
+
+
 Event = (
     ModelRequestDone
     | BashStarted
@@ -171,6 +204,8 @@ Event = (
     | TurnDone
     | ScriptStarted
     | ScriptDone
+    | ContextCompacted
+    | ResultCondensed
 )
 
 Subscriber = Callable[[Event], None]

@@ -20,10 +20,12 @@ from typing import TYPE_CHECKING, Any, cast
 import anthropic
 import httpx2
 
+from .context import too_long_count
 from .errors import (
     AuthError,
     ModelRequestError,
     Overloaded,
+    PromptTooLong,
     StreamInterrupted,
     TransientFailure,
 )
@@ -45,6 +47,8 @@ Message = dict[str, Any]
 
 #: A 5-minute cache breakpoint, as the API spells it.
 EPHEMERAL: Any = {"type": "ephemeral"}
+#: The beta that carries the API's own context editing (``context_management``).
+CONTEXT_BETA = "context-management-2025-06-27"
 
 
 @dataclass(frozen=True)
@@ -79,6 +83,9 @@ class ModelReply:
     usage: TokenUsage
     cache_miss: str | None = None
     cache_missed_tokens: int = 0
+    #: What the API's context editing cleared from this request, if it did.
+    cleared_tool_uses: int = 0
+    cleared_tokens: int = 0
 
     @property
     def text(self) -> str:
@@ -105,6 +112,8 @@ class _ReplyBuilder:
         self.usage: dict[str, int] = {}
         self.cache_miss: str | None = None
         self.cache_missed_tokens = 0
+        self.cleared_tool_uses = 0
+        self.cleared_tokens = 0
 
     def feed(self, event: Any) -> str | None:
         """Take one event; return the text it adds, if any."""
@@ -141,6 +150,10 @@ class _ReplyBuilder:
         elif kind == "message_delta":
             self.stop_reason = event.delta.stop_reason
             self._take_usage(event.usage)
+            managed = getattr(event, "context_management", None)
+            for edit in getattr(managed, "applied_edits", None) or []:
+                self.cleared_tool_uses += getattr(edit, "cleared_tool_uses", 0) or 0
+                self.cleared_tokens += getattr(edit, "cleared_input_tokens", 0) or 0
         return None
 
     def _take_usage(self, usage: Any) -> None:
@@ -170,6 +183,8 @@ class _ReplyBuilder:
             usage,
             self.cache_miss,
             self.cache_missed_tokens,
+            self.cleared_tool_uses,
+            self.cleared_tokens,
         )
 
 
@@ -198,6 +213,10 @@ def _request_block(block: Block) -> Block | None:
             "input": block["input"],
         }
     return block
+
+
+class _BetaRefused(Exception):
+    """A 400 to a request that carried the context-editing beta: send it again without."""
 
 
 def _backoff(attempt: int) -> float:
@@ -240,6 +259,8 @@ class ModelGateway:
     cost: float = 0.0
     #: The session's budget: requests reserve against it first and settle after.
     budget: SessionBudget | None = None
+    #: False once the endpoint has refused the context-editing beta: not asked again.
+    context_editing: bool = True
     _client: anthropic.AsyncAnthropic | None = None
     _limit: AdaptiveLimit | None = None
 
@@ -280,20 +301,26 @@ class ModelGateway:
         on_text: Callable[[str], None] | None = None,
         previous_message_id: str | None = None,
         on_send: Callable[[], None] | None = None,
+        context_edits: Sequence[Block] | None = None,
     ) -> ModelReply:
         """Stream one response to the end and return it; raise an ``OrchmodeError`` on failure.
 
         ``previous_message_id`` is the conversation's last response: the API then says why,
         if it could not reuse that request's cached prefix (recorded on the event).
         ``on_send`` is called once, just before the request first goes out: work started
-        from it runs while the request is in flight, not ahead of it.
+        from it runs while the request is in flight, not ahead of it. ``context_edits``
+        asks the API's context editing beta to make room; an endpoint that refuses the beta
+        is sent the request again without it, and never again with it
+        (:attr:`context_editing` turns false).
         """
         started = time.monotonic()
         reservation = None
         if self.budget is not None:
             reservation = await self.budget.before_request(system, messages, tools)
         try:
-            reply = await self._send(system, messages, tools, on_text, previous_message_id, on_send)
+            reply = await self._send(
+                system, messages, tools, on_text, previous_message_id, on_send, context_edits
+            )
         except BaseException:
             if self.budget is not None:
                 await self.budget.after_request(reservation, TokenUsage())
@@ -327,6 +354,7 @@ class ModelGateway:
         on_text: Callable[[str], None] | None,
         previous_message_id: str | None,
         on_send: Callable[[], None] | None = None,
+        context_edits: Sequence[Block] | None = None,
     ) -> ModelReply:
         """Send one request under the adaptive limit, retrying what is worth retrying.
 
@@ -347,8 +375,15 @@ class ModelGateway:
                 on_send()  # runs once this task next waits: after the request is written
                 on_send = None
             wait: float | None = None
+            edits = context_edits if self.context_editing else None
             try:
-                reply = await self._stream(system, messages, tools, on_text, previous_message_id)
+                reply = await self._stream(
+                    system, messages, tools, on_text, previous_message_id, edits
+                )
+            except _BetaRefused as exc:
+                log.info("the endpoint refused context editing (%s); orchmode compacts itself", exc)
+                self.context_editing = False
+                wait = 0.0
             except Overloaded as exc:
                 overloads += 1
                 self.limit.overloaded(started)
@@ -386,10 +421,20 @@ class ModelGateway:
         tools: Sequence[Block],
         on_text: Callable[[str], None] | None,
         previous_message_id: str | None,
+        context_edits: Sequence[Block] | None = None,
     ) -> ModelReply:
         builder = _ReplyBuilder()
         try:
-            stream = await self.client.messages.create(
+            create: Any = self.client.messages.create
+            beta: dict[str, Any] = {}
+            if context_edits:
+                create = self.client.beta.messages.create
+                beta = {
+                    "betas": [CONTEXT_BETA],
+                    "context_management": {"edits": list(context_edits)},
+                }
+            stream = await create(
+                **beta,
                 model=self.settings.model,
                 max_tokens=self.settings.max_tokens,
                 # The system prompt is its own cache breakpoint: every agent of a role sends
@@ -434,6 +479,13 @@ class ModelGateway:
                     f"the API kept failing ({status}: {message_text}) after "
                     f"{self.settings.max_retries} retries"
                 ) from exc
+            tokens = too_long_count(message_text)
+            if tokens is not None or "prompt is too long" in message_text:
+                raise PromptTooLong(
+                    f"the API refused a request as too long ({status}): {message_text}", tokens
+                ) from exc
+            if context_edits and status == 400:
+                raise _BetaRefused(f"{status}: {message_text}") from exc
             raise ModelRequestError(
                 f"the API rejected a request ({status}): {message_text}"
             ) from exc

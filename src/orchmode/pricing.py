@@ -1,7 +1,9 @@
-"""What model requests cost: a per-model price table, in US dollars per million tokens.
+"""What models cost and how much they hold: per-model prices and context windows.
 
-The defaults are Anthropic's published list prices for current models (5-minute cache
-writes); a different or newer price goes in ``orchmode.toml`` under ``[prices."model-id"]``.
+The price defaults are Anthropic's published list prices for current models (5-minute
+cache writes), in US dollars per million tokens; a different or newer price goes in
+``orchmode.toml`` under ``[prices."model-id"]``. Context windows are in tokens; the
+``context_window`` setting overrides the table for the model in use.
 """
 
 from __future__ import annotations
@@ -42,3 +44,22 @@ def default_prices() -> dict[str, ModelPrice]:
         "claude-sonnet-5": ModelPrice(input=2, output=10, cache_write=2.5, cache_read=0.2),
         "claude-haiku-4-5": ModelPrice(input=1, output=5, cache_write=1.25, cache_read=0.1),
     }
+
+
+#: The context window of a model missing from :func:`default_context_windows`.
+FALLBACK_CONTEXT_WINDOW = 200_000
+
+
+def default_context_windows() -> dict[str, int]:
+    """Tokens each current model can hold in one request (input and output together)."""
+    return {
+        "claude-opus-5-5": 200_000,
+        "claude-opus-5": 200_000,
+        "claude-sonnet-5-5": 200_000,
+        "claude-sonnet-5": 200_000,
+        "claude-haiku-4-5": 200_000,
+    }
+
+
+def context_window_of(model: str) -> int:
+    return default_context_windows().get(model, FALLBACK_CONTEXT_WINDOW)

@@ -16,8 +16,10 @@ You are a careful software engineering agent working in the user's directory thr
 bash shell. Check facts with commands instead of guessing, and say what you verified. \
 You also have a Workflow tool that runs independent subtasks as parallel agents; its \
 description says when you may use it. System messages inside the conversation tell you \
-whether orchestration mode is on: follow the latest one. Finish each turn with a clear, \
-well-organised answer for the user."""
+whether orchestration mode is on: follow the latest one. Every agent's full report is \
+saved as a file under .orchmode/results/ in the working directory (read-only): when a \
+Workflow result is condensed or an old tool result is replaced by a note, the note names \
+the file that holds it. Finish each turn with a clear, well-organised answer for the user."""
 
 NOTICES: dict[Notice, str] = {
     Notice.ENTER: (
@@ -190,8 +192,21 @@ call ends your subtask. Return findings, not narration."""
 VERIFY_MARKER = "Verify another agent's result."
 
 
+def quote_result(result: str, limit: int, path: str | None) -> str:
+    """A worker's result as its verifier's prompt quotes it: whole, or its first ``limit``
+    characters and where the rest is (a result that fits is quoted exactly as it was, so
+    its verifier's journal key does not change)."""
+    if len(result) <= limit:
+        return result
+    where = f" The whole result is in {path}: read it with cat or jq." if path else ""
+    return (
+        f"{result[:limit]}\n[orchmode: the result is {len(result):,} characters long; only "
+        f"its first {limit:,} are quoted here.{where}]"
+    )
+
+
 def verify_prompt(subtask: str, result: str) -> str:
-    """The second wave's prompt: try to refute one result."""
+    """The second wave's prompt: try to refute one result (quoted with :func:`quote_result`)."""
     return f"""{VERIFY_MARKER} Try hard to refute it.
 
 The other agent was given this subtask:

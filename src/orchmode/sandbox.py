@@ -424,12 +424,20 @@ class SandboxPolicy:
     bwrap: str = "bwrap"
     #: Directories hidden behind empty ones; the first is ``HOME`` inside the sandbox.
     homes: tuple[Path, ...] = field(default_factory=lambda: tuple(_home_dirs(os.environ)))
+    #: Directories shown read-only even inside the hidden state directory: the session's
+    #: saved results, which agents read and never write.
+    readable: tuple[Path, ...] = ()
 
     @classmethod
     def from_settings(
-        cls, settings: Settings, workdir: Path, env: Mapping[str, str] | None = None
+        cls,
+        settings: Settings,
+        workdir: Path,
+        env: Mapping[str, str] | None = None,
+        readable: tuple[Path, ...] = (),
     ) -> SandboxPolicy:
         return cls(
+            readable=tuple(Path(os.path.realpath(p)) for p in readable),
             mode=settings.sandbox,
             workdir=Path(os.path.realpath(workdir)),
             allow_network=settings.allow_network,
@@ -486,8 +494,14 @@ class SandboxPolicy:
             # Settings for the next run, such as `sandbox = "off"`.
             ops.append((config, ["--ro-bind", str(config), str(config)]))
         state = workdir / STATE_DIR
+        shown = [p for p in self.readable if p.is_dir()]
+        inside = [p for p in shown if p.is_relative_to(state)]
         if state.is_dir():
-            ops.append((state, ["--tmpfs", str(state), "--remount-ro", str(state)]))
+            # The results are bound into the empty tmpfs before it turns read-only: bwrap
+            # makes their mount points in it, which it could not do afterwards.
+            binds = [arg for p in inside for arg in ("--ro-bind", str(p), str(p))]
+            ops.append((state, ["--tmpfs", str(state), *binds, "--remount-ro", str(state)]))
+        ops.extend((p, ["--ro-bind", str(p), str(p)]) for p in shown if p not in inside)
         ops.sort(key=lambda op: _depth(op[0]))  # stable: equal depths keep their order
         return ["--ro-bind", "/", "/", *itertools.chain.from_iterable(args for _, args in ops)]
 
@@ -538,11 +552,13 @@ class Sandbox:
                 (policy.workdir / STATE_DIR).mkdir(exist_ok=True)
 
     @classmethod
-    def from_settings(cls, settings: Settings, workdir: Path) -> Sandbox | None:
+    def from_settings(
+        cls, settings: Settings, workdir: Path, readable: tuple[Path, ...] = ()
+    ) -> Sandbox | None:
         """The sandbox for ``settings``, or None when the user turned it off."""
         if settings.sandbox == "off":
             return None
-        return cls(SandboxPolicy.from_settings(settings, workdir))
+        return cls(SandboxPolicy.from_settings(settings, workdir, readable=readable))
 
     @property
     def mode(self) -> str:

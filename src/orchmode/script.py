@@ -42,7 +42,9 @@ from pydantic_monty import (
     ResourceLimits,
 )
 
-from .events import Role, ScriptDone, ScriptStarted
+from .condense import fit_value
+from .context import estimate_tokens
+from .events import ResultCondensed, Role, ScriptDone, ScriptStarted
 from .prompts import verify_prompt
 from .subagent import AgentResult, Status
 from .workflow import VERIFIER_PRIORITY, WORKER_PRIORITY, Workflow, verdict_of
@@ -68,6 +70,8 @@ ALLOWED_MODULES = frozenset(
 HOST_CALL_LIMIT = 10_000
 #: Characters of the rendered return value sent back; the rest is cut with a note.
 RESULT_LIMIT = 100_000
+#: Tokens of a script's result kept for its budget line and notes, besides value and log.
+VALUE_MARGIN = 200
 #: What the sandbox's clock always says, so a rerun sees the same time.
 FROZEN_CLOCK = datetime(2000, 1, 1, tzinfo=UTC)
 #: Seconds the pool waits past a script's compute limit before it kills a stuck worker.
@@ -96,11 +100,20 @@ class AgentLimit(RuntimeError):
     """Raised inside the script when it asks for more agents than ``script_max_agents``."""
 
 
-async def run_script(workflow: Workflow, call: int, source: object) -> tuple[str, bool]:
-    """The tool result of one Workflow call with a script, and whether it is an error."""
+async def run_script(
+    workflow: Workflow, call: int, source: object, tokens: int | None = None
+) -> tuple[str, bool]:
+    """The tool result of one Workflow call with a script, and whether it is an error.
+
+    ``tokens`` is the most the result may take; a larger value is condensed (see
+    :func:`orchmode.condense.fit_value`) and the whole of it saved to a file.
+    """
     if not isinstance(source, str) or not source.strip():
         return 'error: "script" must be a non-empty string holding a Python program', True
-    return await ScriptRun(workflow, call, source).run()
+    run = ScriptRun(workflow, call, source)
+    if tokens is not None:
+        run.tokens = tokens
+    return await run.run()
 
 
 def check_imports(source: str) -> ScriptError | None:
@@ -232,6 +245,8 @@ class ScriptRun:
     log: ScriptLog = field(init=False)
     #: the line of the last host call, to place errors that Monty reports without one
     last_line: int | None = None
+    #: the most tokens the tool result may take (0: the window's share for one result)
+    tokens: int = 0
 
     def __post_init__(self) -> None:
         self.log = ScriptLog(self.workflow.settings.output_limit)
@@ -499,14 +514,38 @@ class ScriptRun:
             f"line {self.last_line})"
         )
 
+    def _fit(self, value: str, log_text: str) -> str:
+        """The value within what is left of the result's budget once the log is in."""
+        workflow = self.workflow
+        budget = self.tokens or workflow.window.result_tokens
+        room = max(budget - estimate_tokens(log_text) - VALUE_MARGIN, budget // 4)
+        if estimate_tokens(value) <= room:
+            return value
+        saved = None
+        if workflow.results is not None:
+            saved = workflow.results.write_text("script", self.source, value)
+        fitted, note = fit_value(value, room, saved)
+        workflow.events.emit(
+            ResultCondensed(
+                self.call,
+                estimate_tokens(value),
+                estimate_tokens(fitted) + estimate_tokens(note),
+                budget,
+                note.removeprefix("[orchmode: ").removesuffix("]"),
+                saved or "",
+            )
+        )
+        return f"{fitted}\n{note}"
+
     def _source_line(self, line: int) -> str:
         lines = self.source.splitlines()
         return lines[line - 1].strip() if 0 < line <= len(lines) else ""
 
     async def _tool_result(self, output: object, error: ScriptError | None) -> str:
         sections: list[str] = []
+        log_text = self.log.render()
         if error is None:
-            sections.append(_render(output))
+            sections.append(self._fit(_render(output), log_text))
         else:
             head = error.message
             if error.line is not None:
@@ -517,7 +556,6 @@ class ScriptRun:
             if error.trace:
                 head += f"\n{error.trace}"
             sections.append(f"error: {head}")
-        log_text = self.log.render()
         if log_text:
             sections.append(log_text)
         if error is not None and self.agents:

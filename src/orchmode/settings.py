@@ -11,10 +11,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from .errors import ConfigError
-from .pricing import ModelPrice, default_prices
+from .pricing import ModelPrice, context_window_of, default_prices
 
 CONFIG_FILE = "orchmode.toml"
 ENV_PREFIX = "ORCHMODE_"
@@ -25,6 +25,8 @@ Effort = Literal["low", "medium", "high", "xhigh", "max"]
 #: Where model-written bash runs; see :mod:`orchmode.sandbox`.
 SandboxMode = Literal["workspace-write", "read-only", "off"]
 NoticeDelivery = Literal["system", "user-text"]
+#: Who makes room in a conversation that nears its window: the API first, or only orchmode.
+ContextManagement = Literal["auto", "harness"]
 #: Where subagents run: in this process, or on a Ray cluster's nodes.
 ExecutorKind = Literal["local", "ray"]
 
@@ -148,6 +150,47 @@ class Settings(BaseModel):
     max_cost: float | None = Field(
         None, gt=0, description="Dollars a session may spend, at the prices below."
     )
+    context_window: int | None = Field(
+        None,
+        ge=1000,
+        description="Tokens the model's context window holds (default: the model's, from the "
+        "table next to the prices; 200000 for current models).",
+    )
+    workflow_result_tokens: int | None = Field(
+        None,
+        gt=0,
+        description="The most tokens one Workflow result may take in the conversation "
+        "(default: a quarter of the context window); never more than the room left in the "
+        "window. A larger result is condensed; every full report stays on disk.",
+    )
+    verify_quote_tokens: int | None = Field(
+        None,
+        gt=0,
+        description="The most tokens of a worker's result that its verifier's prompt quotes "
+        "(default: a twentieth of the context window); the rest is read from its file.",
+    )
+    compact_at: float = Field(
+        0.8,
+        gt=0,
+        lt=1,
+        description="Share of the context window past which a conversation is compacted "
+        "before its next request.",
+    )
+    compact_to: float = Field(
+        0.5,
+        gt=0,
+        lt=1,
+        description="Share of the context window a compaction brings the conversation down to "
+        "(far below `compact_at`, so compactions are rare and the cached prefix is rebuilt "
+        "seldom).",
+    )
+    context_management: ContextManagement = Field(
+        "auto",
+        description="Who makes room before the window overflows: `auto` asks the API's "
+        "context editing (beta `clear_tool_uses_20250919`) first and falls back to "
+        "orchmode's own compaction where an endpoint refuses the beta; `harness` never "
+        "sends the beta.",
+    )
     prices: dict[str, ModelPrice] = Field(
         default_factory=default_prices,
         description="Dollars per million tokens per model: input, output, cache_write, "
@@ -192,8 +235,21 @@ class Settings(BaseModel):
         description="Small limits (2 subtasks, 1 turn each) in a throw-away fixture directory.",
     )
 
+    @model_validator(mode="after")
+    def _compaction_goes_down(self) -> Settings:
+        if self.compact_to >= self.compact_at:
+            raise ValueError(
+                f"compact_to ({self.compact_to:g}) must be below compact_at ({self.compact_at:g})"
+            )
+        return self
+
     def price(self) -> ModelPrice | None:
         return self.prices.get(self.model)
+
+    @property
+    def window(self) -> int:
+        """The context window in tokens: the setting, else the model's."""
+        return self.context_window or context_window_of(self.model)
 
     def with_test_limits(self) -> Settings:
         """The spec's small-limits mode: it wins over every other source."""

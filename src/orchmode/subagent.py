@@ -10,7 +10,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from .events import EventBus, TokenUsage
+from .context import Meter, Window, compact
+from .errors import PromptTooLong
+from .events import ContextCompacted, EventBus, TokenUsage
 from .model import Message, ModelGateway
 from .prompts import MAX_TOKENS_NOTE
 from .shell import BashSession
@@ -96,21 +98,47 @@ class Subagent:
     max_turns: int
     #: Called as the first model request goes out (the fan-out starts the shell then).
     on_first_request: Callable[[], None] | None = None
+    #: The context window its conversation must stay within (None: no check).
+    window: Window | None = None
 
     async def run(self, prompt: str) -> AgentResult:
         messages: list[Message] = [{"role": "user", "content": prompt}]
         usage = TokenUsage()
         last_text = ""
         previous: str | None = None
-        for turn in range(1, self.max_turns + 1):
-            reply = await self.gateway.complete(
-                agent=self.name,
-                system=self.system,
-                messages=messages,
-                tools=self.tools,
-                previous_message_id=previous,
-                on_send=self.on_first_request if turn == 1 else None,
-            )
+        meter = Meter([self.system, self.tools])
+        retried = False
+        turn = 0
+        while turn < self.max_turns:
+            turn += 1
+            messages = self._fit(messages, meter, meter.size(messages), refused=False)
+            sent = len(messages)
+            try:
+                reply = await self.gateway.complete(
+                    agent=self.name,
+                    system=self.system,
+                    messages=messages,
+                    tools=self.tools,
+                    previous_message_id=previous,
+                    on_send=self.on_first_request if turn == 1 else None,
+                )
+            except PromptTooLong as exc:
+                if exc.tokens is not None:
+                    meter.observe(sent, exc.tokens)
+                fitted = None if retried else self._fit(messages, meter, None, refused=True)
+                if fitted is None or fitted is messages:
+                    return AgentResult(
+                        f"[orchmode: the subagent's conversation no longer fits the context "
+                        f"window ({exc})]",
+                        Status.CONTEXT_EXCEEDED,
+                        turn,
+                        usage,
+                    )
+                messages, retried = fitted, True
+                turn -= 1  # the refused request used no turn
+                continue
+            retried = False
+            meter.observe(sent, reply.usage.total_input)
             previous = reply.message_id
             usage = usage + reply.usage
             last_text = reply.text or last_text
@@ -141,6 +169,31 @@ class Subagent:
             "report_findings]"
         )
         return AgentResult(f"{note}\n{last_text}".strip(), Status.TURN_LIMIT, self.max_turns, usage)
+
+    def _fit(
+        self, messages: list[Message], meter: Meter, size: int | None, *, refused: bool
+    ) -> list[Message]:
+        """``messages``, or a compacted copy when they pass the window's compaction point.
+
+        A subagent's outputs are not saved (it may run on another machine), so a stub says
+        to run the command again. ``size`` None forces a compaction (after a refusal).
+        """
+        window = self.window
+        if window is None or (size is not None and size <= window.compact_at):
+            return messages
+        before = meter.size(messages) if size is None else size
+        estimate = meter.estimate(messages)
+        target = meter.target(messages, window.compact_to)
+        done = compact(messages, estimate, target, lambda _id, _text: None, keep_last=not refused)
+        if not done.stubbed:
+            return messages
+        meter.forget()
+        self.events.emit(
+            ContextCompacted(
+                self.name, "stubbed", before, meter.estimate(done.messages), done.detail, refused
+            )
+        )
+        return done.messages
 
     @staticmethod
     def _stopped(stop_reason: str | None, text: str, turn: int, usage: TokenUsage) -> AgentResult:

@@ -27,11 +27,14 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .budget import SessionBudget
+from .condense import AgentEntry, SubtaskEntry, fit_result, full_text
+from .context import Window
 from .events import (
     BudgetStatus,
     EventBus,
     FanoutDone,
     FanoutStarted,
+    ResultCondensed,
     Role,
     SubagentDone,
     SubagentStarted,
@@ -41,7 +44,8 @@ from .executors import Executor, Job, WorkerLost
 from .executors.host import keep_claim
 from .executors.local import HERE
 from .model import ModelGateway
-from .prompts import SUBAGENT_SYSTEM, SUBAGENT_TOOLS, verify_prompt
+from .prompts import SUBAGENT_SYSTEM, SUBAGENT_TOOLS, quote_result, verify_prompt
+from .results import ResultFiles
 from .settings import Settings
 from .store import BudgetState, Store, content_key
 from .subagent import AgentResult, Status
@@ -281,6 +285,8 @@ class Workflow:
     budget: SessionBudget
     events: EventBus
     executor: Executor
+    #: Where every agent's full result is written; None writes nothing (no session dir).
+    results: ResultFiles | None = None
     calls: int = 0
     _slots: PrioritySlots | None = field(default=None, repr=False)
     _housekeeping: set[asyncio.Task[None]] = field(default_factory=set, repr=False)
@@ -296,14 +302,24 @@ class Workflow:
     def store(self) -> Store:
         return self.budget.store
 
-    async def run(self, tool_input: object) -> tuple[str, bool]:
-        """The tool result text and whether it is an error."""
+    @property
+    def window(self) -> Window:
+        return Window.from_settings(self.settings)
+
+    async def run(self, tool_input: object, tokens: int | None = None) -> tuple[str, bool]:
+        """The tool result text and whether it is an error.
+
+        ``tokens`` is the most the result may take (default: the window's share for one
+        result); a larger one is condensed, and the whole of it saved to a file.
+        """
+        if tokens is None:
+            tokens = self.window.result_tokens
         form = workflow_form(tool_input)
         if form == "script" and isinstance(tool_input, dict):
             from .script import run_script  # the sandbox is loaded only when a script comes
 
             self.calls += 1
-            return await run_script(self, self.calls, tool_input["script"])
+            return await run_script(self, self.calls, tool_input["script"], tokens)
         if form != "subtasks":
             return form, True
         plan = plan_subtasks(tool_input, self.settings.max_subtasks)
@@ -325,7 +341,7 @@ class Workflow:
             await asyncio.gather(*chains, return_exceptions=True)
             await self.settle()
         self.events.emit(FanoutDone(call, time.monotonic() - started))
-        sections = [plan.note] if plan.note else []
+        head = [plan.note] if plan.note else []
         budget = await self.store.budget(self.budget.session)
         skipped = [i for i, (worker, _) in enumerate(pairs, start=1) if worker.status is SKIPPED]
         unverified = [
@@ -334,15 +350,72 @@ class Workflow:
             if verifier is not None and verifier.status is SKIPPED and worker.status is not SKIPPED
         ]
         if skipped or unverified:
-            sections.append(self._budget_note(skipped, unverified, budget))
-        for i, (subtask, (worker, verifier)) in enumerate(
-            zip(plan.subtasks, pairs, strict=True), start=1
-        ):
-            sections.append(f"[agent {i}: {title(subtask)}]\n{worker.text}")
-            if verifier is not None:
-                sections.append(f"[verify {i}]\n{verifier.text}")
-        sections.append(self.budget_status(budget))
-        return "\n\n".join(sections), False
+            head.append(self._budget_note(skipped, unverified, budget))
+        entries = [
+            SubtaskEntry(
+                title(subtask),
+                AgentEntry(worker.text, self.report_path("worker", subtask)),
+                None
+                if verifier is None
+                else AgentEntry(
+                    verifier.text, self.report_path("verifier", self.verify_prompt(subtask, worker))
+                ),
+            )
+            for subtask, (worker, verifier) in zip(plan.subtasks, pairs, strict=True)
+        ]
+        tail = [self.budget_status(budget)]
+        return self.fit(call, head, entries, tail, tokens, tool_input), False
+
+    def fit(
+        self,
+        call: int,
+        head: list[str],
+        entries: list[SubtaskEntry],
+        tail: list[str],
+        tokens: int,
+        tool_input: object,
+    ) -> str:
+        """The result within ``tokens``; its whole text saved, and its condensing announced."""
+        saved = ""
+        directory = ""
+        if self.results is not None:
+            identity = json.dumps(tool_input, sort_keys=True, ensure_ascii=False, default=str)
+            whole = full_text(head, entries, tail)
+            saved = self.results.write_text("workflow", identity, whole) or ""
+            directory = str(self.results.directory)
+        fitted = fit_result(
+            head, entries, tail, tokens, saved_at=saved or "(not saved)", directory=directory
+        )
+        if fitted.condensed:
+            self.events.emit(
+                ResultCondensed(
+                    call, fitted.tokens_full, fitted.tokens_shown, tokens, fitted.omitted, saved
+                )
+            )
+        return fitted.text
+
+    def key_of(self, role: Role, prompt: str) -> str:
+        """The journal's content address of an agent: everything that determines its result."""
+        return content_key(
+            role=role,
+            model=self.settings.model,
+            effort=self.settings.effort,
+            system=SUBAGENT_SYSTEM,
+            tools=SUBAGENT_TOOLS,
+            prompt=prompt,
+        )
+
+    def report_path(self, role: Role, prompt: str) -> str:
+        """Where the agent with ``prompt`` has its full result, or "" with no results dir."""
+        if self.results is None:
+            return ""
+        return str(self.results.agent_path(role, self.key_of(role, prompt)))
+
+    def verify_prompt(self, subtask: str, worker: AgentResult) -> str:
+        """The verifier's prompt, quoting the worker's result within its budget."""
+        limit = self.window.quote_tokens * 3
+        path = self.report_path("worker", subtask) or None
+        return verify_prompt(subtask, quote_result(worker.text, limit, path))
 
     async def settle(self) -> None:
         """Wait for the agents' housekeeping: results recorded, claims let go, use counted."""
@@ -390,7 +463,7 @@ class Workflow:
                 return worker, AgentResult(
                     "[orchmode: not verified, because it was not run]", SKIPPED
                 )
-            prompt = verify_prompt(subtask, worker.text)
+            prompt = self.verify_prompt(subtask, worker)
             verifier = await self.run_subagent(
                 call, index, "verifier", prompt, VERIFIER_PRIORITY, relay=relay
             )
@@ -418,23 +491,16 @@ class Workflow:
         may hold a slot handed on by the previous agent of the chain; ``hand_on`` is where
         this agent queues for the next one's before it lets its own slot go.
         """
-        key = content_key(
-            role=role,
-            model=self.settings.model,
-            effort=self.settings.effort,
-            system=SUBAGENT_SYSTEM,
-            tools=SUBAGENT_TOOLS,
-            prompt=prompt,
-        )
+        key = self.key_of(role, prompt)
         if not self.settings.fresh:
             recorded = await self.store.lookup(key)
             if recorded is not None:
-                self._journal_hit(call, index, role, prompt, recorded)
+                self._journal_hit(call, index, role, prompt, key, recorded)
                 return recorded
         holder = self._new_holder()
         recorded = await self._claim_or_wait(key, holder, relay)
         if recorded is not None:  # another agent, here or elsewhere, just finished it
-            self._journal_hit(call, index, role, prompt, recorded)
+            self._journal_hit(call, index, role, prompt, key, recorded)
             return recorded
         # Ours until the executor places the job; from then on the executor renews it.
         heartbeat = asyncio.create_task(
@@ -448,7 +514,7 @@ class Workflow:
                     f"{self.settings.max_subagents} subagents is used up]",
                     SKIPPED,
                 )
-                self._done(call, index, role, result, 0.0)
+                self._done(call, index, role, prompt, key, result, 0.0)
                 return result
             job = Job(key, holder, self.budget.session, role, f"{role} {call}.{index}", prompt)
             async with self.slots.slot(priority, relay):
@@ -464,6 +530,8 @@ class Workflow:
             call,
             index,
             role,
+            prompt,
+            key,
             outcome.result,
             outcome.duration,
             from_journal=outcome.from_journal,
@@ -558,17 +626,19 @@ class Workflow:
         task.add_done_callback(self._housekeeping.discard)
 
     def _journal_hit(
-        self, call: int, index: int, role: Role, prompt: str, recorded: AgentResult
+        self, call: int, index: int, role: Role, prompt: str, key: str, recorded: AgentResult
     ) -> None:
         """A result served from the journal: its records say what it was, as a run's do."""
         self.events.emit(SubagentStarted(call, index, role, title(prompt), prompt))
-        self._done(call, index, role, recorded, 0.0, from_journal=True)
+        self._done(call, index, role, prompt, key, recorded, 0.0, from_journal=True)
 
     def _done(
         self,
         call: int,
         index: int,
         role: Role,
+        prompt: str,
+        key: str,
         result: AgentResult,
         duration: float,
         *,
@@ -576,6 +646,7 @@ class Workflow:
         node: str = HERE,
     ) -> None:
         verdict = verdict_of(result.text) if role == "verifier" and result.finished else None
+        report_path = self._save(role, prompt, key, result, verdict)
         # A journal hit asked the model nothing: it used no tokens and cost nothing now.
         usage = TokenUsage() if from_journal else result.usage
         price = self.settings.price()
@@ -593,8 +664,30 @@ class Workflow:
                 result=result.text,
                 cost=price.cost(usage) if price else 0.0,
                 node=node,
+                report_path=report_path,
             )
         )
+
+    def _save(
+        self, role: Role, prompt: str, key: str, result: AgentResult, verdict: str | None
+    ) -> str:
+        """Write the agent's full result to its file; the path ("" when nothing is kept)."""
+        if self.results is None:
+            return ""
+        try:
+            report: object = json.loads(result.text)
+        except ValueError:
+            report = None
+        record = {
+            "role": role,
+            "prompt": prompt,
+            "status": result.status.value,
+            "turns": result.turns,
+            "verdict": verdict,
+            "report": report if isinstance(report, dict) else None,
+            "text": result.text,
+        }
+        return self.results.write_agent(role, key, record)
 
 
 def _numbers(indexes: list[int]) -> str:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..budget import BudgetExhausted
+from ..context import Window
 from ..environment import command_environment
 from ..errors import AuthError, OrchmodeError
 from ..events import EventBus
@@ -63,13 +64,20 @@ class ShellFactory:
     sandbox: Sandbox | None
 
     @classmethod
-    def build(cls, settings: Settings, workdir: Path, secrets: tuple[str, ...]) -> ShellFactory:
-        """From this process's environment, less credentials and any of ``secrets``."""
+    def build(
+        cls,
+        settings: Settings,
+        workdir: Path,
+        secrets: tuple[str, ...],
+        readable: tuple[Path, ...] = (),
+    ) -> ShellFactory:
+        """From this process's environment, less credentials and any of ``secrets``;
+        ``readable`` directories are shown read-only inside the sandbox."""
         return cls(
             settings,
             workdir,
             command_environment(os.environ, secrets),
-            Sandbox.from_settings(settings, workdir),
+            Sandbox.from_settings(settings, workdir, readable),
         )
 
     def __call__(self) -> BashSession:
@@ -111,6 +119,7 @@ class AgentHost:
             tools=SUBAGENT_TOOLS,
             max_turns=self.settings.subagent_turns,
             on_first_request=lambda: self.background(self._prewarm(shell)),
+            window=Window.from_settings(self.settings),
         )
         try:
             try:
