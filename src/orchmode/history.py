@@ -21,10 +21,12 @@ from .events import (
     BashDone,
     BashStarted,
     BudgetStatus,
+    ContextCompacted,
     Event,
     FanoutDone,
     FanoutStarted,
     ModelRequestDone,
+    ResultCondensed,
     Role,
     ScriptDone,
     ScriptStarted,
@@ -34,6 +36,7 @@ from .events import (
     TurnDone,
     TurnStarted,
 )
+from .progress import compaction_text, condensed_text
 from .prompts import SEVERITIES  # the order a reader wants; anything else sorts after
 from .store import EventRow
 from .totals import SessionTotals
@@ -179,6 +182,23 @@ _PARSERS: dict[str, Callable[[Mapping[str, Any]], Event]] = {
         result=_str(d, "result", ""),
         cost=_float(d, "cost", 0.0),
         node=_str(d, "node", ""),
+        report_path=_str(d, "report_path", ""),  # absent in records older than result files
+    ),
+    "ContextCompacted": lambda d: ContextCompacted(
+        agent=_str(d, "agent"),
+        how=_str(d, "how"),
+        tokens_before=_int(d, "tokens_before", 0),
+        tokens_after=_int(d, "tokens_after", 0),
+        detail=_str(d, "detail", ""),
+        refused=_bool(d, "refused"),
+    ),
+    "ResultCondensed": lambda d: ResultCondensed(
+        call=_int(d, "call"),
+        tokens_full=_int(d, "tokens_full", 0),
+        tokens_shown=_int(d, "tokens_shown", 0),
+        budget=_int(d, "budget", 0),
+        omitted=_str(d, "omitted", ""),
+        path=_str(d, "path", ""),
     ),
 }
 
@@ -267,6 +287,32 @@ def severity_rank(severity: str) -> int:
 
 
 @dataclass(frozen=True)
+class Compaction:
+    """A conversation made smaller to fit the context window: what an agent lost, and when."""
+
+    event: ContextCompacted
+    at: float
+
+    @property
+    def agent(self) -> str:
+        return self.event.agent
+
+    def describe(self) -> str:
+        return compaction_text(self.event)
+
+
+@dataclass(frozen=True)
+class CondensedResult:
+    """A Workflow result the model saw condensed: what it missed, and where the whole is."""
+
+    event: ResultCondensed
+    at: float
+
+    def describe(self) -> str:
+        return condensed_text(self.event)
+
+
+@dataclass(frozen=True)
 class Command:
     """One bash command, the main agent's or a subagent's."""
 
@@ -324,6 +370,14 @@ class AgentRecord:
     commands: list[Command] = field(default_factory=list)
     #: the Ray node it ran on; empty when it ran in the user's own process (or never ran)
     node: str = ""
+    #: the file holding its full result; empty if none was saved (or the record predates them)
+    report_path: str = ""
+    #: its commands and compactions in the order they happened
+    activity: list[Command | Compaction] = field(default_factory=list)
+
+    @property
+    def compactions(self) -> list[Compaction]:
+        return [step for step in self.activity if isinstance(step, Compaction)]
 
     @property
     def name(self) -> str:
@@ -363,6 +417,10 @@ class Fanout:
     script_lines: int | None = None
     script_error: str | None = None
     agents: list[AgentRecord] = field(default_factory=list)
+    #: its result as the model saw it, when that was condensed to fit the result budget
+    condensed: CondensedResult | None = None
+    #: its agents' compactions, in the order they happened
+    compactions: list[Compaction] = field(default_factory=list)
     _by_key: dict[tuple[int, Role], AgentRecord] = field(default_factory=dict, repr=False)
 
     def agent(self, index: int, role: Role) -> AgentRecord:
@@ -404,7 +462,8 @@ class Fanout:
         return f"workflow {self.call}: {what} · {took}"
 
 
-Step = Command | Fanout
+#: What a turn did, in order: the main agent's commands and compactions, and its fan-outs.
+Step = Command | Compaction | Fanout
 
 #: Stops that mean the turn ended with an answer.
 FINISHED_STOPS = frozenset({"end_turn", "stop_sequence"})
@@ -429,6 +488,10 @@ class Turn:
     steps: list[Step] = field(default_factory=list)
     #: the main agent's final answer, when the saved conversation has it
     answer: str | None = None
+    #: every compaction in the turn, the main agent's and the subagents', in order
+    compactions: list[Compaction] = field(default_factory=list)
+    #: every Workflow result the model saw condensed, in order
+    condensed: list[CondensedResult] = field(default_factory=list)
 
     @property
     def status(self) -> str:
@@ -546,6 +609,20 @@ def _apply(turn: Turn, event: Event, at: float) -> None:
                 turn.steps.append(command)
             else:
                 agent.commands.append(command)
+                agent.activity.append(command)
+        case ContextCompacted():
+            compaction = Compaction(event, at)
+            turn.compactions.append(compaction)
+            agent = _agent_named(turn, event.agent, at)
+            if agent is None:  # the main agent's: a step of the turn, between its commands
+                turn.steps.append(compaction)
+            else:
+                agent.activity.append(compaction)
+                turn.fanout(agent.call, at).compactions.append(compaction)
+        case ResultCondensed():
+            condensed = CondensedResult(event, at)
+            turn.condensed.append(condensed)
+            turn.fanout(event.call, at).condensed = condensed
         case FanoutStarted():
             fanout = turn.fanout(event.call, at)
             fanout.started_at = at
@@ -574,6 +651,8 @@ def _apply(turn: Turn, event: Event, at: float) -> None:
             agent.verdict, agent.result, agent.cost = event.verdict, event.result, event.cost
             if event.node:  # where it finished, if it was placed on a node
                 agent.node = event.node
+            if event.report_path:
+                agent.report_path = event.report_path
 
 
 def _agent_named(turn: Turn, name: str, at: float) -> AgentRecord | None:
@@ -764,8 +843,11 @@ def _agent_lines(agent: AgentRecord, indent: str) -> list[Line]:
         head += [f" · {_usage_text(agent)}"]
     lines = [_line(*head)]
     inner = indent + "  "
-    for command in agent.commands:
-        lines.append(_command_line(command, inner))
+    for step in agent.activity:  # commands and compactions, as they happened
+        if isinstance(step, Command):
+            lines.append(_command_line(step, inner))
+        else:
+            lines.append(_compaction_line(step, inner, named=False))
     report = agent.report
     if report is not None:
         lines.extend(_block("summary", report.summary, inner))
@@ -778,7 +860,19 @@ def _agent_lines(agent: AgentRecord, indent: str) -> list[Line]:
                 lines.extend(_block("evidence", finding.evidence, inner + " " * 8, "dim"))
     elif agent.result:
         lines.extend(_block("result", agent.result, inner))
+    if agent.report_path:  # the whole of it, whatever the model was shown
+        lines.append(_line(inner, ("full result ", "bold"), agent.report_path))
     return lines
+
+
+def _compaction_line(compaction: Compaction, indent: str, *, named: bool) -> Line:
+    """``named`` for a line that is not already under the agent it happened to."""
+    who = f"{compaction.agent}: " if named else ""
+    return _line(indent, ("context ", "bold"), (who + compaction.describe(), "yellow"))
+
+
+def _condensed_line(condensed: CondensedResult, indent: str) -> Line:
+    return _line(indent, (condensed.describe(), "yellow"))  # it reads "result condensed to …"
 
 
 def _command_line(command: Command, indent: str) -> Line:
@@ -819,11 +913,16 @@ def transcript(history: SessionHistory) -> list[Line]:
             if isinstance(step, Command):
                 lines.append(_command_line(step, "  "))
                 continue
+            if isinstance(step, Compaction):
+                lines.append(_compaction_line(step, "  ", named=True))
+                continue
             lines.append(_line("  ", (step.describe(), "bold")))
             if step.script_error:
                 lines.append(_line("    ", ("script error: ", "red"), step.script_error))
             for agent in step.agents:
                 lines.extend(_agent_lines(agent, "    "))
+            if step.condensed is not None:  # the model got this call's result condensed
+                lines.append(_condensed_line(step.condensed, "    "))
         if turn.answer:
             lines.extend(_block("answer", turn.answer, "  "))
     lines.append(_line())

@@ -23,10 +23,12 @@ from .events import (
     BashDone,
     BashStarted,
     BudgetStatus,
+    ContextCompacted,
     Event,
     FanoutDone,
     FanoutStarted,
     ModelRequestDone,
+    ResultCondensed,
     Role,
     ScriptDone,
     ScriptStarted,
@@ -36,6 +38,7 @@ from .events import (
     TurnDone,
     TurnStarted,
 )
+from .progress import compaction_text, condensed_text
 from .totals import SessionTotals
 
 QUEUED = "queued"
@@ -102,6 +105,8 @@ class CallView:
     rows: dict[tuple[int, Role], AgentRow] = field(default_factory=dict)
     duration: float | None = None
     error: str | None = None
+    #: set when the model got this call's result condensed to fit the result budget
+    condensed: ResultCondensed | None = None
 
     def row(self, index: int, role: Role) -> AgentRow:
         key = (index, role)
@@ -132,6 +137,9 @@ class LiveView:
         self.commands_before = 0
         #: the budget as the last Workflow call left it (none before the first)
         self.budget_line = ""
+        #: the turn's latest compaction, and how many there were: why an agent forgot
+        self.compaction: ContextCompacted | None = None
+        self.compactions = 0
         self._lock = threading.Lock()  # Rich redraws from its own thread
         self._live: Live | None = None
 
@@ -184,6 +192,7 @@ class LiveView:
                 self.calls.clear()
                 self.commands.clear()
                 self.commands_before = 0
+                self.compaction, self.compactions = None, 0
             case BashStarted(agent=agent, command=command):
                 row = self._row_of(agent)
                 if row is not None:
@@ -229,6 +238,11 @@ class LiveView:
             case ScriptDone(call=call, duration=duration, error=error):
                 view = self._call(call)
                 view.duration, view.error = duration, error
+            case ContextCompacted():
+                self.compaction = event
+                self.compactions += 1
+            case ResultCondensed(call=call):
+                self._call(call).condensed = event
 
     @staticmethod
     def _state(event: SubagentDone) -> str:
@@ -261,9 +275,20 @@ class LiveView:
         parts: list[RenderableType] = []
         if self.commands:
             parts.append(self._commands())
-        parts.extend(self._table(view, now) for view in self.calls.values())
+        for view in self.calls.values():
+            parts.append(self._table(view, now))
+            if view.condensed is not None:  # a line under its table, the layout unchanged
+                parts.append(Text(condensed_text(view.condensed), style="yellow"))
+        if self.compaction is not None:
+            parts.append(self._context_line(self.compaction))
         parts.append(self.footer(now))
         return Group(*parts)
+
+    def _context_line(self, latest: ContextCompacted) -> Text:
+        """The turn's latest compaction, above the footer, and how many came before it."""
+        earlier = self.compactions - 1
+        before = f" ({earlier} earlier this turn)" if earlier else ""
+        return Text(f"context{before} · {latest.agent}: {compaction_text(latest)}", style="yellow")
 
     def _commands(self) -> Table:
         title = "commands"

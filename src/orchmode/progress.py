@@ -8,15 +8,18 @@ from typing import TextIO
 
 from .events import (
     BashDone,
+    ContextCompacted,
     Event,
     FanoutDone,
     FanoutStarted,
     ModelRequestDone,
+    ResultCondensed,
     ScriptDone,
     ScriptStarted,
     SubagentDone,
     TokenUsage,
 )
+from .results import RESULTS_DIR
 
 
 def _one_line(text: str, width: int = 100) -> str:
@@ -29,6 +32,42 @@ def _usage(usage: TokenUsage, cost: float) -> str:
         f"{usage.total_input + usage.output_tokens:,} tokens, "
         f"{usage.cache_hit:.0%} of input cached, ${cost:.3f}"
     )
+
+
+def compaction_text(event: ContextCompacted) -> str:
+    """What a compaction did, in words: one wording for the progress lines, show and the report.
+
+    It says why the conversation shrank, so a reader who sees an agent forget a tool result
+    knows where its saved copy is, or that it is gone.
+    """
+    sizes = f"{event.tokens_before:,} → {event.tokens_after:,} tokens"
+    detail = event.detail or "old tool results"
+    match event.how:
+        case "stubbed":
+            what = f"stubbed {detail} (saved copies under {RESULTS_DIR}/)"
+        case "api":
+            what = "the API's context editing cleared old tool results"
+            what += f" ({event.detail})" if event.detail else ""
+        case "dropped":
+            what = "nothing more could be stubbed, so the part of the turn that could not fit "
+            what += "was let go" + (f" ({event.detail})" if event.detail else "")
+        case how:  # a kind this orchmode does not know: say what the record says
+            what = how + (f": {event.detail}" if event.detail else "")
+    refused = "; the API refused the request as too long, and it is being retried"
+    return f"{sizes} — {what}{refused if event.refused else ''}"
+
+
+def condensed_text(event: ResultCondensed) -> str:
+    """How much of a Workflow result the model saw, what it missed, and where the rest is."""
+    line = (
+        f"result condensed to {event.tokens_shown:,} of {event.tokens_full:,} tokens "
+        f"(budget {event.budget:,})"
+    )
+    if event.omitted:
+        line += f": {event.omitted}"
+    if event.path:
+        line += f"; full result: {event.path}"
+    return line
 
 
 @dataclass
@@ -77,6 +116,10 @@ class StderrProgress:
                 return f"[workflow {call}] script failed after {duration:.1f} s, {n} agents: {why}"
             case ScriptDone(call=call, duration=duration, agents=n):
                 return f"[workflow {call}] script done in {duration:.1f} s, {n} agents"
+            case ContextCompacted(agent=agent):
+                return f"[context] {agent}: {compaction_text(event)}"
+            case ResultCondensed(call=call):
+                return f"[workflow {call}] {condensed_text(event)}"
             case ModelRequestDone(agent=agent, cache_miss=str(reason), cache_missed_tokens=n):
                 return f"[{agent}] prompt cache miss: {reason} ({n:,} tokens not read from cache)"
         return None

@@ -20,6 +20,8 @@ from .history import (
     STATE_LABELS,
     AgentRecord,
     Command,
+    Compaction,
+    CondensedResult,
     Fanout,
     Finding,
     SessionHistory,
@@ -309,6 +311,51 @@ def _commands(commands: list[Command]) -> str:
     )
 
 
+def _compaction(
+    turn: Turn, compaction: Compaction, agent: AgentRecord | None = None, *, named: bool = True
+) -> str:
+    """One compaction, naming the agent it happened to (linked to it when ``agent`` is given)
+    unless it is listed under that agent (``named=False``)."""
+    event = compaction.event
+    if agent is not None:
+        who = f'<a href="#{agent_id(turn, agent)}">{e(agent.name)}</a>: '
+    else:
+        who = f"{e(event.agent)}: " if named else ""
+    return (
+        f'<li class="compaction" data-agent="{e(event.agent)}" data-how="{e(event.how)}" '
+        f'data-refused="{"yes" if event.refused else "no"}" '
+        f'data-tokens-before="{event.tokens_before}" data-tokens-after="{event.tokens_after}">'
+        f'<span class="badge context">context</span> {who}{e(compaction.describe())} '
+        f'<span class="meta">{e(when(compaction.at, "%H:%M:%S"))}</span></li>'
+    )
+
+
+def _condensed(condensed: CondensedResult) -> str:
+    event = condensed.event
+    return (
+        f'<p class="condensed" data-call="{event.call}" data-tokens-full="{event.tokens_full}" '
+        f'data-tokens-shown="{event.tokens_shown}" data-budget="{event.budget}">'
+        f'<span class="badge context">condensed</span> {e(condensed.describe())}</p>'
+    )
+
+
+def _fanout_step(turn: Turn, fanout: Fanout) -> str:
+    """A Workflow call in its turn: what it ran, its agents' compactions, a condensed result."""
+    error = (
+        f' <span class="warn">script error: {e(fanout.script_error)}</span>'
+        if fanout.script_error
+        else ""
+    )
+    html = f'<p class="step">{e(fanout.describe())}{error}</p>'
+    owners = {agent.name: agent for agent in fanout.agents}
+    if fanout.compactions:
+        items = "".join(_compaction(turn, c, owners.get(c.agent)) for c in fanout.compactions)
+        html += f'<ul class="compactions">{items}</ul>'
+    if fanout.condensed is not None:
+        html += _condensed(fanout.condensed)
+    return html
+
+
 def _turns(history: SessionHistory) -> str:
     parts = []
     for turn in history.turns:
@@ -320,13 +367,10 @@ def _turns(history: SessionHistory) -> str:
         for step in turn.steps:
             if isinstance(step, Command):
                 steps.append(_commands([step]))
+            elif isinstance(step, Compaction):
+                steps.append(f'<ul class="compactions">{_compaction(turn, step)}</ul>')
             else:
-                error = (
-                    f' <span class="warn">script error: {e(step.script_error)}</span>'
-                    if step.script_error
-                    else ""
-                )
-                steps.append(f'<p class="step">{e(step.describe())}{error}</p>')
+                steps.append(_fanout_step(turn, step))
         answer = f'<h4>answer</h4><pre class="answer">{e(turn.answer)}</pre>' if turn.answer else ""
         parts.append(
             f'<article class="turn" data-turn="{turn.number}" data-status="{turn.status}">'
@@ -365,8 +409,21 @@ def _agent_details(turn: Turn, agent: AgentRecord, nodes: bool = False) -> str:
         ("duration", seconds(agent.duration)),
         ("started", clock(agent.started_at)),
         ("ended", clock(agent.done_at)),
+        *([("compactions", str(len(agent.compactions)))] if agent.compactions else []),
     ]
     dl = "".join(f"<dt>{e(k)}</dt><dd>{e(v)}</dd>" for k, v in facts)
+    saved = (
+        f'<h4>full result</h4><p><code class="report-path">{e(agent.report_path)}</code></p>'
+        if agent.report_path
+        else ""
+    )
+    context = (
+        '<h4>context</h4><ul class="compactions">'
+        + "".join(_compaction(turn, c, named=False) for c in agent.compactions)
+        + "</ul>"
+        if agent.compactions
+        else ""
+    )
     prompt = (
         f'<h4>prompt</h4><pre class="prompt">{e(agent.prompt)}</pre>'
         if agent.prompt
@@ -401,8 +458,9 @@ def _agent_details(turn: Turn, agent: AgentRecord, nodes: bool = False) -> str:
         f'<span class="badge state-{state}">{e(STATE_LABELS[state])}</span>{verdict} '
         f'<span class="meta">{node}{agent.tokens:,} tokens · {e(money(agent.cost))} · '
         f"{e(seconds(agent.duration))}</span></summary>"
-        f'<div class="agent-body"><dl class="facts">{dl}</dl>{prompt}{result}'
+        f'<div class="agent-body"><dl class="facts">{dl}</dl>{prompt}{result}{saved}'
         + (f"<h4>commands</h4>{commands}" if commands else "")
+        + context
         + "</div></details>"
     )
 
@@ -483,6 +541,10 @@ figcaption { font-weight: 600; margin-bottom: 6px; }
 article.turn { background: #fff; border: 1px solid var(--line); border-radius: 8px;
   padding: 4px 14px 10px; margin-bottom: 12px; }
 .notice { color: var(--journal); } .step { margin: 6px 0; font-weight: 500; }
+ul.compactions { list-style: none; padding: 0; margin: 4px 0; }
+.compaction, .condensed { margin: 3px 0; color: #8a5a00; }
+.badge.context { background: #fbefd6; color: #8a5a00; }
+code.report-path { word-break: break-all; }
 table.commands { border-collapse: collapse; width: 100%; margin: 4px 0; }
 table.commands td, table.commands th { border-bottom: 1px solid var(--line); padding: 3px 8px;
   text-align: left; vertical-align: top; }
