@@ -22,6 +22,14 @@ harness can be tested for *cache-friendly* behaviour, using these approximations
 * Diagnostics compare with the request that produced ``previous_message_id``: model,
   then tools, then system, then whether the old messages are a prefix of the new ones.
   ``cache_missed_input_tokens`` is the old prompt's tokens past the common prefix.
+
+The same segment arithmetic is *the* prompt size everywhere in the scripted server
+(:func:`prompt_tokens`): the context window, ``count_tokens`` and the beta context edits
+(:func:`apply_context_edits`) all count exactly what ``usage`` bills as
+``input + cache_read + cache_creation``, so a harness that budgets with one sees the
+same number in the others. Context edits run before the cache is consulted, as on the
+real API: clearing a tool result changes the prompt from that block on, so the cached
+prefix past the first cleared block no longer matches.
 """
 
 from __future__ import annotations
@@ -29,10 +37,20 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
 
-__all__ = ["CacheUsage", "PromptCache", "canonical_json", "estimate_tokens"]
+__all__ = [
+    "CLEARED_TOOL_RESULT",
+    "CacheUsage",
+    "ClearToolUses",
+    "EditedPrompt",
+    "PromptCache",
+    "apply_context_edits",
+    "canonical_json",
+    "estimate_tokens",
+    "prompt_tokens",
+]
 
 _CHARS_PER_TOKEN = 4
 
@@ -247,3 +265,174 @@ def _fingerprint(body: dict[str, Any]) -> _Fingerprint:
         system_tokens=len(system) // _CHARS_PER_TOKEN,
         message_tokens=tuple(len(m) // _CHARS_PER_TOKEN for m in messages),
     )
+
+
+# --------------------------------------------------------------------------- prompt size
+
+
+def prompt_tokens(body: dict[str, Any]) -> int:
+    """The prompt's size as billed: what ``account`` splits into input, read and write.
+
+    The window check, ``count_tokens`` and the context edits use this one number, so a
+    harness can compare any of them with a 200 answer's ``usage`` and get equality.
+    """
+    return sum(len(seg.text) for seg in _segments(body)) // _CHARS_PER_TOKEN
+
+
+# --------------------------------------------------------------------------- context edits
+
+#: What a cleared ``tool_result`` holds instead of its content (a fixed, short text, so
+#: tests and the scripted model can recognise it).
+CLEARED_TOOL_RESULT = "[cleared to save context]"
+
+
+@dataclass(frozen=True)
+class ClearToolUses:
+    """A validated ``clear_tool_uses_20250919`` edit, the API's defaults filled in.
+
+    ``clear_inputs`` is True/False for every cleared tool use, or the names of the tools
+    whose ``input`` is cleared along with the result.
+    """
+
+    type: ClassVar[str] = "clear_tool_uses_20250919"
+
+    trigger: Literal["input_tokens", "tool_uses"] = "input_tokens"
+    trigger_value: int = 100_000
+    keep: int = 3
+    clear_at_least: int | None = None
+    exclude_tools: frozenset[str] = field(default_factory=frozenset)
+    clear_inputs: bool | frozenset[str] = False
+
+    def clears_input_of(self, name: str) -> bool:
+        if isinstance(self.clear_inputs, bool):
+            return self.clear_inputs
+        return name in self.clear_inputs
+
+
+@dataclass(frozen=True)
+class EditedPrompt:
+    """A request after its context edits: what the model sees, is cached and is billed.
+
+    ``applied_edits`` is None when the request configured no context management, else
+    the response's ``context_management.applied_edits`` (``[]`` when nothing applied).
+    """
+
+    body: dict[str, Any]
+    input_tokens: int
+    original_input_tokens: int
+    applied_edits: list[dict[str, Any]] | None
+
+
+@dataclass(frozen=True)
+class _ToolUse:
+    message: int
+    block: int
+    id: str
+    name: str
+
+
+def apply_context_edits(body: dict[str, Any], edits: list[ClearToolUses] | None) -> EditedPrompt:
+    """Run ``edits`` in order over a validated request, without touching ``body`` itself.
+
+    ``edits=None`` means the request carried no ``context_management``.
+    """
+    original = prompt_tokens(body)
+    if edits is None:
+        return EditedPrompt(body, original, original, None)
+    applied: list[dict[str, Any]] = []
+    current, tokens = body, original
+    for edit in edits:
+        result = _clear_tool_uses(current, tokens, edit)
+        if result is not None:
+            current, cleared, tokens_after = result
+            applied.append(
+                {
+                    "type": edit.type,
+                    "cleared_tool_uses": cleared,
+                    "cleared_input_tokens": tokens - tokens_after,
+                }
+            )
+            tokens = tokens_after
+    return EditedPrompt(current, tokens, original, applied)
+
+
+def _tool_uses(messages: list[Any]) -> list[_ToolUse]:
+    """Every ``tool_use`` of the conversation, oldest first."""
+    uses: list[_ToolUse] = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or message.get("role") != "assistant":
+            continue
+        content = message.get("content")
+        for j, block in enumerate(content if isinstance(content, list) else []):
+            if isinstance(block, dict) and block.get("type") == "tool_use":
+                uses.append(_ToolUse(i, j, str(block.get("id")), str(block.get("name"))))
+    return uses
+
+
+def _tool_results(messages: list[Any]) -> dict[str, tuple[int, int]]:
+    """Where each ``tool_result`` sits, by the ``tool_use_id`` it answers."""
+    where: dict[str, tuple[int, int]] = {}
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or message.get("role") != "user":
+            continue
+        content = message.get("content")
+        for j, block in enumerate(content if isinstance(content, list) else []):
+            if isinstance(block, dict) and block.get("type") == "tool_result":
+                where.setdefault(str(block.get("tool_use_id")), (i, j))
+    return where
+
+
+def _clear_tool_uses(
+    body: dict[str, Any], tokens: int, edit: ClearToolUses
+) -> tuple[dict[str, Any], int, int] | None:
+    """The edited body, tool uses cleared and its new size; None when nothing applies.
+
+    When triggered, every tool use older than the last ``keep`` (counted over the whole
+    conversation, excluded tools included) and not of an excluded tool has its result
+    replaced by :data:`CLEARED_TOOL_RESULT` (and its input emptied, if asked); a use
+    already in that state does not count. If that saves less than ``clear_at_least``
+    tokens, nothing is cleared: a cache-breaking edit must be worth its cost.
+    """
+    messages: list[Any] = list(body.get("messages") or [])
+    uses = _tool_uses(messages)
+    size = tokens if edit.trigger == "input_tokens" else len(uses)
+    if size <= edit.trigger_value:
+        return None
+    results = _tool_results(messages)
+    # Copy-on-write: only the messages and blocks that change are copied.
+    copied: dict[int, list[Any]] = {}
+
+    def block_list(i: int) -> list[Any]:
+        if i not in copied:
+            copied[i] = list(messages[i]["content"])
+        return copied[i]
+
+    cleared = 0
+    for use in uses[: max(0, len(uses) - edit.keep)]:
+        if use.name in edit.exclude_tools:
+            continue
+        changed = False
+        where = results.get(use.id)
+        if where is not None:
+            blocks = block_list(where[0])
+            result = blocks[where[1]]
+            if result.get("content") != CLEARED_TOOL_RESULT:
+                blocks[where[1]] = {**result, "content": CLEARED_TOOL_RESULT}
+                changed = True
+        if edit.clears_input_of(use.name):
+            blocks = block_list(use.message)
+            tool_use = blocks[use.block]
+            if tool_use.get("input") != {}:
+                blocks[use.block] = {**tool_use, "input": {}}
+                changed = True
+        if changed:
+            cleared += 1
+    if not cleared:
+        return None
+    for i, blocks in copied.items():
+        messages[i] = {**messages[i], "content": blocks}
+    edited = {**body, "messages": messages}
+    after = prompt_tokens(edited)
+    if edit.clear_at_least is not None and tokens - after < edit.clear_at_least:
+        return None
+    return edited, cleared, after

@@ -8,11 +8,19 @@ request alone (so it survives a killed and restarted client):
 - main agent, mode off: answer briefly in text;
 - worker: run one bash command, then report_findings;
 - verifier: report_findings with a ``confirmed:`` (or ``refuted:``) summary.
+
+By default reports are tiny. ``report_bytes`` / ``verifier_report_bytes`` make them the
+size real ones are (a few KB of findings with file:line evidence), generated from the
+subtask alone, so a rerun or a cache test sees the very same bytes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import hashlib
+import json
+import random
+import re
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -89,6 +97,181 @@ def confirm_all(_subtask_prompt: str) -> str:
     return "confirmed"
 
 
+#: A verdict in a condensed Workflow result: ``[verify i]`` (possibly more on that line,
+#: such as where the report is saved), then ``confirmed`` on the same or the next line.
+_CONDENSED_CONFIRMED = re.compile(r"^\[verify \d+\](?:[ \t]+|[^\n]*\n[ \t]*)confirmed", re.M)
+
+
+def count_confirmed(result: str) -> int:
+    """Confirmed verdicts in a Workflow result, whether verdicts are JSON or condensed."""
+    return result.count('"summary": "confirmed') + len(_CONDENSED_CONFIRMED.findall(result))
+
+
+_SUBTASK_IN_PROMPT = re.compile(r"<subtask>\n(.*?)\n</subtask>", re.S)
+
+
+def subtask_of(verify_prompt: str) -> str:
+    """The subtask a verification prompt quotes (the whole prompt if it quotes none)."""
+    match = _SUBTASK_IN_PROMPT.search(verify_prompt)
+    return match.group(1) if match else verify_prompt
+
+
+# --------------------------------------------------------------------------- sized reports
+
+_PATHS = (
+    "src/app/config.py",
+    "src/app/cache.py",
+    "src/app/http/client.py",
+    "src/app/storage/sqlite.py",
+    "src/app/cli.py",
+    "src/app/jobs/queue.py",
+    "src/app/auth/tokens.py",
+    "src/app/util/retry.py",
+    "src/app/api/routes.py",
+    "src/app/render/templates.py",
+)
+_FUNCTIONS = (
+    "load_settings",
+    "retry_request",
+    "open_pool",
+    "parse_header",
+    "flush_queue",
+    "render_page",
+    "read_chunk",
+    "refresh_token",
+    "close_session",
+    "merge_results",
+    "schedule_job",
+    "validate_payload",
+)
+_PROBLEMS = {
+    "high": (
+        "swallows the OSError from open() and returns an empty config",
+        "builds its SQL query by string formatting from request input",
+        "holds the pool lock across an await, so two concurrent callers deadlock",
+        "compares the token with == instead of a constant-time comparison",
+    ),
+    "medium": (
+        "retries without a cap on the backoff, so a dead upstream is hammered forever",
+        "leaks a file descriptor whenever the parser raises",
+        "reads the whole response into memory before checking its size",
+        "catches Exception around the write and loses the traceback",
+    ),
+    "low": (
+        "duplicates the parsing logic that already lives in the shared helper",
+        "has no test for the empty-input case",
+        "logs an expected condition at error level",
+        "recompiles the same regular expression on every call",
+    ),
+    "info": (
+        "is only called from one module, so it could be private",
+        "uses an API deprecated in the pinned version, which still works",
+        "documents a default that the code no longer uses",
+        "could reuse the existing session instead of opening a new one",
+    ),
+}
+_CODE = (
+    "    result = {fn}(payload)",
+    "    except Exception:",
+    "        return {{}}",
+    "    with self._lock:",
+    "        await self._flush()",
+    "    for attempt in range(retries):",
+    "        time.sleep(delay * 2 ** attempt)",
+    "    data = response.read()",
+    "    query = f'SELECT * FROM jobs WHERE id = {{job_id}}'",
+    "    if token == expected:",
+    "    log.error('cache miss for %s', key)",
+    "    pattern = re.compile(raw)",
+    "    handle = open(path)",
+    "    return {fn}(items, strict=False)",
+)
+
+
+def _severities(rng: random.Random) -> Iterator[str]:
+    """Roughly one high, two medium, then low and info: the mix real reviews have."""
+    yield from ["high"] * rng.choice((0, 1, 1, 1, 2))
+    yield from ["medium"] * rng.choice((1, 2, 2, 3))
+    while True:
+        yield rng.choice(("low", "low", "info"))
+
+
+def _output_lines(rng: random.Random, fn: str, line: int) -> Iterator[str]:
+    """Endless grep-like output: numbered source lines."""
+    while True:
+        yield f"{line}:{rng.choice(_CODE).format(fn=fn)}"
+        line += rng.randint(1, 3)
+
+
+def _finding(rng: random.Random, severity: str) -> tuple[dict[str, str], Iterator[str]]:
+    """One finding, plus more output lines should its evidence need to grow to fit."""
+    path, fn = rng.choice(_PATHS), rng.choice(_FUNCTIONS)
+    line = rng.randint(12, 480)
+    claim = f"`{fn}` in {path} {rng.choice(_PROBLEMS[severity])}."
+    command = rng.choice(
+        (
+            f"grep -n '{fn}' {path}",
+            f"sed -n '{line},{line + 8}p' {path}",
+            f"rg -n --no-heading '{fn}' src/app",
+        )
+    )
+    more = _output_lines(rng, fn, line)
+    output = [next(more) for _ in range(rng.randint(2, 5))]
+    evidence = "\n".join([f"{path}:{line}", f"$ {command}", *output])
+    return {"claim": claim, "evidence": evidence, "severity": severity}, more
+
+
+def _size(findings: list[dict[str, str]]) -> int:
+    return len(json.dumps(findings))
+
+
+def _encoded_prefix(text: str, room: int) -> str:
+    """The longest prefix of ``text`` whose JSON string body fits in ``room`` bytes."""
+    used = 0
+    for n, char in enumerate(text):
+        used += len(json.dumps(char)) - 2
+        if used > room:
+            return text[:n]
+    return text
+
+
+def sized_findings(seed: str, target: int) -> list[dict[str, str]]:
+    """Findings whose JSON is ``target`` bytes (a few under at most), the same for a seed.
+
+    Whole findings are added while they fit; the last one's evidence then grows or is
+    cut so the total lands on the target.
+    """
+    digest = hashlib.sha256(seed.encode()).digest()
+    rng = random.Random(int.from_bytes(digest[:8], "big"))
+    severities = _severities(rng)
+    findings: list[dict[str, str]] = []
+    growers: list[Iterator[str]] = []
+    while True:
+        finding, more = _finding(rng, next(severities))
+        if _size([*findings, finding]) > target:
+            break
+        findings.append(finding)
+        growers.append(more)
+    if findings and target - _size(findings) < 160:
+        # Too little room for another finding: let the last one's evidence grow instead.
+        finding, more = findings.pop(), growers.pop()
+    room = target - _size([*findings, {**finding, "evidence": ""}])
+    evidence = finding["evidence"]
+    while len(evidence) < room:
+        evidence += "\n" + next(more)
+    head = evidence.split("\n", 1)[0]  # file:line stays, however small the target
+    finding["evidence"] = _encoded_prefix(evidence, max(room, len(head))).rstrip()
+    return [*findings, finding]
+
+
+def _counts(findings: list[dict[str, str]]) -> str:
+    counts = {s: sum(1 for f in findings if f["severity"] == s) for s in _PROBLEMS}
+    return (
+        f"{counts['high']} high, {counts['medium']} medium, {counts['low']} low"
+        f" and {counts['info']} informational findings"
+    )
+
+
 @dataclass
 class OrchestrationScenario:
     """A whole orchestrated session, scripted."""
@@ -103,6 +286,11 @@ class OrchestrationScenario:
     subtask_prefix: str = "Check item"
     #: when set, the main agent calls Workflow with this orchestration script instead
     script: str | None = None
+    #: > 0: each worker reports findings of about this many bytes of JSON (see
+    #: :func:`sized_findings`), the same for the same subtask; 0 keeps reports tiny
+    report_bytes: int = 0
+    #: the same for verifiers (their summary still starts with the verdict)
+    verifier_report_bytes: int = 0
     stats: dict[str, int] = field(default_factory=dict)
 
     def subtask_list(self) -> list[str]:
@@ -136,7 +324,7 @@ class OrchestrationScenario:
             return tool_call("Workflow", {"subtasks": self.subtask_list()}, say="Fanning out.")
         result = last_tool_result_text(messages)
         agents = result.count("[agent ")
-        confirmed = result.count('"summary": "confirmed')
+        confirmed = count_confirmed(result)
         return text(f"Synthesis: {agents} agents reported; {confirmed} results were confirmed.")
 
     def worker(self, request: ScriptedRequest) -> Reply:
@@ -144,6 +332,13 @@ class OrchestrationScenario:
         steps = sum(1 for m in request.messages if m.get("role") == "assistant")
         if steps == 0 and self.worker_command:
             return tool_call("bash", {"command": self.worker_command})
+        if self.report_bytes > 0:
+            findings = sized_findings(subtask, self.report_bytes)
+            worst = findings[0]["evidence"].split(":", 1)[0]
+            summary = (
+                f"Finished: {subtask.rstrip('.')}. {_counts(findings)}; the worst is in {worst}."
+            )
+            return report(summary, findings)
         evidence = last_tool_result_text(request.messages) or "no command was needed"
         return report(
             f"Finished: {subtask}",
@@ -156,6 +351,10 @@ class OrchestrationScenario:
         if steps == 0 and self.verifier_command:
             return tool_call("bash", {"command": self.verifier_command})
         verdict = self.verdict(prompt)
+        if self.verifier_report_bytes > 0:
+            seed = f"verify:{subtask_of(prompt)}"
+            findings = sized_findings(seed, self.verifier_report_bytes)
+            return report(f"{verdict}: re-checked the claim", findings)
         return report(
             f"{verdict}: re-checked the claim",
             [{"claim": "the result was re-derived", "evidence": "scripted", "severity": "info"}],

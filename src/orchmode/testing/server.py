@@ -5,7 +5,10 @@ against this server instead of mocking it: retries, SSE parsing, timeouts and er
 mapping are then exercised exactly as in production. A *responder* decides what the
 "model" says (a :class:`Reply`) or how the API fails (a :class:`Fault`); the server does
 the wire format, strict request validation (see :mod:`.validate`), authentication,
-concurrency limits and a prompt-cache simulation (see :mod:`.cache`).
+concurrency limits, a prompt-cache simulation (see :mod:`.cache`), an optional context
+window, ``POST /v1/messages/count_tokens`` and the beta context editing
+(``clear_tool_uses_20250919``). Prompt sizes are the cache module's token estimate
+throughout, so the window, ``count_tokens`` and ``usage`` always agree.
 
 Usage::
 
@@ -23,6 +26,7 @@ import json
 import logging
 import math
 import secrets
+import socket
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -32,8 +36,8 @@ from typing import Any, Literal, get_args
 
 from aiohttp import web
 
-from .cache import CacheUsage, PromptCache, estimate_tokens
-from .validate import InvalidRequest, validate_request
+from .cache import CacheUsage, EditedPrompt, PromptCache, apply_context_edits, estimate_tokens
+from .validate import InvalidRequest, check_context_management, validate_request
 
 __all__ = [
     "Fault",
@@ -67,6 +71,8 @@ _MAX_BODY_BYTES = 32 * 1024 * 1024  # the real API's request size limit
 _SHUTDOWN_GRACE = 1.0  # seconds stop() lets unfinished handlers run before cancelling
 #: Not part of the Messages API: the scripted server's own request log, as JSON.
 LOG_PATH = "/v1/_scripted/log"
+MESSAGES_PATH = "/v1/messages"
+COUNT_TOKENS_PATH = "/v1/messages/count_tokens"
 
 
 def _new_id(prefix: str) -> str:
@@ -264,6 +270,8 @@ class LoggedRequest:
     ``outcome`` is ``pending``, ``ok``, ``fault:<kind>``, ``invalid:<message>``, ``auth``,
     ``rate_limited``, ``not_found``, ``disconnected`` (client went away),
     ``cancelled`` (server stopped) or ``error:<exception>`` (the responder raised).
+    ``path`` tells ``/v1/messages`` from ``/v1/messages/count_tokens``; ``body`` is what
+    the client sent, before any context edit (the responder sees the edited one).
     """
 
     index: int
@@ -279,6 +287,12 @@ class LoggedRequest:
     message_id: str | None = None
     #: The input-token accounting of a 200 answer (cache reads, writes, the ideal read).
     usage: CacheUsage | None = None
+    #: The prompt's size after context edits, once the request validated (count_tokens too).
+    prompt_tokens: int | None = None
+    #: The response's ``context_management`` (``applied_edits``), when the request had one.
+    context_management: dict[str, Any] | None = None
+    #: TCP_NODELAY as read back from the server's side of the connection.
+    tcp_nodelay: bool | None = None
 
     @property
     def duration(self) -> float | None:
@@ -325,10 +339,16 @@ class _Answer:
     reply: Reply  # finalised
     cache: CacheUsage
     diagnostics: dict[str, Any] | None
+    context_management: dict[str, Any] | None
 
     def logged(self) -> dict[str, Any]:
         """What the request log keeps of this answer."""
-        return {"reply": self.reply, "message_id": self.message_id, "usage": self.cache}
+        return {
+            "reply": self.reply,
+            "message_id": self.message_id,
+            "usage": self.cache,
+            "context_management": copy.deepcopy(self.context_management),
+        }
 
     def message(self) -> dict[str, Any]:
         """The non-streaming ``Message`` body."""
@@ -344,6 +364,8 @@ class _Answer:
         }
         if self.diagnostics is not None:
             body["diagnostics"] = self.diagnostics
+        if self.context_management is not None:
+            body["context_management"] = self.context_management
         return body
 
     def events(self, chunk_size: int) -> list[tuple[str, dict[str, Any]]]:
@@ -373,8 +395,15 @@ class _Answer:
             "cache_read_input_tokens": self.cache.cache_read_input_tokens,
             "output_tokens": self.reply.output_tokens,
         }
-        delta = {"type": "message_delta", "delta": _stop_fields(self.reply.stop_reason)}
-        events.append(("message_delta", {**delta, "usage": usage}))
+        delta: dict[str, Any] = {
+            "type": "message_delta",
+            "delta": _stop_fields(self.reply.stop_reason),
+            "usage": usage,
+        }
+        if self.context_management is not None:
+            # The API reports applied edits on the final delta, not on message_start.
+            delta["context_management"] = self.context_management
+        events.append(("message_delta", delta))
         events.append(("message_stop", {"type": "message_stop"}))
         return events
 
@@ -430,6 +459,34 @@ def _redact(headers: dict[str, str]) -> dict[str, str]:
     return {k: ("***" if k in _REDACTED_HEADERS else v) for k, v in headers.items()}
 
 
+def _betas(request: web.Request) -> set[str]:
+    """The ``anthropic-beta`` names, comma-separated and possibly over several headers."""
+    values = request.headers.getall("anthropic-beta", [])
+    return {name.strip() for value in values for name in value.split(",") if name.strip()}
+
+
+def _nodelay(request: web.Request) -> bool | None:
+    """Set TCP_NODELAY on the connection and read it back; None if it is not TCP.
+
+    Real API front ends disable Nagle; with it on, a small response can wait ~40 ms for
+    the client's delayed ACK, a stall that would hide (or fake) harness costs. asyncio
+    and aiohttp set it too, but a benchmark must not depend on that staying true.
+    """
+    transport = request.transport
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return None
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return bool(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+    except OSError:  # the client is already gone
+        return None
+
+
+def _invalid(message: str) -> _Outcome:
+    return _Outcome(400, "invalid_request_error", message, f"invalid:{message}")
+
+
 class _Outcome(Exception):
     """Internal: ends a request early with a JSON error response and a log outcome."""
 
@@ -462,6 +519,14 @@ class ScriptedServer:
     ``ping_every=0`` sends one ping after ``message_start``; N > 0 sends one after every
     N events. ``api_key=None`` accepts any key. ``system_messages=False`` plays a
     compatible endpoint that refuses ``system`` messages inside ``messages`` (400).
+
+    ``context_window`` (tokens, after context edits) refuses a larger prompt with the
+    API's 400 ``prompt is too long: N tokens > W maximum``; ``count_tokens`` is never
+    refused for size, since callers use it to find out whether a prompt fits.
+    ``context_management=True`` accepts the beta ``context_management`` field under
+    ``anthropic-beta: context-management-2025-06-27``; ``False`` plays an endpoint
+    without the beta, refusing the field and the header (see
+    :func:`.validate.check_context_management`).
     """
 
     def __init__(
@@ -476,15 +541,21 @@ class ScriptedServer:
         host: str = "127.0.0.1",
         port: int = 0,
         system_messages: bool = True,
+        context_window: int | None = None,
+        context_management: bool = True,
     ) -> None:
         if chunk_size < 1:
             raise ValueError("chunk_size must be >= 1")
+        if context_window is not None and context_window < 1:
+            raise ValueError("context_window must be >= 1 or None")
         if max_in_flight is not None and max_in_flight < 1:
             raise ValueError("max_in_flight must be >= 1 or None")
         self.responder = responder
         self.api_key = api_key
         self.max_in_flight = max_in_flight
         self.system_messages = system_messages
+        self.context_window = context_window
+        self.context_management = context_management
         self.rate_limit_retry_after = rate_limit_retry_after
         self.chunk_size = chunk_size
         self.ping_every = ping_every
@@ -545,12 +616,14 @@ class ScriptedServer:
             entries.append(
                 {
                     "index": entry.index,
+                    "path": entry.path,
                     "started": entry.started,
                     "finished": entry.finished,
                     "status": entry.status,
                     "outcome": entry.outcome,
                     "first_user_text": first if isinstance(first, str) else None,
                     "usage": None if entry.usage is None else asdict(entry.usage),
+                    "prompt_tokens": entry.prompt_tokens,
                 }
             )
         return web.json_response(entries)
@@ -657,6 +730,11 @@ class ScriptedServer:
             self._log.append(replace(entry, index=index))
             return index
 
+    def _note(self, index: int, **fields: Any) -> None:
+        """Record facts learnt about a request before it finishes."""
+        with self._lock:
+            self._log[index] = replace(self._log[index], **fields)
+
     def _finish(self, index: int, status: int, outcome: str, **extra: Any) -> None:
         with self._lock:
             self._log[index] = replace(
@@ -704,26 +782,29 @@ class ScriptedServer:
             body=body if isinstance(body, dict) else {},
             headers=headers,
             started=time.monotonic(),
+            tcp_nodelay=_nodelay(request),
         )
         index = self._arrive(entry)
         try:
-            if request.method != "POST" or request.path.rstrip("/") != "/v1/messages":
+            path = request.path.rstrip("/")
+            if request.method != "POST" or path not in (MESSAGES_PATH, COUNT_TOKENS_PATH):
                 raise _Outcome(404, "not_found_error", "Not found", "not_found")
             self._authenticate(request)
             if raw is None:
                 message = "Request exceeds the maximum allowed size"
                 raise _Outcome(413, "request_too_large", message, f"invalid:{message}")
             if parse_error is not None:
-                raise _Outcome(400, "invalid_request_error", parse_error, f"invalid:{parse_error}")
-            try:
-                valid = validate_request(body)
-            except InvalidRequest as exc:
-                raise _Outcome(400, "invalid_request_error", str(exc), f"invalid:{exc}") from None
-            if not self.system_messages and any(
-                isinstance(m, dict) and m.get("role") == "system" for m in valid["messages"]
-            ):
-                message = "messages: roles must be 'user' or 'assistant'"
-                raise _Outcome(400, "invalid_request_error", message, f"invalid:{message}")
+                raise _invalid(parse_error)
+            counting = path == COUNT_TOKENS_PATH
+            prompt = self._prepare(request, body, counting)
+            self._note(index, prompt_tokens=prompt.input_tokens)
+            if counting:
+                return self._count(index, prompt, request_id)
+            if self.context_window is not None and prompt.input_tokens > self.context_window:
+                raise _invalid(
+                    f"prompt is too long: {prompt.input_tokens} tokens"
+                    f" > {self.context_window} maximum"
+                )
             if not self._admit():
                 raise _Outcome(
                     429,
@@ -734,7 +815,7 @@ class ScriptedServer:
                     _retry_headers(self.rate_limit_retry_after),
                 )
             try:
-                return await self._serve(request, index, valid, headers, request_id)
+                return await self._serve(request, index, prompt, headers, request_id)
             finally:
                 self._release()
         except _Outcome as out:
@@ -747,6 +828,30 @@ class ScriptedServer:
         except asyncio.CancelledError:
             self._finish(index, 499, "cancelled")
             raise
+
+    def _prepare(self, request: web.Request, body: Any, counting: bool) -> EditedPrompt:
+        """Validate, then apply context edits: the real API clears before it counts."""
+        try:
+            valid = validate_request(body, count_tokens=counting)
+            edits = check_context_management(
+                valid, _betas(request), supported=self.context_management
+            )
+        except InvalidRequest as exc:
+            raise _invalid(str(exc)) from None
+        if not self.system_messages and any(
+            isinstance(m, dict) and m.get("role") == "system" for m in valid["messages"]
+        ):
+            raise _invalid("messages: roles must be 'user' or 'assistant'")
+        return apply_context_edits(valid, edits)
+
+    def _count(self, index: int, prompt: EditedPrompt, request_id: str) -> web.StreamResponse:
+        """Answer ``count_tokens``: the size a messages request would be billed for."""
+        answer: dict[str, Any] = {"input_tokens": prompt.input_tokens}
+        if prompt.applied_edits is not None:
+            original = prompt.original_input_tokens
+            answer["context_management"] = {"original_input_tokens": original}
+        self._finish(index, 200, "ok")
+        return web.json_response(answer, headers={"request-id": request_id})
 
     def _authenticate(self, request: web.Request) -> None:
         if self.api_key is None:
@@ -772,10 +877,11 @@ class ScriptedServer:
         self,
         request: web.Request,
         index: int,
-        body: dict[str, Any],
+        prompt: EditedPrompt,
         headers: dict[str, str],
         request_id: str,
     ) -> web.StreamResponse:
+        body = prompt.body  # the model sees the prompt as edited, as on the real API
         scripted = ScriptedRequest(index=self._next_responder_index(), body=body, headers=headers)
         try:
             answer = await self._ask(scripted)
@@ -792,8 +898,8 @@ class ScriptedServer:
         await asyncio.sleep(answer.delay)
         streaming = bool(body.get("stream", False))
         if isinstance(answer, Fault):
-            return await self._fault(request, index, body, answer, streaming, request_id)
-        prepared = self._answer(body, answer)
+            return await self._fault(request, index, prompt, answer, streaming, request_id)
+        prepared = self._answer(prompt, answer)
         if not streaming:
             gone = request.transport is None or request.transport.is_closing()
             outcome = "disconnected" if gone else "ok"
@@ -807,19 +913,23 @@ class ScriptedServer:
         self._finish(index, 200, outcome, **prepared.logged())
         return response
 
-    def _answer(self, body: dict[str, Any], reply: Reply) -> _Answer:
+    def _answer(self, prompt: EditedPrompt, reply: Reply) -> _Answer:
         """Finalise the reply and do the cache/diagnostics accounting for a 200 response."""
         message_id = _new_id("msg")
+        body = prompt.body  # edited: a cleared block breaks the cached prefix from there on
         diagnostics = self.cache.diagnose(body)
         usage = self.cache.account(body)
         self.cache.remember(message_id, body)
-        return _Answer(message_id, str(body["model"]), reply.finalised(), usage, diagnostics)
+        managed = None if prompt.applied_edits is None else {"applied_edits": prompt.applied_edits}
+        return _Answer(
+            message_id, str(body["model"]), reply.finalised(), usage, diagnostics, managed
+        )
 
     async def _fault(
         self,
         request: web.Request,
         index: int,
-        body: dict[str, Any],
+        prompt: EditedPrompt,
         fault: Fault,
         streaming: bool,
         request_id: str,
@@ -843,7 +953,7 @@ class ScriptedServer:
             self._finish(index, 0, outcome)
             _abort(request)
             return web.Response(status=500)  # never reaches the client
-        prepared = self._answer(body, fault.partial or _DEFAULT_PARTIAL)
+        prepared = self._answer(prompt, fault.partial or _DEFAULT_PARTIAL)
         events = prepared.events(self.chunk_size)
         events = events[: min(fault.after_events, len(events) - 1)]
         if kind == "sse_error":

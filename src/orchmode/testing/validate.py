@@ -4,13 +4,33 @@ A harness that builds a malformed conversation (an orphaned ``tool_use``, an emp
 block, a system notice in the wrong place) gets the same HTTP 400 here that it would get
 in production, instead of a scripted reply that hides the bug. Messages imitate the
 API's ``path: problem`` style; the first problem found, in document order, is reported.
+
+``POST /v1/messages/count_tokens`` takes the same body minus ``max_tokens`` and
+``stream`` (which it refuses as extra inputs, as the API does). The beta
+``context_management`` field is checked by :func:`check_context_management`, which also
+enforces the ``anthropic-beta`` header that unlocks it.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["InvalidRequest", "validate_request"]
+from .cache import ClearToolUses
+
+__all__ = [
+    "CONTEXT_MANAGEMENT_BETA",
+    "InvalidRequest",
+    "check_context_management",
+    "validate_request",
+]
+
+#: The ``anthropic-beta`` value that unlocks ``context_management``.
+CONTEXT_MANAGEMENT_BETA = "context-management-2025-06-27"
+_CLEAR_TOOL_USES = "clear_tool_uses_20250919"
+_EDIT_TYPES = (_CLEAR_TOOL_USES, "clear_thinking_20251015", "compact_20260112")
+_CLEAR_TOOL_USES_FIELDS = frozenset(
+    {"type", "trigger", "keep", "clear_at_least", "exclude_tools", "clear_tool_inputs"}
+)
 
 _ROLES = ("user", "assistant", "system")
 
@@ -23,11 +43,14 @@ def _fail(message: str) -> InvalidRequest:
     return InvalidRequest(message)
 
 
-def validate_request(body: object) -> dict[str, Any]:
-    """Return ``body`` typed as a dict, or raise :class:`InvalidRequest` explaining why not."""
+def validate_request(body: object, *, count_tokens: bool = False) -> dict[str, Any]:
+    """Return ``body`` typed as a dict, or raise :class:`InvalidRequest` explaining why not.
+
+    ``count_tokens`` validates a ``/v1/messages/count_tokens`` body instead.
+    """
     if not isinstance(body, dict):
         raise _fail("Request body must be a JSON object")
-    _check_model_and_limits(body)
+    _check_model_and_limits(body, count_tokens)
     _check_system(body.get("system"))
     _check_tools(body.get("tools"))
     _check_top_level_cache_control(body.get("cache_control"))
@@ -36,26 +59,35 @@ def validate_request(body: object) -> dict[str, Any]:
     return body
 
 
-def _check_model_and_limits(body: dict[str, Any]) -> None:
+def _check_model_and_limits(body: dict[str, Any], count_tokens: bool) -> None:
     if "model" not in body:
         raise _fail("model: Field required")
     if not isinstance(body["model"], str) or not body["model"]:
         raise _fail("model: Input should be a non-empty string")
-    if "max_tokens" not in body:
+    if count_tokens:
+        for extra in ("max_tokens", "stream"):
+            if extra in body:
+                raise _fail(f"{extra}: Extra inputs are not permitted")
+    elif "max_tokens" not in body:
         raise _fail("max_tokens: Field required")
-    max_tokens = body["max_tokens"]
-    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool):
-        raise _fail("max_tokens: Input should be a valid integer")
-    if max_tokens < 1:
-        raise _fail("max_tokens: Input should be greater than or equal to 1")
-    if "stream" in body and not isinstance(body["stream"], bool):
-        raise _fail("stream: Input should be a valid boolean")
+    else:
+        max_tokens = body["max_tokens"]
+        if not _is_int(max_tokens):
+            raise _fail("max_tokens: Input should be a valid integer")
+        if max_tokens < 1:
+            raise _fail("max_tokens: Input should be greater than or equal to 1")
+        if "stream" in body and not isinstance(body["stream"], bool):
+            raise _fail("stream: Input should be a valid boolean")
     if "messages" not in body:
         raise _fail("messages: Field required")
     if not isinstance(body["messages"], list):
         raise _fail("messages: Input should be a valid list")
     if not body["messages"]:
         raise _fail("messages: at least one message is required")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _check_text_block(block: dict[str, Any], path: str) -> None:
@@ -284,3 +316,124 @@ def _check_prefill(last: dict[str, Any], i: int) -> None:
         text = content[-1]["text"]
     if text is not None and text != text.rstrip():
         raise _fail(f"messages.{i}: final assistant content cannot end with trailing whitespace")
+
+
+# --------------------------------------------------------------------------- context management
+
+
+def check_context_management(
+    body: dict[str, Any], betas: set[str], *, supported: bool = True
+) -> list[ClearToolUses] | None:
+    """The request's validated context edits, or None when it configures none.
+
+    The field exists only under the ``anthropic-beta: context-management-2025-06-27``
+    header; without it the API refuses the field as an unknown one. ``supported=False``
+    plays an endpoint that does not know the beta at all (older deployments, some
+    compatible gateways): the field is refused, and so is the beta header on its own, as
+    an unknown beta name.
+    """
+    present = "context_management" in body
+    unlocked = CONTEXT_MANAGEMENT_BETA in betas
+    if not supported and not present and unlocked:
+        raise _fail(
+            f"Unexpected value(s) `{CONTEXT_MANAGEMENT_BETA}` for the `anthropic-beta` header."
+            " Please consult our documentation at docs.anthropic.com or try again without"
+            " the header."
+        )
+    if not present:
+        return None
+    if not supported or not unlocked:
+        raise _fail("context_management: Extra inputs are not permitted")
+    config = body["context_management"]
+    if config is None:
+        return None
+    if not isinstance(config, dict):
+        raise _fail("context_management: Input should be a valid dictionary")
+    for key in config:
+        if key != "edits":
+            raise _fail(f"context_management.{key}: Extra inputs are not permitted")
+    edits = config.get("edits", [])
+    if not isinstance(edits, list):
+        raise _fail("context_management.edits: Input should be a valid list")
+    return [_parse_edit(edit, f"context_management.edits.{i}") for i, edit in enumerate(edits)]
+
+
+def _parse_edit(edit: object, path: str) -> ClearToolUses:
+    if not isinstance(edit, dict):
+        raise _fail(f"{path}: Input should be a valid dictionary")
+    if "type" not in edit:
+        raise _fail(f"{path}: Unable to extract tag using discriminator 'type'")
+    kind = edit["type"]
+    if kind not in _EDIT_TYPES:
+        expected = ", ".join(f"'{t}'" for t in _EDIT_TYPES)
+        raise _fail(
+            f"{path}: Input tag {kind!r} found using 'type' does not match any of the"
+            f" expected tags: {expected}"
+        )
+    if kind != _CLEAR_TOOL_USES:
+        raise _fail(f"{path}.type: {kind!r} is not supported by this scripted server")
+    for key in edit:
+        if key not in _CLEAR_TOOL_USES_FIELDS:
+            raise _fail(f"{path}.{key}: Extra inputs are not permitted")
+    trigger, trigger_value = "input_tokens", 100_000
+    if "trigger" in edit:
+        trigger, trigger_value = _counter(
+            edit["trigger"], f"{path}.trigger", ("input_tokens", "tool_uses"), minimum=1
+        )
+    keep = 3
+    if "keep" in edit:
+        _, keep = _counter(edit["keep"], f"{path}.keep", ("tool_uses",), minimum=0)
+    clear_at_least: int | None = None
+    if edit.get("clear_at_least") is not None:
+        _, clear_at_least = _counter(
+            edit["clear_at_least"], f"{path}.clear_at_least", ("input_tokens",), minimum=0
+        )
+    exclude = _names(edit.get("exclude_tools"), f"{path}.exclude_tools")
+    inputs = edit.get("clear_tool_inputs")
+    clear_inputs: bool | frozenset[str]
+    if inputs is None or isinstance(inputs, bool):
+        clear_inputs = bool(inputs)
+    elif isinstance(inputs, list):
+        clear_inputs = _names(inputs, f"{path}.clear_tool_inputs")
+    else:
+        raise _fail(f"{path}.clear_tool_inputs: Input should be a valid boolean or list of strings")
+    return ClearToolUses(
+        trigger="tool_uses" if trigger == "tool_uses" else "input_tokens",
+        trigger_value=trigger_value,
+        keep=keep,
+        clear_at_least=clear_at_least,
+        exclude_tools=exclude,
+        clear_inputs=clear_inputs,
+    )
+
+
+def _counter(value: object, path: str, kinds: tuple[str, ...], *, minimum: int) -> tuple[str, int]:
+    """A ``{type, value}`` object such as ``trigger`` or ``keep``: its type and value."""
+    if not isinstance(value, dict):
+        raise _fail(f"{path}: Input should be a valid dictionary")
+    kind = value.get("type")
+    if kind not in kinds:
+        expected = " or ".join(f"'{k}'" for k in kinds)
+        raise _fail(f"{path}.type: Input should be {expected}")
+    for key in value:
+        if key not in ("type", "value"):
+            raise _fail(f"{path}.{key}: Extra inputs are not permitted")
+    if "value" not in value:
+        raise _fail(f"{path}.value: Field required")
+    number = value["value"]
+    if not _is_int(number):
+        raise _fail(f"{path}.value: Input should be a valid integer")
+    if number < minimum:
+        raise _fail(f"{path}.value: Input should be greater than or equal to {minimum}")
+    return str(kind), int(number)
+
+
+def _names(value: object, path: str) -> frozenset[str]:
+    if value is None:
+        return frozenset()
+    if not isinstance(value, list):
+        raise _fail(f"{path}: Input should be a valid list")
+    for k, name in enumerate(value):
+        if not isinstance(name, str):
+            raise _fail(f"{path}.{k}: Input should be a valid string")
+    return frozenset(value)
