@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .budget import SessionBudget
-from .context import Compaction, Meter, Window, compact, estimate_tokens
+from .context import ESTIMATE_SLACK, Compaction, Meter, Window, compact, estimate_tokens
 from .errors import AuthError, OrchmodeError, PromptTooLong
 from .events import ContextCompacted, EventBus, TurnDone, TurnStarted
 from .executors import Executor, open_executor
@@ -52,7 +52,7 @@ _DROPPED = {
     "refusal": "[orchmode: the model declined to continue (refusal); the reply was dropped]",
 }
 #: Tool uses the API's context editing leaves whole at the end of the conversation.
-KEEP_TOOL_USES = 4
+KEEP_TOOL_USES = 2
 
 
 def new_session_id() -> str:
@@ -190,7 +190,7 @@ class Session:
         #: A request refused as too long is compacted and sent again once, not more.
         retried = False
         for call in range(1, limit + 1):
-            self._make_room()
+            await self._make_room()
             sent = len(self.history)
             try:
                 reply = await self.gateway.complete(
@@ -275,19 +275,39 @@ class Session:
                 )
             )
 
-    def _make_room(self, extra: int = 0) -> None:
+    async def _make_room(self, extra: int = 0) -> None:
         """Compact before a request (or a result of ``extra`` tokens) would pass the point.
 
         While the API's context editing is on, it gets the first go at ``compact_at``, and
         orchmode's own compaction is the backstop half-way from there to the window's end.
         """
-        w = self.window
-        point = w.compact_at
-        if self._context_edits() is not None:
-            point = (w.compact_at + w.tokens) // 2
+        point = self._compaction_point()
         size = self.meter.size(self.history) + extra
+        if (
+            size > point
+            and not extra
+            and size - point < ESTIMATE_SLACK * self.meter.uncounted(self.history)
+        ):
+            # Past the point only by what the estimate may overstate: ask the API to count.
+            counted = await self.gateway.count_tokens(
+                system=MAIN_SYSTEM,
+                messages=self.history,
+                tools=MAIN_TOOLS,
+                context_edits=self._context_edits(),
+            )
+            if counted is not None:
+                self.meter.observe(len(self.history), counted)
+                size = counted
         if size > point:
             self._compact(size=size)
+
+    def _compaction_point(self) -> int:
+        """Where orchmode compacts: ``compact_at``, or, while the API's context editing is
+        on (it clears at ``compact_at`` itself), half-way from there to the window's end."""
+        w = self.window
+        if self._context_edits() is not None:
+            return (w.compact_at + w.tokens) // 2
+        return w.compact_at
 
     def _compact(self, *, refused: bool = False, size: int | None = None) -> bool:
         """Stub old tool results down to ``compact_to``; False if there was nothing to stub."""
@@ -396,9 +416,13 @@ class Session:
             return await run_bash(self.shell, tool_use, agent="main", events=self.events)
         if name == "Workflow":
             try:
-                # Room for the result first: older results give way before this one shrinks.
-                self._make_room(pending + self.window.result_tokens)
-                tokens = self.window.result_budget(self.meter.size(self.history) + pending)
+                # Room for the result first: older results give way before this one shrinks
+                # (the API's context editing, while on, makes that room at the next request).
+                point = self._compaction_point()
+                if self._context_edits() is None:
+                    await self._make_room(pending + self.window.result_tokens)
+                size = self.meter.size(self.history) + pending
+                tokens = self.window.result_budget(size, point)
                 text, is_error = await self.workflow.run(tool_use.get("input"), tokens)
             except AuthError:
                 raise

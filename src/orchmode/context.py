@@ -30,6 +30,9 @@ CHARS_PER_TOKEN = 3
 STUB_WORTH = 150
 #: User turns at the end of a conversation kept whole while older results can go.
 KEEP_TURNS = 2
+#: Share of an estimate by which it may run high: a size this close past a point is worth
+#: the API's own count (``count_tokens``) before compacting on it.
+ESTIMATE_SLACK = 0.35
 #: The API's words for a request over the window: "prompt is too long: N tokens > M maximum".
 TOO_LONG = re.compile(r"prompt is too long: (\d+) tokens > (\d+)")
 
@@ -71,14 +74,15 @@ class Window:
             quote_tokens=settings.verify_quote_tokens or tokens // 20,
         )
 
-    def result_budget(self, conversation_tokens: int) -> int:
+    def result_budget(self, conversation_tokens: int, point: int | None = None) -> int:
         """A Workflow result's budget: its share, never more than the room left.
 
-        The room is what lies between the conversation and the compaction point; when a
-        conversation has almost none left, the result still gets a small floor (its
-        summaries and verdicts must go somewhere) and the next request compacts.
+        The room is what lies between the conversation and the compaction ``point``
+        (``compact_at`` unless given); when a conversation has almost none left, the result
+        still gets a small floor (its summaries and verdicts must go somewhere) and the next
+        request compacts.
         """
-        room = self.compact_at - conversation_tokens
+        room = (self.compact_at if point is None else point) - conversation_tokens
         return max(min(self.result_tokens, room), self.tokens // 50)
 
 
@@ -105,6 +109,12 @@ class Meter:
         has seen, and a high estimate of the rest."""
         if self._known and len(messages) >= self._sent:
             return self._counted + sum(estimate_tokens(m) for m in messages[self._sent :])
+        return self.estimate(messages)
+
+    def uncounted(self, messages: Sequence[Message]) -> int:
+        """The part of :meth:`size` that is estimated rather than counted by the API."""
+        if self._known and len(messages) >= self._sent:
+            return sum(estimate_tokens(m) for m in messages[self._sent :])
         return self.estimate(messages)
 
     def estimate(self, messages: Sequence[Message]) -> int:

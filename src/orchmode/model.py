@@ -508,6 +508,39 @@ class ModelGateway:
             raise StreamInterrupted(f"the response stream from {self.endpoint} ended early")
         return reply
 
+    async def count_tokens(
+        self,
+        *,
+        system: str,
+        messages: Sequence[Message],
+        tools: Sequence[Block],
+        context_edits: Sequence[Block] | None = None,
+    ) -> int | None:
+        """The API's own count of a request's input (after its context edits, if any), or
+        None when it cannot say: counting is an aid, so no failure of it is an error."""
+        edits = context_edits if self.context_editing else None
+        request: dict[str, Any] = {
+            "model": self.settings.model,
+            "system": [{"type": "text", "text": system}],
+            "messages": cast(Any, list(messages)),
+            "tools": cast(Any, list(tools)),
+            "timeout": min(self.settings.request_timeout, 60.0),
+        }
+        try:
+            if edits:
+                counted: Any = await self.client.beta.messages.count_tokens(
+                    **request,
+                    betas=[CONTEXT_BETA],
+                    context_management={"edits": cast(Any, list(edits))},
+                )
+            else:
+                counted = await self.client.messages.count_tokens(**request)
+        except (anthropic.AnthropicError, httpx2.HTTPError) as exc:
+            log.info("could not count a request's tokens: %s", exc)
+            return None
+        tokens = getattr(counted, "input_tokens", None)
+        return tokens if isinstance(tokens, int) else None
+
     async def close(self) -> None:
         if self._client is not None:
             await self._client.close()
