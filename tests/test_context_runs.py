@@ -21,6 +21,7 @@ from orchmode.agent import Session
 from orchmode.events import ContextCompacted, EventBus, ResultCondensed, SubagentDone
 from orchmode.prompts import VERIFY_MARKER
 from orchmode.testing import Reply, ScriptedRequest, ScriptedServer
+from orchmode.testing.cache import prompt_tokens as prompt_tokens_of
 from orchmode.testing.scenario import (
     OrchestrationScenario,
     first_user_text,
@@ -28,6 +29,7 @@ from orchmode.testing.scenario import (
     tool_call,
     turn_messages,
 )
+from orchmode.testing.server import COUNT_TOKENS_PATH
 from recorded_runs import API_KEY, orchmode
 
 WINDOW = 200_000
@@ -203,8 +205,12 @@ async def test_the_apis_context_editing_clears_old_results_where_the_endpoint_ta
     mains = main_requests(server)
     assert all("context_management" in e.body for e in mains)
     assert max(prompt_tokens(e) for e in mains) <= 0.9 * WINDOW
-    kinds = {e.how for e in seen if isinstance(e, ContextCompacted)}
-    assert "api" in kinds
+    compactions = [e for e in seen if isinstance(e, ContextCompacted)]
+    # The API cleared once, and orchmode took the same room into its own history at once,
+    # so the requests after it are below the trigger and the edit does not repeat.
+    assert [e.how for e in compactions] == ["api", "stubbed"]
+    applied = [e.context_management["applied_edits"] for e in mains]
+    assert sum(1 for edits in applied if edits) == 1
 
 
 async def test_a_request_refused_as_too_long_is_compacted_and_sent_again(
@@ -383,3 +389,38 @@ def test_context_settings_are_in_help() -> None:
     )
     for flag in ("--context-window", "--workflow-result-tokens", "--context-management"):
         assert flag in result.stdout
+
+
+async def test_a_size_past_the_point_only_by_the_estimates_slack_is_counted_by_the_api(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    window = 10_000
+    point = int(window * 0.8)
+
+    def respond(request: ScriptedRequest) -> Reply:
+        step = sum(1 for m in turn_messages(request.messages) if m["role"] == "assistant")
+        if step == 0:
+            # An output whose high estimate passes the point by a little, and whose real
+            # size does not: only the API's own count can tell.
+            room = point - prompt_tokens_of(request.body) - 100
+            chars = int(3 * room * 1.15)
+            return tool_call("bash", {"command": f"head -c {chars} /dev/zero | tr '\\0' 'a'"})
+        return Reply.text("fits")
+
+    server = await serve(respond, context_window=window)
+    events = EventBus()
+    seen = collect(events)
+    session = session_for(
+        server,
+        tmp_path,
+        events,
+        context_window=window,
+        context_management="harness",
+        output_limit=30_000,
+    )
+    result = await session.turn("go")
+    assert result.text == "fits"
+    counts = [e for e in server.log if e.path == COUNT_TOKENS_PATH]
+    assert len(counts) == 1 and counts[0].status == 200
+    assert not [e for e in seen if isinstance(e, ContextCompacted)]
+    assert refused(server) == []

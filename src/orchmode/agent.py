@@ -259,21 +259,30 @@ class Session:
         ]
 
     def _measured(self, sent: int, reply: ModelReply) -> None:
-        """Calibrate the meter on the API's count; announce what its context editing cleared."""
+        """Calibrate the meter on the API's count, and follow the API's context editing.
+
+        The API's edit is stateless: it would clear the same results from every request
+        from now on, a little more each turn, and each time the cached prefix would break
+        at a new place. So once it has cleared, orchmode makes the same room in its own
+        history (stubs that name the saved copies) in one step, and later requests are
+        append-only again below the trigger.
+        """
         counted = reply.usage.total_input
         self.meter.observe(sent, counted)
         if reply.cleared_tokens or reply.cleared_tool_uses:
             uses = reply.cleared_tool_uses
+            original = counted + reply.cleared_tokens
             self.events.emit(
                 ContextCompacted(
                     "main",
                     "api",
-                    counted + reply.cleared_tokens,
+                    original,
                     counted,
                     f"{uses} tool {'result' if uses == 1 else 'results'} cleared by the API, "
                     f"{reply.cleared_tokens:,} tokens",
                 )
             )
+            self._compact(size=original)
 
     async def _make_room(self, extra: int = 0) -> None:
         """Compact before a request (or a result of ``extra`` tokens) would pass the point.
@@ -300,6 +309,22 @@ class Session:
                 size = counted
         if size > point:
             self._compact(size=size)
+
+    async def _result_budget(self, pending: int) -> int:
+        """The most tokens the next Workflow result may take, room made for it first.
+
+        It may take the conversation up to the backstop, half-way from ``compact_at`` to
+        the window's end: the next request's compaction (or the API's context editing) then
+        makes room again, keeping this newest result whole. Where even the result's full
+        share would pass the backstop, older results give way now, before this one shrinks.
+        """
+        w = self.window
+        limit = (w.compact_at + w.tokens) // 2
+        if self._context_edits() is None:
+            size = self.meter.size(self.history) + pending
+            if size + w.result_tokens > limit:
+                self._compact(size=size)
+        return w.result_budget(self.meter.size(self.history) + pending, limit)
 
     def _compaction_point(self) -> int:
         """Where orchmode compacts: ``compact_at``, or, while the API's context editing is
@@ -416,13 +441,7 @@ class Session:
             return await run_bash(self.shell, tool_use, agent="main", events=self.events)
         if name == "Workflow":
             try:
-                # Room for the result first: older results give way before this one shrinks
-                # (the API's context editing, while on, makes that room at the next request).
-                point = self._compaction_point()
-                if self._context_edits() is None:
-                    await self._make_room(pending + self.window.result_tokens)
-                size = self.meter.size(self.history) + pending
-                tokens = self.window.result_budget(size, point)
+                tokens = await self._result_budget(pending)
                 text, is_error = await self.workflow.run(tool_use.get("input"), tokens)
             except AuthError:
                 raise

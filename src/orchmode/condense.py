@@ -22,7 +22,7 @@ from .prompts import SEVERITIES
 #: Characters of a summary, verdict or plain-text result kept in a condensed result.
 SUMMARY_CAP = 1200
 #: Characters of a finding's evidence kept in a condensed result.
-EVIDENCE_CAP = 240
+EVIDENCE_CAP = 160
 
 
 @dataclass(frozen=True)
