@@ -18,6 +18,7 @@ import pytest
 
 from conftest import StartServer, gateway_for, settings_for, store_for
 from orchmode.agent import Session
+from orchmode.context import estimate_tokens
 from orchmode.events import ContextCompacted, EventBus, ResultCondensed, SubagentDone
 from orchmode.prompts import VERIFY_MARKER
 from orchmode.testing import Reply, ScriptedRequest, ScriptedServer
@@ -424,3 +425,29 @@ async def test_a_size_past_the_point_only_by_the_estimates_slack_is_counted_by_t
     assert len(counts) == 1 and counts[0].status == 200
     assert not [e for e in seen if isinstance(e, ContextCompacted)]
     assert refused(server) == []
+
+
+async def test_a_scripts_value_is_held_to_the_result_budget_and_saved_whole(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    script = 'found = parallel(["Review area " + str(i) for i in range(30)])\nfound'
+    server = await serve(OrchestrationScenario(script=script, report_bytes=6000))
+    events = EventBus()
+    seen = collect(events)
+    session = session_for(server, tmp_path, events, workflow_result_tokens=6000)
+    await session.turn("go")
+    result = next(
+        b["content"]
+        for m in session.history
+        if isinstance(m["content"], list)
+        for b in m["content"]
+        if b.get("type") == "tool_result" and "Review area" in b["content"]
+    )
+    assert estimate_tokens(result) <= 6000
+    assert "the script's value was over its budget of" in result
+    (condensed,) = [e for e in seen if isinstance(e, ResultCondensed)]
+    whole = json.loads(Path(condensed.path).read_text())
+    assert [r["summary"].split(".")[0] for r in whole] == [
+        f"Finished: Review area {i}" for i in range(30)
+    ]
+    assert condensed.path in result

@@ -43,7 +43,7 @@ from pydantic_monty import (
 )
 
 from .condense import fit_value
-from .context import estimate_tokens
+from .context import CHARS_PER_TOKEN, estimate_tokens
 from .events import ResultCondensed, Role, ScriptDone, ScriptStarted
 from .prompts import verify_prompt
 from .subagent import AgentResult, Status
@@ -68,7 +68,8 @@ ALLOWED_MODULES = frozenset(
 )
 #: Host calls a script may make in all (each log line is one): a guard against a chatty loop.
 HOST_CALL_LIMIT = 10_000
-#: Characters of the rendered return value sent back; the rest is cut with a note.
+#: Characters of a script's value shown at most, whatever its token budget; a larger one is
+#: condensed, and saved whole.
 RESULT_LIMIT = 100_000
 #: Tokens of a script's result kept for its budget line and notes, besides value and log.
 VALUE_MARGIN = 200
@@ -519,6 +520,7 @@ class ScriptRun:
         workflow = self.workflow
         budget = self.tokens or workflow.window.result_tokens
         room = max(budget - estimate_tokens(log_text) - VALUE_MARGIN, budget // 4)
+        room = min(room, RESULT_LIMIT // CHARS_PER_TOKEN)
         if estimate_tokens(value) <= room:
             return value
         saved = None
@@ -578,16 +580,13 @@ class ScriptRun:
 
 
 def _render(output: object) -> str:
-    """The return value as JSON text, cut at :data:`RESULT_LIMIT` characters."""
+    """The return value as JSON text, whole (:meth:`ScriptRun._fit` holds it to its budget)."""
     text = json.dumps(plain(output), ensure_ascii=False)
     if output is None:
         text += (
             "\n\n[orchmode: the script returned nothing — its result is the value of its last "
             "line when that line is an expression, e.g. `results`]"
         )
-    if len(text) > RESULT_LIMIT:
-        cut = len(text) - RESULT_LIMIT
-        text = f"{text[:RESULT_LIMIT]}\n[orchmode: {cut} more characters of the result were cut]"
     return text
 
 
