@@ -90,6 +90,17 @@ def session_for(
     return session
 
 
+def tool_results(session: Session) -> list[str]:
+    """The text of every tool result in the session's conversation, oldest first."""
+    return [
+        b["content"]
+        for m in session.history
+        if isinstance(m["content"], list)
+        for b in m["content"]
+        if b.get("type") == "tool_result"
+    ]
+
+
 def collect(events: EventBus) -> list[Any]:
     seen: list[Any] = []
     events.subscribe(seen.append)
@@ -181,13 +192,7 @@ async def test_six_turns_of_20_subtask_fanouts_all_complete_with_no_request_refu
     compactions = [e for e in seen if isinstance(e, ContextCompacted)]
     assert compactions and all(e.how == "stubbed" for e in compactions)
     assert len(compactions) <= 2  # rare, and in large steps
-    stub = next(
-        b["content"]
-        for m in session.history
-        if isinstance(m["content"], list)
-        for b in m["content"]
-        if b.get("type") == "tool_result" and b["content"].startswith("[orchmode: this tool")
-    )
+    stub = next(text for text in tool_results(session) if text.startswith("[orchmode: this tool"))
     saved = re.search(r"saved at (\S+) ", stub)
     assert saved is not None and "[agent 1: turn 1: check item 1]" in Path(saved[1]).read_text()
 
@@ -316,13 +321,7 @@ async def test_a_condensed_result_is_byte_identical_on_a_journal_rerun(
         session = session_for(server, tmp_path, events, workflow_result_tokens=8000, session="same")
         await session.turn("go")
         texts.append(next(e for e in seen if isinstance(e, ResultCondensed)))
-        tool_result = next(
-            b["content"]
-            for m in session.history
-            if isinstance(m["content"], list)
-            for b in m["content"]
-            if b.get("type") == "tool_result" and "[agent 1:" in b["content"]
-        )
+        tool_result = next(text for text in tool_results(session) if "[agent 1:" in text)
         texts.append(tool_result)
         if run == 1:
             assert all(e.from_journal for e in seen if isinstance(e, SubagentDone))
@@ -436,13 +435,7 @@ async def test_a_scripts_value_is_held_to_the_result_budget_and_saved_whole(
     seen = collect(events)
     session = session_for(server, tmp_path, events, workflow_result_tokens=6000)
     await session.turn("go")
-    result = next(
-        b["content"]
-        for m in session.history
-        if isinstance(m["content"], list)
-        for b in m["content"]
-        if b.get("type") == "tool_result" and "Review area" in b["content"]
-    )
+    result = next(text for text in tool_results(session) if "Review area" in text)
     assert estimate_tokens(result) <= 6000
     assert "the script's value was over its budget of" in result
     (condensed,) = [e for e in seen if isinstance(e, ResultCondensed)]

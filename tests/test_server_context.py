@@ -15,6 +15,7 @@ from typing import Any, cast
 
 import anthropic
 import pytest
+from anthropic.types.beta import BetaMessage
 
 from conftest import API_KEY, StartServer
 from orchmode.mode import Notice
@@ -128,6 +129,20 @@ async def count(client: anthropic.AsyncAnthropic, messages: list[Any], **kwargs:
     return answer.input_tokens
 
 
+async def beta_create(
+    client: anthropic.AsyncAnthropic, messages: list[Any], edits: Any
+) -> BetaMessage:
+    """One non-streaming request with the context-editing beta and these edits."""
+    return await client.beta.messages.create(
+        model=MODEL,
+        max_tokens=10,
+        messages=messages,
+        tools=cast(Any, TOOLS),
+        betas=[BETA],
+        context_management=cast(Any, edits),
+    )
+
+
 # ------------------------------------------------------------------------- the context window
 
 
@@ -181,13 +196,8 @@ async def test_the_window_counts_the_prompt_after_clearing(serve: StartServer) -
         await client.messages.create(
             model=MODEL, max_tokens=10, messages=messages, tools=cast(Any, TOOLS)
         )
-    answer = await client.beta.messages.create(
-        model=MODEL,
-        max_tokens=10,
-        messages=messages,
-        tools=cast(Any, TOOLS),
-        betas=[BETA],
-        context_management=cast(Any, low_trigger(keep={"type": "tool_uses", "value": 1})),
+    answer = await beta_create(
+        client, messages, low_trigger(keep={"type": "tool_uses", "value": 1})
     )
     assert billed(answer.usage) == edited.input_tokens == server.log[1].prompt_tokens
 
@@ -253,14 +263,7 @@ async def test_beta_count_tokens_reports_the_size_before_and_after_clearing(
     )
     assert counted.context_management is not None
     assert counted.context_management.original_input_tokens == full
-    answer = await client.beta.messages.create(
-        model=MODEL,
-        max_tokens=10,
-        messages=messages,
-        tools=cast(Any, TOOLS),
-        betas=[BETA],
-        context_management=cast(Any, low_trigger()),
-    )
+    answer = await beta_create(client, messages, low_trigger())
     assert counted.input_tokens == billed(answer.usage) < full
     assert answer.context_management is not None
     assert answer.context_management.applied_edits[0].cleared_input_tokens == (
@@ -279,13 +282,8 @@ async def test_clearing_replaces_the_oldest_results_and_keeps_the_last_ones(
     client = client_for(server)
     messages = conversation(["bash"] * 5)
     full = await count(client, messages)
-    answer = await client.beta.messages.create(
-        model=MODEL,
-        max_tokens=10,
-        messages=messages,
-        tools=cast(Any, TOOLS),
-        betas=[BETA],
-        context_management=cast(Any, low_trigger(keep={"type": "tool_uses", "value": 2})),
+    answer = await beta_create(
+        client, messages, low_trigger(keep={"type": "tool_uses", "value": 2})
     )
     seen = results_seen(responder.requests[0])
     originals = [m["content"][0]["content"] for m in messages[2::2]]
@@ -367,14 +365,7 @@ async def test_an_edit_below_its_trigger_changes_nothing(serve: StartServer) -> 
     messages = conversation(["bash"] * 5)
     full = await count(client, messages)
     edits = clear(trigger={"type": "input_tokens", "value": full})  # exceeded only above
-    answer = await client.beta.messages.create(
-        model=MODEL,
-        max_tokens=10,
-        messages=messages,
-        tools=cast(Any, TOOLS),
-        betas=[BETA],
-        context_management=cast(Any, edits),
-    )
+    answer = await beta_create(client, messages, edits)
     assert answer.context_management is not None
     assert answer.context_management.applied_edits == []
     assert responder.requests[0].messages == messages
@@ -414,14 +405,7 @@ async def test_clear_at_least_is_all_or_nothing(serve: StartServer) -> None:
             if minimum is None
             else {"clear_at_least": {"type": "input_tokens", "value": minimum}}
         )
-        return await client.beta.messages.create(
-            model=MODEL,
-            max_tokens=10,
-            messages=messages,
-            tools=cast(Any, TOOLS),
-            betas=[BETA],
-            context_management=cast(Any, low_trigger(**extra)),
-        )
+        return await beta_create(client, messages, low_trigger(**extra))
 
     clearable = (await ask(None)).context_management.applied_edits[0].cleared_input_tokens
     assert (await ask(clearable)).context_management.applied_edits[0].cleared_tool_uses == 2

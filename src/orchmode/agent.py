@@ -18,7 +18,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .budget import SessionBudget
-from .context import ESTIMATE_SLACK, Compaction, Meter, Window, compact, estimate_tokens
+from .context import (
+    ESTIMATE_SLACK,
+    Compaction,
+    Meter,
+    Window,
+    compact,
+    estimate_tokens,
+    turn_starts,
+)
 from .errors import AuthError, OrchmodeError, PromptTooLong
 from .events import ContextCompacted, EventBus, TurnDone, TurnStarted
 from .executors import Executor, open_executor
@@ -470,16 +478,7 @@ def _message_text(message: Message) -> str:
 def _second_turn_start(history: list[Message]) -> int | None:
     """Where the conversation's second user turn begins: cutting there lets go of the first
     turn and keeps the rest valid (it starts at a user text, never at a tool result)."""
-    for i, message in enumerate(history[1:], start=1):
-        content = message.get("content")
-        if message.get("role") != "user":
-            continue
-        if isinstance(content, list) and any(
-            isinstance(b, dict) and b.get("type") == "tool_result" for b in content
-        ):
-            continue
-        return i
-    return None
+    return next((i for i in turn_starts(history) if i > 0), None)
 
 
 @asynccontextmanager

@@ -171,7 +171,7 @@ def _is_stub(content: object) -> bool:
     return isinstance(content, str) and content.startswith("[orchmode: this tool result (")
 
 
-def _user_turn_starts(messages: Sequence[Message]) -> list[int]:
+def turn_starts(messages: Sequence[Message]) -> list[int]:
     """Indexes of the user messages that open a turn (text, not tool results)."""
     starts = []
     for i, message in enumerate(messages):
@@ -193,7 +193,7 @@ def _candidates(messages: Sequence[Message], keep_last: bool) -> list[tuple[int,
     kept turns' results, oldest first. The most recent tool results message goes last of
     all, and only when ``keep_last`` is false.
     """
-    starts = _user_turn_starts(messages)
+    starts = turn_starts(messages)
     kept_from = starts[-KEEP_TURNS] if len(starts) >= KEEP_TURNS else 0
     last_results = max(
         (
