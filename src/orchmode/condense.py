@@ -185,14 +185,14 @@ def _render(agent: _Agent) -> str:
 
 def _finding_line(finding: dict[str, str]) -> str:
     claim = " ".join(finding["claim"].split())
-    evidence = _cap(" ".join(finding["evidence"].split()), EVIDENCE_CAP)
+    evidence = _cap(" ".join(finding["evidence"].split()), EVIDENCE_CAP, note="")
     return f"- [{finding['severity']}] {claim} (evidence: {evidence})"
 
 
-def _cap(text: str, limit: int) -> str:
+def _cap(text: str, limit: int, note: str = " [cut; the whole text is in the report file]") -> str:
     if len(text) <= limit:
         return text
-    return text[: limit - 1].rstrip() + "… [cut; the whole text is in the report file]"
+    return text[: limit - 1].rstrip() + "…" + note
 
 
 def _counts(counts: dict[str, int]) -> str:
