@@ -276,18 +276,22 @@ async def test_the_main_agents_sandbox_reads_the_saved_reports_and_cannot_write_
                 {
                     "command": f"cat {directory}/worker-*.json | head -c 300; "
                     f"touch {directory}/mine; echo overwrite > {directory}/worker-x.json; "
-                    f"rm -f {directory}/verifier-*.json; ls {directory} | wc -l"
+                    f"rm -f {directory}/verifier-*.json; ls {directory} | wc -l; "
+                    f"cat {tmp_path}/.orchmode/state.txt"
                 },
             )
         outputs.append(request.last_user_text)
         return Reply.text("done")
 
     server = await serve(respond)
+    (tmp_path / ".orchmode").mkdir()
+    (tmp_path / ".orchmode" / "state.txt").write_text("orchmode's own, hidden")
     session = session_for(server, tmp_path, verify=True)
     await session.turn("go")
     (output,) = outputs
     assert '"summary": "a finding"' in output
     assert output.count("Read-only file system") >= 2
+    assert "hidden" not in output and "state.txt: No such file" in output  # the rest stays hidden
     directory = next((tmp_path / ".orchmode" / "results").iterdir())
     assert not (directory / "mine").exists()
     assert len(list(directory.glob("verifier-*.json"))) == 1
