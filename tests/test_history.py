@@ -503,7 +503,9 @@ def test_a_killed_run_is_listed_as_interrupted_and_can_be_shown(tmp_path: Path) 
     assert re.search(r"^killed  .*  1  slow task .*interrupted$", lines[1]), lines
     shown = orchmode("show", cwd=tmp_path)
     assert shown.returncode == 0, shown.stderr
-    assert "session killed · workdir not recorded · 1 turn" in shown.stdout
+    # a turn's start records the session (its workdir and mode), so a resume can take it up
+    assert f"session killed · {tmp_path} · 1 turn" in shown.stdout
+    assert "continue it from its last recorded step with `orchmode resume killed`" in shown.stdout
     assert "turn 1 · " in shown.stdout and " · interrupted · " in shown.stdout
     assert re.search(r"worker 1\.1 · Check item 1 · interrupted$", shown.stdout, re.M)
 

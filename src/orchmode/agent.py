@@ -8,14 +8,19 @@ is left valid for the next turn: every ``tool_use`` gets its ``tool_result``.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
+import os
 import secrets
+import socket
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .budget import SessionBudget
 from .context import (
@@ -30,7 +35,7 @@ from .context import (
 from .errors import AuthError, OrchmodeError, PromptTooLong
 from .events import ContextCompacted, EventBus, TurnDone, TurnStarted
 from .executors import Executor, open_executor
-from .executors.host import AgentHost, ShellFactory
+from .executors.host import AgentHost, ShellFactory, keep_claim
 from .executors.local import LocalExecutor
 from .mode import ModeState
 from .model import Credentials, Message, ModelGateway, ModelReply
@@ -61,6 +66,11 @@ _DROPPED = {
 }
 #: Tool uses the API's context editing leaves whole at the end of the conversation.
 KEEP_TOOL_USES = 2
+#: The result of a bash command that was running when orchmode stopped, on resume.
+CUT_OFF_NOTE = (
+    "[orchmode: this command was cut off when orchmode stopped, and it was not run again "
+    "on resume: it may have done part of its work. Check its effects before running it again.]"
+)
 
 
 def new_session_id() -> str:
@@ -81,6 +91,10 @@ class TurnResult:
     @property
     def ok(self) -> bool:
         return self.stop != "error"
+
+
+class SessionBusy(OrchmodeError):
+    """Another process drives this session now."""
 
 
 class Session:
@@ -105,6 +119,12 @@ class Session:
         self.on_text = on_text
         self.mode = ModeState(mode_on=settings.mode, refresh_every=settings.refresh_every)
         self.history: list[Message] = []
+        #: The history as last checkpointed: the same message objects, so what is new (or
+        #: rewritten by a compaction) is found by identity, without serialising anything.
+        self._recorded: list[Message] = []
+        #: What the session was started for, kept with its state (``orchmode run`` records
+        #: its task and phase, so a resume can finish the run).
+        self.meta: dict[str, Any] = {}
         #: Where the current turn begins (its user text), and where its own messages begin:
         #: after that text and its notices.
         self._turn_start = 0
@@ -113,12 +133,14 @@ class Session:
         self.last_message_id: str | None = None
         self.store = store
         self.session_id = session_id or settings.session or new_session_id()
+        #: Who holds this session's claim: this host, this process, this session object.
+        self.holder = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
         credentials = gateway.credentials
-        secrets = (credentials.api_key or "", credentials.auth_token or "")
+        keys = (credentials.api_key or "", credentials.auth_token or "")
         #: Every agent's full result, and every tool result a compaction took out.
-        self.results = ResultFiles(results_dir(workdir, self.session_id), secrets)
+        self.results = ResultFiles(results_dir(workdir, self.session_id), keys)
         readable = (self.results.directory,) if self.results.prepare() else ()
-        self.make_shell = ShellFactory.build(settings, workdir, secrets, readable)
+        self.make_shell = ShellFactory.build(settings, workdir, keys, readable)
         self.shell = self.make_shell()
         self.window = Window.from_settings(settings)
         self.meter = Meter([MAIN_SYSTEM, MAIN_TOOLS])
@@ -153,44 +175,128 @@ class Session:
                 self.history.append({"role": "system", "content": NOTICES[notice]})
         self._turn_body = len(self.history)
         self.events.emit(TurnStarted(text, tuple(n.value for n in notices)))
+        await self.save()  # the mode as this turn has it, for a resume
+        await self.checkpoint()
+        return await self._finish(self._loop())
+
+    async def resume_turn(self) -> TurnResult:
+        """Go on with an interrupted turn from its last recorded step, without a new plan.
+
+        The last assistant message's tool calls that have no result are settled first: a
+        Workflow call runs again from its recorded input (finished agents come from the
+        journal), a bash command that was cut off is not run again — its result says so,
+        and the model decides. A turn whose answer was already recorded is returned as is.
+        """
+        starts = turn_starts(self.history)
+        if not starts:
+            raise OrchmodeError(f"session {self.session_id!r} has no turn to resume")
+        self._turn_start = starts[-1]
+        body = self._turn_start + 1
+        while body < len(self.history) and self.history[body].get("role") == "system":
+            body += 1
+        self._turn_body = body
+        last = self.history[-1]
+        if last.get("role") == "assistant":
+            pending = [
+                b
+                for b in last.get("content") or []
+                if isinstance(b, dict) and b.get("type") == "tool_use"
+            ]
+            if not pending:
+                text = _message_text(last)
+                self.events.emit(TurnDone("end_turn", 0))
+                return TurnResult(text, "end_turn", 0)
+            return await self._finish(self._settle_then_loop(pending))
+        return await self._finish(self._loop())
+
+    def answer_of_turn(self, number: int) -> str | None:
+        """The recorded final text of user turn ``number`` (1-based), if it has one."""
+        starts = [*turn_starts(self.history), len(self.history)]
+        if not 0 < number < len(starts):
+            return None
+        last = self.history[starts[number] - 1]
+        if last.get("role") != "assistant":
+            return None
+        return _message_text(last) or None
+
+    async def _settle_then_loop(self, pending: list[Block]) -> TurnResult:
+        await self._run_tools(pending, resumed=True)
+        return await self._loop()
+
+    async def _finish(self, work: Coroutine[Any, Any, TurnResult]) -> TurnResult:
+        """Run a turn's loop, and record how it ended whatever happens."""
         try:
-            result = await self._loop()
+            result = await work
         except Exception:
             # A turn that raised (a rejected key, a store gone bad) is recorded as failed;
             # only one that never got here — a killed process — reads as interrupted.
             self.events.emit(TurnDone("error", 0))
             raise
         finally:
-            await self._save()
+            await self.save()
         self.events.emit(TurnDone(result.stop, result.model_calls))
         return result
 
     async def restore(self) -> bool:
-        """Take up this session's recorded conversation and mode, if it has been recorded."""
+        """Take up this session's recorded conversation and mode, if it has been recorded.
+
+        The conversation comes from its step-by-step checkpoints when there are any (they
+        are newer than the state saved at a turn's start and end), else from the state.
+        """
         record = await self.store.load_session(self.session_id)
         if record is None:
             return False
         try:
             state = json.loads(record.state)
             history, mode = state["history"], ModeState(**state["mode"])
-            if not isinstance(history, list):
-                raise TypeError("history is not a list")
+            meta = state.get("meta") or {}
+            checkpoints = await self.store.load_messages(self.session_id)
+            if checkpoints:
+                history = [json.loads(text) for text in checkpoints]
+            if not isinstance(history, list) or not all(isinstance(m, dict) for m in history):
+                raise TypeError("history is not a list of messages")
+            if not isinstance(meta, dict):
+                raise TypeError("meta is not an object")
         except (ValueError, TypeError, KeyError) as exc:
             raise OrchmodeError(
                 f"session {self.session_id!r} is recorded but cannot be resumed ({exc}) — "
                 "start a new one without --session"
             ) from exc
-        self.history, self.mode = history, mode
+        self.history, self.mode, self.meta = history, mode, meta
+        self._recorded = list(history) if checkpoints else []
         self.meter.forget()
         return True
 
-    async def _save(self) -> None:
+    async def save(self) -> None:
         """Record the conversation and its mode; a failure is logged, not fatal."""
-        state = json.dumps({"history": self.history, "mode": self.mode.snapshot()})
+        state = json.dumps(
+            {"history": self.history, "mode": self.mode.snapshot(), "meta": self.meta}
+        )
         try:
             await self.store.save_session(self.session_id, str(self.workdir), state)
         except OrchmodeError as exc:
             log.warning("could not record session %s: %s", self.session_id, exc)
+
+    async def checkpoint(self) -> None:
+        """Record what the history gained (or had rewritten) since the last checkpoint.
+
+        Append-only in the common case: only the new messages are written. A failure is
+        logged, not fatal: the turn goes on, and the next checkpoint writes what was missed.
+        """
+        history, recorded = self.history, self._recorded
+        same = 0
+        limit = min(len(history), len(recorded))
+        while same < limit and history[same] is recorded[same]:
+            same += 1
+        if same == len(history) == len(recorded):
+            return
+        texts = [json.dumps(m, ensure_ascii=False) for m in history[same:]]
+        try:
+            await self.store.record_messages(self.session_id, same, texts)
+        except OrchmodeError as exc:
+            log.warning("could not checkpoint session %s: %s", self.session_id, exc)
+            return
+        self._recorded = list(history)
 
     async def _loop(self) -> TurnResult:
         limit = self.settings.main_turns
@@ -235,6 +341,7 @@ class Session:
                 if reply.content:
                     self.history.append({"role": "assistant", "content": reply.content})
                     paused_text.append(reply.text)
+                    await self.checkpoint()
                 continue
             if stop != "tool_use" or not reply.tool_uses:
                 text = "\n\n".join(t for t in [*paused_text, reply.text] if t)
@@ -243,9 +350,11 @@ class Session:
                 if not reply.content:
                     return TurnResult("[orchmode: the model sent an empty reply]", "empty", call)
                 self.history.append({"role": "assistant", "content": reply.content})
+                await self.checkpoint()
                 return TurnResult(text, stop, call)
             paused_text.clear()
             self.history.append({"role": "assistant", "content": reply.content})
+            await self.checkpoint()
             await self._run_tools(reply.tool_uses)
         return TurnResult(turn_limit_note(limit), "turn_limit", limit)
 
@@ -427,11 +536,18 @@ class Session:
             call,
         )
 
-    async def _run_tools(self, tool_uses: list[Block]) -> None:
-        """Run the calls in order and append all results in one user message, whatever happens."""
+    async def _run_tools(self, tool_uses: list[Block], *, resumed: bool = False) -> None:
+        """Run the calls in order and append all results in one user message, whatever happens.
+
+        ``resumed``: these calls were cut off when orchmode stopped; a bash command among them
+        is not run again (it may have done half its work), its result says so instead.
+        """
         results: list[Block] = []
         try:
             for tool_use in tool_uses:
+                if resumed and tool_use.get("name") == "bash":
+                    results.append(tool_result(tool_use["id"], CUT_OFF_NOTE, is_error=True))
+                    continue
                 results.append(await self._run_tool(tool_use, estimate_tokens(results)))
         finally:
             answered = {r["tool_use_id"] for r in results}
@@ -441,6 +557,7 @@ class Session:
                         tool_result(tool_use["id"], "[orchmode: interrupted]", is_error=True)
                     )
             self.history.append({"role": "user", "content": results})
+        await self.checkpoint()
 
     async def _run_tool(self, tool_use: Block, pending: int = 0) -> Block:
         """One tool call; ``pending`` is the tokens of results already gathered beside it."""
@@ -483,22 +600,59 @@ def _second_turn_start(history: list[Message]) -> int | None:
 
 @asynccontextmanager
 async def open_session(
-    settings: Settings, workdir: Path, credentials: Credentials, events: EventBus
+    settings: Settings,
+    workdir: Path,
+    credentials: Credentials,
+    events: EventBus,
+    *,
+    claim_wait: float = 0.0,
 ) -> AsyncIterator[Session]:
-    """A session with its executor (started), store and gateway; all closed on the way out."""
+    """A session with its executor (started), store and gateway; all closed on the way out.
+
+    The session is claimed in the store for as long as it is open, so no two processes
+    drive one conversation at once. A process that died leaves a claim that lapses after
+    ``claim_lease``; ``claim_wait`` is how long to wait for that before giving up.
+    """
     executor = open_executor(settings, credentials, workdir)
     store = await open_store(settings.store_url(workdir))
     gateway = ModelGateway(settings, credentials, events)
     session = Session(
         settings, gateway, workdir=workdir, store=store, events=events, executor=executor
     )
+    holding: asyncio.Task[None] | None = None
     try:
+        holding = await hold_session(session, claim_wait)
         if executor is not None:
             await executor.start()
         yield session
     finally:
+        if holding is not None:
+            holding.cancel()
+            with contextlib.suppress(OrchmodeError):
+                await store.release(session_key(session.session_id), session.holder)
         await session.close()
         if executor is not None:
             await executor.close()
         await gateway.close()
         await store.close()
+
+
+def session_key(session_id: str) -> str:
+    """The claim that says which process drives a session (journal keys are hex digests)."""
+    return f"session:{session_id}"
+
+
+async def hold_session(session: Session, wait: float) -> asyncio.Task[None]:
+    """Claim the session and keep the claim renewed; raise if another process holds it."""
+    lease = session.settings.claim_lease
+    key = session_key(session.session_id)
+    deadline = time.monotonic() + wait
+    while not await session.store.claim(key, session.holder, lease):
+        if time.monotonic() >= deadline:
+            raise SessionBusy(
+                f"session {session.session_id!r} is in use by another orchmode process (or "
+                f"one stopped less than {lease:g} s ago, --claim-lease) — wait for it to "
+                f"finish, or try again in {lease:g} s"
+            )
+        await asyncio.sleep(min(1.0, lease / 10))
+    return asyncio.create_task(keep_claim(session.store, key, session.holder, lease))

@@ -12,10 +12,10 @@ import asyncio
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, TextIO
+from typing import Any, Protocol, TextIO
 
 from .agent import Session, TurnResult, open_session
 from .display import Display, DisplayMode, make_display
@@ -24,6 +24,7 @@ from .events import EventBus
 from .history import session_totals
 from .model import Credentials
 from .records import EventRecorder
+from .resume import interrupted
 from .settings import Settings
 from .store import Store
 from .totals import SessionTotals
@@ -35,6 +36,7 @@ HELP = """\
 /status        mode, session id and turns so far
 /budget        subagents launched and tokens spent against the caps
 /cost          requests, tokens, cache share and dollars of this session
+/resume        finish a resumed session's interrupted turn from where it stopped
 /exit          leave (so do Ctrl-D and a second Ctrl-C)"""
 
 
@@ -99,6 +101,8 @@ class Chat:
         self.turn_task: asyncio.Task[TurnResult] | None = None
         #: the last thing the user did was Ctrl-C: another one leaves
         self.interrupted = False
+        #: the resumed session's last turn never ended: /resume finishes it
+        self.unfinished = False
         self.leaving = asyncio.Event()
 
     def say(self, text: str) -> None:
@@ -149,7 +153,11 @@ class Chat:
         return None
 
     async def turn(self, text: str) -> None:
-        self.turn_task = asyncio.create_task(self.session.turn(text))
+        await self._drive(self.session.turn(text))
+
+    async def _drive(self, work: Coroutine[Any, Any, TurnResult]) -> None:
+        """Run one turn (a new one, or an interrupted one finished) so Ctrl-C cancels it."""
+        self.turn_task = asyncio.create_task(work)
         try:
             result = await self.turn_task
         except asyncio.CancelledError:
@@ -195,6 +203,11 @@ class Chat:
                 self.say(f"[chat] {self.session.budget.describe(state)}")
             case "/cost":
                 self.say(f"[chat] {self.totals.describe()}")
+            case "/resume" if self.unfinished:
+                self.unfinished = False
+                await self._drive(self.session.resume_turn())
+            case "/resume":
+                self.say("[chat] there is no interrupted turn to finish")
             case "/help":
                 self.say(HELP)
             case _:
@@ -254,9 +267,15 @@ async def run_chat(
             display = make_display(display_mode, totals)
             events.subscribe(totals)
             events.subscribe(display)
+            cut_off = resumed and await interrupted(store, session.session_id) is not None
             if resumed:
                 state = "on" if session.mode.mode_on else "off"
                 display.notice(f"[session] resuming {session.session_id} (mode {state})")
+            if cut_off:
+                display.notice(
+                    "[session] its last turn was interrupted; /resume finishes it from the "
+                    "step where it stopped, without a new plan"
+                )
             recorder = await EventRecorder.start(store, session.session_id)
             events.subscribe(recorder)
             if stdin.isatty():
@@ -266,6 +285,7 @@ async def run_chat(
             else:
                 lines = PipeLines(stdin)
             chat = Chat(session, store, totals, display, lines)
+            chat.unfinished = cut_off
             undo = _install_interrupt(chat.interrupt)
             await chat.run()
             display.notice(

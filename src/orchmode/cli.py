@@ -75,9 +75,31 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     run.add_argument("task", nargs="?", help="what to do (default: review this directory)")
+    run.add_argument(
+        "--resume",
+        action="store_true",
+        help="if a run on the same task in this directory was interrupted, continue it "
+        "(as `orchmode resume` does) instead of starting over",
+    )
     run.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
     _add_display_flags(run)
     _add_setting_flags(run)
+    resume = commands.add_parser(
+        "resume",
+        help="continue an interrupted session from the step where it stopped",
+        description=(
+            "Continue SESSION (default: the latest interrupted session that ran in this "
+            "directory) from its last recorded step, without asking the model for a new "
+            "plan: a Workflow call that was cut off runs again from its recorded input "
+            "(finished agents come from the journal), a bash command that was cut off is "
+            "reported as such, not run again. A session started by `orchmode run` then "
+            "finishes the run: its stdout is what the uninterrupted run would have printed."
+        ),
+    )
+    resume.add_argument("session_id", nargs="?", metavar="SESSION", help="the session to resume")
+    resume.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    _add_display_flags(resume)
+    _add_setting_flags(resume)
     budget = commands.add_parser(
         "budget",
         help="what a session has launched and spent, and what is left",
@@ -250,6 +272,8 @@ async def _run(
     events.subscribe(totals)  # first, so the live view's footer sees each request counted
     events.subscribe(display)
     async with open_session(settings, workdir, credentials, events) as session:
+        if kept:
+            _driving[:] = [session.session_id]
         recorder: EventRecorder | None = None
         try:
             resumed = await session.restore()
@@ -257,16 +281,20 @@ async def _run(
             events.subscribe(recorder)
             if resumed:
                 display.notice(f"[session] resuming {session.session_id}")
+            session.meta = {"command": "run", "task": task, "phase": 1}
             session.set_mode(True)
             first = await session.turn(task)
             if first.error is not None:
                 raise first.error
             print(first.text, flush=True)
+            session.meta["phase"] = 2
             session.set_mode(False)
             second = await session.turn(SUMMARY_TASK)
             if second.error is not None:
                 raise second.error
             print(f"\n---\n\n{second.text}", flush=True)
+            session.meta["phase"] = "done"
+            await session.save()
             display.notice(f"[session] {totals.describe()}")
             if kept:
                 display.notice(
@@ -279,6 +307,97 @@ async def _run(
                 await recorder.flush()
 
 
+#: The session the command was driving when it was interrupted, for the line naming how to
+#: resume it.
+_driving: list[str] = []
+
+
+def _print_run_answers(first: str, second: str) -> None:
+    print(first, flush=True)
+    print(f"\n---\n\n{second}", flush=True)
+
+
+async def _resume(
+    settings: Settings,
+    workdir: Path,
+    wanted: str | None,
+    *,
+    display_mode: DisplayMode = "plain",
+    credentials: Credentials | None = None,
+) -> None:
+    """``orchmode resume``: the interrupted session, continued from its last step."""
+    from .agent import open_session
+    from .display import make_display
+    from .events import EventBus
+    from .model import Credentials
+    from .prompts import SUMMARY_TASK
+    from .records import EventRecorder
+    from .resume import CannotResume, choose, interrupted
+    from .store import open_store
+    from .totals import SessionTotals
+
+    store = await open_store(settings.store_url(workdir))
+    try:
+        found = await choose(store, workdir, wanted)
+    finally:
+        await store.close()
+    credentials = credentials or Credentials.from_env(os.environ)
+    settings = settings.model_copy(update={"session": found.id})
+    totals = SessionTotals()
+    display = make_display(display_mode, totals)
+    events = EventBus()
+    events.subscribe(totals)
+    events.subscribe(display)
+    wait = settings.claim_lease * 1.2  # a killed process's claim lapses within its lease
+    async with open_session(settings, workdir, credentials, events, claim_wait=wait) as session:
+        _driving[:] = [session.session_id]
+        recorder: EventRecorder | None = None
+        try:
+            if await interrupted(session.store, found.id) is None:  # looked at again, held
+                raise CannotResume(
+                    f"session {found.id!r} was finished by another orchmode process meanwhile "
+                    f"— `orchmode show {found.id}` prints it"
+                )
+            await session.restore()
+            recorder = await EventRecorder.start(session.store, session.session_id)
+            events.subscribe(recorder)
+            display.notice(f"[session] resuming {session.session_id} from its last recorded step")
+            meta = session.meta
+            result = await session.resume_turn()
+            if result.error is not None:
+                raise result.error
+            if meta.get("command") == "run" and meta.get("phase") == 2:
+                _print_run_answers(session.answer_of_turn(1) or "", result.text)
+            elif meta.get("command") == "run":
+                print(result.text, flush=True)
+                meta["phase"] = 2
+                session.set_mode(False)
+                second = await session.turn(SUMMARY_TASK)
+                if second.error is not None:
+                    raise second.error
+                print(f"\n---\n\n{second.text}", flush=True)
+            else:
+                print(result.text, flush=True)
+            if meta.get("command") == "run":
+                meta["phase"] = "done"
+                await session.save()
+            display.notice(f"[session] {totals.describe()}")
+        finally:
+            display.stop()
+            if recorder is not None:
+                await recorder.flush()
+    _driving.clear()
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    workdir = _workdir(settings)
+    if not workdir.is_dir():
+        raise ConfigError(f"the working directory {workdir} does not exist")
+    asyncio.run(_resume(settings, workdir, args.session_id, display_mode=_display_mode(args)))
+    return 0
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from .prompts import DEFAULT_TASK
 
@@ -289,11 +408,39 @@ def cmd_run(args: argparse.Namespace) -> int:
         if not workdir.is_dir():
             raise ConfigError(f"the working directory {workdir} does not exist")
         task = args.task or DEFAULT_TASK
+        if fixture is None and not settings.session:
+            earlier = asyncio.run(_interrupted_run(settings, workdir, task))
+            if earlier is not None and args.resume:
+                asyncio.run(_resume(settings, workdir, earlier, display_mode=_display_mode(args)))
+                return 0
+            if earlier is not None:
+                print(
+                    f"orchmode: session {earlier} was interrupted on this same task — "
+                    f"`orchmode resume {earlier}` (or `orchmode run --resume`) continues it "
+                    "where it stopped; starting a new session",
+                    file=sys.stderr,
+                )
         asyncio.run(_run(settings, task, workdir, display_mode=_display_mode(args)))
     finally:
         if fixture is not None:
             shutil.rmtree(fixture, ignore_errors=True)
     return 0
+
+
+async def _interrupted_run(settings: Settings, workdir: Path, task: str) -> str | None:
+    """An interrupted run on ``task`` in this directory's store, if there is one."""
+    from .resume import latest_interrupted
+    from .store import open_store
+
+    url = settings.store_url(workdir)
+    if url.startswith("sqlite://") and not Path(url.removeprefix("sqlite://")).exists():
+        return None  # nothing recorded here yet, and no store made just to look
+    store = await open_store(url)
+    try:
+        found = await latest_interrupted(store, workdir, task)
+    finally:
+        await store.close()
+    return found.id if found is not None else None
 
 
 async def _budget(settings: Settings, workdir: Path) -> None:
@@ -460,6 +607,12 @@ def cmd_runs(args: argparse.Namespace) -> int:
         print(f"no runs are recorded in {location} yet — start one with `orchmode run`")
         return 0
     print_table(RUN_COLUMNS, run_rows(histories), sys.stdout)
+    cut_off = [h.id for h in histories if h.turns and h.turns[-1].status == "interrupted"]
+    if cut_off:
+        print(
+            f"(interrupted: {', '.join(cut_off)} — `orchmode resume SESSION` continues one "
+            "from its last recorded step)"
+        )
     if count > len(histories):
         print(f"({len(histories)} most recent of {count} sessions; -n {count} shows them all)")
     return 0
@@ -521,6 +674,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "report": cmd_report,
         "demo": cmd_demo,
         "chat": cmd_chat,
+        "resume": cmd_resume,
     }
     if args.command is None:
         parser.print_help(sys.stderr)
@@ -534,5 +688,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"orchmode: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
-        print("orchmode: interrupted — finished results are kept in the journal", file=sys.stderr)
+        if _driving:
+            print(
+                f"orchmode: interrupted — session {_driving[0]} is recorded up to its last "
+                f"step; continue it with `orchmode resume {_driving[0]}`",
+                file=sys.stderr,
+            )
+        else:
+            print(
+                "orchmode: interrupted — finished results are kept in the journal",
+                file=sys.stderr,
+            )
         return 130

@@ -237,7 +237,7 @@ def compact(
 
     Deterministic: the same conversation and target give the same bytes.
     """
-    out = [dict(m) for m in messages]
+    out = list(messages)  # only the messages a stub changes become new objects
     stubbed = removed = 0
     for i, j in _candidates(messages, keep_last):
         if size - removed <= target:

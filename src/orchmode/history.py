@@ -925,6 +925,14 @@ def transcript(history: SessionHistory) -> list[Line]:
                 lines.append(_condensed_line(step.condensed, "    "))
         if turn.answer:
             lines.extend(_block("answer", turn.answer, "  "))
+    if history.turns and history.turns[-1].status == "interrupted":
+        lines.append(_line())
+        lines.append(
+            _line(
+                ("interrupted", _STATE_STYLES["interrupted"]),
+                f" — continue it from its last recorded step with `orchmode resume {history.id}`",
+            )
+        )
     lines.append(_line())
     lines.append(_line(("totals", "bold"), " ", totals_text(history)))
     if history.skipped:

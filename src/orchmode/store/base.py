@@ -1,4 +1,4 @@
-"""What orchmode keeps durably, behind one small interface: journal, claims, budget ledger.
+"""What orchmode keeps durably, behind one small interface: journal, claims, budget, sessions.
 
 Two backends implement it: SQLite (embedded, the default) and PostgreSQL (shared by several
 machines). Both run the same SQL from :mod:`orchmode.store.schema` wherever they can.
@@ -148,6 +148,20 @@ class Store(Protocol):
 
     async def events(self, session: str) -> list[EventRow]:
         """The session's events in order."""
+
+    async def record_messages(self, session: str, start: int, messages: Sequence[str]) -> None:
+        """Checkpoint the main conversation: ``messages`` (JSON each) from index ``start`` on.
+
+        One durable transaction drops the recorded messages from ``start`` on (normally none:
+        a checkpoint appends; a compaction that rewrote earlier messages, or a dropped
+        truncated reply, starts lower) and records these at ``start, start + 1, …``, so an
+        interrupted run resumes from its last step. Empty ``messages`` just truncates. A
+        ``start`` past the recorded messages (a gap) raises :class:`StoreError`, as does a
+        failed write; a negative ``start`` raises ``ValueError``.
+        """
+
+    async def load_messages(self, session: str) -> list[str]:
+        """The session's checkpointed conversation, in order; empty if none was recorded."""
 
     async def close(self) -> None:
         """Release connections and threads."""

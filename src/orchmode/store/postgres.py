@@ -21,6 +21,7 @@ from typing import Any, ClassVar, TypeVar
 import psycopg
 from psycopg import AsyncConnection
 from psycopg.conninfo import conninfo_to_dict
+from psycopg.pq import TransactionStatus
 from psycopg_pool import AsyncConnectionPool
 
 from ..errors import StoreError
@@ -87,6 +88,9 @@ LIST_SESSIONS = _pg(schema.LIST_SESSIONS)
 NEXT_EVENT_SEQ = _pg(schema.NEXT_EVENT_SEQ)
 INSERT_EVENT = _pg(schema.INSERT_EVENT)
 EVENTS = _pg(schema.EVENTS)
+TRUNCATE_MESSAGES = _pg(schema.TRUNCATE_MESSAGES)
+INSERT_MESSAGE = _pg(schema.INSERT_MESSAGE)
+LOAD_MESSAGES = _pg(schema.LOAD_MESSAGES)
 
 
 class PostgresStore:
@@ -154,6 +158,29 @@ class PostgresStore:
             try:
                 async with conn.transaction():
                     return await statements(conn)
+            finally:
+                _IdleCheck.used(conn)
+
+    async def _pipelined(self, statements: Callable[[Conn], Awaitable[None]]) -> None:
+        """Run ``statements`` between BEGIN and COMMIT sent as one pipeline: one round trip.
+
+        psycopg waits for the server after the BEGIN it issues itself and around a
+        ``transaction()`` block, so the connection is in autocommit for the moment and the
+        transaction is spelled out. Only for writes that read no result on the way. After an
+        error the server skips the rest, COMMIT included; the transaction is rolled back
+        here, and a connection that cannot be put back as it was is closed for the pool to
+        replace.
+        """
+        async with self._pool.connection() as conn:
+            try:
+                await conn.set_autocommit(True)
+                try:
+                    async with conn.pipeline():
+                        await conn.execute("BEGIN")
+                        await statements(conn)
+                        await conn.execute("COMMIT")
+                finally:
+                    await _restore(conn)
             finally:
                 _IdleCheck.used(conn)
 
@@ -287,6 +314,32 @@ class PostgresStore:
         rows = await self._guarded(read, "read the events")
         return [EventRow(*row) for row in rows]
 
+    async def record_messages(self, session: str, start: int, messages: Sequence[str]) -> None:
+        rows = schema.message_rows(session, start, messages)
+
+        async def write(conn: Conn) -> None:
+            await conn.execute(TRUNCATE_MESSAGES, (session, start))
+            if rows:
+                async with conn.cursor() as cur:
+                    await cur.executemany(INSERT_MESSAGE, rows)
+
+        try:
+            await self._pipelined(write)
+        except (psycopg.Error, UnicodeEncodeError) as exc:
+            # UnicodeEncodeError: a lone surrogate, which UTF-8 (and so the server) cannot hold.
+            if isinstance(exc, psycopg.errors.NotNullViolation) and exc.diag.column_name == "seq":
+                raise schema.gap_error(self.location, session, start) from None
+            raise StoreError(
+                f"could not checkpoint the conversation in {self.location}: {self._clean(exc)}"
+            ) from None
+
+    async def load_messages(self, session: str) -> list[str]:
+        async def read(conn: Conn) -> list[tuple[Any, ...]]:
+            return await (await conn.execute(LOAD_MESSAGES, (session,))).fetchall()
+
+        rows = await self._guarded(read, "read the conversation")
+        return [str(row[0]) for row in rows]
+
     async def _row(
         self, query: str, params: tuple[object, ...], what: str
     ) -> tuple[Any, ...] | None:
@@ -306,6 +359,16 @@ class PostgresStore:
 
     async def close(self) -> None:
         await self._pool.close()
+
+
+async def _restore(conn: Conn) -> None:
+    """Roll back what a failed pipeline left open and leave autocommit; else close ``conn``."""
+    try:
+        if conn.info.transaction_status != TransactionStatus.IDLE:
+            await conn.execute("ROLLBACK")
+        await conn.set_autocommit(False)
+    except psycopg.Error:
+        await conn.close()
 
 
 async def _migrate(conn: Conn, location: str, migrations: Sequence[tuple[str, list[str]]]) -> None:

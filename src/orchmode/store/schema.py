@@ -86,6 +86,19 @@ MIGRATIONS: list[tuple[str, list[str]]] = [
             )""",
         ],
     ),
+    (
+        "checkpoints of a session's main conversation",
+        [
+            # seq is the message's index in the conversation, from 0; NOT NULL matters:
+            # INSERT_MESSAGE relies on it to refuse a message that would leave a gap.
+            """CREATE TABLE session_messages (
+                session TEXT NOT NULL,
+                seq BIGINT NOT NULL,
+                message TEXT NOT NULL,
+                PRIMARY KEY (session, seq)
+            )""",
+        ],
+    ),
 ]
 
 APPLIED_VERSIONS = "SELECT version FROM schema_migrations"
@@ -152,6 +165,19 @@ NEXT_EVENT_SEQ = "SELECT COALESCE(MAX(seq), 0) + 1 FROM events WHERE session = ?
 INSERT_EVENT = "INSERT INTO events (session, seq, at, kind, data) VALUES (?, ?, ?, ?, ?)"
 EVENTS = "SELECT seq, at, kind, data FROM events WHERE session = ? ORDER BY seq"
 
+#: Parameters: session, start. Drops the tail a checkpoint replaces (normally nothing).
+TRUNCATE_MESSAGES = "DELETE FROM session_messages WHERE session = ? AND seq >= ?"
+#: Parameters: session, session, seq - 1, seq, message (see :func:`message_rows`). The seq
+#: becomes NULL, which its NOT NULL refuses, unless the message directly follows the last one
+#: recorded: a wrong ``start`` fails loudly instead of leaving a gap that a resumed
+#: conversation would silently lack, and the check costs no extra round trip.
+INSERT_MESSAGE = (
+    "INSERT INTO session_messages (session, seq, message) VALUES (?, "
+    "CASE WHEN COALESCE((SELECT MAX(seq) FROM session_messages WHERE session = ?), -1) = ? "
+    "THEN ? END, ?)"
+)
+LOAD_MESSAGES = "SELECT message FROM session_messages WHERE session = ? ORDER BY seq"
+
 
 def pending_migrations(
     applied: set[int], migrations: Sequence[tuple[str, list[str]]], location: object
@@ -180,3 +206,24 @@ def reserve_params(
         subagents, tokens, cost, session,
         subagents, caps.max_subagents, tokens, token_cap, cost, cost_cap,
     )  # fmt: skip
+
+
+def message_rows(session: str, start: int, messages: Sequence[str]) -> list[tuple[object, ...]]:
+    """The parameters of :data:`INSERT_MESSAGE` for ``messages`` placed from index ``start``.
+
+    A negative ``start`` is a caller's bug, refused before anything is written.
+    """
+    if start < 0:
+        raise ValueError(f"a conversation's messages start at index 0, not {start}")
+    return [
+        (session, session, seq - 1, seq, message)
+        for seq, message in enumerate(messages, start=start)
+    ]
+
+
+def gap_error(location: object, session: str, start: int) -> StoreError:
+    """The error for a checkpoint whose first message would not follow the recorded ones."""
+    return StoreError(
+        f"could not checkpoint the conversation in {location}: session {session!r} has fewer "
+        f"than {start} messages recorded, so messages from index {start} would leave a gap"
+    )

@@ -13,6 +13,9 @@ so they are tried inline first on a third connection that neither waits for a lo
 flushes (``synchronous=NORMAL``: safe against a crashed process, and the next flushed
 result makes them durable too); only when another writer holds the lock do they go to the
 writer thread and wait their turn there.
+
+Conversation checkpoints take the writer thread too, flushed like results: a resumed run
+trusts every checkpoint that returned.
 """
 
 from __future__ import annotations
@@ -206,6 +209,29 @@ class SQLiteStore:
         except sqlite3.Error as exc:
             raise StoreError(f"cannot read the events in {self.path}: {exc}") from exc
         return [EventRow(*row) for row in rows]
+
+    async def record_messages(self, session: str, start: int, messages: Sequence[str]) -> None:
+        rows = schema.message_rows(session, start, messages)
+
+        def write(db: sqlite3.Connection) -> None:
+            db.execute(schema.TRUNCATE_MESSAGES, (session, start))
+            db.executemany(schema.INSERT_MESSAGE, rows)
+
+        try:
+            await self._write(write)
+        except (sqlite3.Error, UnicodeEncodeError) as exc:
+            # UnicodeEncodeError: a lone surrogate, which UTF-8 (and so SQLite) cannot hold.
+            if isinstance(exc, sqlite3.IntegrityError) and "session_messages.seq" in str(exc):
+                raise schema.gap_error(self.path, session, start) from None
+            what = "could not checkpoint the conversation"
+            raise StoreError(f"{what} in {self.path}: {exc}") from exc
+
+    async def load_messages(self, session: str) -> list[str]:
+        try:
+            rows = self._reader.execute(schema.LOAD_MESSAGES, (session,)).fetchall()
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot read the conversation in {self.path}: {exc}") from exc
+        return [str(row[0]) for row in rows]
 
     async def _read(
         self, query: str, params: tuple[object, ...], what: str
