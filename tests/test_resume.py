@@ -295,3 +295,42 @@ def test_a_run_killed_during_the_fanout_resumes_on_postgresql(
     assert scenario.plans == 1
     assert re.search(r"^In brief:", result.stdout, flags=re.M)
     assert resumed_requests(server, since)
+
+
+def test_chat_offers_to_finish_an_interrupted_turn(
+    scripted: Callable[..., ScriptedServer], tmp_path: Path
+) -> None:
+    scenario = Replanning(delay=0.02)
+    server = scripted(scenario)
+    journal = tmp_path / ".orchmode" / "journal.db"
+    args = ("review this", "--base-url", server.url, "--max-concurrent", "2", *LEASE)
+    kill_run_when(lambda: len(worker_prompts(journal)) >= 3, *args, cwd=tmp_path)
+    session = session_of(tmp_path)
+    chat = subprocess.run(
+        [sys.executable, "-m", "orchmode", "chat", "--session", session, "--base-url",
+         server.url, *LEASE],
+        cwd=tmp_path, env=base_env(), input="/resume\n/resume\n/exit\n",
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert chat.returncode == 0, chat.stderr
+    assert "its last turn was interrupted; /resume finishes it" in chat.stderr
+    assert "Synthesis: 8 agents reported; 8 results were confirmed." in chat.stdout
+    assert "there is no interrupted turn to finish" in chat.stdout
+    assert scenario.plans == 1
+
+
+def test_a_resume_takes_over_the_claims_of_a_killed_run_on_this_host_at_once(
+    scripted: Callable[..., ScriptedServer], tmp_path: Path
+) -> None:
+    scenario = Replanning(delay=0.05)
+    server = scripted(scenario)
+    journal = tmp_path / ".orchmode" / "journal.db"
+    # the default lease (30 s): waiting it out would be the slow way
+    args = ("review this", "--base-url", server.url, "--max-concurrent", "2")
+    kill_run_when(lambda: len(worker_prompts(journal)) >= 2, *args, cwd=tmp_path)
+    result = orchmode("resume", "--base-url", server.url, "--debug", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "Synthesis: 8 agents reported; 8 results were confirmed." in result.stdout
+    taken = re.findall(r"taking over a claim from (\S+), a process that is gone", result.stderr)
+    assert taken  # the session's claim and the running agents' claims
+    assert scenario.plans == 1

@@ -12,9 +12,7 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
 import secrets
-import socket
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
@@ -35,7 +33,7 @@ from .context import (
 from .errors import AuthError, OrchmodeError, PromptTooLong
 from .events import ContextCompacted, EventBus, TurnDone, TurnStarted
 from .executors import Executor, open_executor
-from .executors.host import AgentHost, ShellFactory, keep_claim
+from .executors.host import AgentHost, ShellFactory, claim_or_take_over, holder_name, keep_claim
 from .executors.local import LocalExecutor
 from .mode import ModeState
 from .model import Credentials, Message, ModelGateway, ModelReply
@@ -134,7 +132,7 @@ class Session:
         self.store = store
         self.session_id = session_id or settings.session or new_session_id()
         #: Who holds this session's claim: this host, this process, this session object.
-        self.holder = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+        self.holder = holder_name()
         credentials = gateway.credentials
         keys = (credentials.api_key or "", credentials.auth_token or "")
         #: Every agent's full result, and every tool result a compaction took out.
@@ -604,15 +602,14 @@ async def open_session(
     workdir: Path,
     credentials: Credentials,
     events: EventBus,
-    *,
-    claim_wait: float = 0.0,
 ) -> AsyncIterator[Session]:
     """A session with its executor (started), store and gateway; all closed on the way out.
 
     The session is claimed in the store for as long as it is open, so no two processes
-    drive one conversation at once. A process that died leaves a claim that lapses after
-    ``claim_lease``; ``claim_wait`` is how long to wait for that before giving up.
+    drive one conversation at once. A process that died leaves a claim that lapses within
+    ``claim_lease``: it is waited for that long (and a little), then the session is busy.
     """
+    claim_wait = settings.claim_lease * 1.2
     executor = open_executor(settings, credentials, workdir)
     store = await open_store(settings.store_url(workdir))
     gateway = ModelGateway(settings, credentials, events)
@@ -647,7 +644,7 @@ async def hold_session(session: Session, wait: float) -> asyncio.Task[None]:
     lease = session.settings.claim_lease
     key = session_key(session.session_id)
     deadline = time.monotonic() + wait
-    while not await session.store.claim(key, session.holder, lease):
+    while not await claim_or_take_over(session.store, key, session.holder, lease):
         if time.monotonic() >= deadline:
             raise SessionBusy(
                 f"session {session.session_id!r} is in use by another orchmode process (or "

@@ -348,8 +348,7 @@ async def _resume(
     events = EventBus()
     events.subscribe(totals)
     events.subscribe(display)
-    wait = settings.claim_lease * 1.2  # a killed process's claim lapses within its lease
-    async with open_session(settings, workdir, credentials, events, claim_wait=wait) as session:
+    async with open_session(settings, workdir, credentials, events) as session:
         _driving[:] = [session.session_id]
         recorder: EventRecorder | None = None
         try:

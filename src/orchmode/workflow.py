@@ -17,10 +17,7 @@ import heapq
 import itertools
 import json
 import logging
-import os
-import socket
 import time
-import uuid
 from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
@@ -41,7 +38,7 @@ from .events import (
     TokenUsage,
 )
 from .executors import Executor, Job, WorkerLost
-from .executors.host import keep_claim
+from .executors.host import claim_or_take_over, holder_name, keep_claim
 from .executors.local import HERE
 from .model import ModelGateway
 from .prompts import SUBAGENT_SYSTEM, SUBAGENT_TOOLS, quote_result, verify_prompt
@@ -290,7 +287,6 @@ class Workflow:
     calls: int = 0
     _slots: PrioritySlots | None = field(default=None, repr=False)
     _housekeeping: set[asyncio.Task[None]] = field(default_factory=set, repr=False)
-    _holder: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
 
     @property
     def slots(self) -> PrioritySlots:
@@ -592,7 +588,7 @@ class Workflow:
             return _Outcome(result, time.monotonic() - started, node)
 
     def _new_holder(self) -> str:
-        return f"{self._holder}:{uuid.uuid4().hex[:12]}"
+        return holder_name()
 
     async def _claim_or_wait(
         self, key: str, holder: str, relay: Relay | None = None
@@ -604,7 +600,8 @@ class Workflow:
         in ``relay`` is given back before waiting: others can use it meanwhile.
         """
         pause = CLAIM_POLL_FIRST
-        while not await self.store.claim(key, holder, self.settings.claim_lease):
+        lease = self.settings.claim_lease
+        while not await claim_or_take_over(self.store, key, holder, lease):
             if relay is not None:
                 relay.drop()
             await asyncio.sleep(pause)

@@ -106,6 +106,9 @@ class Store(Protocol):
     async def claim(self, key: str, holder: str, lease: float) -> bool:
         """Take ``key`` for ``lease`` seconds: true if it was free, expired, or already ours."""
 
+    async def holder(self, key: str) -> str | None:
+        """Who holds ``key`` now (None if nobody, or the lease lapsed)."""
+
     async def renew(self, key: str, holder: str, lease: float) -> bool:
         """Extend our claim; false if it is no longer ours (it expired and was taken)."""
 

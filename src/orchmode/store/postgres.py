@@ -77,6 +77,7 @@ UPSERT_RESULT = _pg(schema.UPSERT_RESULT)
 CLAIM = _pg(schema.CLAIM)
 RENEW = _pg(schema.RENEW)
 RELEASE = _pg(schema.RELEASE)
+HOLDER = _pg(schema.HOLDER)
 ENSURE_BUDGET = _pg(schema.ENSURE_BUDGET)
 RESERVE = _pg(schema.RESERVE)
 SETTLE = _pg(schema.SETTLE)
@@ -226,6 +227,18 @@ class PostgresStore:
             return (await conn.execute(CLAIM, (key, holder, now + lease, now))).rowcount == 1
 
         return await self._guarded(take, "claim a subtask")
+
+    async def holder(self, key: str) -> str | None:
+        async def read(conn: Conn) -> tuple[Any, ...] | None:
+            return await (await conn.execute(HOLDER, (key, time.time()))).fetchone()
+
+        try:
+            row = await self._transaction(read)
+        except psycopg.Error as exc:
+            raise StoreError(
+                f"could not read a claim in {self.location}: {self._clean(exc)}"
+            ) from exc
+        return None if row is None else str(row[0])
 
     async def renew(self, key: str, holder: str, lease: float) -> bool:
         async def extend(conn: Conn) -> bool:

@@ -129,6 +129,8 @@ CLAIM = (
 #: Parameters: expires_at, key, holder.
 RENEW = "UPDATE claims SET expires_at = ? WHERE key = ? AND holder = ?"
 RELEASE = "DELETE FROM claims WHERE key = ? AND holder = ?"
+#: Parameters: key, now. Who holds a claim that has not lapsed.
+HOLDER = "SELECT holder FROM claims WHERE key = ? AND expires_at >= ?"
 
 ENSURE_BUDGET = (
     "INSERT INTO budgets (session, subagents, tokens, cost) VALUES (?, 0, 0, 0) "

@@ -129,6 +129,10 @@ class SQLiteStore:
 
         return await self._guarded(take, "claim a subtask")
 
+    async def holder(self, key: str) -> str | None:
+        row = await self._read(schema.HOLDER, (key, time.time()), "read a claim")
+        return None if row is None else str(row[0])
+
     async def renew(self, key: str, holder: str, lease: float) -> bool:
         def extend(db: sqlite3.Connection) -> bool:
             return db.execute(schema.RENEW, (time.time() + lease, key, holder)).rowcount == 1
