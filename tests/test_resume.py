@@ -334,3 +334,44 @@ def test_a_resume_takes_over_the_claims_of_a_killed_run_on_this_host_at_once(
     taken = re.findall(r"taking over a claim from (\S+), a process that is gone", result.stderr)
     assert taken  # the session's claim and the running agents' claims
     assert scenario.plans == 1
+
+
+@dataclass
+class ReplanningScript(Replanning):
+    """The same model, planning with a script: each request writes another program."""
+
+    def main(self, request: ScriptedRequest) -> Reply:
+        step = sum(1 for m in turn_messages(request.messages) if m.get("role") == "assistant")
+        if mode_is_on(request.messages) and step == 1:
+            self.plans += 1
+            script = (
+                f'found = parallel(["Check item " + str(i) + " (plan {request.index})" '
+                "for i in range(1, 9)])\n"
+                'checked = [verify("Check item " + str(i + 1), r) for i, r in enumerate(found)]\n'
+                '{"agents": len(found), "confirmed": '
+                'sum(1 for c in checked if c.get("verdict") == "confirmed")}'
+            )
+            return tool_call("Workflow", {"script": script}, say="Running a script.")
+        return super().main(request)
+
+
+def test_a_script_killed_half_way_runs_again_from_its_start_with_journal_hits(
+    scripted: Callable[..., ScriptedServer], tmp_path: Path
+) -> None:
+    scenario = ReplanningScript(delay=0.02)
+    server = scripted(scenario)
+    journal = tmp_path / ".orchmode" / "journal.db"
+    args = ("review this", "--base-url", server.url, "--max-concurrent", "2", *LEASE)
+    kill_run_when(lambda: len(worker_prompts(journal)) >= 3, *args, cwd=tmp_path)
+    finished = set(worker_prompts(journal))
+    since = len(server.log)
+    result = orchmode("resume", "--base-url", server.url, *LEASE, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert scenario.plans == 1
+    asked = [b["messages"][0]["content"] for b in resumed_requests(server, since)]
+    assert not finished & set(asked)
+    synthesis = next(
+        b for b in resumed_requests(server, since)
+        if role_of(b) == "main" and '"confirmed": 8' in str(b["messages"][-1])
+    )  # fmt: skip
+    assert '"agents": 8' in str(synthesis["messages"][-1])
