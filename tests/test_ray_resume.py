@@ -6,9 +6,12 @@ run and its resume are ``orchmode`` processes, as a user runs them. The main age
 anew on every request, so the resume passes only if nothing asks it for the plan again.
 
 When the driver dies, the agents it had placed die with it: Ray ends the actors a dead
-driver owned. The claims held for the dead run — the actors' on their running agents,
-the driver's on the agents still waiting for a slot — are renewed no more and lapse
-within ``--claim-lease``; the resumed fan-out waits for that and takes them over.
+driver owned (within a fraction of a second here). The claims held for the dead run — the
+actors' on their running agents, the driver's on the agents still waiting for a slot — are
+renewed no more. They lapse within ``--claim-lease`` (2 s here: gone by the time the
+resumed driver's actors are up), or, being all in the driver's name, are taken over at
+once by a resume on its host that finds that process gone. Either way the resumed
+fan-out takes every one of them over.
 """
 
 from __future__ import annotations
@@ -21,8 +24,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import suppress
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,9 +52,9 @@ DELAY = 0.5
 #: A short lease, so the killed run's claims lapse quickly for the resume.
 LEASE = ("--claim-lease", "2")
 FLAGS = ("--max-concurrent", "4", "--sandbox", "off", *LEASE)
-#: The resume waits out 2 s leases, starts its actors and runs what is left: seconds.
-#: Longer means it waited on something that never lapses (a claim kept alive by an actor
-#: that outlived its driver, or the default 30 s lease).
+#: The resume starts its actors, takes over the claims (or waits out their 2 s leases) and
+#: runs what is left: ~15 s. Much longer means it waited on more than lapsing claims
+#: (actors that outlived their driver and kept theirs renewed, say, or a 30 s lease).
 RESUME_BOUND = 90.0
 #: How the workers of a plan are told apart: each subtask carries the plan's request number.
 PLAN_TAG = re.compile(r"\(plan (\d+)\)")
@@ -60,7 +62,11 @@ PLAN_TAG = re.compile(r"\(plan (\d+)\)")
 
 @dataclass
 class Replanning(OrchestrationScenario):
-    """A main agent that samples a new plan on every request, as a real model does."""
+    """A main agent that samples a new plan on every request, as a real model does.
+
+    Each subtask carries the number of the request that planned it, so a resume that asked
+    for the plan again would run other subtasks, and show it.
+    """
 
     plans: int = 0
 
@@ -106,6 +112,23 @@ def server() -> Iterator[Any]:
         started.stop_thread()
 
 
+@pytest.fixture
+def spawn() -> Iterator[Callable[..., subprocess.Popen[str]]]:
+    """Start a process; any still running when the test ends is killed."""
+    processes: list[subprocess.Popen[str]] = []
+
+    def start(command: list[str], **kwargs: Any) -> subprocess.Popen[str]:
+        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, text=True, **kwargs)
+        processes.append(process)
+        return process
+
+    yield start
+    for process in processes:
+        if process.poll() is None:
+            process.kill()
+        process.communicate()
+
+
 def orchmode_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "orchmode", *args]
 
@@ -147,15 +170,20 @@ def recorded_workers(store: str) -> set[str]:
         return set()
 
 
-def agent_pools() -> set[int]:
-    """The pids of the orchmode actor processes on this machine's Ray nodes, from /proc."""
+def agent_pools(cluster: LocalCluster) -> set[int]:
+    """The pids of the orchmode actor processes on the cluster's nodes, from /proc.
+
+    A node's processes all stay in the session its ``ray start`` began; looking only there
+    leaves out any other cluster on the machine.
+    """
     pids = set()
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            if cmdline.read_bytes().startswith(b"ray::AgentPool"):
-                pids.add(int(cmdline.parent.name))
-        except OSError:
-            continue  # it ended while we looked
+    for node in cluster.nodes:
+        for pid in session_members(node.pid):
+            try:
+                if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"ray::AgentPool"):
+                    pids.add(pid)
+            except OSError:
+                continue  # it ended while we looked
     return pids
 
 
@@ -174,21 +202,22 @@ def alive(pid: int) -> bool:
 
 
 def test_a_ray_run_whose_driver_is_killed_mid_fanout_resumes_without_a_new_plan(
-    cluster: LocalCluster, postgres_clean_url: str, tmp_path: Path, server: Any
+    cluster: LocalCluster,
+    postgres_clean_url: str,
+    tmp_path: Path,
+    server: Any,
+    spawn: Callable[..., subprocess.Popen[str]],
 ) -> None:
     store = postgres_clean_url
-    # What the run prints when nothing stops it (the local executor prints the same).
+    # What the run prints when nothing stops it (the local executor prints the same), run
+    # alongside the one that is killed.
     alone = server(scenario())
     (tmp_path / "uninterrupted").mkdir()
-    done = subprocess.run(
+    uninterrupted = spawn(
         orchmode_command("run", "review this", "--base-url", alone.url, *FLAGS),
-        cwd=tmp_path / "uninterrupted", env=run_env(None), stdin=subprocess.DEVNULL,
-        capture_output=True, text=True, timeout=120,
+        cwd=tmp_path / "uninterrupted", env=run_env(None),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    expected = done.stdout
-    T0 = time.monotonic(); print('uninterrupted done', flush=True)
-    assert f"Synthesis: {SUBTASKS} agents reported; {SUBTASKS} results" in expected
 
     replanning = scenario()
     started = server(replanning)
@@ -198,28 +227,18 @@ def test_a_ray_run_whose_driver_is_killed_mid_fanout_resumes_without_a_new_plan(
     ray_flags = [*on_ray(cluster, store), *FLAGS]
     killed_log = tmp_path / "killed.log"
     with killed_log.open("w") as log:
-        driver = subprocess.Popen(
+        driver = spawn(
             orchmode_command("run", "review this", "--base-url", started.url, *ray_flags),
-            cwd=project, env=run_env(cluster), stdin=subprocess.DEVNULL,
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            cwd=project, env=run_env(cluster), stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 120
-        while len(finished := recorded_workers(store)) < 3:
-            assert driver.poll() is None, killed_log.read_text()
-            assert time.monotonic() < deadline, "no worker was recorded:\n" + killed_log.read_text()
-            time.sleep(0.02)  # polling the store another process writes
-        pools = agent_pools()
-        print('kill at', time.monotonic() - T0, len(finished), flush=True)
-        driver.send_signal(signal.SIGKILL)
-        driver.wait()
-    finally:
-        if driver.poll() is None:
-            driver.kill()
-            driver.wait()
-        for pid in session_members(driver.pid):  # what it started there: its main shell
-            with suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 120
+    while len(finished := recorded_workers(store)) < 3:
+        assert driver.poll() is None, killed_log.read_text()
+        assert time.monotonic() < deadline, "no worker was recorded:\n" + killed_log.read_text()
+        time.sleep(0.02)  # polling the store another process writes
+    pools = agent_pools(cluster)
+    driver.send_signal(signal.SIGKILL)  # its main shell, on its own, ends when its pipe does
+    driver.wait()
     killed_at = time.time()
     assert 3 <= len(finished) < SUBTASKS and replanning.plans == 1, finished
     assert len(pools) == 2, pools  # one actor on each node, running the fan-out
@@ -231,6 +250,9 @@ def test_a_ray_run_whose_driver_is_killed_mid_fanout_resumes_without_a_new_plan(
     }
     assert left_held, "the killed run held no claim: the fan-out was not in progress"
     (plan,) = {PLAN_TAG.findall(p)[0] for p in asked(started, "worker")}
+    expected, errors = uninterrupted.communicate(timeout=120)
+    assert uninterrupted.returncode == 0, errors
+    assert f"Synthesis: {SUBTASKS} agents reported; {SUBTASKS} results" in expected
     (session,) = {s for (s,) in query(store, "SELECT id FROM sessions")}
     (last_seq,) = query(store, "SELECT max(seq) FROM events WHERE session = %s", session)[0]
 
@@ -242,8 +264,6 @@ def test_a_ray_run_whose_driver_is_killed_mid_fanout_resumes_without_a_new_plan(
         capture_output=True, text=True, timeout=180,
     )  # fmt: skip
     took = time.monotonic() - began
-    print('resume took', took, flush=True); print(resumed.stderr[-3000:])
-    print('pools alive after', [p for p in pools if alive(p)], pools, agent_pools())
     assert resumed.returncode == 0, resumed.stderr
     assert "[session] resuming" in resumed.stderr
     assert resumed.stdout == expected

@@ -375,3 +375,22 @@ def test_a_script_killed_half_way_runs_again_from_its_start_with_journal_hits(
         if role_of(b) == "main" and '"confirmed": 8' in str(b["messages"][-1])
     )  # fmt: skip
     assert '"agents": 8' in str(synthesis["messages"][-1])
+
+
+def test_agents_queued_when_a_run_was_killed_are_not_counted_against_its_budget(
+    scripted: Callable[..., ScriptedServer], tmp_path: Path
+) -> None:
+    # 16 agents finish the run; the two in flight at the kill are launched again on resume.
+    budget = ("--max-subagents", "18")
+    expected = uninterrupted(scripted, tmp_path, delay=0.05)
+    scenario = Replanning(delay=0.05)
+    server = scripted(scenario)
+    journal = tmp_path / ".orchmode" / "journal.db"
+    args = ("review this", "--base-url", server.url, "--max-concurrent", "2", *LEASE, *budget)
+    kill_run_when(lambda: len(worker_prompts(journal)) >= 3, *args, cwd=tmp_path)
+    result = orchmode("resume", "--base-url", server.url, *LEASE, *budget, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == expected
+    ledger = orchmode("budget", cwd=tmp_path)
+    launched = re.search(r"subagents\s+(\d+) launched", ledger.stdout)
+    assert launched is not None and 16 <= int(launched[1]) <= 18, ledger.stdout

@@ -39,7 +39,7 @@ from .events import (
 )
 from .executors import Executor, Job, WorkerLost
 from .executors.host import claim_or_take_over, holder_name, keep_claim
-from .executors.local import HERE
+from .executors.local import HERE, LocalExecutor
 from .model import ModelGateway
 from .prompts import SUBAGENT_SYSTEM, SUBAGENT_TOOLS, quote_result, verify_prompt
 from .results import ResultFiles
@@ -503,17 +503,19 @@ class Workflow:
             keep_claim(self.store, key, holder, self.settings.claim_lease)
         )
         try:
-            if not await self.budget.reserve_subagent():
-                self._background(self.store.release(key, holder))
-                result = AgentResult(
-                    f"[orchmode: not run — the session's budget of "
-                    f"{self.settings.max_subagents} subagents is used up]",
-                    SKIPPED,
-                )
-                self._done(call, index, role, prompt, key, result, 0.0)
-                return result
             job = Job(key, holder, self.budget.session, role, f"{role} {call}.{index}", prompt)
             async with self.slots.slot(priority, relay):
+                # Reserved only once it has a slot: an agent still queued when the process
+                # is killed has spent nothing, and a resume must not find it counted.
+                if not await self.budget.reserve_subagent():
+                    self._background(self.store.release(key, holder))
+                    result = AgentResult(
+                        f"[orchmode: not run — the session's budget of "
+                        f"{self.settings.max_subagents} subagents is used up]",
+                        SKIPPED,
+                    )
+                    self._done(call, index, role, prompt, key, result, 0.0)
+                    return result
                 outcome = await self._run_job(call, index, job, heartbeat)
                 if hand_on is not None and outcome.result.status not in (Status.FAILED, SKIPPED):
                     hand_on.queue_next(VERIFIER_PRIORITY)
@@ -588,7 +590,8 @@ class Workflow:
             return _Outcome(result, time.monotonic() - started, node)
 
     def _new_holder(self) -> str:
-        return holder_name()
+        # Only a claim this process renews may be taken over when this process is gone.
+        return holder_name(renewed_here=isinstance(self.executor, LocalExecutor))
 
     async def _claim_or_wait(
         self, key: str, holder: str, relay: Relay | None = None

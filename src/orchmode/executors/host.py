@@ -52,10 +52,15 @@ async def keep_claim(store: Store, key: str, holder: str, lease: float) -> None:
             log.warning("could not renew a claim: %s", exc)
 
 
-def holder_name() -> str:
+def holder_name(*, renewed_here: bool = True) -> str:
     """A claim holder's name: this host and process, and a part of its own so that two
-    claims of one process are told apart."""
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+    claims of one process are told apart.
+
+    ``renewed_here=False`` for a claim that another process renews (a Ray actor on some
+    node): its name then carries no process id, so it is never taken for a dead one's.
+    """
+    pid = str(os.getpid()) if renewed_here else "remote"
+    return f"{socket.gethostname()}:{pid}:{uuid.uuid4().hex[:12]}"
 
 
 def holder_is_dead(holder: str) -> bool:
