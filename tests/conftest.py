@@ -16,7 +16,7 @@ from orchmode.testing import Responder, ScriptedServer
 
 API_KEY = "test-key"
 
-pytest_plugins = ["postgres_fixture"]
+pytest_plugins = ["postgres_fixture", "both_stores"]
 
 StartServer = Callable[..., Awaitable[ScriptedServer]]
 

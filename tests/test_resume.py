@@ -105,16 +105,28 @@ def resumed_requests(server: ScriptedServer, since: int) -> list[dict[str, Any]]
     return [e.body for e in server.log[since:] if e.path == "/v1/messages"]
 
 
+def kill_during_fanout(
+    scripted: Callable[..., ScriptedServer],
+    tmp_path: Path,
+    scenario: Replanning,
+    workers: int,
+    *flags: str,
+) -> ScriptedServer:
+    """``orchmode run`` of ``scenario``, SIGKILLed once ``workers`` results are recorded."""
+    server = scripted(scenario)
+    journal = tmp_path / ".orchmode" / "journal.db"
+    args = ("review this", "--base-url", server.url, "--max-concurrent", "2", *flags)
+    kill_run_when(lambda: len(worker_prompts(journal)) >= workers, *args, cwd=tmp_path)
+    return server
+
+
 def test_a_run_killed_during_the_fanout_resumes_without_a_new_plan(
     scripted: Callable[..., ScriptedServer], tmp_path: Path
 ) -> None:
     expected = uninterrupted(scripted, tmp_path, delay=0.02)
     scenario = Replanning(delay=0.02)
-    server = scripted(scenario)
-    journal = tmp_path / ".orchmode" / "journal.db"
-    args = ("review this", "--base-url", server.url, "--max-concurrent", "2", *LEASE)
-    kill_run_when(lambda: len(worker_prompts(journal)) >= 3, *args, cwd=tmp_path)
-    finished = set(worker_prompts(journal))
+    server = kill_during_fanout(scripted, tmp_path, scenario, 3, *LEASE)
+    finished = set(worker_prompts(tmp_path / ".orchmode" / "journal.db"))
     assert 3 <= len(finished) < 8 and scenario.plans == 1
     since = len(server.log)
     result = orchmode("resume", "--base-url", server.url, *LEASE, cwd=tmp_path)
@@ -202,10 +214,7 @@ def test_run_says_an_interrupted_run_on_the_same_task_can_be_resumed(
     scripted: Callable[..., ScriptedServer], tmp_path: Path
 ) -> None:
     scenario = Replanning(delay=0.02)
-    server = scripted(scenario)
-    journal = tmp_path / ".orchmode" / "journal.db"
-    args = ("review this", "--base-url", server.url, "--max-concurrent", "2", *LEASE)
-    kill_run_when(lambda: len(worker_prompts(journal)) >= 2, *args, cwd=tmp_path)
+    server = kill_during_fanout(scripted, tmp_path, scenario, 2, *LEASE)
     session = session_of(tmp_path)
     again = orchmode("run", "review this", "--base-url", server.url, "--resume", *LEASE,
                      cwd=tmp_path)  # fmt: skip
@@ -220,10 +229,7 @@ def test_two_resumes_of_one_session_at_once_one_wins(
     scripted: Callable[..., ScriptedServer], tmp_path: Path
 ) -> None:
     scenario = Replanning(delay=1.0)  # the winner holds the session past the loser's wait
-    server = scripted(scenario)
-    journal = tmp_path / ".orchmode" / "journal.db"
-    args = ("review this", "--base-url", server.url, "--max-concurrent", "2", *LEASE)
-    kill_run_when(lambda: len(worker_prompts(journal)) >= 2, *args, cwd=tmp_path)
+    server = kill_during_fanout(scripted, tmp_path, scenario, 2, *LEASE)
     command = [sys.executable, "-m", "orchmode", "resume", "--base-url", server.url, *LEASE]
     both = [
         subprocess.Popen(command, cwd=tmp_path, env=base_env(), stdin=subprocess.DEVNULL,
@@ -301,10 +307,7 @@ def test_chat_offers_to_finish_an_interrupted_turn(
     scripted: Callable[..., ScriptedServer], tmp_path: Path
 ) -> None:
     scenario = Replanning(delay=0.02)
-    server = scripted(scenario)
-    journal = tmp_path / ".orchmode" / "journal.db"
-    args = ("review this", "--base-url", server.url, "--max-concurrent", "2", *LEASE)
-    kill_run_when(lambda: len(worker_prompts(journal)) >= 3, *args, cwd=tmp_path)
+    server = kill_during_fanout(scripted, tmp_path, scenario, 3, *LEASE)
     session = session_of(tmp_path)
     chat = subprocess.run(
         [sys.executable, "-m", "orchmode", "chat", "--session", session, "--base-url",
@@ -323,11 +326,8 @@ def test_a_resume_takes_over_the_claims_of_a_killed_run_on_this_host_at_once(
     scripted: Callable[..., ScriptedServer], tmp_path: Path
 ) -> None:
     scenario = Replanning(delay=0.05)
-    server = scripted(scenario)
-    journal = tmp_path / ".orchmode" / "journal.db"
     # the default lease (30 s): waiting it out would be the slow way
-    args = ("review this", "--base-url", server.url, "--max-concurrent", "2")
-    kill_run_when(lambda: len(worker_prompts(journal)) >= 2, *args, cwd=tmp_path)
+    server = kill_during_fanout(scripted, tmp_path, scenario, 2)
     result = orchmode("resume", "--base-url", server.url, "--debug", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "Synthesis: 8 agents reported; 8 results were confirmed." in result.stdout
@@ -359,11 +359,8 @@ def test_a_script_killed_half_way_runs_again_from_its_start_with_journal_hits(
     scripted: Callable[..., ScriptedServer], tmp_path: Path
 ) -> None:
     scenario = ReplanningScript(delay=0.02)
-    server = scripted(scenario)
-    journal = tmp_path / ".orchmode" / "journal.db"
-    args = ("review this", "--base-url", server.url, "--max-concurrent", "2", *LEASE)
-    kill_run_when(lambda: len(worker_prompts(journal)) >= 3, *args, cwd=tmp_path)
-    finished = set(worker_prompts(journal))
+    server = kill_during_fanout(scripted, tmp_path, scenario, 3, *LEASE)
+    finished = set(worker_prompts(tmp_path / ".orchmode" / "journal.db"))
     since = len(server.log)
     result = orchmode("resume", "--base-url", server.url, *LEASE, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
@@ -384,10 +381,7 @@ def test_agents_queued_when_a_run_was_killed_are_not_counted_against_its_budget(
     budget = ("--max-subagents", "18")
     expected = uninterrupted(scripted, tmp_path, delay=0.05)
     scenario = Replanning(delay=0.05)
-    server = scripted(scenario)
-    journal = tmp_path / ".orchmode" / "journal.db"
-    args = ("review this", "--base-url", server.url, "--max-concurrent", "2", *LEASE, *budget)
-    kill_run_when(lambda: len(worker_prompts(journal)) >= 3, *args, cwd=tmp_path)
+    server = kill_during_fanout(scripted, tmp_path, scenario, 3, *LEASE, *budget)
     result = orchmode("resume", "--base-url", server.url, *LEASE, *budget, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert result.stdout == expected
