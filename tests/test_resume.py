@@ -216,6 +216,9 @@ def test_run_says_an_interrupted_run_on_the_same_task_can_be_resumed(
     scenario = Replanning(delay=0.02)
     server = kill_during_fanout(scripted, tmp_path, scenario, 2, *LEASE)
     session = session_of(tmp_path)
+    shown = orchmode("show", cwd=tmp_path)
+    assert "in progress when it stopped: Workflow (8 subtasks)" in shown.stdout
+    assert f"`orchmode resume {session}`" in shown.stdout
     again = orchmode("run", "review this", "--base-url", server.url, "--resume", *LEASE,
                      cwd=tmp_path)  # fmt: skip
     assert again.returncode == 0, again.stderr

@@ -623,7 +623,23 @@ def cmd_show(args: argparse.Namespace) -> int:
     settings = _settings(args)
     _, _, (history,) = asyncio.run(_histories(settings, _workdir(settings), args.run))
     print_lines(transcript(history), sys.stdout)
+    if history.turns and history.turns[-1].status == "interrupted":
+        pending = asyncio.run(_pending(settings, _workdir(settings), history.id))
+        if pending:
+            print(f"in progress when it stopped: {', '.join(pending)}")
     return 0
+
+
+async def _pending(settings: Settings, workdir: Path, session: str) -> list[str]:
+    """What the session's last checkpointed step left running (its tool calls)."""
+    from .resume import pending_calls
+    from .store import open_store
+
+    store = await open_store(settings.store_url(workdir))
+    try:
+        return pending_calls(await store.load_messages(session))
+    finally:
+        await store.close()
 
 
 def cmd_report(args: argparse.Namespace) -> int:

@@ -98,6 +98,33 @@ async def choose(store: Store, workdir: Path, wanted: str | None) -> Interrupted
     return found
 
 
+def pending_calls(messages: list[str]) -> list[str]:
+    """The tool calls the last checkpointed step left without results, described briefly."""
+    if not messages:
+        return []
+    try:
+        last = json.loads(messages[-1])
+    except ValueError:
+        return []
+    if not isinstance(last, dict) or last.get("role") != "assistant":
+        return []
+    described = []
+    for block in last.get("content") or []:
+        if not isinstance(block, dict) or block.get("type") != "tool_use":
+            continue
+        raw = block.get("input")
+        tool_input: dict[str, Any] = raw if isinstance(raw, dict) else {}
+        if block.get("name") == "bash":
+            described.append(f"bash `{str(tool_input.get('command', '(restart)'))[:80]}`")
+        elif block.get("name") == "Workflow" and isinstance(tool_input.get("subtasks"), list):
+            described.append(f"Workflow ({len(tool_input['subtasks'])} subtasks)")
+        elif block.get("name") == "Workflow":
+            described.append("Workflow (a script)")
+        else:
+            described.append(str(block.get("name")))
+    return described
+
+
 def _meta(state: str) -> dict[str, Any]:
     try:
         value = json.loads(state)
