@@ -434,7 +434,11 @@ async def _interrupted_run(settings: Settings, workdir: Path, task: str) -> str 
     url = settings.store_url(workdir)
     if url.startswith("sqlite://") and not Path(url.removeprefix("sqlite://")).exists():
         return None  # nothing recorded here yet, and no store made just to look
-    store = await open_store(url)
+    try:
+        store = await open_store(url)
+    except OrchmodeError as exc:  # only a notice: the run itself says what is wrong
+        log.debug("could not look for interrupted runs: %s", exc)
+        return None
     try:
         found = await latest_interrupted(store, workdir, task)
     finally:

@@ -281,6 +281,21 @@ def _transaction(db: sqlite3.Connection) -> Iterator[None]:
     db.execute("COMMIT")
 
 
+def _into_wal(db: sqlite3.Connection, busy_timeout: float) -> None:
+    """Switch a new file to WAL; another process creating the same file at that moment
+    makes SQLite refuse at once ("locked") rather than wait, so try again until the
+    busy timeout is spent."""
+    deadline = time.monotonic() + busy_timeout
+    while True:
+        try:
+            db.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)  # another process holds the file's lock for a moment
+
+
 def _connect(path: Path, busy_timeout: float) -> sqlite3.Connection:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -291,7 +306,7 @@ def _connect(path: Path, busy_timeout: float) -> sqlite3.Connection:
         ) from exc
     try:
         db.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
-        db.execute("PRAGMA journal_mode = WAL")
+        _into_wal(db, busy_timeout)
         db.execute("PRAGMA synchronous = FULL")
         with _transaction(db):
             migrate(db, path, schema.MIGRATIONS)
