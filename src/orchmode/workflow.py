@@ -487,6 +487,32 @@ class Workflow:
         may hold a slot handed on by the previous agent of the chain; ``hand_on`` is where
         this agent queues for the next one's before it lets its own slot go.
         """
+        own: Relay | None = None
+        if relay is None:
+            # Join the queue for a slot now, in the order the agents were asked for, so they
+            # start in that order whatever order their lookups and claims come back in. A
+            # place this agent does not use (a journal hit, another's claim) is given back.
+            own = relay = Relay(self.slots)
+            own.queue_next(priority)
+        try:
+            return await self._run_subagent(
+                call, index, role, prompt, priority, relay=relay, hand_on=hand_on
+            )
+        finally:
+            if own is not None:
+                own.drop()
+
+    async def _run_subagent(
+        self,
+        call: int,
+        index: int,
+        role: Role,
+        prompt: str,
+        priority: int,
+        *,
+        relay: Relay,
+        hand_on: Relay | None,
+    ) -> AgentResult:
         key = self.key_of(role, prompt)
         if not self.settings.fresh:
             recorded = await self.store.lookup(key)
