@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,24 @@ def settings_for(server: ScriptedServer, tmp_path: Path, **overrides: Any) -> Se
     }
     values.update(overrides)
     return Settings(**values)
+
+
+@pytest.fixture
+def scripted() -> Iterator[Callable[..., ScriptedServer]]:
+    """Start scripted servers in threads of their own (for tests that run orchmode processes
+    or block); all stopped at the end."""
+    servers: list[ScriptedServer] = []
+
+    def start(responder: Responder, **kwargs: Any) -> ScriptedServer:
+        kwargs.setdefault("api_key", API_KEY)
+        server = ScriptedServer(responder, **kwargs)
+        server.start_in_thread()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.stop_thread()
 
 
 _gateways: list[ModelGateway] = []

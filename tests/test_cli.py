@@ -8,7 +8,6 @@ import re
 import sqlite3
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,29 +16,13 @@ import pytest
 from orchmode.prompts import VERIFY_MARKER
 from orchmode.testing import ScriptedServer
 from orchmode.testing.scenario import OrchestrationScenario
-from recorded_runs import API_KEY, base_env, kill_run_when, orchmode, worker_prompts
+from recorded_runs import base_env, kill_run_when, orchmode, worker_prompts
 
 
 def role_of(body: dict[str, Any]) -> str:
     if "Workflow" in {t["name"] for t in body.get("tools", [])}:
         return "main"
     return "verifier" if body["messages"][0]["content"].startswith(VERIFY_MARKER) else "worker"
-
-
-@pytest.fixture
-def scripted() -> Iterator[Any]:
-    servers: list[ScriptedServer] = []
-
-    def start(scenario: Any, **kwargs: Any) -> ScriptedServer:
-        kwargs.setdefault("api_key", API_KEY)
-        server = ScriptedServer(scenario, **kwargs)
-        server.start_in_thread()
-        servers.append(server)
-        return server
-
-    yield start
-    for server in servers:
-        server.stop_thread()
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess[str], *needles: str) -> None:

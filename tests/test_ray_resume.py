@@ -98,21 +98,6 @@ def cluster() -> Iterator[LocalCluster]:
 
 
 @pytest.fixture
-def server() -> Iterator[Any]:
-    servers: list[ScriptedServer] = []
-
-    def start(responder: Replanning) -> ScriptedServer:
-        started = ScriptedServer(responder, api_key=API_KEY)
-        started.start_in_thread()
-        servers.append(started)
-        return started
-
-    yield start
-    for started in servers:
-        started.stop_thread()
-
-
-@pytest.fixture
 def spawn() -> Iterator[Callable[..., subprocess.Popen[str]]]:
     """Start a process; any still running when the test ends is killed."""
     processes: list[subprocess.Popen[str]] = []
@@ -205,13 +190,13 @@ def test_a_ray_run_whose_driver_is_killed_mid_fanout_resumes_without_a_new_plan(
     cluster: LocalCluster,
     postgres_clean_url: str,
     tmp_path: Path,
-    server: Any,
+    scripted: Any,
     spawn: Callable[..., subprocess.Popen[str]],
 ) -> None:
     store = postgres_clean_url
     # What the run prints when nothing stops it (the local executor prints the same), run
     # alongside the one that is killed.
-    alone = server(scenario())
+    alone = scripted(scenario(), api_key=API_KEY)
     (tmp_path / "uninterrupted").mkdir()
     uninterrupted = spawn(
         orchmode_command("run", "review this", "--base-url", alone.url, *FLAGS),
@@ -220,7 +205,7 @@ def test_a_ray_run_whose_driver_is_killed_mid_fanout_resumes_without_a_new_plan(
     )  # fmt: skip
 
     replanning = scenario()
-    started = server(replanning)
+    started = scripted(replanning, api_key=API_KEY)
     project = tmp_path / "project"
     project.mkdir()
     (project / "kept.txt").write_text("shipped\n")

@@ -9,12 +9,10 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from orchmode.agent import CUT_OFF_NOTE
 from orchmode.prompts import VERIFY_MARKER
@@ -26,7 +24,7 @@ from orchmode.testing.scenario import (
     tool_call,
     turn_messages,
 )
-from recorded_runs import API_KEY, base_env, kill_run_when, orchmode, worker_prompts
+from recorded_runs import base_env, kill_run_when, orchmode, worker_prompts
 
 #: A short lease, so a killed run's claims lapse quickly for the resume.
 LEASE = ("--claim-lease", "2")
@@ -65,21 +63,6 @@ def role_of(body: dict[str, Any]) -> str:
         return "main"
     first = body["messages"][0]["content"]
     return "verifier" if isinstance(first, str) and first.startswith(VERIFY_MARKER) else "worker"
-
-
-@pytest.fixture
-def scripted() -> Iterator[Callable[..., ScriptedServer]]:
-    servers: list[ScriptedServer] = []
-
-    def start(scenario: Any) -> ScriptedServer:
-        server = ScriptedServer(scenario, api_key=API_KEY)
-        server.start_in_thread()
-        servers.append(server)
-        return server
-
-    yield start
-    for server in servers:
-        server.stop_thread()
 
 
 def uninterrupted(scripted: Callable[..., ScriptedServer], tmp_path: Path, **kw: Any) -> str:

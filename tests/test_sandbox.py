@@ -547,21 +547,6 @@ def test_a_bwrap_that_cannot_make_namespaces_is_reported(tmp_path: Path) -> None
 cli_env = base_env  # the CLI tests' environment: no credentials but the test key
 
 
-@pytest.fixture
-def scripted() -> Iterator[Callable[..., ScriptedServer]]:
-    servers: list[ScriptedServer] = []
-
-    def start(scenario: Any) -> ScriptedServer:
-        server = ScriptedServer(scenario, api_key=API_KEY)
-        server.start_in_thread()
-        servers.append(server)
-        return server
-
-    yield start
-    for server in servers:
-        server.stop_thread()
-
-
 def bash_events(workdir: Path) -> list[dict[str, Any]]:
     db = sqlite3.connect(workdir / ".orchmode" / "journal.db")
     try:
