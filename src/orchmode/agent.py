@@ -27,6 +27,7 @@ from .context import (
     Meter,
     Window,
     compact,
+    content_text,
     estimate_tokens,
     turn_starts,
 )
@@ -582,12 +583,7 @@ class Session:
 
 
 def _message_text(message: Message) -> str:
-    content = message.get("content")
-    if isinstance(content, str):
-        return content
-    return "\n".join(
-        str(b.get("text", "")) for b in content or [] if isinstance(b, dict) and "text" in b
-    )
+    return content_text(message.get("content"))
 
 
 def _second_turn_start(history: list[Message]) -> int | None:

@@ -244,7 +244,7 @@ def compact(
             break
         content = list(out[i]["content"])
         block = dict(content[j])
-        text = _result_text(block.get("content"))
+        text = content_text(block.get("content"))
         tokens = estimate_tokens(block.get("content"))
         if tokens < STUB_WORTH:
             continue
@@ -257,7 +257,10 @@ def compact(
     return Compaction(out, stubbed, removed)
 
 
-def _result_text(content: object) -> str:
+def content_text(content: object) -> str:
+    """The text of a message's or tool result's content: a string, or its text blocks."""
+    if content is None:
+        return ""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
