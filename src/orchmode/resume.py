@@ -37,12 +37,20 @@ class Interrupted:
         return f"orchmode resume {self.id}"
 
 
-async def interrupted(store: Store, session: str) -> Interrupted | None:
-    """The session if its last turn never ended, else None (unknown sessions included)."""
+async def interrupted(
+    store: Store, session: str, task: str | None = None
+) -> Interrupted | None:
+    """The session if its last turn never ended (and it ran ``task``, if given), else None.
+
+    The task is checked first, from the saved state: reading and parsing a session's
+    events is the dear part, and ``orchmode run`` looks before every start.
+    """
     record = await store.load_session(session)
     if record is None:
         return None
     meta = _meta(record.state)
+    if task is not None and meta.get("task") != task:
+        return None
     history = read_session(await store.events(session), session=session)
     cut_off = bool(history.turns) and history.turns[-1].status == "interrupted"
     # A run stopped between its two turns never started its summary turn.
@@ -60,10 +68,8 @@ async def latest_interrupted(
     for info in (await store.sessions())[:LOOK_BACK]:
         if _same_dir(Path(info.workdir)) != here:
             continue
-        found = await interrupted(store, info.id)
-        if found is None:
-            continue
-        if task is None or found.meta.get("task") == task:
+        found = await interrupted(store, info.id, task)
+        if found is not None:
             return found
     return None
 
