@@ -12,9 +12,6 @@ from orchmode.mode import Notice
 from orchmode.prompts import NOTICES
 from orchmode.testing.scenario import OrchestrationScenario
 from test_cli import base_env, orchmode, role_of
-from test_cli import scripted as scripted_fixture
-
-scripted = scripted_fixture  # the scripted server in a thread
 
 
 def chat(tmp_path: Path, url: str, *args: str, script: str) -> subprocess.CompletedProcess[str]:

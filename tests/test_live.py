@@ -30,9 +30,6 @@ from orchmode.settings import Settings
 from orchmode.testing.scenario import OrchestrationScenario
 from orchmode.totals import SessionTotals
 from test_cli import orchmode
-from test_cli import scripted as scripted_fixture
-
-scripted = scripted_fixture  # the scripted server in a thread, for the subprocess tests
 
 
 def refute_two(prompt: str) -> str:
