@@ -173,7 +173,7 @@ async def test_the_examples_in_the_tool_description_run(
         ("log('hi')\nimport os\nos.getenv('HOME')\n", {}, ["may not import 'os'", "(line 2)"]),
         ("m = __import__('os')\n", {}, ["NameError", "(line 1)"]),
         ("import socket\n", {}, ["may not import 'socket'", "(line 1)"]),
-        ("r = agent('x', 'y')\n", {}, ["TypeError", "agent() takes 1 arguments", "(line 1)"]),
+        ("r = agent('x', 'y', 'z')\n", {}, ["TypeError", "agent() takes 2 arguments", "(line 1)"]),
         ("r = await agent('x')\n", {}, ["TypeError", "without await", "(line 1)"]),
     ],
     ids=[

@@ -50,6 +50,7 @@ from .results import ResultFiles, results_dir
 from .settings import Settings
 from .store import Store, open_store
 from .tools import Block, run_bash, tool_result, unknown_tool
+from .trees import Trees
 from .workflow import Workflow
 
 log = logging.getLogger("orchmode")
@@ -148,11 +149,19 @@ class Session:
         #: Where subagents run: here unless the caller brought another executor (Ray),
         #: which the caller then closes.
         self._owns_executor = executor is None
+        #: The tree's private store and this process's copies of it (``worktree``).
+        self.trees = Trees(workdir)
         self.executor = executor or LocalExecutor(
-            AgentHost(settings, gateway, store, self.make_shell)
+            AgentHost(settings, gateway, store, self.make_shell, self.trees)
         )
         self.workflow = Workflow(
-            settings, gateway, self.budget, self.events, self.executor, results=self.results
+            settings,
+            gateway,
+            self.budget,
+            self.events,
+            self.executor,
+            results=self.results,
+            trees=self.trees,
         )
 
     def set_mode(self, on: bool) -> None:
@@ -580,6 +589,7 @@ class Session:
         await self.budget.flush()
         if self._owns_executor:
             await self.executor.close()
+        self.trees.close()
 
 
 def _message_text(message: Message) -> str:

@@ -38,6 +38,8 @@ class SubtaskEntry:
     title: str
     worker: AgentEntry
     verifier: AgentEntry | None = None
+    #: What became of the worker's change to the tree, ``[change i] merged: …`` ("" for none).
+    change: str = ""
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,8 @@ def full_text(head: Sequence[str], entries: Sequence[SubtaskEntry], tail: Sequen
         sections.append(f"[agent {i}: {entry.title}]\n{entry.worker.text}")
         if entry.verifier is not None:
             sections.append(f"[verify {i}]\n{entry.verifier.text}")
+        if entry.change:
+            sections.append(entry.change)
     sections.extend(tail)
     return "\n\n".join(sections)
 
@@ -106,14 +110,21 @@ def _condense(
     directory: str,
 ) -> Condensed:
     agents: list[_Agent] = []
+    #: The agents and each subtask's change line, in the order they are shown.
+    order: list[_Agent | str] = []
     for i, entry in enumerate(entries, start=1):
         agents.append(_take_apart(f"[agent {i}: {entry.title}]", entry.worker))
+        order.append(agents[-1])
         if entry.verifier is not None:
             agents.append(_take_apart(f"[verify {i}]", entry.verifier))
+            order.append(agents[-1])
+        if entry.change:  # like a verdict, always kept
+            order.append(entry.change)
     # The note's wording does not depend on what was shown, so its size is known first.
     note_size = estimate_tokens(_note(budget, tokens_full, "x" * 60, saved_at, directory))
     fixed = note_size + sum(estimate_tokens(s) for s in [*head, *tail])
     fixed += sum(estimate_tokens(_render(a)) for a in agents)
+    fixed += sum(estimate_tokens(line) for line in order if isinstance(line, str))
     room = budget - fixed
     for severity in SEVERITIES:  # high first; the first finding that does not fit ends it
         for agent in agents:
@@ -136,7 +147,8 @@ def _condense(
             totals[severity] = totals.get(severity, 0) + count
     omitted = _counts(totals)
     note = _note(budget, tokens_full, omitted, saved_at, directory)
-    text = "\n\n".join([note, *head, *(_render(a) for a in agents), *tail])
+    body = [x if isinstance(x, str) else _render(x) for x in order]
+    text = "\n\n".join([note, *head, *body, *tail])
     return Condensed(text, tokens_full, estimate_tokens(text), omitted, condensed=True)
 
 

@@ -191,6 +191,24 @@ class ResultCondensed:
     path: str
 
 
+@dataclass(frozen=True)
+class ChangeSettled:
+    """What became of one worker's change to its copy of the tree (``worktree`` isolation)."""
+
+    call: int
+    index: int
+    #: ``merged``, ``conflict``, ``refused``, ``not merged`` or ``kept`` (``merge = none``).
+    fate: str
+    #: e.g. "2 files (+10 −2): src/a.py (+8 −2), b.py (+2 −0)".
+    files: str
+    added: int
+    removed: int
+    #: The conflicting files, the refusal's reasons, or why it was not merged.
+    detail: str = ""
+    #: Where the patch is kept ("" when none was saved).
+    path: str = ""
+
+
 Event = (
     ModelRequestDone
     | BashStarted
@@ -206,6 +224,7 @@ Event = (
     | ScriptDone
     | ContextCompacted
     | ResultCondensed
+    | ChangeSettled
 )
 
 Subscriber = Callable[[Event], None]

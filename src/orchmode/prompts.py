@@ -75,14 +75,27 @@ or per file section. A focused review of a module of a few hundred lines rarely 
 than about ten subtasks; a broad audit of a large codebase can justify more. Write each \
 subtask as a self-contained prompt: the agent sees nothing else.
 
+Changing code: with "isolation": "worktree" (the default where agents may write), each \
+agent works in its own copy of the working directory as it was when the call started, so \
+agents never trample each other. Its change comes back as a patch; its verifier checks the \
+change in that copy; and only a confirmed change is merged into the working directory, in \
+subtask order, with a three-way merge. The result says, per subtask, what became of it: \
+merged, conflict (the files; its patch is kept in a file you can read and apply yourself \
+with git apply), not merged (refuted), refused, or no change. "isolation": "shared" lets \
+every agent write the one working directory directly.
+
 Scripts: pass {"script": "..."} instead of {"subtasks": [...]} (exactly one of the two) when \
 later agents depend on earlier results. The script is plain Python run in a sandbox with no \
 files, network or OS access; it may import only json, re, math, random, itertools, \
 functools, collections, dataclasses, typing, bisect, copy and decimal. It drives agents \
 through these functions, called directly (not awaited):
-- agent(prompt) -> dict: runs one agent; returns its report {"summary", "findings"}, or \
-{"error", "status"} if it failed or was not run.
-- parallel(prompts) -> list: runs the prompts as parallel agents; results in the same order.
+- agent(prompt, isolation=None) -> dict: runs one agent; returns its report {"summary", \
+"findings"}, or {"error", "status"} if it failed or was not run; with a change to the \
+tree, also "change": what it changed.
+- parallel(prompts, isolation=None) -> list: runs the prompts as parallel agents; results \
+in the same order. isolation is "worktree" or "shared", as for subtasks; an agent's change \
+is merged at the end of the script, in the order the agents were started, once verify() \
+confirmed it (or as the merge setting says).
 - verify(prompt, result) -> dict: one agent tries to refute `result` (what agent(prompt) \
 returned); adds "verdict": "confirmed", "refuted" or "unclear". Scripts verify only what \
 they pass to verify().
@@ -135,6 +148,13 @@ WORKFLOW_TOOL: dict[str, Any] = {
                 "description": "A short Python program that starts agents with agent(), "
                 "parallel() and verify() and ends with an expression: its value is the "
                 "result. Give this or subtasks, not both.",
+            },
+            "isolation": {
+                "type": "string",
+                "enum": ["worktree", "shared"],
+                "description": "Where agents that change files write: `worktree` (each in "
+                "its own copy of the tree; changes merged back once verified) or `shared` "
+                "(all in the one working directory). Default: the session's setting.",
             },
         },
     },
@@ -205,8 +225,21 @@ def quote_result(result: str, limit: int, path: str | None) -> str:
     )
 
 
-def verify_prompt(subtask: str, result: str) -> str:
-    """The second wave's prompt: try to refute one result (quoted with :func:`quote_result`)."""
+def change_note(describe: str, digest: str) -> str:
+    """What a verifier is told of its worker's change to the tree (``digest`` names the
+    patch, so a different change is a different verification in the journal)."""
+    return f"""
+
+It also changed the tree (patch {digest}): {describe}
+You are in a read-only copy of the working directory with exactly that change applied, \
+staged but not committed: `git status` and `git diff HEAD` show it. Check the change \
+itself — read it, and run the tests that cover it. A change that is wrong, incomplete or \
+breaks something is refuted, however good the report."""
+
+
+def verify_prompt(subtask: str, result: str, change: str = "") -> str:
+    """The second wave's prompt: try to refute one result (quoted with :func:`quote_result`),
+    and the change to the tree it made, when it made one (see :func:`change_note`)."""
     return f"""{VERIFY_MARKER} Try hard to refute it.
 
 The other agent was given this subtask:
@@ -217,7 +250,7 @@ The other agent was given this subtask:
 It reported:
 <result>
 {result}
-</result>
+</result>{change}
 
 Re-derive its claims yourself with bash and look for evidence that contradicts them. When \
 you cannot confirm a claim, count it as refuted. Call report_findings once: begin the \

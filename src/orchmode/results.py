@@ -64,6 +64,11 @@ class ResultFiles:
         path = self.directory / f"{kind}-{digest}.txt"
         return str(path) if self._write(path, text) else None
 
+    def write_patch(self, key: str, patch: str) -> str:
+        """Save a worker's patch, named by its agent's key; its path, or "" on failure."""
+        path = self.directory / f"patch-{key[:12]}.patch"
+        return str(path) if self._write(path, patch) else ""
+
     def _mask(self, text: str) -> str:
         for secret in self._secrets:
             text = text.replace(secret, "***")

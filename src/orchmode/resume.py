@@ -37,9 +37,7 @@ class Interrupted:
         return f"orchmode resume {self.id}"
 
 
-async def interrupted(
-    store: Store, session: str, task: str | None = None
-) -> Interrupted | None:
+async def interrupted(store: Store, session: str, task: str | None = None) -> Interrupted | None:
     """The session if its last turn never ended (and it ran ``task``, if given), else None.
 
     The task is checked first, from the saved state: reading and parsing a session's

@@ -36,7 +36,7 @@ import re
 import shutil
 import subprocess
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .settings import CONFIG_FILE, SandboxMode, Settings
@@ -427,6 +427,17 @@ class SandboxPolicy:
     #: Directories shown read-only even inside the hidden state directory: the session's
     #: saved results, which agents read and never write.
     readable: tuple[Path, ...] = ()
+    #: An agent's own copy of the tree (``worktree`` isolation), shown at the working
+    #: directory's path so that every path, and every tool installed for it, still works.
+    tree: Path | None = None
+    #: Whether the copy is writable (a worker's) or read-only (its verifier's).
+    tree_writable: bool = True
+    #: Entries of the working directory that a copy leaves out (ignored ones such as
+    #: ``.venv/`` or ``node_modules/``), shown read-only from the working directory itself.
+    shared: tuple[str, ...] = ()
+    #: Read-only binds (source, destination) inside the hidden state directory: the
+    #: private object store a copy's git borrows from, and the user's objects behind it.
+    views: tuple[tuple[Path, Path], ...] = ()
 
     @classmethod
     def from_settings(
@@ -487,12 +498,26 @@ class SandboxPolicy:
                 ops.extend(_dot_entry_masks(home))
             else:
                 ops.append((home, tmpfs(home, 16 * _MIB)))
-        bind = "--bind" if self.mode == "workspace-write" else "--ro-bind"
-        ops.append((workdir, [bind, str(workdir), str(workdir)]))
-        config = workdir / CONFIG_FILE
-        if self.mode == "workspace-write" and config.is_file():
+        writable = self.mode == "workspace-write" and (self.tree is None or self.tree_writable)
+        bind = "--bind" if writable else "--ro-bind"
+        source = self.tree if self.tree is not None else workdir
+        ops.append((workdir, [bind, str(source), str(workdir)]))
+        config = source / CONFIG_FILE
+        if writable and config.is_file():
             # Settings for the next run, such as `sandbox = "off"`.
-            ops.append((config, ["--ro-bind", str(config), str(config)]))
+            ops.append(
+                (workdir / CONFIG_FILE, ["--ro-bind", str(config), str(workdir / CONFIG_FILE)])
+            )
+        dot_git = workdir / ".git"
+        if self.tree is None and writable and os.path.lexists(dot_git):
+            # The repository itself (its hooks, its config, its refs) is never the agents'.
+            ops.append((dot_git, ["--ro-bind", str(dot_git), str(dot_git)]))
+        if self.tree is not None:
+            # Sources are read from the host's own tree, beneath the copy that covers it.
+            for name in self.shared:
+                entry = workdir / name.rstrip("/")
+                if os.path.lexists(entry) and not os.path.islink(entry):
+                    ops.append((entry, ["--ro-bind", str(entry), str(entry)]))
         state = workdir / STATE_DIR
         shown = [p for p in self.readable if p.is_dir()]
         inside = [p for p in shown if p.is_relative_to(state)]
@@ -500,6 +525,12 @@ class SandboxPolicy:
             # The results are bound into the empty tmpfs before it turns read-only: bwrap
             # makes their mount points in it, which it could not do afterwards.
             binds = [arg for p in inside for arg in ("--ro-bind", str(p), str(p))]
+            binds += [
+                arg
+                for src, dest in self.views
+                if src.is_dir()
+                for arg in ("--ro-bind", str(src), str(dest))
+            ]
             ops.append((state, ["--tmpfs", str(state), *binds, "--remount-ro", str(state)]))
         ops.extend((p, ["--ro-bind", str(p), str(p)]) for p in shown if p not in inside)
         ops.sort(key=lambda op: _depth(op[0]))  # stable: equal depths keep their order
@@ -563,6 +594,19 @@ class Sandbox:
     @property
     def mode(self) -> str:
         return self.policy.mode
+
+    def in_copy(
+        self,
+        tree: Path,
+        *,
+        writable: bool,
+        shared: tuple[str, ...] = (),
+        views: tuple[tuple[Path, Path], ...] = (),
+    ) -> Sandbox:
+        """The same sandbox for an agent that works in a copy of the tree."""
+        return Sandbox(
+            replace(self.policy, tree=tree, tree_writable=writable, shared=shared, views=views)
+        )
 
     def probe(self) -> Probe:
         return probe(self.policy.bwrap, self.policy.allow_network)

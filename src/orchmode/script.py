@@ -44,10 +44,13 @@ from pydantic_monty import (
 
 from .condense import fit_value
 from .context import CHARS_PER_TOKEN, estimate_tokens
+from .errors import OrchmodeError
 from .events import ResultCondensed, Role, ScriptDone, ScriptStarted
+from .executors import TreeJob
+from .patches import PatchSummary
 from .prompts import verify_prompt
 from .subagent import AgentResult, Status
-from .workflow import VERIFIER_PRIORITY, WORKER_PRIORITY, Workflow, verdict_of
+from .workflow import VERIFIER_PRIORITY, WORKER_PRIORITY, Workflow, isolation_of, verdict_of
 
 #: Modules a script may import: pure computation inside the sandbox, nothing that reaches out.
 ALLOWED_MODULES = frozenset(
@@ -80,10 +83,15 @@ WORKER_GRACE = 10.0
 NO_ACCESS = "Workflow scripts have no file, network, environment or OS access"
 #: The host functions by name, with their parameters (``log`` takes any number of values).
 PARAMETERS: dict[str, tuple[str, ...]] = {
-    "agent": ("prompt",),
-    "parallel": ("prompts",),
+    "agent": ("prompt", "isolation"),
+    "parallel": ("prompts", "isolation"),
     "verify": ("prompt", "result"),
     "budget": (),
+}
+#: Parameters that may be left out, and what they are then.
+DEFAULTS: dict[str, dict[str, object]] = {
+    "agent": {"isolation": None},
+    "parallel": {"isolation": None},
 }
 
 
@@ -102,7 +110,11 @@ class AgentLimit(RuntimeError):
 
 
 async def run_script(
-    workflow: Workflow, call: int, source: object, tokens: int | None = None
+    workflow: Workflow,
+    call: int,
+    source: object,
+    tokens: int | None = None,
+    isolation: str = "shared",
 ) -> tuple[str, bool]:
     """The tool result of one Workflow call with a script, and whether it is an error.
 
@@ -111,7 +123,7 @@ async def run_script(
     """
     if not isinstance(source, str) or not source.strip():
         return 'error: "script" must be a non-empty string holding a Python program', True
-    run = ScriptRun(workflow, call, source)
+    run = ScriptRun(workflow, call, source, isolation=isolation)
     if tokens is not None:
         run.tokens = tokens
     return await run.run()
@@ -248,6 +260,13 @@ class ScriptRun:
     last_line: int | None = None
     #: the most tokens the tool result may take (0: the window's share for one result)
     tokens: int = 0
+    #: where agents change files unless agent()/parallel() say otherwise
+    isolation: str = "shared"
+    #: the snapshot this script's isolated agents start from, taken at the first of them
+    tree: TreeJob | None = None
+    #: workers that ran in a copy, in the order they were started: their results, keys
+    #: and the verdict verify() gave them (None until then)
+    workers: list[_Isolated] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.log = ScriptLog(self.workflow.settings.output_limit)
@@ -264,7 +283,8 @@ class ScriptRun:
             error = exc
         finally:
             await self.workflow.settle()
-        text = await self._tool_result(output, error)
+        changes = await self._settle_changes()
+        text = await self._tool_result(output, error, changes)
         first_line = text.splitlines()[0] if error is not None else None
         events.emit(ScriptDone(self.call, time.monotonic() - started, self.agents, first_line))
         return text, error is not None
@@ -377,14 +397,18 @@ class ScriptRun:
                 raise NameError(f"name {name!r} is not defined")
             values = _bind(name, PARAMETERS[name], args, kwargs)
             if name == "agent":
-                return {"return_value": await self._agent(_prompt("agent", values[0]))}
+                isolation = await self._isolation("agent", values[1])
+                return {"return_value": await self._agent(_prompt("agent", values[0]), isolation)}
             if name == "parallel":
-                return {"return_value": await self._parallel(values[0])}
+                isolation = await self._isolation("parallel", values[1])
+                return {"return_value": await self._parallel(values[0], isolation)}
             if name == "verify":
                 return {"return_value": await self._verify(values[0], values[1])}
             return {"return_value": await self._budget()}
         except (TypeError, ValueError, NameError, AgentLimit) as exc:
             return {"exception": exc}
+        except OrchmodeError as exc:  # the copies of the tree could not be made
+            return {"exception": RuntimeError(str(exc))}
 
     # ------------------------------------------------------------------ host functions
 
@@ -401,24 +425,39 @@ class ScriptRun:
         self.agents += count
         return list(range(first, first + count))
 
-    async def _run(self, index: int, role: Role, prompt: str) -> AgentResult:
+    async def _run(
+        self, index: int, role: Role, prompt: str, tree: TreeJob | None = None
+    ) -> AgentResult:
         priority = VERIFIER_PRIORITY if role == "verifier" else WORKER_PRIORITY
-        result = await self.workflow.run_subagent(self.call, index, role, prompt, priority)
+        result = await self.workflow.run_subagent(
+            self.call, index, role, prompt, priority, tree=tree
+        )
         if result.status is Status.SKIPPED:
             self.skipped += 1
         return result
 
-    async def _agent(self, prompt: str) -> dict[str, Any]:
-        (index,) = self._take(1, "agent()")
-        return agent_answer(await self._run(index, "worker", prompt))
+    async def _isolation(self, function: str, value: object) -> TreeJob | None:
+        """The copy an agent of ``function`` starts from, or None for the shared tree."""
+        chosen = isolation_of({"isolation": value}, self.isolation)
+        if chosen is None:
+            raise ValueError(f'{function}() takes isolation="worktree" or isolation="shared"')
+        if chosen != "worktree":
+            return None
+        if self.tree is None:
+            self.tree = await self.workflow.tree_for("worktree")
+        return self.tree
 
-    async def _parallel(self, prompts: object) -> list[dict[str, Any]]:
+    async def _agent(self, prompt: str, tree: TreeJob | None = None) -> dict[str, Any]:
+        (index,) = self._take(1, "agent()")
+        return self._answer(index, prompt, await self._run(index, "worker", prompt, tree), tree)
+
+    async def _parallel(self, prompts: object, tree: TreeJob | None = None) -> list[dict[str, Any]]:
         if not isinstance(prompts, list | tuple):
             raise TypeError(f"parallel() takes a list of prompts, not {type(prompts).__name__}")
         checked = [_prompt("parallel", p) for p in prompts]
         indexes = self._take(len(checked), f"parallel() of {len(checked)} prompts")
         runs = [
-            asyncio.create_task(self._run(index, "worker", prompt))
+            asyncio.create_task(self._run(index, "worker", prompt, tree))
             for index, prompt in zip(indexes, checked, strict=True)
         ]
         try:
@@ -427,7 +466,29 @@ class ScriptRun:
             for run in runs:
                 run.cancel()
             await asyncio.gather(*runs, return_exceptions=True)
-        return [agent_answer(result) for result in results]
+        return [
+            self._answer(index, prompt, result, tree)
+            for index, prompt, result in zip(indexes, checked, results, strict=True)
+        ]
+
+    def _answer(
+        self, index: int, prompt: str, result: AgentResult, tree: TreeJob | None
+    ) -> dict[str, Any]:
+        """agent()'s value; an isolated worker's is remembered, and names its change, so
+        that verify() can check the change and the merge at the end can find it."""
+        answer = agent_answer(result)
+        if tree is None:
+            return answer
+        key = self.workflow.key_of("worker", prompt, "worktree")
+        self.workers.append(_Isolated(index, key, prompt, result, tree))
+        change = result.change
+        if change is not None and not change.empty:
+            summary = change.summary()
+            answer["change"] = {
+                "agent": index,
+                "files": summary.describe() if isinstance(summary, PatchSummary) else summary,
+            }
+        return answer
 
     async def _verify(self, prompt: object, result: object) -> dict[str, Any]:
         subtask = _prompt("verify", prompt)
@@ -442,13 +503,41 @@ class ScriptRun:
                 "session's settings]",
                 "status": "not_run",
             }
-        text = result if isinstance(result, str) else json.dumps(plain(result), ensure_ascii=False)
+        worker = self._worker_of(result)
+        if worker is not None:
+            tree = self.workflow.verifier_tree(worker.tree, worker.result)
+            prompt_text = self.workflow.verify_prompt(subtask, worker.result, "worktree")
+        else:
+            text = (
+                result if isinstance(result, str) else json.dumps(plain(result), ensure_ascii=False)
+            )
+            tree, prompt_text = None, verify_prompt(subtask, text)
         (index,) = self._take(1, "verify()")
-        verdict = await self._run(index, "verifier", verify_prompt(subtask, text))
+        verdict = await self._run(index, "verifier", prompt_text, tree)
         answer = agent_answer(verdict)
         if "error" in answer:
             return answer
+        if worker is not None:
+            worker.verdict = verdict_of(verdict.text)
         return {"verdict": verdict_of(verdict.text), **answer}
+
+    def _worker_of(self, result: object) -> _Isolated | None:
+        """The isolated worker whose agent() value ``result`` is, if it is one."""
+        if not isinstance(result, dict):
+            return None
+        change = result.get("change")
+        number = change.get("agent") if isinstance(change, dict) else None
+        for worker in self.workers:
+            if worker.index == number:
+                return worker
+        return None
+
+    async def _settle_changes(self) -> list[str]:
+        """Merge the isolated workers' changes in the order they were started."""
+        if not self.workers:
+            return []
+        done = [(w.index, w.key, w.result, w.verdict) for w in self.workers]
+        return await self.workflow.settle_verdicts(self.call, done)
 
     async def _budget(self) -> dict[str, Any]:
         s = self.workflow.settings
@@ -543,7 +632,12 @@ class ScriptRun:
         lines = self.source.splitlines()
         return lines[line - 1].strip() if 0 < line <= len(lines) else ""
 
-    async def _tool_result(self, output: object, error: ScriptError | None) -> str:
+    async def _tool_result(
+        self,
+        output: object,
+        error: ScriptError | None,
+        changes: list[str] = (),  # type: ignore[assignment]
+    ) -> str:
         sections: list[str] = []
         log_text = self.log.render()
         if error is None:
@@ -575,6 +669,9 @@ class ScriptRun:
                 "them needs more budget: narrow the work to what matters most, or ask the user "
                 "to raise --max-subagents, --max-session-tokens or --max-cost.]"
             )
+        lines = [line for line in changes if not line.endswith("] no change")]
+        if lines:
+            sections.append("\n".join(lines))
         sections.append(self.workflow.budget_status(state))
         return "\n\n".join(sections)
 
@@ -603,15 +700,28 @@ def _bind(
             f"{name}() takes {len(parameters)} arguments ({len(args)} given): "
             f"{name}({', '.join(parameters)})"
         )
-    values = dict(zip(parameters, args, strict=False))
+    values = {**DEFAULTS.get(name, {}), **dict(zip(parameters, args, strict=False))}
+    given = set(parameters[: len(args)])
     for key, value in kwargs.items():
-        if key not in parameters or key in values:
+        if key not in parameters or key in given:
             raise TypeError(f"{name}() got an unexpected keyword argument {key!r}")
         values[key] = value
     missing = [p for p in parameters if p not in values]
     if missing:
         raise TypeError(f"{name}() is missing its argument {missing[0]!r}")
     return [values[p] for p in parameters]
+
+
+@dataclass
+class _Isolated:
+    """A script's worker that ran in a copy of the tree."""
+
+    index: int
+    key: str
+    prompt: str
+    result: AgentResult
+    tree: TreeJob
+    verdict: str | None = None
 
 
 def _prompt(function: str, value: object) -> str:

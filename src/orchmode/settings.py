@@ -29,6 +29,10 @@ NoticeDelivery = Literal["system", "user-text"]
 ContextManagement = Literal["auto", "harness"]
 #: Where subagents run: in this process, or on a Ray cluster's nodes.
 ExecutorKind = Literal["local", "ray"]
+#: Where a worker changes files: in the one working directory, or in a copy of its own.
+Isolation = Literal["worktree", "shared"]
+#: Which workers' changes are merged into the working directory.
+MergePolicy = Literal["verified", "all", "none"]
 
 
 class Settings(BaseModel):
@@ -98,6 +102,19 @@ class Settings(BaseModel):
     refresh_every: int = Field(10, gt=0, description="User turns between mode refreshers.")
     mode: bool = Field(True, description="Start sessions with orchestration mode on.")
     verify: bool = Field(True, description="Run the adversarial verification wave.")
+    isolation: Isolation = Field(
+        "worktree",
+        description="Where workers change files under `--sandbox workspace-write`: "
+        "`worktree` gives each its own copy of the tree and merges its change back as a "
+        "patch; `shared` lets them all write the working directory at once. A Workflow "
+        "call may choose for itself.",
+    )
+    merge: MergePolicy = Field(
+        "verified",
+        description="With `worktree` isolation, whose changes are merged into the working "
+        "directory: `verified` only those their verifier confirmed, `all` every one that "
+        "applies, `none` no one (every patch is kept as a file).",
+    )
     notice_delivery: NoticeDelivery = Field(
         "system",
         description="How mode notices reach the model: `system` messages in the conversation "

@@ -13,7 +13,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -292,7 +292,7 @@ _pidfd_watcher_loop: asyncio.AbstractEventLoop | None = None
 _pidfd_unavailable = False
 
 
-def _use_pidfd_child_watcher() -> None:
+def use_pidfd_child_watcher() -> None:
     """On Python 3.11, watch children through pidfds instead of one thread per child.
 
     3.11's default watcher starts a thread for every subprocess, and starting one waits
@@ -393,6 +393,7 @@ class BashSession:
         env: Mapping[str, str] | None = None,
         argv_prefix: Sequence[str] = (),
         sandbox: ShellSandbox | None = None,
+        prepare: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         if timeout <= 0:
             raise ValueError(f"timeout must be positive, got {timeout!r}")
@@ -404,6 +405,8 @@ class BashSession:
         self._env = dict(os.environ if env is None else env)
         self._argv = [*argv_prefix, "bash", "--noprofile", "--norc"]
         self._sandbox = sandbox
+        #: Awaited before the first shell starts: the agent's copy of the tree being made.
+        self._prepare = prepare
         self._closed = False
         self._lock = asyncio.Lock()
         self._shell: _Shell | None = None
@@ -520,7 +523,9 @@ class BashSession:
 
     async def _spawn(self) -> _Shell:
         """Start bash in its own session, with a private dir for command files."""
-        _use_pidfd_child_watcher()
+        use_pidfd_child_watcher()
+        if self._prepare is not None:
+            await self._prepare()
         if self._tmpdir is None or not os.path.isdir(self._tmpdir):
             self._tmpdir = tempfile.mkdtemp(prefix="orchmode-shell-")
         argv = self._argv

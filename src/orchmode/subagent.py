@@ -17,6 +17,7 @@ from .model import Message, ModelGateway
 from .prompts import MAX_TOKENS_NOTE
 from .shell import BashSession
 from .tools import Block, run_bash, tool_result, unknown_tool
+from .trees import Change
 
 
 class Status(StrEnum):
@@ -38,6 +39,8 @@ class AgentResult:
     status: Status
     turns: int = 0
     usage: TokenUsage = field(default_factory=TokenUsage)
+    #: A worker's change to its copy of the tree (``worktree`` isolation), else None.
+    change: Change | None = None
 
     @property
     def finished(self) -> bool:

@@ -13,6 +13,7 @@ pairs reach the journal early. The tool result keeps the spec's order regardless
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import heapq
 import itertools
 import json
@@ -24,8 +25,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .budget import SessionBudget
+from .changes import Candidate, settle_changes
 from .condense import AgentEntry, SubtaskEntry, fit_result, full_text
 from .context import Window
+from .errors import OrchmodeError
 from .events import (
     BudgetStatus,
     EventBus,
@@ -37,15 +40,17 @@ from .events import (
     SubagentStarted,
     TokenUsage,
 )
-from .executors import Executor, Job, WorkerLost
+from .executors import Executor, Job, TreeJob, WorkerLost
 from .executors.host import claim_or_take_over, holder_name, keep_claim
 from .executors.local import HERE, LocalExecutor
 from .model import ModelGateway
-from .prompts import SUBAGENT_SYSTEM, SUBAGENT_TOOLS, quote_result, verify_prompt
+from .patches import PatchSummary
+from .prompts import SUBAGENT_SYSTEM, SUBAGENT_TOOLS, change_note, quote_result, verify_prompt
 from .results import ResultFiles
 from .settings import Settings
 from .store import BudgetState, Store, content_key
 from .subagent import AgentResult, Status
+from .trees import Trees
 
 
 def normalise_subtasks(raw: object) -> list[str]:
@@ -117,6 +122,23 @@ def workflow_form(tool_input: object) -> str:
         'error: Workflow needs exactly one of {"subtasks": ["first subtask prompt", ...]} '
         'or {"script": "a short Python program"}'
     )
+
+
+def isolation_of(tool_input: object, default: str) -> str | None:
+    """The call's ``isolation`` (``worktree`` or ``shared``), ``default`` when not given,
+    or None when it is given but is neither."""
+    value = tool_input.get("isolation") if isinstance(tool_input, dict) else None
+    if value is None:
+        return default
+    if isinstance(value, str) and value.strip().lower() in ("worktree", "shared"):
+        return value.strip().lower()
+    return None
+
+
+BAD_ISOLATION = (
+    'error: "isolation" must be "worktree" (each agent in its own copy of the tree) or '
+    '"shared" (all agents in the one working directory)'
+)
 
 
 def plan_subtasks(tool_input: object, cap: int) -> Plan | str:
@@ -284,6 +306,8 @@ class Workflow:
     executor: Executor
     #: Where every agent's full result is written; None writes nothing (no session dir).
     results: ResultFiles | None = None
+    #: The working tree's private store, for ``worktree`` isolation; None: shared only.
+    trees: Trees | None = None
     calls: int = 0
     _slots: PrioritySlots | None = field(default=None, repr=False)
     _housekeeping: set[asyncio.Task[None]] = field(default_factory=set, repr=False)
@@ -311,22 +335,29 @@ class Workflow:
         if tokens is None:
             tokens = self.window.result_tokens
         form = workflow_form(tool_input)
+        isolation = isolation_of(tool_input, self.settings.isolation)
+        if isolation is None:
+            return BAD_ISOLATION, True
         if form == "script" and isinstance(tool_input, dict):
             from .script import run_script  # the sandbox is loaded only when a script comes
 
             self.calls += 1
-            return await run_script(self, self.calls, tool_input["script"], tokens)
+            return await run_script(self, self.calls, tool_input["script"], tokens, isolation)
         if form != "subtasks":
             return form, True
         plan = plan_subtasks(tool_input, self.settings.max_subtasks)
         if isinstance(plan, str):
             return plan, True
+        try:
+            tree = await self.tree_for(isolation)
+        except OrchmodeError as exc:
+            return _no_copies(exc), True
         self.calls += 1
         call = self.calls
         started = time.monotonic()
         self.events.emit(FanoutStarted(call, len(plan.subtasks), plan.not_run))
         chains = [
-            asyncio.create_task(self._chain(call, i, subtask))
+            asyncio.create_task(self._chain(call, i, subtask, tree))
             for i, subtask in enumerate(plan.subtasks, start=1)
         ]
         try:
@@ -347,17 +378,35 @@ class Workflow:
         ]
         if skipped or unverified:
             head.append(self._budget_note(skipped, unverified, budget))
+        isolated = "worktree" if tree is not None else "shared"
+        changes = [""] * len(pairs)
+        if tree is not None:
+            changes = await self.settle_changes(
+                call,
+                [
+                    (i, self.key_of("worker", subtask, isolated), worker, verifier)
+                    for i, (subtask, (worker, verifier)) in enumerate(
+                        zip(plan.subtasks, pairs, strict=True), start=1
+                    )
+                ],
+            )
         entries = [
             SubtaskEntry(
                 title(subtask),
-                AgentEntry(worker.text, self.report_path("worker", subtask)),
+                AgentEntry(worker.text, self.report_path("worker", subtask, isolated)),
                 None
                 if verifier is None
                 else AgentEntry(
-                    verifier.text, self.report_path("verifier", self.verify_prompt(subtask, worker))
+                    verifier.text,
+                    self.report_path(
+                        "verifier", self.verify_prompt(subtask, worker, isolated), isolated
+                    ),
                 ),
+                change,
             )
-            for subtask, (worker, verifier) in zip(plan.subtasks, pairs, strict=True)
+            for subtask, (worker, verifier), change in zip(
+                plan.subtasks, pairs, changes, strict=True
+            )
         ]
         tail = [self.budget_status(budget)]
         return self.fit(call, head, entries, tail, tokens, tool_input), False
@@ -390,7 +439,7 @@ class Workflow:
             )
         return fitted.text
 
-    def key_of(self, role: Role, prompt: str) -> str:
+    def key_of(self, role: Role, prompt: str, isolation: str = "shared") -> str:
         """The journal's content address of an agent: everything that determines its result."""
         return content_key(
             role=role,
@@ -399,19 +448,89 @@ class Workflow:
             system=SUBAGENT_SYSTEM,
             tools=SUBAGENT_TOOLS,
             prompt=prompt,
+            isolation=isolation,
         )
 
-    def report_path(self, role: Role, prompt: str) -> str:
+    def report_path(self, role: Role, prompt: str, isolation: str = "shared") -> str:
         """Where the agent with ``prompt`` has its full result, or "" with no results dir."""
         if self.results is None:
             return ""
-        return str(self.results.agent_path(role, self.key_of(role, prompt)))
+        return str(self.results.agent_path(role, self.key_of(role, prompt, isolation)))
 
-    def verify_prompt(self, subtask: str, worker: AgentResult) -> str:
-        """The verifier's prompt, quoting the worker's result within its budget."""
+    def verify_prompt(self, subtask: str, worker: AgentResult, isolation: str = "shared") -> str:
+        """The verifier's prompt, quoting the worker's result within its budget, and naming
+        the worker's change when it made one."""
         limit = self.window.quote_tokens * 3
-        path = self.report_path("worker", subtask) or None
-        return verify_prompt(subtask, quote_result(worker.text, limit, path))
+        path = self.report_path("worker", subtask, isolation) or None
+        change = worker.change
+        note = ""
+        if change is not None and not change.empty:
+            summary = change.summary()
+            what = summary.describe() if isinstance(summary, PatchSummary) else "(unreadable)"
+            digest = hashlib.sha256(change.patch.encode(errors="surrogateescape")).hexdigest()
+            note = change_note(what, digest[:12])
+        return verify_prompt(subtask, quote_result(worker.text, limit, path), note)
+
+    async def tree_for(self, isolation: str) -> TreeJob | None:
+        """The copy a call's workers start from: a snapshot of the tree now; None when the
+        agents share the working directory (``shared``, or a read-only sandbox, where no
+        agent can change it)."""
+        if isolation != "worktree" or self.trees is None or self.settings.sandbox == "read-only":
+            return None
+        snapshot = await self.trees.snapshot()
+        bundle = await self.executor.share_tree(self.trees, snapshot.commit)
+        return TreeJob(snapshot.commit, ignored=snapshot.ignored, bundle=bundle)
+
+    def verifier_tree(self, tree: TreeJob | None, worker: AgentResult) -> TreeJob | None:
+        """A verifier's copy: its worker's, read-only, with the worker's change applied."""
+        if tree is None:
+            return None
+        change = worker.change
+        if change is None:
+            return replace(tree, writable=False)
+        return replace(tree, base=change.base, patch=change.patch, writable=False)
+
+    async def settle_changes(
+        self, call: int, done: list[tuple[int, str, AgentResult, AgentResult | None]]
+    ) -> list[str]:
+        """Merge the workers' changes in order (see :mod:`.changes`); a line per subtask."""
+        return await self.settle_verdicts(
+            call,
+            [
+                (
+                    index,
+                    key,
+                    worker,
+                    verdict_of(verifier.text)
+                    if verifier is not None and verifier.finished
+                    else None,
+                )
+                for index, key, worker, verifier in done
+            ],
+        )
+
+    async def settle_verdicts(
+        self, call: int, done: list[tuple[int, str, AgentResult, str | None]]
+    ) -> list[str]:
+        """The same, given each worker's verdict (None: not verified)."""
+        if self.trees is None:
+            return []
+        candidates = [
+            Candidate(index, key, worker.change, worker.finished, verdict)
+            for index, key, worker, verdict in done
+        ]
+        try:
+            return await settle_changes(
+                self.trees, self.results, self.settings.merge, call, candidates, self.events
+            )
+        except OrchmodeError as exc:
+            log.warning("merging the workers' changes failed: %s", exc)
+            return [
+                f"[change {c.index}] not merged: merging failed ({exc})"
+                if c.change is not None and not c.change.empty
+                else f"[change {c.index}] no change"
+                for c in candidates
+            ]
 
     async def settle(self) -> None:
         """Wait for the agents' housekeeping: results recorded, claims let go, use counted."""
@@ -442,12 +561,12 @@ class Workflow:
         )
 
     async def _chain(
-        self, call: int, index: int, subtask: str
+        self, call: int, index: int, subtask: str, tree: TreeJob | None = None
     ) -> tuple[AgentResult, AgentResult | None]:
         relay = Relay(self.slots) if self.settings.verify else None
         try:
             worker = await self.run_subagent(
-                call, index, "worker", subtask, WORKER_PRIORITY, hand_on=relay
+                call, index, "worker", subtask, WORKER_PRIORITY, hand_on=relay, tree=tree
             )
             if relay is None:
                 return worker, None
@@ -459,9 +578,16 @@ class Workflow:
                 return worker, AgentResult(
                     "[orchmode: not verified, because it was not run]", SKIPPED
                 )
-            prompt = self.verify_prompt(subtask, worker)
+            isolation = "worktree" if tree is not None else "shared"
+            prompt = self.verify_prompt(subtask, worker, isolation)
             verifier = await self.run_subagent(
-                call, index, "verifier", prompt, VERIFIER_PRIORITY, relay=relay
+                call,
+                index,
+                "verifier",
+                prompt,
+                VERIFIER_PRIORITY,
+                relay=relay,
+                tree=self.verifier_tree(tree, worker),
             )
             return worker, verifier
         finally:
@@ -478,6 +604,7 @@ class Workflow:
         *,
         relay: Relay | None = None,
         hand_on: Relay | None = None,
+        tree: TreeJob | None = None,
     ) -> AgentResult:
         """One subagent through the store; any failure becomes an error result in its slot.
 
@@ -496,7 +623,7 @@ class Workflow:
             own.queue_next(priority)
         try:
             return await self._run_subagent(
-                call, index, role, prompt, priority, relay=relay, hand_on=hand_on
+                call, index, role, prompt, priority, relay=relay, hand_on=hand_on, tree=tree
             )
         finally:
             if own is not None:
@@ -512,8 +639,9 @@ class Workflow:
         *,
         relay: Relay,
         hand_on: Relay | None,
+        tree: TreeJob | None,
     ) -> AgentResult:
-        key = self.key_of(role, prompt)
+        key = self.key_of(role, prompt, "worktree" if tree is not None else "shared")
         if not self.settings.fresh:
             recorded = await self.store.lookup(key)
             if recorded is not None:
@@ -529,7 +657,9 @@ class Workflow:
             keep_claim(self.store, key, holder, self.settings.claim_lease)
         )
         try:
-            job = Job(key, holder, self.budget.session, role, f"{role} {call}.{index}", prompt)
+            job = Job(
+                key, holder, self.budget.session, role, f"{role} {call}.{index}", prompt, tree
+            )
             async with self.slots.slot(priority, relay):
                 # Reserved only once it has a slot: an agent still queued when the process
                 # is killed has spent nothing, and a resume must not find it counted.
@@ -704,7 +834,7 @@ class Workflow:
             report: object = json.loads(result.text)
         except ValueError:
             report = None
-        record = {
+        record: dict[str, object] = {
             "role": role,
             "prompt": prompt,
             "status": result.status.value,
@@ -713,7 +843,23 @@ class Workflow:
             "report": report if isinstance(report, dict) else None,
             "text": result.text,
         }
+        change = result.change
+        if change is not None and not change.empty:
+            summary = change.summary()
+            record["change"] = {
+                "base": change.base,
+                "files": summary.describe() if isinstance(summary, PatchSummary) else summary,
+                "patch": self.results.write_patch(key, change.patch),
+            }
         return self.results.write_agent(role, key, record)
+
+
+def _no_copies(exc: Exception) -> str:
+    return (
+        f"error: the agents' copies of the tree could not be made ({exc}); nothing ran. Call "
+        'Workflow again with "isolation": "shared" to let the agents write the working '
+        "directory directly."
+    )
 
 
 def _numbers(indexes: list[int]) -> str:

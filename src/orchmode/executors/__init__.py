@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import ClusterError, ConfigError
 from ..events import EventBus, Role
@@ -20,6 +20,7 @@ from ..subagent import AgentResult
 if TYPE_CHECKING:
     from ..model import Credentials
     from ..settings import Settings
+    from ..trees import Trees
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,24 @@ class Job:
     #: ``worker 1.3``: how its requests and commands are labelled.
     name: str
     prompt: str
+    #: Set under ``worktree`` isolation: the copy of the tree the agent works in.
+    tree: TreeJob | None = None
+
+
+@dataclass(frozen=True)
+class TreeJob:
+    """Where a job works under ``worktree`` isolation: a copy of a snapshot of the tree."""
+
+    #: The snapshot's commit in the session's private store.
+    base: str
+    #: Applied to the copy before the agent starts (a verifier's worker's change).
+    patch: str = ""
+    #: A worker's copy is writable and its change is returned; a verifier's is read-only.
+    writable: bool = True
+    #: Entries the copy leaves out (ignored ones), shown read-only from the working dir.
+    ignored: tuple[str, ...] = ()
+    #: For a node that does not have the snapshot: where to fetch it (a Ray object ref).
+    bundle: Any = None
 
 
 class WorkerLost(Exception):
@@ -65,6 +84,10 @@ class Executor(Protocol):
         Raises :class:`WorkerLost` if its node went away, and ``AuthError`` if the API
         refused the credentials; any other failure is an error result.
         """
+
+    async def share_tree(self, trees: Trees, commit: str) -> Any:
+        """Make a snapshot reachable where jobs run: None here (they share the store), a
+        reference to its bundle on a cluster; it goes into each job's :class:`TreeJob`."""
 
     async def settle(self) -> None:
         """Wait until every result run so far is recorded and its claim let go."""

@@ -13,8 +13,8 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,8 @@ from ..settings import Settings
 from ..shell import BashSession
 from ..store import Store
 from ..subagent import AgentResult, Status, Subagent, describe_failure
-from . import Job
+from ..trees import Copy, Trees
+from . import Job, TreeJob
 
 log = logging.getLogger("orchmode")
 
@@ -50,6 +51,28 @@ async def keep_claim(store: Store, key: str, holder: str, lease: float) -> None:
                 return
         except OrchmodeError as exc:
             log.warning("could not renew a claim: %s", exc)
+
+
+def _awaiting(task: asyncio.Task[None]) -> Callable[[], Awaitable[None]]:
+    """The shell's wait for its copy; a copy that failed is an OSError the shell reports."""
+
+    async def wait() -> None:
+        try:
+            await asyncio.shield(task)
+        except OrchmodeError as exc:
+            raise OSError(f"the agent's copy of the tree could not be made: {exc}") from None
+
+    return wait
+
+
+async def _fetch(bundle: object) -> bytes:
+    """A snapshot's bundle: the bytes themselves, or a Ray object ref to them."""
+    if isinstance(bundle, bytes):
+        return bundle
+    data = await bundle  # type: ignore[misc]
+    if not isinstance(data, bytes):
+        raise OSError("the snapshot's bundle did not arrive")
+    return data
 
 
 def holder_name(*, renewed_here: bool = True) -> str:
@@ -136,6 +159,35 @@ class ShellFactory:
             sandbox=self.sandbox.for_shell() if self.sandbox is not None else None,
         )
 
+    def in_copy(
+        self,
+        trees: Trees,
+        copy: Copy,
+        tree: TreeJob,
+        prepare: Callable[[], Awaitable[None]],
+    ) -> BashSession:
+        """A shell that works in ``copy``: shown at the working directory's path inside the
+        sandbox, with the ignored entries and the objects its git needs shown read-only.
+        Unsandboxed (``--sandbox off``) the shell simply starts in the copy."""
+        sandbox = None
+        cwd = copy.path
+        if self.sandbox is not None:
+            views = [(trees.store_objects, trees.store_objects)]
+            if trees.user_objects is not None:
+                views.append((trees.user_objects, trees.alias))
+            sandbox = self.sandbox.in_copy(
+                copy.path, writable=tree.writable, shared=tree.ignored, views=tuple(views)
+            ).for_shell()
+            cwd = self.workdir
+        return BashSession(
+            cwd,
+            timeout=self.settings.bash_timeout,
+            output_limit=self.settings.output_limit,
+            env=self.env,
+            sandbox=sandbox,
+            prepare=prepare,
+        )
+
 
 @dataclass
 class AgentHost:
@@ -145,6 +197,8 @@ class AgentHost:
     gateway: ModelGateway
     store: Store
     make_shell: Callable[[], BashSession]
+    #: The tree's private store and copies, for jobs under ``worktree`` isolation.
+    trees: Trees | None = None
     _spawn_gate: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(SPAWNS))
     _housekeeping: set[asyncio.Task[None]] = field(default_factory=set, repr=False)
 
@@ -153,7 +207,19 @@ class AgentHost:
         heartbeat = asyncio.create_task(
             keep_claim(self.store, job.key, job.holder, self.settings.claim_lease)
         )
-        shell = self.make_shell()
+        copy: Copy | None = None
+        made: asyncio.Task[None] | None = None
+        if (
+            job.tree is not None
+            and self.trees is not None
+            and isinstance(self.make_shell, ShellFactory)
+        ):
+            copy = self.trees.plan_copy(job.name, job.tree.base)
+            # Made while the first model request is in flight; the shell waits for it.
+            made = asyncio.create_task(self._make_copy(copy, job.tree))
+            shell = self.make_shell.in_copy(self.trees, copy, job.tree, _awaiting(made))
+        else:
+            shell = self.make_shell()
         # Start bash while the first model request is in flight, so its start-up is off
         # the critical path (and not ahead of a wave of requests going out); close it in
         # the background, for the same reason.
@@ -182,7 +248,10 @@ class AgentHost:
             raise
         finally:
             heartbeat.cancel()
-            self.background(shell.close())
+            if copy is None:
+                self.background(shell.close())
+        if copy is not None and made is not None and self.trees is not None:
+            result = await self._finish_copy(result, job, shell, copy, made)
         # Recorded in the background (settle() waits for it), so the chain goes on; the
         # claim is let go in the same write, so an agent waiting on it never finds neither.
         self.background(self.store.record(job.key, job.role, job.prompt, result, holder=job.holder))
@@ -203,6 +272,49 @@ class AgentHost:
         task = asyncio.create_task(work)
         self._housekeeping.add(task)
         task.add_done_callback(self._housekeeping.discard)
+
+    async def _make_copy(self, copy: Copy, tree: TreeJob) -> None:
+        assert self.trees is not None
+        if tree.bundle is not None and not await self.trees.has(tree.base):
+            await self.trees.receive(tree.base, await _fetch(tree.bundle))
+        await self.trees.make_copy(copy, tree.patch, tree.ignored)
+
+    async def _finish_copy(
+        self,
+        result: AgentResult,
+        job: Job,
+        shell: BashSession,
+        copy: Copy,
+        made: asyncio.Task[None],
+    ) -> AgentResult:
+        """A worker's change, read from its copy; then the copy goes. A copy that could not
+        be made fails the agent, whatever it said: it never worked on the tree."""
+        assert self.trees is not None and job.tree is not None
+        await shell.close()  # nothing may still be writing in the copy
+        try:
+            try:
+                await made
+            except (OSError, OrchmodeError) as exc:
+                return AgentResult(
+                    f"error: the agent's copy of the tree could not be made: {exc}",
+                    Status.FAILED,
+                    result.turns,
+                    result.usage,
+                )
+            if not job.tree.writable:
+                return result
+            try:
+                change = await self.trees.change_of(copy)
+            except OrchmodeError as exc:
+                return AgentResult(
+                    f"error: the agent's change could not be read from its copy: {exc}",
+                    Status.FAILED,
+                    result.turns,
+                    result.usage,
+                )
+            return replace(result, change=change)
+        finally:
+            await asyncio.to_thread(self.trees.remove, copy)
 
     async def _prewarm(self, shell: BashSession) -> None:
         """Start a shell ahead of need, a few at a time (see :data:`SPAWNS`)."""

@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 from ..events import EventBus
 from ..subagent import AgentResult
+from ..trees import Trees
 from . import Job
 from .host import AgentHost
 
@@ -27,6 +28,9 @@ class LocalExecutor:
     ) -> AgentResult:
         on_placed(HERE)
         return await self.host.run(job, events)
+
+    async def share_tree(self, trees: Trees, commit: str) -> None:
+        return None  # this process's agents read the session's own store
 
     async def settle(self) -> None:
         await self.host.settle()

@@ -45,6 +45,7 @@ from ..model import Credentials, ModelGateway
 from ..settings import Settings
 from ..store import Store, open_store
 from ..subagent import AgentResult, Status
+from ..trees import Trees
 from . import Job, WorkerLost
 from .host import AgentHost, ShellFactory
 from .upload import package_workdir
@@ -118,6 +119,7 @@ class AgentPool:
         self.store: Store | None = None
         self.gateways: list[ModelGateway] = []
         self.make_shell: ShellFactory | None = None
+        self.trees: Trees | None = None
 
     async def ready(self) -> NodeInfo:
         """Open the store and build the shells' sandbox; say where this actor is."""
@@ -125,6 +127,7 @@ class AgentPool:
         credentials = self.credentials
         secrets = (credentials.api_key or "", credentials.auth_token or "", self.store_url.value)
         self.make_shell = ShellFactory.build(self.settings, Path.cwd(), secrets)
+        self.trees = Trees(Path.cwd())
         sandbox = self.make_shell.sandbox
         problem = sandbox.probe().problem if sandbox is not None else None
         context = ray.get_runtime_context()
@@ -164,6 +167,8 @@ class AgentPool:
             await host.settle()
         for gateway in self.gateways:
             await gateway.close()
+        if self.trees is not None:
+            self.trees.close()
         if self.store is not None:
             await self.store.close()
 
@@ -175,7 +180,7 @@ class AgentPool:
             gateway = ModelGateway(self.settings, self.credentials, self.events)
             gateway.budget = SessionBudget(self.store, session, self.settings)
             self.gateways.append(gateway)
-            host = AgentHost(self.settings, gateway, self.store, self.make_shell)
+            host = AgentHost(self.settings, gateway, self.store, self.make_shell, self.trees)
             self.hosts[session] = host
         return host
 
@@ -221,6 +226,8 @@ class RayExecutor:
     #: When nodes were last looked for, and the background task starting actors on new ones.
     _looked: float = 0.0
     _joining: asyncio.Task[None] | None = None
+    #: Snapshots already in Ray's object store, by commit.
+    _bundles: dict[str, Any] = field(default_factory=dict)
 
     async def start(self) -> None:
         if self._started:
@@ -284,6 +291,15 @@ class RayExecutor:
         finally:
             member.running -= 1
             await self._notify()
+
+    async def share_tree(self, trees: Trees, commit: str) -> Any:
+        """The snapshot as a git bundle in Ray's object store, put there once per snapshot
+        and fetched by each node that runs a copy of it."""
+        ref = self._bundles.get(commit)
+        if ref is None:
+            ref = ray.put(await trees.bundle(commit))
+            self._bundles[commit] = ref
+        return ref
 
     async def settle(self) -> None:
         live = [m for m in self.members if m.alive]

@@ -24,17 +24,26 @@ def content_key(
     system: str,
     tools: Sequence[dict[str, Any]],
     prompt: str,
+    isolation: str = "shared",
 ) -> str:
-    """SHA-256 over everything that determines a subagent's result: its journal address."""
+    """SHA-256 over everything that determines a subagent's result: its journal address.
+
+    An agent in a copy of the tree returns its change with its result, so it is a
+    different agent from the same prompt run in the shared tree (whose keys stay as they
+    were before isolation existed).
+    """
+    parts: dict[str, object] = {
+        "role": role,
+        "model": model,
+        "effort": effort,
+        "system": system,
+        "tools": list(tools),
+        "prompt": prompt,
+    }
+    if isolation != "shared":
+        parts["isolation"] = isolation
     canonical = json.dumps(
-        {
-            "role": role,
-            "model": model,
-            "effort": effort,
-            "system": system,
-            "tools": list(tools),
-            "prompt": prompt,
-        },
+        parts,
         sort_keys=True,
         ensure_ascii=False,
         separators=(",", ":"),

@@ -25,8 +25,8 @@ from psycopg.pq import TransactionStatus
 from psycopg_pool import AsyncConnectionPool
 
 from ..errors import StoreError
-from ..events import Role, TokenUsage
-from ..subagent import AgentResult, Status
+from ..events import Role
+from ..subagent import AgentResult
 from . import schema
 from .base import BudgetCaps, BudgetState, EventRow, SessionInfo, SessionRecord
 
@@ -196,7 +196,7 @@ class PostgresStore:
             return None
         if row is None:
             return None
-        return AgentResult(row[0], Status.FINISHED, row[1], TokenUsage(*row[2:6]))
+        return schema.result_of(row)
 
     async def record(
         self, key: str, role: Role, prompt: str, result: AgentResult, *, holder: str = ""
@@ -207,12 +207,10 @@ class PostgresStore:
                 INSERT_ATTEMPT, (key, role, result.status.value, result.text[:2000], now)
             )
             if result.finished:
-                u = result.usage
                 await conn.execute(
                     UPSERT_RESULT,
-                    (key, role, prompt, result.text, result.turns, u.input_tokens,
-                     u.output_tokens, u.cache_read_tokens, u.cache_write_tokens, now),
-                )  # fmt: skip
+                    schema.result_row(key, role, prompt, result, now),
+                )
             if holder:
                 await conn.execute(RELEASE, (key, holder))
 

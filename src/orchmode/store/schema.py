@@ -7,10 +7,14 @@ an old database always upgrades and a newer one is refused.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..errors import StoreError
+from ..events import TokenUsage
+from ..subagent import AgentResult, Status
+from ..trees import Change
 
 if TYPE_CHECKING:
     from .base import BudgetCaps
@@ -99,26 +103,59 @@ MIGRATIONS: list[tuple[str, list[str]]] = [
             )""",
         ],
     ),
+    (
+        "a worker's change to the tree, recorded with its result",
+        # JSON {"base": snapshot commit, "patch": git patch text}, "" for no change.
+        ["ALTER TABLE results ADD COLUMN tree_change TEXT NOT NULL DEFAULT ''"],
+    ),
 ]
 
 APPLIED_VERSIONS = "SELECT version FROM schema_migrations"
 RECORD_MIGRATION = "INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)"
 
 LOOKUP = (
-    "SELECT result, turns, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens "
-    "FROM results WHERE key = ?"
+    "SELECT result, turns, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, "
+    "tree_change FROM results WHERE key = ?"
 )
 INSERT_ATTEMPT = (
     "INSERT INTO attempts (key, role, status, detail, recorded_at) VALUES (?, ?, ?, ?, ?)"
 )
 UPSERT_RESULT = (
     "INSERT INTO results (key, role, prompt, result, turns, input_tokens, output_tokens, "
-    "cache_read_tokens, cache_write_tokens, recorded_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+    "cache_read_tokens, cache_write_tokens, recorded_at, tree_change) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
     "ON CONFLICT (key) DO UPDATE SET role = excluded.role, prompt = excluded.prompt, "
     "result = excluded.result, turns = excluded.turns, input_tokens = excluded.input_tokens, "
     "output_tokens = excluded.output_tokens, cache_read_tokens = excluded.cache_read_tokens, "
-    "cache_write_tokens = excluded.cache_write_tokens, recorded_at = excluded.recorded_at"
+    "cache_write_tokens = excluded.cache_write_tokens, recorded_at = excluded.recorded_at, "
+    "tree_change = excluded.tree_change"
 )
+
+
+def result_row(
+    key: str, role: str, prompt: str, result: AgentResult, now: float
+) -> tuple[object, ...]:
+    """UPSERT_RESULT's parameters for ``result``."""
+    u = result.usage
+    change = result.change
+    encoded = "" if change is None else json.dumps({"base": change.base, "patch": change.patch})
+    return (
+        key, role, prompt, result.text, result.turns, u.input_tokens, u.output_tokens,
+        u.cache_read_tokens, u.cache_write_tokens, now, encoded,
+    )  # fmt: skip
+
+
+def result_of(row: Sequence[Any]) -> AgentResult:
+    """A recorded result from its LOOKUP row; a change that cannot be read is dropped."""
+    change: Change | None = None
+    if row[6]:
+        try:
+            value = json.loads(row[6])
+            change = Change(str(value["base"]), str(value["patch"]))
+        except (ValueError, KeyError, TypeError):
+            change = None
+    return AgentResult(row[0], Status.FINISHED, row[1], TokenUsage(*row[2:6]), change=change)
+
 
 #: Parameters: key, holder, expires_at, now. Changes one row when the claim is ours.
 CLAIM = (

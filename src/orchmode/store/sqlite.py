@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..errors import StoreError
-from ..events import Role, TokenUsage
-from ..subagent import AgentResult, Status
+from ..events import Role
+from ..subagent import AgentResult
 from . import schema
 from .base import BudgetCaps, BudgetState, EventRow, SessionInfo, SessionRecord
 
@@ -97,7 +97,7 @@ class SQLiteStore:
             return None
         if row is None:
             return None
-        return AgentResult(row[0], Status.FINISHED, row[1], TokenUsage(*row[2:6]))
+        return schema.result_of(row)
 
     async def record(
         self, key: str, role: Role, prompt: str, result: AgentResult, *, holder: str = ""
@@ -108,12 +108,10 @@ class SQLiteStore:
                 schema.INSERT_ATTEMPT, (key, role, result.status.value, result.text[:2000], now)
             )
             if result.finished:
-                u = result.usage
                 db.execute(
                     schema.UPSERT_RESULT,
-                    (key, role, prompt, result.text, result.turns, u.input_tokens,
-                     u.output_tokens, u.cache_read_tokens, u.cache_write_tokens, now),
-                )  # fmt: skip
+                    schema.result_row(key, role, prompt, result, now),
+                )
             if holder:
                 db.execute(schema.RELEASE, (key, holder))
 
