@@ -136,7 +136,14 @@ async def test_a_store_from_the_previous_schema_upgrades_and_keeps_its_data(
     with monkeypatch.context() as patch:  # the orchmode before this migration
         patch.setattr(schema, "MIGRATIONS", schema.MIGRATIONS[: ours - 1])
         old = await open_store(store_url)
-        await old.record("k", "worker", "p", DONE)
+        u = DONE.usage
+        execute(  # the old orchmode's own row: its columns, not today's
+            store_url,
+            "INSERT INTO results (key, role, prompt, result, turns, input_tokens, "
+            "output_tokens, cache_read_tokens, cache_write_tokens, recorded_at) VALUES "
+            f"('k', 'worker', 'p', '{DONE.text}', {DONE.turns}, {u.input_tokens}, "
+            f"{u.output_tokens}, {u.cache_read_tokens}, {u.cache_write_tokens}, 1.0)",
+        )
         await old.save_session("s", "/work", '{"history": []}')
         await old.append_events("s", [EventRow(1, 1.0, "TurnStarted", "{}")])
         await old.close()

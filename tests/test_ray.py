@@ -381,3 +381,47 @@ def test_a_working_directory_over_the_upload_limit_stops_before_anything_is_spen
     assert "0.3 MB to ship to the Ray nodes, over --ray-max-upload-mb 0.2" in done.stderr
     assert "data.bin 0.3 MB" in done.stderr
     assert started.log == []  # the model was never asked anything
+
+
+def test_changes_made_on_two_nodes_are_merged_into_the_working_directory(
+    cluster: LocalCluster, postgres_clean_url: str, tmp_path: Path, server: Any
+) -> None:
+    """Each node's workers work in copies made from a bundle of the snapshot; their patches
+    come back to the driver, which merges them here — nothing stays on a node."""
+    project = tmp_path / "repo"
+    project.mkdir()
+    (project / "notes.txt").write_text("".join(f"line {i}\n" for i in range(1, 13)))
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q"], cwd=project, check=True)
+    subprocess.run([*git, "add", "-A"], cwd=project, check=True)
+    subprocess.run([*git, "commit", "-qm", "start"], cwd=project, check=True)
+    subtasks = [
+        f"Part {i} $ echo part {i} > part_{i}.txt && sed -i 's/^line {2 * i}$/line {2 * i} "
+        f"(worker {i})/' notes.txt"
+        for i in range(1, 7)
+    ]
+    scenario = OrchestrationScenario(
+        subtasks=subtasks,
+        worker_command=lambda s: s.split("$ ", 1)[1] if "$ " in s else None,
+        scout_command="true",
+    )
+    started = server(scenario)
+    done = run_orchmode(
+        orchmode_args(started, *on_ray(cluster, postgres_clean_url)), project, cluster
+    )
+    assert done.returncode == 0, done.stderr
+    events = recorded(postgres_clean_url, session_of(done.stderr))
+    settled = [data for kind, data in events if kind == "ChangeSettled"]
+    assert [(d["index"], d["fate"]) for d in settled] == [(i, "merged") for i in range(1, 7)]
+    workers = [a for a in agents(events) if a["role"] == "worker"]
+    assert {a["node"] for a in workers} == {"127.0.0.2", "127.0.0.3"}
+    for i in range(1, 7):
+        assert (project / f"part_{i}.txt").read_text() == f"part {i}\n"
+    notes = (project / "notes.txt").read_text()
+    assert all(f"line {2 * i} (worker {i})" in notes for i in range(1, 7))
+    assert (
+        subprocess.run(
+            ["git", "status", "--porcelain"], cwd=project, capture_output=True, text=True
+        ).stdout.count("part_")
+        == 6
+    )

@@ -151,6 +151,7 @@ class Session:
         self._owns_executor = executor is None
         #: The tree's private store and this process's copies of it (``worktree``).
         self.trees = Trees(workdir)
+        self.trees.sweep()  # copies left by a run that was killed
         self.executor = executor or LocalExecutor(
             AgentHost(settings, gateway, store, self.make_shell, self.trees)
         )

@@ -21,6 +21,7 @@ from .events import (
     BashDone,
     BashStarted,
     BudgetStatus,
+    ChangeSettled,
     ContextCompacted,
     Event,
     FanoutDone,
@@ -36,7 +37,7 @@ from .events import (
     TurnDone,
     TurnStarted,
 )
-from .progress import compaction_text, condensed_text
+from .progress import change_fate, compaction_text, condensed_text
 from .prompts import SEVERITIES  # the order a reader wants; anything else sorts after
 from .store import EventRow
 from .totals import SessionTotals
@@ -200,6 +201,16 @@ _PARSERS: dict[str, Callable[[Mapping[str, Any]], Event]] = {
         omitted=_str(d, "omitted", ""),
         path=_str(d, "path", ""),
     ),
+    "ChangeSettled": lambda d: ChangeSettled(
+        call=_int(d, "call"),
+        index=_int(d, "index"),
+        fate=_str(d, "fate"),
+        files=_str(d, "files", ""),
+        added=_int(d, "added", 0),
+        removed=_int(d, "removed", 0),
+        detail=_str(d, "detail", ""),
+        path=_str(d, "path", ""),
+    ),
 }
 
 
@@ -313,6 +324,33 @@ class CondensedResult:
 
 
 @dataclass(frozen=True)
+class SettledChange:
+    """What became of a worker's change to its copy of the tree, and where its patch is."""
+
+    event: ChangeSettled
+    at: float
+
+    @property
+    def fate(self) -> str:
+        return self.event.fate
+
+    @property
+    def path(self) -> str:
+        return self.event.path
+
+    @property
+    def what(self) -> str:
+        """Its fate, with why: ``conflict in a.py``, ``not merged (refuted)``."""
+        return change_fate(self.event)
+
+    def describe(self) -> str:
+        """``merged: 2 files (+10 −2): src/a.py (+8 −2), b.py (+2 −0)``."""
+        files = self.event.files.strip()
+        text = self.what + (f": {files}" if files else "")
+        return " ".join(text.split())  # one line, whatever the file names hold
+
+
+@dataclass(frozen=True)
 class Command:
     """One bash command, the main agent's or a subagent's."""
 
@@ -374,6 +412,8 @@ class AgentRecord:
     report_path: str = ""
     #: its commands and compactions in the order they happened
     activity: list[Command | Compaction] = field(default_factory=list)
+    #: what became of a worker's change to its copy of the tree (``worktree`` isolation)
+    change: SettledChange | None = None
 
     @property
     def compactions(self) -> list[Compaction]:
@@ -623,6 +663,9 @@ def _apply(turn: Turn, event: Event, at: float) -> None:
             condensed = CondensedResult(event, at)
             turn.condensed.append(condensed)
             turn.fanout(event.call, at).condensed = condensed
+        case ChangeSettled():
+            worker = turn.fanout(event.call, at).agent(event.index, "worker")
+            worker.change = SettledChange(event, at)
         case FanoutStarted():
             fanout = turn.fanout(event.call, at)
             fanout.started_at = at
@@ -800,6 +843,13 @@ _STATE_STYLES = {
     "refuted": "red",
     "unclear": "yellow",
 }
+_CHANGE_STYLES = {
+    "merged": "green",
+    "conflict": "red",
+    "refused": "red",
+    "not merged": "yellow",
+    "kept": "cyan",
+}
 _SEVERITY_STYLES = {"high": "bold red", "medium": "yellow", "low": "cyan", "info": "dim"}
 
 
@@ -862,6 +912,11 @@ def _agent_lines(agent: AgentRecord, indent: str) -> list[Line]:
         lines.extend(_block("result", agent.result, inner))
     if agent.report_path:  # the whole of it, whatever the model was shown
         lines.append(_line(inner, ("full result ", "bold"), agent.report_path))
+    if agent.change is not None:  # only a worker with its own copy of the tree has one
+        style = _CHANGE_STYLES.get(agent.change.fate, "")
+        lines.append(_line(inner, ("change ", "bold"), (agent.change.describe(), style)))
+        if agent.change.path:
+            lines.append(_line(inner, ("patch ", "bold"), agent.change.path))
     return lines
 
 

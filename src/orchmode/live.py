@@ -23,6 +23,7 @@ from .events import (
     BashDone,
     BashStarted,
     BudgetStatus,
+    ChangeSettled,
     ContextCompacted,
     Event,
     FanoutDone,
@@ -60,6 +61,15 @@ _STYLES = {
     SKIPPED: "magenta",
 }
 
+#: A settled change's fate, coloured: merged is good news, a conflict or a refusal is not.
+_CHANGE_STYLES = {
+    "merged": "green",
+    "conflict": "red",
+    "refused": "red",
+    "not merged": "yellow",
+    "kept": "cyan",
+}
+
 
 def _short(text: str, width: int) -> str:
     line = " ".join(text.split())
@@ -68,6 +78,17 @@ def _short(text: str, width: int) -> str:
 
 def _tokens(usage: TokenUsage) -> int:
     return usage.total_input + usage.output_tokens
+
+
+def _change_cell(change: ChangeSettled | None) -> Text | str:
+    """``+10 −2 merged``, ``+3 −1 conflict``, ``+1 −0 not merged (refuted)``."""
+    if change is None:
+        return ""
+    fate = change.fate
+    if fate == "not merged" and change.detail:
+        fate += f" ({_short(change.detail, 30)})"
+    style = _CHANGE_STYLES.get(change.fate, "")
+    return Text(_short(f"+{change.added} −{change.removed} {fate}", 40), style=style)
 
 
 @dataclass
@@ -87,6 +108,8 @@ class AgentRow:
     running: str = ""
     #: the Ray node it runs on; empty in the user's own process
     node: str = ""
+    #: what became of a worker's change to its copy of the tree, once settled
+    change: ChangeSettled | None = None
 
     def elapsed(self, now: float) -> float | None:
         if self.duration is not None:
@@ -243,6 +266,8 @@ class LiveView:
                 self.compactions += 1
             case ResultCondensed(call=call):
                 self._call(call).condensed = event
+            case ChangeSettled(call=call, index=index):
+                self._call(call).row(index, "worker").change = event
 
     @staticmethod
     def _state(event: SubagentDone) -> str:
@@ -332,6 +357,10 @@ class LiveView:
             table.add_column(name, justify="right", no_wrap=True)
         table.add_column("now", max_width=40, no_wrap=True, overflow="ellipsis")
         table.add_column("verdict", no_wrap=True)
+        # Only a call whose workers changed their copies of the tree shows what became of it.
+        changes = any(row.change for row in view.rows.values())
+        if changes:
+            table.add_column("change", max_width=40, no_wrap=True, overflow="ellipsis")
         order = {"worker": 0, "verifier": 1, "main": 2}
         for row in sorted(view.rows.values(), key=lambda r: (r.index, order[r.role])):
             elapsed = row.elapsed(now)
@@ -349,6 +378,7 @@ class LiveView:
                 f"{elapsed:.1f} s" if elapsed is not None else "",
                 Text("$ " + _short(row.running, 60)) if row.running else "",
                 row.verdict or "",
+                *([_change_cell(row.change)] if changes else []),
             )
         return table
 

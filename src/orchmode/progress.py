@@ -8,6 +8,7 @@ from typing import TextIO
 
 from .events import (
     BashDone,
+    ChangeSettled,
     ContextCompacted,
     Event,
     FanoutDone,
@@ -70,6 +71,29 @@ def condensed_text(event: ResultCondensed) -> str:
     return line
 
 
+def change_fate(event: ChangeSettled) -> str:
+    """A worker's change's fate, and why: ``conflict in a.py``, ``not merged (refuted)``."""
+    if event.fate == "merged":
+        return "merged"
+    if event.fate == "conflict":
+        return f"conflict in {event.detail or 'the tree'}"
+    return event.fate + (f" ({event.detail})" if event.detail else "")
+
+
+def change_count(event: ChangeSettled) -> str:
+    """The files text up to its list of files: ``2 files (+10 −2)``."""
+    return event.files.partition(":")[0].strip()
+
+
+def change_text(event: ChangeSettled, *, whole: bool = True) -> str:
+    """A worker's change settled: its fate, its files (``whole``) or their count, its patch."""
+    files = event.files.strip() if whole else change_count(event)
+    line = change_fate(event) + (f": {files}" if files else "")
+    if event.path:
+        line += f" — patch kept at {event.path}"
+    return line
+
+
 @dataclass
 class StderrProgress:
     stream: TextIO = field(default_factory=lambda: sys.stderr)
@@ -120,6 +144,9 @@ class StderrProgress:
                 return f"[context] {agent}: {compaction_text(event)}"
             case ResultCondensed(call=call):
                 return f"[workflow {call}] {condensed_text(event)}"
+            case ChangeSettled(call=call, index=i):
+                line = f"[workflow {call}] change {call}.{i} {change_text(event, whole=False)}"
+                return " ".join(line.split())  # one line, whatever the file names hold
             case ModelRequestDone(agent=agent, cache_miss=str(reason), cache_missed_tokens=n):
                 return f"[{agent}] prompt cache miss: {reason} ({n:,} tokens not read from cache)"
         return None

@@ -25,6 +25,7 @@ from .history import (
     Fanout,
     Finding,
     SessionHistory,
+    SettledChange,
     Turn,
     money,
     seconds,
@@ -386,6 +387,38 @@ def _turns(history: SessionHistory) -> str:
     return f'<section id="turns"><h2>Turns</h2>\n{content}\n</section>'
 
 
+#: A settled change's fate as a CSS class (anything a newer orchmode records reads "other").
+_CHANGE_CLASSES = {
+    "merged": "merged",
+    "conflict": "conflict",
+    "refused": "refused",
+    "not merged": "not-merged",
+    "kept": "kept",
+}
+
+
+def _change_badge(change: SettledChange, text: str) -> str:
+    known = _CHANGE_CLASSES.get(change.fate, "other")
+    return f'<span class="badge change-{known}">{e(text)}</span>'
+
+
+def _change(change: SettledChange) -> str:
+    """A worker's change: its fate and why, its lines added and removed, its files, its patch."""
+    event = change.event
+    patch = (
+        f'<p>patch kept at <code class="patch-path">{e(event.path)}</code></p>'
+        if event.path
+        else ""
+    )
+    return (
+        f'<h4>change</h4><p class="change" data-fate="{e(event.fate)}" '
+        f'data-added="{event.added}" data-removed="{event.removed}">'
+        f"{_change_badge(change, change.what)} "
+        f'<span class="lines">+{event.added} −{event.removed}</span> '
+        f'<span class="files">{e(event.files)}</span></p>{patch}'
+    )
+
+
 def _agent_details(turn: Turn, agent: AgentRecord, nodes: bool = False) -> str:
     """One agent's details; ``nodes`` when the run had agents on cluster nodes."""
     usage = agent.usage
@@ -450,15 +483,22 @@ def _agent_details(turn: Turn, agent: AgentRecord, nodes: bool = False) -> str:
         result = ""
     commands = _commands(agent.commands)
     node = f"node {e(agent.node)} · " if agent.node else ""
+    change = agent.change
+    changed = (
+        " " + _change_badge(change, f"+{change.event.added} −{change.event.removed} {change.fate}")
+        if change is not None
+        else ""
+    )
     return (
         f'<details class="agent" id="{agent_id(turn, agent)}" data-agent="{e(agent.name)}" '
         f'data-role="{agent.role}" data-state="{state}"{_node_attribute(agent)}>'
         f'<summary><span class="swatch state-{state} role-{agent.role}"></span>'
         f"<b>{e(agent.name)}</b> {e(agent.title if agent.role == 'worker' else '')} "
-        f'<span class="badge state-{state}">{e(STATE_LABELS[state])}</span>{verdict} '
+        f'<span class="badge state-{state}">{e(STATE_LABELS[state])}</span>{verdict}{changed} '
         f'<span class="meta">{node}{agent.tokens:,} tokens · {e(money(agent.cost))} · '
         f"{e(seconds(agent.duration))}</span></summary>"
         f'<div class="agent-body"><dl class="facts">{dl}</dl>{prompt}{result}{saved}'
+        + (_change(change) if change is not None else "")
         + (f"<h4>commands</h4>{commands}" if commands else "")
         + context
         + "</div></details>"
@@ -544,7 +584,12 @@ article.turn { background: #fff; border: 1px solid var(--line); border-radius: 8
 ul.compactions { list-style: none; padding: 0; margin: 4px 0; }
 .compaction, .condensed { margin: 3px 0; color: #8a5a00; }
 .badge.context { background: #fbefd6; color: #8a5a00; }
-code.report-path { word-break: break-all; }
+code.report-path, code.patch-path { word-break: break-all; }
+.badge.change-merged { background: #dcf3e5; color: #1c6b3c; }
+.badge.change-conflict, .badge.change-refused { background: #fbe0e0; color: #9b2323; }
+.badge.change-not-merged { background: #fbefd6; color: #8a5a00; }
+.badge.change-kept { background: #deebf7; color: #1f5a91; }
+.change .lines { font-variant-numeric: tabular-nums; }
 table.commands { border-collapse: collapse; width: 100%; margin: 4px 0; }
 table.commands td, table.commands th { border-bottom: 1px solid var(--line); padding: 3px 8px;
   text-align: left; vertical-align: top; }

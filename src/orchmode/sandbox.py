@@ -528,10 +528,15 @@ class SandboxPolicy:
             binds += [
                 arg
                 for src, dest in self.views
-                if src.is_dir()
+                if src.is_dir() and dest.is_relative_to(state)
                 for arg in ("--ro-bind", str(src), str(dest))
             ]
             ops.append((state, ["--tmpfs", str(state), *binds, "--remount-ro", str(state)]))
+        ops.extend(
+            (dest, ["--ro-bind", str(src), str(dest)])
+            for src, dest in self.views
+            if src.is_dir() and not dest.is_relative_to(state)
+        )
         ops.extend((p, ["--ro-bind", str(p), str(p)]) for p in shown if p not in inside)
         ops.sort(key=lambda op: _depth(op[0]))  # stable: equal depths keep their order
         return ["--ro-bind", "/", "/", *itertools.chain.from_iterable(args for _, args in ops)]

@@ -42,6 +42,9 @@ log = logging.getLogger("orchmode")
 TREES_DIR = Path(".orchmode") / "trees"
 #: Ignored entries shown read-only in a copy at most; past this the rest are left out.
 MAX_SHOWN = 200
+#: Megabytes of untracked, unignored files a snapshot takes at most: each copy holds them
+#: all, so a forgotten data directory would be copied once per agent.
+MAX_UNTRACKED_MB = 200
 #: Fixed names and dates: a snapshot's commit id depends on its tree alone.
 _IDENTITY = {
     "GIT_AUTHOR_NAME": "orchmode",
@@ -173,7 +176,16 @@ async def git(
         )
     except FileNotFoundError:
         raise TreeError("isolation needs git, which is not installed") from None
-    out, err = await process.communicate(data)
+    try:
+        out, err = await process.communicate(data)
+    except (
+        BaseException
+    ):  # cancelled: no git is left running, nor its transport to outlive the loop
+        with contextlib.suppress(ProcessLookupError):
+            process.kill()
+        with contextlib.suppress(Exception):
+            await asyncio.shield(process.wait())
+        raise
     code = process.returncode or 0
     if code not in ok:
         message = err.decode(errors="replace").strip().splitlines()
@@ -188,9 +200,12 @@ def run_name() -> str:
 class Trees:
     """The private store of one working directory, and this process's copies of it."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, home: Path | None = None) -> None:
         self.workdir = Path(os.path.realpath(workdir))
-        self.home = self.workdir / TREES_DIR
+        #: Where the store and the copies live: the working directory's ``.orchmode/trees``,
+        #: or a directory of its own (a Ray node's, outside the directory Ray manages).
+        self.home = self.workdir / TREES_DIR if home is None else Path(os.path.realpath(home))
+        self._private = home is not None
         self.store = self.home / "store.git"
         #: A stable path to the user's objects, the same in a sandbox as outside it.
         self.alias = self.home / "base-objects"
@@ -209,7 +224,8 @@ class Trees:
             if self._opened:
                 return
             self.home.mkdir(parents=True, exist_ok=True)
-            ignore_state(self.workdir / ".orchmode")
+            if not self._private:
+                ignore_state(self.workdir / ".orchmode")
             sweep_dead_runs(self.runs)
             if not (self.store / "HEAD").is_file():
                 await git(
@@ -221,9 +237,14 @@ class Trees:
             self.run.mkdir(parents=True, exist_ok=True)
             self._opened = True
 
+    def sweep(self) -> list[Path]:
+        """Remove the copies of processes on this host that died; which run dirs went."""
+        return sweep_dead_runs(self.runs)
+
     def close(self) -> None:
-        """Remove this run's copies; the store stays (resumed merges need its snapshots)."""
-        remove_tree(self.run)
+        """Remove this run's copies; the store stays (resumed merges need its snapshots),
+        unless it is a private one."""
+        remove_tree(self.home if self._private else self.run)
 
     @property
     def store_objects(self) -> Path:
@@ -329,6 +350,7 @@ class Trees:
     async def _tree_of_workdir(self, index: Path) -> str:
         repo = self._repo
         env = self._workdir_env(index)
+        await self._check_untracked(env)
         if repo is not None and (repo.git_dir / "index").is_file():
             with contextlib.suppress(OSError):
                 shutil.copyfile(repo.git_dir / "index", index)  # its stat cache saves hashing
@@ -343,6 +365,26 @@ class Trees:
         prefix = ["--prefix", repo.prefix] if repo is not None and repo.prefix else []
         _, out = await git("write-tree", *prefix, env=env, cwd=self.workdir)
         return out.decode().strip()
+
+    async def _check_untracked(self, env: Mapping[str, str]) -> None:
+        """Refuse a snapshot that would copy a heap of files git does not track."""
+        _, out = await git(
+            "ls-files", "-z", "--others", "--exclude-standard", "--", ".", env=env, cwd=self.workdir
+        )
+        sizes: list[tuple[int, str]] = []
+        for raw in out.split(b"\0"):
+            name = raw.decode(errors="surrogateescape")
+            with contextlib.suppress(OSError):
+                if name:
+                    sizes.append((os.lstat(self.workdir / name).st_size, name))
+        total = sum(size for size, _ in sizes)
+        if total > MAX_UNTRACKED_MB * 1_000_000:
+            largest = ", ".join(f"{n} ({z / 1e6:.0f} MB)" for z, n in sorted(sizes)[-3:][::-1])
+            raise TreeError(
+                f"the working directory has {total / 1e6:.0f} MB of untracked files that are "
+                f"not ignored, over the {MAX_UNTRACKED_MB} MB a copy for each agent may hold "
+                f'(largest: {largest}) — add them to .gitignore, or use isolation "shared"'
+            )
 
     async def _ignored(self, index: Path) -> tuple[str, ...]:
         _, out = await git(
@@ -460,6 +502,8 @@ class Trees:
             point = path / name.rstrip("/")
             if os.path.lexists(point) or not point.resolve().is_relative_to(path):
                 continue
+            if name != ".orchmode/" and not os.path.lexists(self.workdir / name.rstrip("/")):
+                continue  # nothing to show there (a node has no ignored files)
             with contextlib.suppress(OSError):
                 if name.endswith("/"):
                     point.mkdir(parents=True)
@@ -679,7 +723,8 @@ class Trees:
             if not os.path.islink(self.workdir / p) and os.path.isfile(self.workdir / p)
         ]
         if regular:
-            listing = "\n".join(regular).encode(errors="surrogateescape") + b"\n"
+            names = "\n".join(str(self.workdir / p) for p in regular)
+            listing = names.encode(errors="surrogateescape") + b"\n"
             _, out = await git(
                 "hash-object",
                 "--no-filters",

@@ -245,6 +245,9 @@ class AgentHost:
                 result = AgentResult(describe_failure(exc), Status.FAILED)
         except BaseException:  # cancelled or broken: let the next run take it at once
             self.background(self.store.release(job.key, job.holder))
+            if made is not None:
+                made.cancel()  # its copy goes with the run's directory when the session closes
+                self.background(shell.close())
             raise
         finally:
             heartbeat.cancel()

@@ -127,7 +127,8 @@ class AgentPool:
         credentials = self.credentials
         secrets = (credentials.api_key or "", credentials.auth_token or "", self.store_url.value)
         self.make_shell = ShellFactory.build(self.settings, Path.cwd(), secrets)
-        self.trees = Trees(Path.cwd())
+        # Copies live outside the directory Ray unpacked: Ray may replace that one.
+        self.trees = Trees(Path.cwd(), home=Path(tempfile.mkdtemp(prefix="orchmode-trees-")))
         sandbox = self.make_shell.sandbox
         problem = sandbox.probe().problem if sandbox is not None else None
         context = ray.get_runtime_context()

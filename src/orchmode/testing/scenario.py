@@ -272,20 +272,29 @@ def _counts(findings: list[dict[str, str]]) -> str:
     )
 
 
+def _command(command: str | Callable[[str], str | None] | None, prompt: str) -> str | None:
+    return command(prompt) if callable(command) else command
+
+
 @dataclass
 class OrchestrationScenario:
     """A whole orchestrated session, scripted."""
 
     subtasks: int | list[str] = 3
     scout_command: str | None = "ls"
-    worker_command: str | None = "pwd"
-    verifier_command: str | None = None
+    #: the worker's one bash command; a function of the subtask gives each its own (None:
+    #: no command), as an agent that edits files would
+    worker_command: str | Callable[[str], str | None] | None = "pwd"
+    #: the verifier's, likewise (a function of its prompt)
+    verifier_command: str | Callable[[str], str | None] | None = None
     verdict: Callable[[str], str] = confirm_all
     delay: float = 0.0
     summary: str = "In brief: the workflow ran and every result was checked."
     subtask_prefix: str = "Check item"
     #: when set, the main agent calls Workflow with this orchestration script instead
     script: str | None = None
+    #: more fields of the Workflow call's input, e.g. ``{"isolation": "worktree"}``
+    workflow_input: dict[str, Any] = field(default_factory=dict)
     #: > 0: each worker reports findings of about this many bytes of JSON (see
     #: :func:`sized_findings`), the same for the same subtask; 0 keeps reports tiny
     report_bytes: int = 0
@@ -319,9 +328,14 @@ class OrchestrationScenario:
         elif step == 0:
             return tool_call("bash", {"command": self.scout_command}, say="Scouting first.")
         if step == 1:
+            extra = self.workflow_input
             if self.script is not None:
-                return tool_call("Workflow", {"script": self.script}, say="Running a script.")
-            return tool_call("Workflow", {"subtasks": self.subtask_list()}, say="Fanning out.")
+                return tool_call(
+                    "Workflow", {"script": self.script, **extra}, say="Running a script."
+                )
+            return tool_call(
+                "Workflow", {"subtasks": self.subtask_list(), **extra}, say="Fanning out."
+            )
         result = last_tool_result_text(messages)
         agents = result.count("[agent ")
         confirmed = count_confirmed(result)
@@ -330,8 +344,9 @@ class OrchestrationScenario:
     def worker(self, request: ScriptedRequest) -> Reply:
         subtask = first_user_text(request)
         steps = sum(1 for m in request.messages if m.get("role") == "assistant")
-        if steps == 0 and self.worker_command:
-            return tool_call("bash", {"command": self.worker_command})
+        command = _command(self.worker_command, subtask)
+        if steps == 0 and command:
+            return tool_call("bash", {"command": command})
         if self.report_bytes > 0:
             findings = sized_findings(subtask, self.report_bytes)
             worst = findings[0]["evidence"].split(":", 1)[0]
@@ -348,8 +363,9 @@ class OrchestrationScenario:
     def verifier(self, request: ScriptedRequest) -> Reply:
         prompt = first_user_text(request)
         steps = sum(1 for m in request.messages if m.get("role") == "assistant")
-        if steps == 0 and self.verifier_command:
-            return tool_call("bash", {"command": self.verifier_command})
+        command = _command(self.verifier_command, prompt)
+        if steps == 0 and command:
+            return tool_call("bash", {"command": command})
         verdict = self.verdict(prompt)
         if self.verifier_report_bytes > 0:
             seed = f"verify:{subtask_of(prompt)}"

@@ -1,0 +1,408 @@
+"""Workers that change code, each in its own copy of the tree: real git, the real sandbox,
+real HTTP to the scripted model, whose workers run the shell commands their subtasks name."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import StartServer, gateway_for, settings_for, store_for
+from orchmode.agent import Session
+from orchmode.events import ChangeSettled, Event, EventBus
+from orchmode.sandbox import probe
+from orchmode.testing import ScriptedServer
+from orchmode.testing.scenario import OrchestrationScenario
+from recorded_runs import kill_run_when, orchmode, worker_prompts
+from test_script import started, workflow_block
+
+GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+
+
+@pytest.fixture(autouse=True)
+def _bubblewrap_works() -> None:
+    problem = probe().problem
+    if problem is not None:
+        pytest.fail(problem)
+
+
+def command_of(subtask: str) -> str | None:
+    """A subtask names its worker's command after ``$ ``."""
+    return subtask.split("$ ", 1)[1] if "$ " in subtask else None
+
+
+def refute_marked(prompt: str) -> str:
+    return "refuted" if "REFUTE" in prompt else "confirmed"
+
+
+def editing(subtasks: list[str], **kwargs: Any) -> OrchestrationScenario:
+    kwargs.setdefault("verdict", refute_marked)
+    return OrchestrationScenario(
+        subtasks=subtasks, scout_command=None, worker_command=command_of, **kwargs
+    )
+
+
+def repo(root: Path, files: dict[str, str], *, git: bool = True) -> Path:
+    root.mkdir()
+    for name, content in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(content)
+    if git:
+        subprocess.run(["git", "init", "-q", "-b", "main"], cwd=root, check=True)
+        subprocess.run([*GIT, "add", "-A"], cwd=root, check=True)
+        subprocess.run([*GIT, "commit", "-qm", "start"], cwd=root, check=True)
+    return root
+
+
+def git_out(root: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", *args], cwd=root, capture_output=True, text=True, check=True
+    ).stdout
+
+
+def repo_state(root: Path) -> dict[str, str]:
+    """Everything of the user's repository that orchmode must never change."""
+    dot = root / ".git"
+    return {
+        "head": git_out(root, "rev-parse", "HEAD"),
+        "symbolic": git_out(root, "symbolic-ref", "HEAD"),
+        "branches": git_out(root, "branch", "--list", "-a"),
+        "refs": git_out(root, "for-each-ref"),
+        "stash": git_out(root, "stash", "list"),
+        "worktrees": git_out(root, "worktree", "list", "--porcelain"),
+        "index": hashlib.sha256((dot / "index").read_bytes()).hexdigest(),
+        "config": (dot / "config").read_text(),
+        "staged": git_out(root, "diff", "--cached", "--name-status"),
+    }
+
+
+async def run(
+    server: ScriptedServer, tmp_path: Path, workdir: Path, **overrides: Any
+) -> tuple[list[ChangeSettled], Session]:
+    """One orchestrated turn in ``workdir``; the changes it settled, and the closed session."""
+    settings = settings_for(server, tmp_path, workdir=workdir, **overrides)
+    events = EventBus()
+    settled: list[ChangeSettled] = []
+
+    def keep(event: Event) -> None:
+        if isinstance(event, ChangeSettled):
+            settled.append(event)
+
+    events.subscribe(keep)
+    tmp_path.mkdir(exist_ok=True)
+    store = store_for(tmp_path)
+    session = Session(settings, gateway_for(settings, events), workdir=workdir, store=store)
+    try:
+        await session.turn("do the work")
+    finally:
+        await session.close()
+    return settled, session
+
+
+def tool_result_text(server: ScriptedServer) -> str:
+    return str(workflow_block(server)["content"])
+
+
+def nothing_left(workdir: Path) -> None:
+    runs = workdir / ".orchmode" / "trees" / "runs"
+    assert not runs.exists() or not any(runs.iterdir()), list(runs.iterdir())
+    if (workdir / ".git").exists():
+        assert git_out(workdir, "worktree", "list").count("\n") == 1
+        assert "orchmode" not in git_out(workdir, "for-each-ref")
+
+
+# -------------------------------------------------------------------------- the issue's case
+
+
+async def test_seven_workers_each_in_its_own_copy_and_the_refuted_one_is_kept_out(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    """The report's case: 7 workers each write a file and append to one shared file; the
+    seventh is refuted. Six files land, the shared file gets the merged appends in subtask
+    order, and the refuted worker's change is nowhere in the tree."""
+    workdir = repo(tmp_path / "work", {"shared.txt": "head\n", "README": "x\n"})
+    before = repo_state(workdir)
+    subtasks = [
+        f"Write part {i}{' REFUTE' if i == 7 else ''} $ echo part{i} > part{i}.txt"
+        for i in range(1, 8)
+    ]
+    server = await serve(editing(subtasks, delay=0.05))
+    settled, _ = await run(server, tmp_path, workdir)
+    fates = [(e.index, e.fate) for e in settled]
+    assert fates == [(i, "merged") for i in range(1, 7)] + [(7, "not merged")]
+    for i in range(1, 7):
+        assert (workdir / f"part{i}.txt").read_text() == f"part{i}\n"
+    assert not (workdir / "part7.txt").exists()
+    result = tool_result_text(server)
+    assert "[change 7] not merged (refuted)" in result
+    assert "[change 1] merged: 1 file (+1 −0): part1.txt (+1 −0)" in result
+    assert repo_state(workdir) == before
+    nothing_left(workdir)
+
+
+async def test_two_workers_on_the_same_lines_one_merged_one_conflict_kept_readable(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    workdir = repo(tmp_path / "work", {"config.py": "LIMIT = 1\nNAME = 'a'\n"})
+    subtasks = [
+        "Raise the limit to 2 $ sed -i 's/LIMIT = 1/LIMIT = 2/' config.py",
+        "Raise the limit to 3 $ sed -i 's/LIMIT = 1/LIMIT = 3/' config.py",
+    ]
+    server = await serve(editing(subtasks))
+    settled, session = await run(server, tmp_path, workdir)
+    assert [e.fate for e in settled] == ["merged", "conflict"]
+    assert (workdir / "config.py").read_text() == "LIMIT = 2\nNAME = 'a'\n"
+    conflict = settled[1]
+    assert "config.py" in conflict.detail
+    patch = Path(conflict.path)
+    assert patch.is_file() and "+LIMIT = 3" in patch.read_text()
+    result = tool_result_text(server)
+    assert "[change 2] conflict in config.py: not applied" in result
+    assert str(patch) in result
+    # The main agent reads the kept patch from its own sandbox, and cannot change it.
+    shell = session.make_shell()
+    try:
+        shown = await shell.run(f"cat {patch} && echo more >> {patch}")
+    finally:
+        await shell.close()
+    assert "+LIMIT = 3" in shown.output
+    assert "Read-only file system" in shown.output or "Permission denied" in shown.output
+    # Nothing of the conflicting patch was written, and it still applies to its base.
+    assert "LIMIT = 3" not in (workdir / "config.py").read_text()
+
+
+async def test_each_verifier_checks_its_own_workers_change_in_a_read_only_copy(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    workdir = repo(tmp_path / "work", {"a.txt": "a\n"})
+    subtasks = [f"Write note {i} $ echo note-{i} > note.txt && git add -A" for i in (1, 2)]
+    scenario = editing(
+        subtasks, verifier_command="git status --short; cat note.txt; touch probe.txt"
+    )
+    server = await serve(scenario)
+    settled, _ = await run(server, tmp_path, workdir, merge="none")
+    assert [e.fate for e in settled] == ["kept", "kept"]
+    outputs = {}
+    for entry in server.log:
+        first = str(entry.body["messages"][0]["content"])
+        if "Try hard to refute" in first and len(entry.body["messages"]) == 3:
+            outputs[first] = json.dumps(entry.body["messages"][-1]["content"])
+    assert len(outputs) == 2
+    for prompt, output in outputs.items():
+        mine = "note-1" if "Write note 1" in prompt else "note-2"
+        other = "note-2" if mine == "note-1" else "note-1"
+        assert mine in output and other not in output
+        assert "A  note.txt" in output  # its worker's change, staged in its copy
+        assert "Read-only file system" in output
+        assert "It also changed the tree (patch" in prompt
+    # merge = none: nothing applied, both patches kept.
+    assert not (workdir / "note.txt").exists()
+    assert all(Path(e.path).is_file() for e in settled)
+
+
+async def test_binary_deletion_rename_and_mode_change_reach_the_tree(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    workdir = repo(
+        tmp_path / "work",
+        {"old.txt": "keep me\n" * 20, "gone.txt": "bye\n", "run.sh": "echo hi\n"},
+    )
+    command = (
+        "git mv old.txt new.txt && rm gone.txt && chmod +x run.sh && "
+        "printf '\\000\\001\\002\\377' > blob.bin"
+    )
+    server = await serve(editing([f"Reshape the tree $ {command}"]))
+    settled, _ = await run(server, tmp_path, workdir)
+    assert [e.fate for e in settled] == ["merged"], settled
+    assert (workdir / "new.txt").read_text() == "keep me\n" * 20
+    assert not (workdir / "old.txt").exists() and not (workdir / "gone.txt").exists()
+    assert os.access(workdir / "run.sh", os.X_OK)
+    assert (workdir / "blob.bin").read_bytes() == b"\x00\x01\x02\xff"
+    assert "old.txt → new.txt" in settled[0].files
+    # The user's index still says what it said: the merge wrote the working tree only.
+    assert git_out(workdir, "diff", "--cached", "--name-only") == ""
+
+
+async def test_workers_see_uncommitted_edits_and_ignored_dirs_read_only(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    workdir = repo(tmp_path / "work", {".gitignore": ".venv/\n", "app.py": "v = 1\n"})
+    (workdir / "app.py").write_text("v = 2  # not committed\n")
+    (workdir / "draft.md").write_text("an untracked draft\n")
+    (workdir / ".venv" / "bin").mkdir(parents=True)
+    (workdir / ".venv" / "bin" / "tool").write_text("the venv's tool\n")
+    command = "cat app.py draft.md .venv/bin/tool; touch .venv/new 2>&1; pwd"
+    server = await serve(editing([f"Look $ {command}"]))
+    settled, _ = await run(server, tmp_path, workdir)
+    assert [e.fate for e in settled] == ["no change"] or not settled
+    output = json.dumps([e.body for e in server.log if "Look $" in json.dumps(e.body)])
+    assert "not committed" in output and "an untracked draft" in output
+    assert "the venv's tool" in output
+    assert "Read-only file system" in output
+    assert str(workdir) in output  # the copy is shown at the working directory's path
+    assert not (workdir / ".venv" / "new").exists()
+
+
+async def test_refused_patches_and_a_read_only_git_dir(serve: StartServer, tmp_path: Path) -> None:
+    workdir = repo(tmp_path / "work", {"a.txt": "a\n"})
+    subtasks = [
+        "Escape $ ln -s /etc/passwd escape",
+        "Settings $ echo 'sandbox = \"off\"' > orchmode.toml",
+        "State $ mkdir -p .orchmode/x 2>&1; echo x > .orchmode/x/y 2>&1; echo tried",
+    ]
+    server = await serve(editing(subtasks))
+    settled, _ = await run(server, tmp_path, workdir)
+    fates = {e.index: (e.fate, e.detail) for e in settled}
+    assert fates[1][0] == "refused" and "points outside the tree" in fates[1][1]
+    assert fates[2][0] == "refused" and "settings" in fates[2][1]
+    assert 3 not in fates  # its writes to .orchmode failed: no change at all
+    assert "[change 3] no change" in tool_result_text(server)
+    assert not (workdir / "escape").is_symlink()
+    assert not (workdir / "orchmode.toml").exists()
+    # In the shared tree too, the repository itself is read-only to agents.
+    server = await serve(editing(["Hook $ echo evil > .git/hooks/pre-commit 2>&1; echo done"]))
+    await run(server, tmp_path / "second", workdir, isolation="shared")
+    assert not (workdir / ".git" / "hooks" / "pre-commit").exists()
+    assert "Read-only file system" in json.dumps([e.body for e in server.log])
+
+
+async def test_a_directory_that_is_not_a_git_repository(serve: StartServer, tmp_path: Path) -> None:
+    workdir = repo(tmp_path / "plain", {"notes.txt": "one\n", "sub/deep.txt": "d\n"}, git=False)
+    subtasks = [
+        "Extend $ echo two >> notes.txt && rm sub/deep.txt",
+        "Add $ mkdir -p docs && echo hello > docs/hi.md",
+    ]
+    server = await serve(editing(subtasks))
+    settled, _ = await run(server, tmp_path, workdir)
+    assert [e.fate for e in settled] == ["merged", "merged"]
+    assert (workdir / "notes.txt").read_text() == "one\ntwo\n"
+    assert not (workdir / "sub" / "deep.txt").exists()
+    assert (workdir / "docs" / "hi.md").read_text() == "hello\n"
+    assert not (workdir / ".git").exists()
+    nothing_left(workdir)
+
+
+async def test_a_user_edit_made_during_the_call_is_merged_with_not_overwritten(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    """The user edits one file while the workers run: a worker's change to another part of
+    it merges around the edit; a worker's change to the same line is a conflict."""
+    lines = "".join(f"line {i}\n" for i in range(1, 21))
+    workdir = repo(tmp_path / "work", {"doc.txt": lines})
+    edit = f"sed -i 's/^line 1$/line 1 (user)/' {workdir}/doc.txt"
+    subtasks = [
+        "Touch the end $ sed -i 's/^line 20$/line 20 (worker)/' doc.txt",
+        "Touch the start $ sed -i 's/^line 1$/line 1 (worker)/' doc.txt",
+    ]
+
+    def user_edits_then_confirms(prompt: str) -> str:
+        # Asked of a verifier: the workers have their copies by now, the merge is to come.
+        subprocess.run(edit, shell=True, check=True)
+        return "confirmed"
+
+    server = await serve(editing(subtasks, verdict=user_edits_then_confirms))
+    settled, _ = await run(server, tmp_path, workdir, max_concurrent=1)
+    text = (workdir / "doc.txt").read_text()
+    assert "line 1 (user)" in text
+    assert "line 20 (worker)" in text
+    assert [e.fate for e in settled] == ["merged", "conflict"]
+
+
+async def test_shared_isolation_writes_directly_as_before(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    workdir = repo(tmp_path / "work", {"a.txt": "a\n"})
+    server = await serve(editing(["Write $ echo direct > b.txt", "Write REFUTE $ echo c > c.txt"]))
+    settled, _ = await run(server, tmp_path, workdir, isolation="shared")
+    assert settled == []
+    assert (workdir / "b.txt").read_text() == "direct\n"
+    assert (workdir / "c.txt").exists()  # shared: even a refuted worker's write stays
+    assert "[change" not in tool_result_text(server)
+    assert len(started(server, "worker")) == 2
+
+
+def test_kill_9_mid_fanout_leaves_nothing_after_the_next_start_and_resume_merges(
+    scripted: Callable[..., ScriptedServer], tmp_path: Path
+) -> None:
+    """A run killed while its workers' copies exist leaves them; the next start sweeps
+    them, and the resume merges every change once — finished workers' patches come from
+    the journal, not from running them again."""
+    workdir = repo(tmp_path / "work", {"base.txt": "base\n"})
+    before = repo_state(workdir)
+    subtasks = [f"Write part {i} $ echo part{i} > part{i}.txt" for i in range(1, 7)]
+    scenario = editing(subtasks, delay=0.3)
+    server = scripted(scenario)
+    runs = workdir / ".orchmode" / "trees" / "runs"
+
+    journal = workdir / ".orchmode" / "journal.db"
+
+    def copies_exist() -> bool:
+        return runs.is_dir() and any(p.is_dir() for r in runs.iterdir() for p in r.iterdir())
+
+    def some_finished_and_copies_exist() -> bool:
+        return copies_exist() and journal.exists() and len(worker_prompts(journal)) >= 2
+
+    flags = ("--base-url", server.url, "--claim-lease", "2", "--max-concurrent", "3")
+    kill_run_when(some_finished_and_copies_exist, "write the parts", *flags, cwd=workdir)
+    assert copies_exist()  # kill -9: nothing cleaned up
+    left = list(runs.iterdir())
+    scenario.delay = 0.0
+    since = len(server.log)
+    done = orchmode("resume", *flags[:4], cwd=workdir)
+    assert done.returncode == 0, done.stderr
+    assert not any(r.exists() for r in left)
+    nothing_left(workdir)
+    for i in range(1, 7):
+        assert (workdir / f"part{i}.txt").read_text() == f"part{i}\n"
+    assert repo_state(workdir) == before
+    workers_asked = [
+        str(e.body["messages"][0]["content"])
+        for e in server.log[since:]
+        if len(e.body["messages"]) == 1
+        and "Write part" in str(e.body["messages"][0]["content"])
+        and "Try hard" not in str(e.body["messages"][0]["content"])
+    ]
+    assert len(workers_asked) < 6  # the finished ones came from the journal
+
+
+async def test_a_call_chooses_worktree_in_a_shared_session_and_a_bad_value_is_an_error(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    workdir = repo(tmp_path / "work", {"a.txt": "a\n"})
+    scenario = editing(["Write REFUTE $ echo c > c.txt"], workflow_input={"isolation": "worktree"})
+    server = await serve(scenario)
+    settled, _ = await run(server, tmp_path, workdir, isolation="shared")
+    assert [e.fate for e in settled] == ["not merged"]
+    assert not (workdir / "c.txt").exists()
+    scenario.workflow_input = {"isolation": "sideways"}
+    server = await serve(scenario)
+    await run(server, tmp_path / "again", workdir)
+    block = workflow_block(server)
+    assert block.get("is_error") and '"isolation" must be "worktree"' in str(block["content"])
+    assert started(server, "worker") == []
+
+
+SCRIPT = """
+done = parallel(["Part A $ echo a > a.txt", "Part B REFUTE $ echo b > b.txt"], isolation="worktree")
+checks = [verify(p, r) for p, r in zip(["Part A", "Part B REFUTE"], done)]
+[c["verdict"] for c in checks]
+"""
+
+
+async def test_a_script_s_isolated_agents_are_verified_in_their_copies_then_merged(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    workdir = repo(tmp_path / "work", {"base.txt": "x\n"})
+    server = await serve(editing([], script=SCRIPT, verifier_command="cat a.txt b.txt 2>&1"))
+    settled, _ = await run(server, tmp_path, workdir, isolation="shared")
+    assert [(e.index, e.fate) for e in settled] == [(1, "merged"), (2, "not merged")]
+    assert (workdir / "a.txt").read_text() == "a\n" and not (workdir / "b.txt").exists()
+    text = str(workflow_block(server)["content"])
+    assert text.startswith('["confirmed", "refuted"]')
+    assert "[change 1] merged" in text and "[change 2] not merged (refuted)" in text

@@ -1,0 +1,176 @@
+"""The git plumbing of isolation on real repositories: snapshots, copies, patches, merges."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from orchmode.events import TokenUsage
+from orchmode.store import Store
+from orchmode.subagent import AgentResult, Status
+from orchmode.trees import Change, TreeError, Trees, run_name, sweep_dead_runs
+
+GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+
+
+def make_repo(root: Path, files: dict[str, str]) -> Path:
+    root.mkdir(parents=True)
+    for name, content in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(content)
+    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
+    subprocess.run([*GIT, "add", "-A"], cwd=root, check=True)
+    subprocess.run([*GIT, "commit", "-qm", "start"], cwd=root, check=True)
+    return root
+
+
+def out(root: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", *args], cwd=root, capture_output=True, text=True, check=True
+    ).stdout
+
+
+async def worker_change(trees: Trees, edit: str) -> Change:
+    """A copy of the tree now, ``edit`` run in it as a worker would, and its change."""
+    snapshot = await trees.snapshot()
+    copy = trees.plan_copy("worker", snapshot.commit)
+    await trees.make_copy(copy, ignored=snapshot.ignored)
+    subprocess.run(edit, shell=True, cwd=copy.path, check=True)
+    try:
+        return await trees.change_of(copy)
+    finally:
+        trees.remove(copy)
+
+
+async def test_a_staged_change_and_the_users_index_survive_a_snapshot_and_a_merge(
+    tmp_path: Path,
+) -> None:
+    root = make_repo(tmp_path / "r", {"a.txt": "a\n", "b.txt": "b\n"})
+    (root / "a.txt").write_text("a staged\n")
+    subprocess.run(["git", "add", "a.txt"], cwd=root, check=True)
+    (root / "a.txt").write_text("a staged, then edited\n")
+    index = hashlib.sha256((root / ".git" / "index").read_bytes()).hexdigest()
+    trees = Trees(root)
+    change = await worker_change(trees, "echo more >> b.txt && cat a.txt > seen.txt")
+    assert "+a staged, then edited" in change.patch  # the copy had the working tree's text
+    assert (await trees.merge(change)).fate == "merged"
+    assert (root / "b.txt").read_text() == "b\nmore\n"
+    assert hashlib.sha256((root / ".git" / "index").read_bytes()).hexdigest() == index
+    assert out(root, "diff", "--cached", "--name-only") == "a.txt\n"
+    assert not list((root / ".git" / "objects").glob("??/*")) or "orchmode" not in out(
+        root, "for-each-ref"
+    )
+    trees.close()
+
+
+async def test_a_working_directory_inside_a_repository_is_copied_alone(tmp_path: Path) -> None:
+    root = make_repo(tmp_path / "r", {"top.txt": "t\n", "pkg/mod.py": "x = 1\n"})
+    trees = Trees(root / "pkg")
+    change = await worker_change(trees, "test ! -e top.txt && sed -i 's/1/2/' mod.py")
+    assert "diff --git a/mod.py b/mod.py" in change.patch
+    assert (await trees.merge(change)).fate == "merged"
+    assert (root / "pkg" / "mod.py").read_text() == "x = 2\n"
+    trees.close()
+
+
+@pytest.mark.parametrize(
+    ("target", "reason"),
+    [
+        (".git/hooks/pre-commit", "writes inside .git"),
+        (".orchmode/journal.db", "writes orchmode's own state"),
+        ("orchmode.toml", "changes orchmode's settings"),
+    ],
+)
+async def test_a_patch_aimed_at_git_or_orchmode_is_refused_and_nothing_written(
+    tmp_path: Path, target: str, reason: str
+) -> None:
+    root = make_repo(tmp_path / "r", {"a.txt": "a\n"})
+    trees = Trees(root)
+    snapshot = await trees.snapshot()
+    patch = (
+        f"diff --git a/{target} b/{target}\nnew file mode 100755\n"
+        f"index 0000000..1111111\n--- /dev/null\n+++ b/{target}\n@@ -0,0 +1 @@\n+evil\n"
+    )
+    merge = await trees.merge(Change(snapshot.commit, patch))
+    assert merge.fate == "refused" and reason in " ".join(merge.detail)
+    assert not (root / target).exists() or (root / target).read_text() != "evil\n"
+    trees.close()
+
+
+async def test_a_symlink_moved_out_of_its_directory_by_a_pure_rename_is_refused(
+    tmp_path: Path,
+) -> None:
+    root = make_repo(tmp_path / "r", {"deep/er/file.txt": "f\n"})
+    os.symlink("../file.txt", root / "deep" / "er" / "up")  # points at deep/file.txt: inside
+    subprocess.run([*GIT, "add", "-A"], cwd=root, check=True)
+    subprocess.run([*GIT, "commit", "-qm", "link"], cwd=root, check=True)
+    trees = Trees(root)
+    change = await worker_change(trees, "git mv deep/er/up up 2>/dev/null || mv deep/er/up up")
+    assert "rename from" in change.patch  # the text has no mode for it
+    merge = await trees.merge(change)
+    assert merge.fate == "refused", merge
+    assert "outside the tree" in " ".join(merge.detail)
+    assert not (root / "up").is_symlink()
+    trees.close()
+
+
+async def test_a_change_whose_snapshot_is_gone_applies_only_if_it_fits_as_it_is(
+    tmp_path: Path,
+) -> None:
+    root = make_repo(tmp_path / "r", {"a.txt": "one\n"})
+    trees = Trees(root)
+    change = await worker_change(trees, "echo two >> a.txt")
+    orphan = Change("0" * 40, change.patch)
+    assert (await trees.merge(orphan)).fate == "merged"
+    assert (root / "a.txt").read_text() == "one\ntwo\n"
+    assert (await trees.merge(orphan)).fate == "conflict"  # it no longer fits
+    trees.close()
+
+
+async def test_garbage_as_a_patch_is_refused_with_a_reason(tmp_path: Path) -> None:
+    root = make_repo(tmp_path / "r", {"a.txt": "a\n"})
+    trees = Trees(root)
+    merge = await trees.merge(Change("0" * 40, "diff --git a/x\n@@ nonsense"))
+    assert merge.fate == "refused" and "cannot be read" in merge.detail[0]
+    trees.close()
+
+
+async def test_dead_runs_are_swept_and_live_ones_kept(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    mine = runs / run_name()
+    dead = runs / run_name().replace(f"-{os.getpid()}-", "-999999999-")
+    for directory in (mine, dead):
+        (directory / "worker-1" / "sub").mkdir(parents=True)
+        (directory / "worker-1" / "sub" / "f").write_text("x")
+        os.chmod(directory / "worker-1" / "sub", 0o500)  # an agent's read-only directory
+    assert sweep_dead_runs(runs) == [dead]
+    assert mine.exists() and not dead.exists()
+
+
+async def test_a_change_is_kept_in_the_journal_with_its_result(
+    store: Store, tmp_path: Path
+) -> None:
+    change = Change("ab" * 20, "diff --git a/x b/x\n--- a/x\n+++ b/x\n@@ -1 +1 @@\n-a\n+\u00e9\n")
+    result = AgentResult("{}", Status.FINISHED, 2, TokenUsage(1, 2, 3, 4), change=change)
+    await store.record("k1", "worker", "p", result)
+    back = await store.lookup("k1")
+    assert back is not None and back.change == change
+    await store.record("k2", "worker", "p", AgentResult("{}", Status.FINISHED, 1))
+    plain = await store.lookup("k2")
+    assert plain is not None and plain.change is None
+
+
+async def test_a_heap_of_untracked_files_is_refused_before_anything_is_copied(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = make_repo(tmp_path / "r", {"a.txt": "a\n"})
+    (root / "data.bin").write_bytes(b"\0" * 3_000_000)
+    monkeypatch.setattr("orchmode.trees.MAX_UNTRACKED_MB", 2)
+    trees = Trees(root)
+    with pytest.raises(TreeError, match=r"3 MB of untracked files.*data\.bin \(3 MB\)"):
+        await trees.snapshot()
+    trees.close()
