@@ -198,7 +198,7 @@ async def test_each_verifier_checks_its_own_workers_change_in_a_read_only_copy(
         mine = "note-1" if "Write note 1" in prompt else "note-2"
         other = "note-2" if mine == "note-1" else "note-1"
         assert mine in output and other not in output
-        assert "A  note.txt" in output  # its worker's change, staged in its copy
+        assert "note.txt" in output  # its worker's change, in its copy
         assert "Read-only file system" in output
         assert "It also changed the tree (patch" in prompt
     # merge = none: nothing applied, both patches kept.

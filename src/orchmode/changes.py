@@ -15,11 +15,12 @@ import os
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
+from .errors import OrchmodeError
 from .events import ChangeSettled, EventBus
 from .patches import PatchSummary
 from .results import ResultFiles
 from .settings import MergePolicy
-from .trees import Change, Trees
+from .trees import Change, Merge, Trees
 
 
 @dataclass(frozen=True)
@@ -58,38 +59,54 @@ async def settle_changes(
     events: EventBus,
 ) -> list[str]:
     """Merge what may be merged, in order; one ``[change i] …`` line per subtask."""
-    lines: list[str] = []
-    async with _merging(trees):
-        for candidate in candidates:
-            lines.append(await _settle(trees, results, policy, call, candidate, events))
+    held = [hold_back(policy, c) for c in candidates]
+    to_merge = [
+        c.change
+        for c, reason in zip(candidates, held, strict=True)
+        if c.change is not None and not c.change.empty and reason is None
+    ]
+    merges: list[Merge] = []
+    if to_merge:
+        async with _merging(trees):
+            try:
+                merges = await trees.merge_all(to_merge)
+            except OrchmodeError as exc:  # git itself failed: every change is kept
+                merges = [Merge("conflict", (f"merging failed: {exc}",)) for _ in to_merge]
+    outcomes = iter(merges)
+    lines = []
+    for candidate, reason in zip(candidates, held, strict=True):
+        change = candidate.change
+        if change is None or change.empty:
+            lines.append(f"[change {candidate.index}] no change")
+            continue
+        merge = next(outcomes) if reason is None else None
+        lines.append(_settle(results, policy, call, candidate, change, reason, merge, events))
     return lines
 
 
-async def _settle(
-    trees: Trees,
+def _settle(
     results: ResultFiles | None,
     policy: MergePolicy,
     call: int,
     candidate: Candidate,
+    change: Change,
+    reason: str | None,
+    merge: Merge | None,
     events: EventBus,
 ) -> str:
+    """The subtask's line (its change kept as a file), and its event."""
     i = candidate.index
-    change = candidate.change
-    if change is None or change.empty:
-        return f"[change {i}] no change"
     summary = change.summary()
     files = summary.describe() if isinstance(summary, PatchSummary) else "an unreadable patch"
     added = summary.added if isinstance(summary, PatchSummary) else 0
     removed = summary.removed if isinstance(summary, PatchSummary) else 0
     path = results.write_patch(candidate.key, change.patch) if results is not None else ""
     kept = f"; its patch is kept at {path}" if path else ""
-    reason = hold_back(policy, candidate)
-    if reason is not None:
-        fate, detail = ("kept" if policy == "none" else "not merged"), reason
+    if merge is None:
+        fate, detail = ("kept" if policy == "none" else "not merged"), reason or ""
         how = " — apply it yourself with git apply" if path and policy == "none" else ""
-        line = f"[change {i}] not merged ({reason}): {files}{kept}{how}"
+        line = f"[change {i}] not merged ({detail}): {files}{kept}{how}"
     else:
-        merge = await trees.merge(change)
         fate, detail = merge.fate, "; ".join(merge.detail)
         if merge.fate == "merged":
             line = f"[change {i}] merged: {files}"

@@ -225,16 +225,16 @@ def quote_result(result: str, limit: int, path: str | None) -> str:
     )
 
 
-def change_note(describe: str, digest: str) -> str:
+def change_note(describe: str, digest: str, base: str) -> str:
     """What a verifier is told of its worker's change to the tree (``digest`` names the
     patch, so a different change is a different verification in the journal)."""
     return f"""
 
 It also changed the tree (patch {digest}): {describe}
-You are in a read-only copy of the working directory with exactly that change applied, \
-staged but not committed: `git status` and `git diff HEAD` show it. Check the change \
-itself — read it, and run the tests that cover it. A change that is wrong, incomplete or \
-breaks something is refuted, however good the report."""
+You are in a read-only copy of the working directory with exactly that change in it, not \
+committed: `git status` and `git diff {base[:12]}` (the tree before the change) show it. \
+Check the change itself — read it, and run the tests that cover it. A change that is \
+wrong, incomplete or breaks something is refuted, however good the report."""
 
 
 def verify_prompt(subtask: str, result: str, change: str = "") -> str:

@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import os
 import shutil
 import socket
 import uuid
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -134,6 +136,8 @@ class Merge:
     fate: Fate
     #: For a conflict, the files in conflict; for a refusal, the reasons.
     detail: tuple[str, ...] = ()
+    #: The tree it made (of the working directory and the changes before it), if merged.
+    tree: str = ""
 
 
 @dataclass(frozen=True)
@@ -215,6 +219,9 @@ class Trees:
         self._opened = False
         self._lock = asyncio.Lock()
         self._serial = 0
+        #: The tree each change makes of its snapshot, worked out ahead (see :meth:`prepare`).
+        self._theirs: dict[tuple[str, str], asyncio.Task[str | None]] = {}
+        self._deleter: ThreadPoolExecutor | None = None
 
     # ----------------------------------------------------------------- set-up, clean-up
 
@@ -244,6 +251,12 @@ class Trees:
     def close(self) -> None:
         """Remove this run's copies; the store stays (resumed merges need its snapshots),
         unless it is a private one."""
+        if self._deleter is not None:
+            self._deleter.shutdown(wait=True)
+            self._deleter = None
+        for task in self._theirs.values():
+            task.cancel()
+        self._theirs.clear()
         remove_tree(self.home if self._private else self.run)
 
     @property
@@ -545,11 +558,60 @@ class Trees:
         with contextlib.suppress(OSError):
             copy.index.unlink()
 
+    def discard(self, copy: Copy) -> None:
+        """Remove a copy off the critical path: moved aside at once, deleted by a thread of
+        its own (a copy of a large tree takes a while to delete); :meth:`close` waits."""
+        trash = self.run / f".trash-{copy.path.name}"
+        try:
+            os.rename(copy.path, trash)
+        except OSError:
+            trash = copy.path
+        with contextlib.suppress(OSError):
+            copy.index.unlink()
+        if self._deleter is None:
+            self._deleter = ThreadPoolExecutor(1, thread_name_prefix="orchmode-trash")
+        self._deleter.submit(remove_tree, trash)
+
     # ---------------------------------------------------------------------------- merging
 
     async def merge(self, change: Change) -> Merge:
         """Merge ``change`` into the working directory: all of it, or none of it."""
+        (merge,) = await self.merge_all([change])
+        return merge
+
+    async def merge_all(self, changes: Sequence[Change]) -> list[Merge]:
+        """Merge ``changes`` in order into the working directory, each all or nothing.
+
+        Each is merged three-way into the tree the ones before it made (and the edits the
+        user made since the call began), in the private store; the directory is written
+        once, at the end. If a file to be written changed on disk meanwhile, nothing is
+        written and every change that would have been is a conflict.
+        """
         await self.open()
+        stem = self._name("merge")
+        index = self.run / f"{stem}.index"
+        try:
+            start = await self._tree_of_workdir(index)
+            current = start
+            merges: list[Merge] = []
+            for change in changes:
+                merge = await self._combine(change, current, index)
+                merges.append(merge)
+                if merge.fate == "merged":
+                    current = merge.tree
+            if current == start:
+                return merges
+            written = await self._write_out(start, current, index)
+            if written.fate == "merged":
+                return merges
+            return [Merge("conflict", written.detail) if m.fate == "merged" else m for m in merges]
+        finally:
+            for leftover in self.run.glob(f"{stem}*"):
+                with contextlib.suppress(OSError):
+                    leftover.unlink()
+
+    async def _combine(self, change: Change, ours: str, index: Path) -> Merge:
+        """``change`` merged into the tree ``ours``, in the store only; its tree if merged."""
         summary = change.summary()
         if isinstance(summary, str):
             return Merge("refused", (f"the patch cannot be read: {summary}",))
@@ -558,41 +620,69 @@ class Trees:
         refused = refusals(summary)
         if refused:
             return Merge("refused", tuple(refused))
-        stem = self._name("merge")
-        index = self.run / f"{stem}.index"
-        try:
-            return await self._merge(change, index)
-        finally:
-            for leftover in self.run.glob(f"{stem}*"):
-                with contextlib.suppress(OSError):
-                    leftover.unlink()
+        links = any(
+            f.old_path is not None or "120000" in (f.new_mode, f.old_mode) for f in summary.files
+        )
+        return await self._merge(change, index, ours, check_links=links)
 
-    async def _merge(self, change: Change, index: Path) -> Merge:
+    def prepare(self, change: Change) -> asyncio.Task[str | None]:
+        """Start working out the tree ``change`` makes of its snapshot (or None when its
+        snapshot is gone or it does not apply to it). Independent of every other change,
+        so it is done as soon as the worker ends, while its verifier runs; the merges at
+        the end of the call, which must go one at a time, only take it up."""
+        key = (
+            change.base,
+            hashlib.sha256(change.patch.encode(errors="surrogateescape")).hexdigest(),
+        )
+        task = self._theirs.get(key)
+        if task is None:
+            task = asyncio.create_task(self._theirs_tree(change))
+            # A failure is reported by the merge that awaits it; one never merged is dropped.
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
+            self._theirs[key] = task
+        return task
+
+    async def _theirs_tree(self, change: Change) -> str | None:
+        await self.open()
+        if not await self.has(change.base):
+            return None
+        index = self.run / f"{self._name('theirs')}.index"
         store = self._store_env(index)
-        ours = await self._tree_of_workdir(index)
+        try:
+            await git("read-tree", f"{change.base}^{{tree}}", env=store, cwd=self.home)
+            code, _ = await git(
+                "apply", "--cached", "--binary", "-", env=store, cwd=self.home,
+                data=change.patch.encode(errors="surrogateescape"), ok=(0, 1),
+            )  # fmt: skip
+            if code != 0:
+                return None
+            _, out = await git("write-tree", env=store, cwd=self.home)
+            return out.decode().strip()
+        finally:
+            with contextlib.suppress(OSError):
+                index.unlink()
+
+    async def _merge(self, change: Change, index: Path, ours: str, *, check_links: bool) -> Merge:
+        store = self._store_env(index)
         based = await self.has(change.base)
         base_tree = f"{change.base}^{{tree}}" if based else ours
-        await git("read-tree", base_tree, env=store, cwd=self.home)
-        code, out = await git(
-            "apply",
-            "--cached",
-            "--binary",
-            "-",
-            env=store,
-            cwd=self.home,
-            data=change.patch.encode(),
-            ok=(0, 1),
-        )
-        if code != 0:
-            why = (
-                "its snapshot is gone and it does not apply to the tree as it is"
-                if not based
-                else "it does not apply to its own snapshot"
-            )
-            return Merge("conflict", (why,))
-        _, out = await git("write-tree", env=store, cwd=self.home)
-        theirs = out.decode().strip()
-        links = await self._link_refusals(base_tree, theirs)
+        if based:
+            prepared = await asyncio.shield(self.prepare(change))
+            if prepared is None:
+                return Merge("conflict", ("it does not apply to its own snapshot",))
+            theirs = prepared
+        else:  # its snapshot is gone (another machine's journal): it must fit as things are
+            await git("read-tree", base_tree, env=store, cwd=self.home)
+            code, _ = await git(
+                "apply", "--cached", "--binary", "-", env=store, cwd=self.home,
+                data=change.patch.encode(errors="surrogateescape"), ok=(0, 1),
+            )  # fmt: skip
+            if code != 0:
+                why = "its snapshot is gone and it does not apply to the tree as it is"
+                return Merge("conflict", (why,))
+            _, out = await git("write-tree", env=store, cwd=self.home)
+            theirs = out.decode().strip()
+        links = await self._link_refusals(base_tree, theirs) if check_links else []
         if links:
             return Merge("refused", tuple(links))
         if not based or await self._same_tree(ours, base_tree):
@@ -606,9 +696,10 @@ class Trees:
             )  # fmt: skip
             lines = out.decode(errors="surrogateescape").splitlines()
             if code != 0:
-                return Merge("conflict", tuple(dict.fromkeys(line for line in lines[1:] if line)))
+                conflicts = tuple(dict.fromkeys(line for line in lines[1:] if line))
+                return Merge("conflict", conflicts)
             merged = lines[0].strip()
-        return await self._write_out(ours, merged, index)
+        return Merge("merged", tree=merged)
 
     async def _link_refusals(self, before: str, after: str) -> list[str]:
         """Refusals for the symbolic links the change leaves, judged on the trees: a link
@@ -687,7 +778,7 @@ class Trees:
             if code:
                 changed.append((code.decode(), raw.decode(errors="surrogateescape")))
         if not changed:
-            return Merge("merged")
+            return Merge("merged", tree=merged)
         prefix = self._repo.prefix if self._repo is not None else ""
         moved = await self._changed_since(ours, [p for _, p in changed], prefix)
         if moved:
@@ -703,7 +794,7 @@ class Trees:
             await git(
                 "checkout-index", "-f", "-z", "--stdin", env=work, cwd=self.workdir, data=listing
             )
-        return Merge("merged")
+        return Merge("merged", tree=merged)
 
     async def _changed_since(self, ours: str, paths: list[str], prefix: str) -> list[str]:
         """The paths whose content on disk is no longer what the tree ``ours`` says."""

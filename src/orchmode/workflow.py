@@ -468,7 +468,7 @@ class Workflow:
             summary = change.summary()
             what = summary.describe() if isinstance(summary, PatchSummary) else "(unreadable)"
             digest = hashlib.sha256(change.patch.encode(errors="surrogateescape")).hexdigest()
-            note = change_note(what, digest[:12])
+            note = change_note(what, digest[:12], change.base)
         return verify_prompt(subtask, quote_result(worker.text, limit, path), note)
 
     async def tree_for(self, isolation: str) -> TreeJob | None:
@@ -579,6 +579,8 @@ class Workflow:
                     "[orchmode: not verified, because it was not run]", SKIPPED
                 )
             isolation = "worktree" if tree is not None else "shared"
+            if self.trees is not None and worker.change is not None and not worker.change.empty:
+                self.trees.prepare(worker.change)  # its merge, ahead, while it is verified
             prompt = self.verify_prompt(subtask, worker, isolation)
             verifier = await self.run_subagent(
                 call,

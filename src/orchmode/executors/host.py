@@ -9,6 +9,7 @@ with it and the claims lapse for someone else to take.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import os
 import socket
@@ -51,6 +52,14 @@ async def keep_claim(store: Store, key: str, holder: str, lease: float) -> None:
                 return
         except OrchmodeError as exc:
             log.warning("could not renew a claim: %s", exc)
+
+
+def _kept_key(base: str, patch: str) -> tuple[str, str]:
+    return base, hashlib.sha256(patch.encode(errors="surrogateescape")).hexdigest()
+
+
+async def _nothing() -> None:
+    return None
 
 
 def _awaiting(task: asyncio.Task[None]) -> Callable[[], Awaitable[None]]:
@@ -199,6 +208,9 @@ class AgentHost:
     make_shell: Callable[[], BashSession]
     #: The tree's private store and copies, for jobs under ``worktree`` isolation.
     trees: Trees | None = None
+    #: Workers' copies kept for their verifiers, by (snapshot, patch digest): a verifier
+    #: that runs here checks the very copy its worker left, read-only, instead of a new one.
+    _kept: dict[tuple[str, str], Copy] = field(default_factory=dict, repr=False)
     _spawn_gate: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(SPAWNS))
     _housekeeping: set[asyncio.Task[None]] = field(default_factory=set, repr=False)
 
@@ -214,9 +226,13 @@ class AgentHost:
             and self.trees is not None
             and isinstance(self.make_shell, ShellFactory)
         ):
-            copy = self.trees.plan_copy(job.name, job.tree.base)
-            # Made while the first model request is in flight; the shell waits for it.
-            made = asyncio.create_task(self._make_copy(copy, job.tree))
+            copy = self._kept.pop(_kept_key(job.tree.base, job.tree.patch), None)
+            if copy is not None:
+                made = asyncio.create_task(_nothing())
+            else:
+                copy = self.trees.plan_copy(job.name, job.tree.base)
+                # Made while the first model request is in flight; the shell waits for it.
+                made = asyncio.create_task(self._make_copy(copy, job.tree))
             shell = self.make_shell.in_copy(self.trees, copy, job.tree, _awaiting(made))
         else:
             shell = self.make_shell()
@@ -269,6 +285,10 @@ class AgentHost:
                     log.warning("housekeeping after a subagent failed: %s", failure)
         if self.gateway.budget is not None:
             await self.gateway.budget.flush()
+        if self.trees is not None:
+            kept, self._kept = list(self._kept.values()), {}
+            for copy in kept:  # their verifiers ran elsewhere, or not at all
+                self.trees.discard(copy)
 
     def background(self, work: Coroutine[Any, Any, None]) -> None:
         """Housekeeping off the critical path; :meth:`settle` waits for all of it."""
@@ -294,6 +314,7 @@ class AgentHost:
         be made fails the agent, whatever it said: it never worked on the tree."""
         assert self.trees is not None and job.tree is not None
         await shell.close()  # nothing may still be writing in the copy
+        keep = False
         try:
             try:
                 await made
@@ -315,9 +336,13 @@ class AgentHost:
                     result.turns,
                     result.usage,
                 )
+            if self.settings.verify and not change.empty:
+                self._kept[_kept_key(change.base, change.patch)] = copy
+                keep = True
             return replace(result, change=change)
         finally:
-            await asyncio.to_thread(self.trees.remove, copy)
+            if not keep:
+                self.trees.discard(copy)
 
     async def _prewarm(self, shell: BashSession) -> None:
         """Start a shell ahead of need, a few at a time (see :data:`SPAWNS`)."""
