@@ -123,26 +123,50 @@ def nothing_left(workdir: Path) -> None:
 async def test_seven_workers_each_in_its_own_copy_and_the_refuted_one_is_kept_out(
     serve: StartServer, tmp_path: Path
 ) -> None:
-    """The report's case: 7 workers each write a file and append to one shared file; the
-    seventh is refuted. Six files land, the shared file gets the merged appends in subtask
-    order, and the refuted worker's change is nowhere in the tree."""
+    """The report's case: 7 workers each write a file of their own and append to one shared
+    file; the seventh is refuted. The first append is merged; the later ones collide with it
+    at the same place, as they would in git, so each of those changes is a conflict and is
+    applied not at all (its own file neither); the refuted change is nowhere. Same outcome
+    every run, whatever order the workers finished in."""
     workdir = repo(tmp_path / "work", {"shared.txt": "head\n", "README": "x\n"})
     before = repo_state(workdir)
+    subtasks = [
+        f"Write part {i}{' REFUTE' if i == 7 else ''} $ echo part{i} > part{i}.txt && "
+        f"echo from-{i} >> shared.txt"
+        for i in range(1, 8)
+    ]
+    server = await serve(editing(subtasks, delay=0.05))
+    settled, _ = await run(server, tmp_path, workdir)
+    fates = [(e.index, e.fate) for e in settled]
+    assert fates == [(1, "merged")] + [(i, "conflict") for i in range(2, 7)] + [(7, "not merged")]
+    assert all("shared.txt" in e.detail for e in settled[1:6])
+    assert (workdir / "shared.txt").read_text() == "head\nfrom-1\n"
+    assert (workdir / "part1.txt").read_text() == "part1\n"
+    for i in range(2, 8):
+        assert not (workdir / f"part{i}.txt").exists()  # never applied in part
+    result = tool_result_text(server)
+    assert "[change 7] not merged (refuted)" in result
+    assert "[change 1] merged: 2 files (+2 −0)" in result
+    assert all(Path(e.path).is_file() for e in settled[1:])
+    assert repo_state(workdir) == before
+    nothing_left(workdir)
+
+
+async def test_seven_workers_on_files_of_their_own_all_land_but_the_refuted_one(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    workdir = repo(tmp_path / "work", {"README": "x\n"})
     subtasks = [
         f"Write part {i}{' REFUTE' if i == 7 else ''} $ echo part{i} > part{i}.txt"
         for i in range(1, 8)
     ]
     server = await serve(editing(subtasks, delay=0.05))
     settled, _ = await run(server, tmp_path, workdir)
-    fates = [(e.index, e.fate) for e in settled]
-    assert fates == [(i, "merged") for i in range(1, 7)] + [(7, "not merged")]
+    assert [e.fate for e in settled] == ["merged"] * 6 + ["not merged"]
     for i in range(1, 7):
         assert (workdir / f"part{i}.txt").read_text() == f"part{i}\n"
     assert not (workdir / "part7.txt").exists()
-    result = tool_result_text(server)
-    assert "[change 7] not merged (refuted)" in result
-    assert "[change 1] merged: 1 file (+1 −0): part1.txt (+1 −0)" in result
-    assert repo_state(workdir) == before
+    assert "[change 1] merged: 1 file (+1 −0): part1.txt (+1 −0)" in tool_result_text(server)
     nothing_left(workdir)
 
 

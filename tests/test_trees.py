@@ -13,25 +13,10 @@ from orchmode.events import TokenUsage
 from orchmode.store import Store
 from orchmode.subagent import AgentResult, Status
 from orchmode.trees import Change, TreeError, Trees, run_name, sweep_dead_runs
+from test_isolation import GIT, git_out, repo
 
-GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
-
-
-def make_repo(root: Path, files: dict[str, str]) -> Path:
-    root.mkdir(parents=True)
-    for name, content in files.items():
-        (root / name).parent.mkdir(parents=True, exist_ok=True)
-        (root / name).write_text(content)
-    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
-    subprocess.run([*GIT, "add", "-A"], cwd=root, check=True)
-    subprocess.run([*GIT, "commit", "-qm", "start"], cwd=root, check=True)
-    return root
-
-
-def out(root: Path, *args: str) -> str:
-    return subprocess.run(
-        ["git", *args], cwd=root, capture_output=True, text=True, check=True
-    ).stdout
+make_repo = repo  # a committed repository
+out = git_out
 
 
 async def worker_change(trees: Trees, edit: str) -> Change:

@@ -37,7 +37,7 @@ from .events import (
     TurnDone,
     TurnStarted,
 )
-from .progress import change_fate, compaction_text, condensed_text
+from .progress import CHANGE_STYLES, change_fate, compaction_text, condensed_text
 from .prompts import SEVERITIES  # the order a reader wants; anything else sorts after
 from .store import EventRow
 from .totals import SessionTotals
@@ -843,13 +843,6 @@ _STATE_STYLES = {
     "refuted": "red",
     "unclear": "yellow",
 }
-_CHANGE_STYLES = {
-    "merged": "green",
-    "conflict": "red",
-    "refused": "red",
-    "not merged": "yellow",
-    "kept": "cyan",
-}
 _SEVERITY_STYLES = {"high": "bold red", "medium": "yellow", "low": "cyan", "info": "dim"}
 
 
@@ -913,7 +906,7 @@ def _agent_lines(agent: AgentRecord, indent: str) -> list[Line]:
     if agent.report_path:  # the whole of it, whatever the model was shown
         lines.append(_line(inner, ("full result ", "bold"), agent.report_path))
     if agent.change is not None:  # only a worker with its own copy of the tree has one
-        style = _CHANGE_STYLES.get(agent.change.fate, "")
+        style = CHANGE_STYLES.get(agent.change.fate, "")
         lines.append(_line(inner, ("change ", "bold"), (agent.change.describe(), style)))
         if agent.change.path:
             lines.append(_line(inner, ("patch ", "bold"), agent.change.path))

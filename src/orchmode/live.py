@@ -39,7 +39,7 @@ from .events import (
     TurnDone,
     TurnStarted,
 )
-from .progress import compaction_text, condensed_text
+from .progress import CHANGE_STYLES, compaction_text, condensed_text
 from .totals import SessionTotals
 
 QUEUED = "queued"
@@ -61,15 +61,6 @@ _STYLES = {
     SKIPPED: "magenta",
 }
 
-#: A settled change's fate, coloured: merged is good news, a conflict or a refusal is not.
-_CHANGE_STYLES = {
-    "merged": "green",
-    "conflict": "red",
-    "refused": "red",
-    "not merged": "yellow",
-    "kept": "cyan",
-}
-
 
 def _short(text: str, width: int) -> str:
     line = " ".join(text.split())
@@ -87,7 +78,7 @@ def _change_cell(change: ChangeSettled | None) -> Text | str:
     fate = change.fate
     if fate == "not merged" and change.detail:
         fate += f" ({_short(change.detail, 30)})"
-    style = _CHANGE_STYLES.get(change.fate, "")
+    style = CHANGE_STYLES.get(change.fate, "")
     return Text(_short(f"+{change.added} −{change.removed} {fate}", 40), style=style)
 
 

@@ -22,6 +22,15 @@ from .events import (
 )
 from .results import RESULTS_DIR
 
+#: A settled change's fate, coloured: merged is good news, a conflict or a refusal is not.
+CHANGE_STYLES = {
+    "merged": "green",
+    "conflict": "red",
+    "refused": "red",
+    "not merged": "yellow",
+    "kept": "cyan",
+}
+
 
 def _one_line(text: str, width: int = 100) -> str:
     line = " ".join(text.split())
