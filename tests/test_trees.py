@@ -159,3 +159,13 @@ async def test_a_heap_of_untracked_files_is_refused_before_anything_is_copied(
     with pytest.raises(TreeError, match=r"3 MB of untracked files.*data\.bin \(3 MB\)"):
         await trees.snapshot()
     trees.close()
+
+
+async def test_tracked_files_never_count_against_the_untracked_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = make_repo(tmp_path / "r", {"big.txt": "x" * 3_000_000})
+    monkeypatch.setattr("orchmode.trees.MAX_UNTRACKED_MB", 2)
+    trees = Trees(root)
+    assert (await trees.snapshot()).commit  # 3 MB, but committed
+    trees.close()

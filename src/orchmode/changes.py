@@ -97,7 +97,7 @@ def _settle(
     """The subtask's line (its change kept as a file), and its event."""
     i = candidate.index
     summary = change.summary()
-    files = summary.describe() if isinstance(summary, PatchSummary) else "an unreadable patch"
+    files = change.describe()
     added = summary.added if isinstance(summary, PatchSummary) else 0
     removed = summary.removed if isinstance(summary, PatchSummary) else 0
     path = results.write_patch(candidate.key, change.patch) if results is not None else ""

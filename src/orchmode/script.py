@@ -47,7 +47,6 @@ from .context import CHARS_PER_TOKEN, estimate_tokens
 from .errors import OrchmodeError
 from .events import ResultCondensed, Role, ScriptDone, ScriptStarted
 from .executors import TreeJob
-from .patches import PatchSummary
 from .prompts import verify_prompt
 from .subagent import AgentResult, Status
 from .workflow import VERIFIER_PRIORITY, WORKER_PRIORITY, Workflow, isolation_of, verdict_of
@@ -483,11 +482,7 @@ class ScriptRun:
         self.workers.append(_Isolated(index, key, prompt, result, tree))
         change = result.change
         if change is not None and not change.empty:
-            summary = change.summary()
-            answer["change"] = {
-                "agent": index,
-                "files": summary.describe() if isinstance(summary, PatchSummary) else summary,
-            }
+            answer["change"] = {"agent": index, "files": change.describe()}
         return answer
 
     async def _verify(self, prompt: object, result: object) -> dict[str, Any]:

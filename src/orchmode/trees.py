@@ -108,6 +108,18 @@ class Change:
         except PatchError as exc:
             return str(exc)
 
+    def describe(self) -> str:
+        """One line: "2 files (+10 −2): a.py (+8 −2), …", or that it cannot be read."""
+        summary = self.summary()
+        if isinstance(summary, PatchSummary):
+            return summary.describe()
+        return f"an unreadable patch ({summary})"
+
+    @property
+    def digest(self) -> str:
+        """The patch's SHA-256: what tells two changes apart (journal keys, kept copies)."""
+        return hashlib.sha256(self.patch.encode(errors="surrogateescape")).hexdigest()
+
 
 @dataclass(frozen=True)
 class Snapshot:
@@ -328,6 +340,7 @@ class Trees:
         await self.open()
         index = self.run / f"{self._name('snapshot')}.index"
         try:
+            await self._check_untracked(index)
             tree = await self._tree_of_workdir(index)
             _, out = await git(
                 "commit-tree", tree, "-m", "orchmode snapshot", env=self._store_env(), cwd=self.home
@@ -363,7 +376,6 @@ class Trees:
     async def _tree_of_workdir(self, index: Path) -> str:
         repo = self._repo
         env = self._workdir_env(index)
-        await self._check_untracked(env)
         if repo is not None and (repo.git_dir / "index").is_file():
             with contextlib.suppress(OSError):
                 shutil.copyfile(repo.git_dir / "index", index)  # its stat cache saves hashing
@@ -379,8 +391,15 @@ class Trees:
         _, out = await git("write-tree", *prefix, env=env, cwd=self.workdir)
         return out.decode().strip()
 
-    async def _check_untracked(self, env: Mapping[str, str]) -> None:
-        """Refuse a snapshot that would copy a heap of files git does not track."""
+    async def _check_untracked(self, index: Path) -> None:
+        """Refuse a snapshot that would copy a heap of files git does not track.
+
+        In a repository, the user's own index says what is tracked (only read); outside
+        one, nothing is.
+        """
+        env = self._workdir_env(index)
+        if self._repo is not None:
+            env.pop("GIT_INDEX_FILE")
         _, out = await git(
             "ls-files", "-z", "--others", "--exclude-standard", "--", ".", env=env, cwd=self.workdir
         )
@@ -630,10 +649,7 @@ class Trees:
         snapshot is gone or it does not apply to it). Independent of every other change,
         so it is done as soon as the worker ends, while its verifier runs; the merges at
         the end of the call, which must go one at a time, only take it up."""
-        key = (
-            change.base,
-            hashlib.sha256(change.patch.encode(errors="surrogateescape")).hexdigest(),
-        )
+        key = (change.base, change.digest)
         task = self._theirs.get(key)
         if task is None:
             task = asyncio.create_task(self._theirs_tree(change))
@@ -647,41 +663,37 @@ class Trees:
         if not await self.has(change.base):
             return None
         index = self.run / f"{self._name('theirs')}.index"
-        store = self._store_env(index)
         try:
-            await git("read-tree", f"{change.base}^{{tree}}", env=store, cwd=self.home)
-            code, _ = await git(
-                "apply", "--cached", "--binary", "-", env=store, cwd=self.home,
-                data=change.patch.encode(errors="surrogateescape"), ok=(0, 1),
-            )  # fmt: skip
-            if code != 0:
-                return None
-            _, out = await git("write-tree", env=store, cwd=self.home)
-            return out.decode().strip()
+            return await self._applied(f"{change.base}^{{tree}}", change.patch, index)
         finally:
             with contextlib.suppress(OSError):
                 index.unlink()
 
-    async def _merge(self, change: Change, index: Path, ours: str, *, check_links: bool) -> Merge:
+    async def _applied(self, tree: str, patch: str, index: Path) -> str | None:
+        """The tree ``patch`` makes of ``tree``, or None when it does not apply to it."""
         store = self._store_env(index)
+        await git("read-tree", tree, env=store, cwd=self.home)
+        code, _ = await git(
+            "apply", "--cached", "--binary", "-", env=store, cwd=self.home,
+            data=patch.encode(errors="surrogateescape"), ok=(0, 1),
+        )  # fmt: skip
+        if code != 0:
+            return None
+        _, out = await git("write-tree", env=store, cwd=self.home)
+        return out.decode().strip()
+
+    async def _merge(self, change: Change, index: Path, ours: str, *, check_links: bool) -> Merge:
         based = await self.has(change.base)
         base_tree = f"{change.base}^{{tree}}" if based else ours
         if based:
-            prepared = await asyncio.shield(self.prepare(change))
-            if prepared is None:
+            theirs = await asyncio.shield(self.prepare(change))
+            if theirs is None:
                 return Merge("conflict", ("it does not apply to its own snapshot",))
-            theirs = prepared
         else:  # its snapshot is gone (another machine's journal): it must fit as things are
-            await git("read-tree", base_tree, env=store, cwd=self.home)
-            code, _ = await git(
-                "apply", "--cached", "--binary", "-", env=store, cwd=self.home,
-                data=change.patch.encode(errors="surrogateescape"), ok=(0, 1),
-            )  # fmt: skip
-            if code != 0:
+            theirs = await self._applied(ours, change.patch, index)
+            if theirs is None:
                 why = "its snapshot is gone and it does not apply to the tree as it is"
                 return Merge("conflict", (why,))
-            _, out = await git("write-tree", env=store, cwd=self.home)
-            theirs = out.decode().strip()
         links = await self._link_refusals(base_tree, theirs) if check_links else []
         if links:
             return Merge("refused", tuple(links))

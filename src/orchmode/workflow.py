@@ -13,7 +13,6 @@ pairs reach the journal early. The tool result keeps the spec's order regardless
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import heapq
 import itertools
 import json
@@ -44,7 +43,6 @@ from .executors import Executor, Job, TreeJob, WorkerLost
 from .executors.host import claim_or_take_over, holder_name, keep_claim
 from .executors.local import HERE, LocalExecutor
 from .model import ModelGateway
-from .patches import PatchSummary
 from .prompts import SUBAGENT_SYSTEM, SUBAGENT_TOOLS, change_note, quote_result, verify_prompt
 from .results import ResultFiles
 from .settings import Settings
@@ -465,10 +463,7 @@ class Workflow:
         change = worker.change
         note = ""
         if change is not None and not change.empty:
-            summary = change.summary()
-            what = summary.describe() if isinstance(summary, PatchSummary) else "(unreadable)"
-            digest = hashlib.sha256(change.patch.encode(errors="surrogateescape")).hexdigest()
-            note = change_note(what, digest[:12], change.base)
+            note = change_note(change.describe(), change.digest[:12], change.base)
         return verify_prompt(subtask, quote_result(worker.text, limit, path), note)
 
     async def tree_for(self, isolation: str) -> TreeJob | None:
@@ -847,10 +842,9 @@ class Workflow:
         }
         change = result.change
         if change is not None and not change.empty:
-            summary = change.summary()
             record["change"] = {
                 "base": change.base,
-                "files": summary.describe() if isinstance(summary, PatchSummary) else summary,
+                "files": change.describe(),
                 "patch": self.results.write_patch(key, change.patch),
             }
         return self.results.write_agent(role, key, record)

@@ -9,7 +9,6 @@ with it and the claims lapse for someone else to take.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import os
 import socket
@@ -31,7 +30,7 @@ from ..settings import Settings
 from ..shell import BashSession
 from ..store import Store
 from ..subagent import AgentResult, Status, Subagent, describe_failure
-from ..trees import Copy, Trees
+from ..trees import Change, Copy, Trees
 from . import Job, TreeJob
 
 log = logging.getLogger("orchmode")
@@ -55,7 +54,7 @@ async def keep_claim(store: Store, key: str, holder: str, lease: float) -> None:
 
 
 def _kept_key(base: str, patch: str) -> tuple[str, str]:
-    return base, hashlib.sha256(patch.encode(errors="surrogateescape")).hexdigest()
+    return base, Change(base, patch).digest
 
 
 async def _nothing() -> None:
