@@ -425,3 +425,41 @@ def test_changes_made_on_two_nodes_are_merged_into_the_working_directory(
         ).stdout.count("part_")
         == 6
     )
+
+
+def test_each_node_starts_its_own_stdio_mcp_servers(
+    cluster: LocalCluster, postgres_clean_url: str, tmp_path: Path, server: Any
+) -> None:
+    """The driver ships the parsed MCP config; every node's actor starts the server itself,
+    so the workers' calls are answered by processes whose parent is their node's actor."""
+    project = tmp_path / "project"
+    project.mkdir()
+    config = tmp_path / "mcp.json"
+    servers = Path(__file__).with_name("mcp_servers.py")
+    config.write_text(json.dumps({"mcpServers": {"demo": {
+        "command": sys.executable, "args": [str(servers), "demo"]}}}))  # fmt: skip
+    scenario = OrchestrationScenario(
+        subtasks=12,
+        scout_call=("mcp__demo__whereami", {}),
+        worker_call=lambda _s: ("mcp__demo__whereami", {}),
+    )
+    started = server(scenario)
+    args = orchmode_args(started, *on_ray(cluster, postgres_clean_url), "--mcp-config", str(config))
+    done = run_orchmode(args, project, cluster)
+    assert done.returncode == 0, done.stderr
+    events = recorded(postgres_clean_url, session_of(done.stderr))
+    workers = [a for a in agents(events) if a["role"] == "worker"]
+    assert {a["node"] for a in workers} == {"127.0.0.2", "127.0.0.3"}
+    calls = [data for kind, data in events if kind == "McpCallDone"]
+    assert len(calls) == 13 and all(c["ok"] for c in calls)
+    parents: dict[str, set[str]] = {}
+    for entry in started.log:
+        role = "main" if "Workflow" in {t["name"] for t in entry.body["tools"]} else "worker"
+        for message in entry.body["messages"]:
+            for block in message["content"] if isinstance(message["content"], list) else []:
+                text = str(block.get("content", ""))
+                if block.get("type") == "tool_result" and text.startswith("served by pid"):
+                    parents.setdefault(role, set()).add(text.rsplit(" ", 1)[1])
+    assert len(parents["main"]) == 1
+    assert len(parents["worker"]) == 2  # one actor per node, each with its own server
+    assert not parents["main"] & parents["worker"]

@@ -493,6 +493,11 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
         "tools.0.name: Field required",
     ),
     (
+        "tool name the API refuses",
+        base(tools=[{"name": "mcp__my server__read.file", "input_schema": {"type": "object"}}]),
+        "tools.0.custom.name: String should match pattern",
+    ),
+    (
         "custom tool without schema",
         base(tools=[{"name": "x"}]),
         "tools.0.custom.input_schema: Field required",

@@ -1,6 +1,15 @@
 """orchmode: run Claude as an orchestrator of parallel, verified subagents.
 
-Heavy parts are imported on first use, so the command line starts quickly.
+From Python::
+
+    async with orchmode.open_session(settings, credentials=orchmode.Credentials(api_key=key)) as s:
+        s.set_mode(True)
+        result = await s.turn("Review this repository")
+
+:func:`open_session` opens a :class:`Session`; its events are the classes exported here
+(:class:`BashDone`, :class:`SubagentDone`, …) and its totals a :class:`Totals`. See the
+README's "From Python" section. Heavy parts are imported on first use, so the command line
+(and ``import orchmode``) starts quickly.
 """
 
 from __future__ import annotations
@@ -12,29 +21,109 @@ from .errors import AuthError, ConfigError, EndpointError, OrchmodeError
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from .agent import Session, TurnResult
+    from .agent import SessionBusy, TurnResult
+    from .api import EventStream, RequestTotals, Session, SessionClosed, Totals, open_session
+    from .events import (
+        BashDone,
+        BashStarted,
+        BudgetStatus,
+        ChangeSettled,
+        ContextCompacted,
+        Event,
+        FanoutDone,
+        FanoutStarted,
+        McpCallDone,
+        McpCallStarted,
+        McpServerFailed,
+        ModelRequestDone,
+        ResultCondensed,
+        ScriptDone,
+        ScriptStarted,
+        SubagentDone,
+        SubagentStarted,
+        TokenUsage,
+        TurnDone,
+        TurnStarted,
+    )
     from .model import Credentials, ModelGateway
     from .settings import Settings
 
+_EVENTS = (
+    "BashDone",
+    "BashStarted",
+    "BudgetStatus",
+    "ChangeSettled",
+    "ContextCompacted",
+    "Event",
+    "FanoutDone",
+    "FanoutStarted",
+    "McpCallDone",
+    "McpCallStarted",
+    "McpServerFailed",
+    "ModelRequestDone",
+    "ResultCondensed",
+    "ScriptDone",
+    "ScriptStarted",
+    "SubagentDone",
+    "SubagentStarted",
+    "TokenUsage",
+    "TurnDone",
+    "TurnStarted",
+)
+
+#: Public name -> the module that defines it, imported when the name is first used.
 _LAZY = {
-    "Session": "agent",
+    "open_session": "api",
+    "Session": "api",
+    "SessionClosed": "api",
+    "EventStream": "api",
+    "Totals": "api",
+    "RequestTotals": "api",
     "TurnResult": "agent",
+    "SessionBusy": "agent",
     "Credentials": "model",
     "ModelGateway": "model",
     "Settings": "settings",
+    **dict.fromkeys(_EVENTS, "events"),
 }
 
 __all__ = [
     "AuthError",
+    "BashDone",
+    "BashStarted",
+    "BudgetStatus",
+    "ChangeSettled",
     "ConfigError",
+    "ContextCompacted",
     "Credentials",
     "EndpointError",
+    "Event",
+    "EventStream",
+    "FanoutDone",
+    "FanoutStarted",
+    "McpCallDone",
+    "McpCallStarted",
+    "McpServerFailed",
     "ModelGateway",
+    "ModelRequestDone",
     "OrchmodeError",
+    "RequestTotals",
+    "ResultCondensed",
+    "ScriptDone",
+    "ScriptStarted",
     "Session",
+    "SessionBusy",
+    "SessionClosed",
     "Settings",
+    "SubagentDone",
+    "SubagentStarted",
+    "TokenUsage",
+    "Totals",
+    "TurnDone",
     "TurnResult",
+    "TurnStarted",
     "__version__",
+    "open_session",
 ]
 
 
@@ -42,5 +131,11 @@ def __getattr__(name: str) -> Any:
     if name in _LAZY:
         import importlib
 
-        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value  # looked up once
+        return value
     raise AttributeError(f"module 'orchmode' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
@@ -36,6 +37,7 @@ from .events import ContextCompacted, EventBus, TurnDone, TurnStarted
 from .executors import Executor, open_executor
 from .executors.host import AgentHost, ShellFactory, claim_or_take_over, holder_name, keep_claim
 from .executors.local import LocalExecutor
+from .mcptools import McpHub
 from .mode import ModeState
 from .model import Credentials, Message, ModelGateway, ModelReply
 from .prompts import (
@@ -135,8 +137,12 @@ class Session:
         self.session_id = session_id or settings.session or new_session_id()
         #: Who holds this session's claim: this host, this process, this session object.
         self.holder = holder_name()
+        #: The user's MCP servers (``mcp_config``), started when an agent first needs them.
+        self.mcp = McpHub.from_settings(settings, workdir, self.events, os.environ)
         credentials = gateway.credentials
-        keys = (credentials.api_key or "", credentials.auth_token or "")
+        keys: tuple[str, ...] = credentials.secrets
+        if self.mcp is not None:
+            keys += self.mcp.secrets
         #: Every agent's full result, and every tool result a compaction took out.
         self.results = ResultFiles(results_dir(workdir, self.session_id), keys)
         readable = (self.results.directory,) if self.results.prepare() else ()
@@ -144,6 +150,9 @@ class Session:
         self.shell = self.make_shell()
         self.window = Window.from_settings(settings)
         self.meter = Meter([MAIN_SYSTEM, MAIN_TOOLS])
+        #: What the main agent is offered: Workflow, bash and its MCP tools (known once the
+        #: first turn starts their servers).
+        self.tools: list[Block] = MAIN_TOOLS
         self.budget = SessionBudget(store, self.session_id, settings)
         gateway.budget = self.budget
         #: Where subagents run: here unless the caller brought another executor (Ray),
@@ -153,7 +162,7 @@ class Session:
         self.trees = Trees(workdir)
         self.trees.sweep()  # copies left by a run that was killed
         self.executor = executor or LocalExecutor(
-            AgentHost(settings, gateway, store, self.make_shell, self.trees)
+            AgentHost(settings, gateway, store, self.make_shell, self.trees, self.mcp)
         )
         self.workflow = Workflow(
             settings,
@@ -163,6 +172,7 @@ class Session:
             self.executor,
             results=self.results,
             trees=self.trees,
+            mcp=self.mcp,
         )
 
     def set_mode(self, on: bool) -> None:
@@ -175,7 +185,7 @@ class Session:
             raise OrchmodeError("a user turn needs some text")
         notices = self.mode.user_turn()
         self._turn_start = len(self.history)
-        if self.settings.notice_delivery == "user-text":
+        if self.gateway.notices_in_user_text:
             folded = "".join(notice_as_user_text(NOTICES[n]) for n in notices)
             self.history.append({"role": "user", "content": text + folded})
         else:
@@ -307,8 +317,14 @@ class Session:
             return
         self._recorded = list(history)
 
+    async def _list_tools(self) -> None:
+        if self.mcp is not None and self.tools is MAIN_TOOLS:
+            self.tools = [*MAIN_TOOLS, *await self.mcp.tools_for("main")]
+            self.meter.fixed_tokens = Meter([MAIN_SYSTEM, self.tools]).fixed_tokens
+
     async def _loop(self) -> TurnResult:
         limit = self.settings.main_turns
+        await self._list_tools()
         paused_text: list[str] = []
         #: A request refused as too long is compacted and sent again once, not more.
         retried = False
@@ -320,7 +336,7 @@ class Session:
                     agent="main",
                     system=MAIN_SYSTEM,
                     messages=self.history,
-                    tools=MAIN_TOOLS,
+                    tools=self.tools,
                     on_text=self.on_text,
                     previous_message_id=self.last_message_id,
                     context_edits=self._context_edits(),
@@ -427,7 +443,7 @@ class Session:
             counted = await self.gateway.count_tokens(
                 system=MAIN_SYSTEM,
                 messages=self.history,
-                tools=MAIN_TOOLS,
+                tools=self.tools,
                 context_edits=self._context_edits(),
             )
             if counted is not None:
@@ -583,13 +599,17 @@ class Session:
                 log.exception("the Workflow tool failed")
                 text, is_error = f"error: the workflow failed: {exc}", True
             return tool_result(tool_use["id"], text, is_error=is_error)
-        return unknown_tool(tool_use, [str(t["name"]) for t in MAIN_TOOLS])
+        if self.mcp is not None and self.mcp.handles(name):
+            return await self.mcp.call(tool_use, agent="main", role="main")
+        return unknown_tool(tool_use, [str(t["name"]) for t in self.tools])
 
     async def close(self) -> None:
         await self.shell.close()
         await self.budget.flush()
         if self._owns_executor:
             await self.executor.close()
+        if self.mcp is not None:
+            await self.mcp.close()
         self.trees.close()
 
 

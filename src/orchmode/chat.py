@@ -4,6 +4,9 @@ Lines come from prompt_toolkit (history, editing) on a terminal, and from plain 
 otherwise, so the same loop runs under a test with its input piped in. A cancelled turn
 leaves the conversation valid — :meth:`Session.turn` answers every tool call and saves the
 history even when cancelled — and the subagents that finished stay in the journal.
+
+An answer is printed once its turn has ended: as rendered Markdown when stdout is a terminal
+(a half-written answer could not be drawn), exactly as the model wrote it otherwise.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from .display import Display, DisplayMode, make_display
 from .errors import AuthError, OrchmodeError
 from .events import EventBus
 from .history import session_totals
+from .markdown import print_answer
 from .model import Credentials
 from .records import EventRecorder
 from .resume import interrupted
@@ -177,7 +181,7 @@ class Chat:
             return
         finally:
             self.turn_task = None
-        self.say(result.text)
+        print_answer(result.text, self.out)
 
     async def command(self, line: str) -> bool:
         """Run a slash command; False means leave."""

@@ -260,7 +260,7 @@ async def _run(
     display = make_display(display_mode, totals)
     for line in opening:
         display.notice(line)
-    credentials = credentials or Credentials.from_env(os.environ)
+    credentials = credentials or Credentials.from_env(os.environ, settings.provider)
     if settings.max_cost is not None and settings.price() is None:
         raise ConfigError(
             f"--max-cost needs a price for {settings.model} — add it under "
@@ -286,13 +286,13 @@ async def _run(
             first = await session.turn(task)
             if first.error is not None:
                 raise first.error
-            print(first.text, flush=True)
+            _print_answer(first.text)
             session.meta["phase"] = 2
             session.set_mode(False)
             second = await session.turn(SUMMARY_TASK)
             if second.error is not None:
                 raise second.error
-            print(f"\n---\n\n{second.text}", flush=True)
+            _print_answer(f"\n---\n\n{second.text}")
             session.meta["phase"] = "done"
             await session.save()
             display.notice(f"[session] {totals.describe()}")
@@ -312,9 +312,16 @@ async def _run(
 _driving: list[str] = []
 
 
+def _print_answer(text: str) -> None:
+    """One answer on stdout: Markdown drawn on a terminal, exactly as written into a pipe."""
+    from .markdown import print_answer
+
+    print_answer(text)
+
+
 def _print_run_answers(first: str, second: str) -> None:
-    print(first, flush=True)
-    print(f"\n---\n\n{second}", flush=True)
+    _print_answer(first)
+    _print_answer(f"\n---\n\n{second}")
 
 
 async def _resume(
@@ -341,7 +348,7 @@ async def _resume(
         found = await choose(store, workdir, wanted)
     finally:
         await store.close()
-    credentials = credentials or Credentials.from_env(os.environ)
+    credentials = credentials or Credentials.from_env(os.environ, settings.provider)
     settings = settings.model_copy(update={"session": found.id})
     totals = SessionTotals()
     display = make_display(display_mode, totals)
@@ -368,15 +375,15 @@ async def _resume(
             if meta.get("command") == "run" and meta.get("phase") == 2:
                 _print_run_answers(session.answer_of_turn(1) or "", result.text)
             elif meta.get("command") == "run":
-                print(result.text, flush=True)
+                _print_answer(result.text)
                 meta["phase"] = 2
                 session.set_mode(False)
                 second = await session.turn(SUMMARY_TASK)
                 if second.error is not None:
                     raise second.error
-                print(f"\n---\n\n{second.text}", flush=True)
+                _print_answer(f"\n---\n\n{second.text}")
             else:
-                print(result.text, flush=True)
+                _print_answer(result.text)
             if meta.get("command") == "run":
                 meta["phase"] = "done"
                 await session.save()
@@ -561,7 +568,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     fixture = _make_fixture()
     try:
         with server.in_thread():
-            demo = settings.model_copy(update={"base_url": server.url, "workdir": fixture})
+            demo = settings.model_copy(
+                update={"base_url": server.url, "workdir": fixture, "provider": "anthropic"}
+            )
             task = "Review this little project"
             mode = _display_mode(args)
             run = _run(
@@ -594,7 +603,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
     workdir = _workdir(settings)
     if not workdir.is_dir():
         raise ConfigError(f"the working directory {workdir} does not exist")
-    credentials = Credentials.from_env(os.environ)
+    credentials = Credentials.from_env(os.environ, settings.provider)
     asyncio.run(run_chat(settings, workdir, credentials, display_mode=_display_mode(args)))
     return 0
 

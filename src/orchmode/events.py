@@ -19,6 +19,8 @@ Role = Literal["main", "worker", "verifier"]
 
 @dataclass(frozen=True)
 class TokenUsage:
+    """Tokens of one request or a sum of them, as the API bills them."""
+
     input_tokens: int = 0
     output_tokens: int = 0
     cache_read_tokens: int = 0
@@ -45,6 +47,8 @@ class TokenUsage:
 
 @dataclass(frozen=True)
 class ModelRequestDone:
+    """One model request finished: whose, what it used and cost, and any cache miss."""
+
     agent: str
     message_id: str
     stop_reason: str | None
@@ -67,6 +71,8 @@ class BashStarted:
 
 @dataclass(frozen=True)
 class BashDone:
+    """A command ended: its exit code (None if it was cut off), time and sandbox."""
+
     agent: str
     command: str
     exit_code: int | None
@@ -77,7 +83,39 @@ class BashDone:
 
 
 @dataclass(frozen=True)
+class McpCallStarted:
+    """An agent called a tool of one of the user's MCP servers."""
+
+    agent: str
+    server: str
+    tool: str
+
+
+@dataclass(frozen=True)
+class McpCallDone:
+    """An MCP tool call returned, or failed; ``error`` says how."""
+
+    agent: str
+    server: str
+    tool: str
+    duration: float
+    ok: bool
+    #: The error in a few words (secrets masked) when it failed.
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class McpServerFailed:
+    """An MCP server could not start or stopped answering: said once per server."""
+
+    server: str
+    message: str
+
+
+@dataclass(frozen=True)
 class FanoutStarted:
+    """A Workflow call fanned out ``subtasks``; ``not_run`` were over the per-call limit."""
+
     call: int
     subtasks: int
     not_run: int
@@ -85,6 +123,8 @@ class FanoutStarted:
 
 @dataclass(frozen=True)
 class SubagentStarted:
+    """A worker or verifier of a Workflow call began."""
+
     call: int
     index: int
     role: Role
@@ -96,6 +136,8 @@ class SubagentStarted:
 
 @dataclass(frozen=True)
 class SubagentDone:
+    """A worker or verifier ended: how, what it used, its verdict and report file."""
+
     call: int
     index: int
     role: Role
@@ -116,6 +158,8 @@ class SubagentDone:
 
 @dataclass(frozen=True)
 class FanoutDone:
+    """A Workflow call's fan-out ended, verifications included."""
+
     call: int
     duration: float
 
@@ -138,6 +182,8 @@ class TurnStarted:
 
 @dataclass(frozen=True)
 class TurnDone:
+    """A user turn ended: why (``stop``) and after how many model calls."""
+
     stop: str
     model_calls: int
 
@@ -213,6 +259,9 @@ Event = (
     ModelRequestDone
     | BashStarted
     | BashDone
+    | McpCallStarted
+    | McpCallDone
+    | McpServerFailed
     | FanoutStarted
     | SubagentStarted
     | SubagentDone

@@ -26,6 +26,7 @@ from .events import (
     Event,
     FanoutDone,
     FanoutStarted,
+    McpCallDone,
     ModelRequestDone,
     ResultCondensed,
     Role,
@@ -41,6 +42,9 @@ from .progress import CHANGE_STYLES, change_fate, compaction_text, condensed_tex
 from .prompts import SEVERITIES  # the order a reader wants; anything else sorts after
 from .store import EventRow
 from .totals import SessionTotals
+
+#: Where an MCP call ran, in the report's sandbox column: not in the bash sandbox.
+MCP_SANDBOX = "none: an MCP server, with your rights"
 
 # --- reading rows -------------------------------------------------------------------------
 
@@ -150,6 +154,14 @@ _PARSERS: dict[str, Callable[[Mapping[str, Any]], Event]] = {
         timed_out=_bool(d, "timed_out"),
         duration=_float(d, "duration", 0.0),
         sandbox=_str(d, "sandbox", ""),
+    ),
+    "McpCallDone": lambda d: McpCallDone(
+        agent=_str(d, "agent"),
+        server=_str(d, "server"),
+        tool=_str(d, "tool"),
+        duration=_float(d, "duration", 0.0),
+        ok=_bool(d, "ok"),
+        error=_str(d, "error", ""),
     ),
     "FanoutStarted": lambda d: FanoutStarted(
         call=_int(d, "call"), subtasks=_int(d, "subtasks", 0), not_run=_int(d, "not_run", 0)
@@ -352,18 +364,24 @@ class SettledChange:
 
 @dataclass(frozen=True)
 class Command:
-    """One bash command, the main agent's or a subagent's."""
+    """One bash command or MCP tool call, the main agent's or a subagent's."""
 
     agent: str
+    #: The command line; for an MCP call, ``mcp <server>/<tool>``.
     command: str
     exit_code: int | None
     timed_out: bool
     duration: float
     sandbox: str
     at: float
+    #: ``bash`` or ``mcp``; an MCP call has no exit code, only ok or its error.
+    kind: str = "bash"
+    error: str = ""
 
     @property
     def outcome(self) -> str:
+        if self.kind == "mcp":
+            return "ok" if self.ok else f"error: {self.error or 'failed'}"
         if self.timed_out:
             return "timed out"
         return "no exit code" if self.exit_code is None else f"exit {self.exit_code}"
@@ -371,6 +389,21 @@ class Command:
     @property
     def ok(self) -> bool:
         return not self.timed_out and self.exit_code == 0
+
+    @classmethod
+    def of_mcp(cls, event: McpCallDone, at: float) -> Command:
+        """An MCP call, shown like a command: it runs outside the sandbox, as the user."""
+        return cls(
+            event.agent,
+            f"mcp {event.server}/{event.tool}",
+            0 if event.ok else 1,
+            False,
+            event.duration,
+            MCP_SANDBOX,
+            at,
+            "mcp",
+            event.error,
+        )
 
 
 #: Subagent states as the report colours them, with the words a reader sees.
@@ -634,16 +667,19 @@ def _apply(turn: Turn, event: Event, at: float) -> None:
             agent = _agent_named(turn, event.agent, at)
             if agent is not None:
                 agent.requests += 1
-        case BashDone():
-            command = Command(
-                event.agent,
-                event.command,
-                event.exit_code,
-                event.timed_out,
-                event.duration,
-                event.sandbox,
-                at,
-            )
+        case BashDone() | McpCallDone():
+            if isinstance(event, McpCallDone):
+                command = Command.of_mcp(event, at)
+            else:
+                command = Command(
+                    event.agent,
+                    event.command,
+                    event.exit_code,
+                    event.timed_out,
+                    event.duration,
+                    event.sandbox,
+                    at,
+                )
             agent = _agent_named(turn, event.agent, at)
             if agent is None:
                 turn.steps.append(command)
@@ -927,7 +963,7 @@ def _command_line(command: Command, indent: str) -> Line:
     style = "green" if command.ok else "red"
     return _line(
         indent,
-        ("$ ", "bold"),
+        ("$ " if command.kind == "bash" else "", "bold"),
         clip(command.command, 100),
         "  ",
         (command.outcome, style),

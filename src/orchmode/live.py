@@ -28,6 +28,8 @@ from .events import (
     Event,
     FanoutDone,
     FanoutStarted,
+    McpCallDone,
+    McpCallStarted,
     ModelRequestDone,
     ResultCondensed,
     Role,
@@ -144,7 +146,7 @@ class LiveView:
     console: Console | None = None
     clock: Callable[[], float] = time.monotonic
     calls: dict[int, CallView] = field(default_factory=dict)
-    commands: list[BashDone] = field(default_factory=list)
+    commands: list[BashDone | McpCallDone] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.began = self.clock()
@@ -211,7 +213,11 @@ class LiveView:
                 row = self._row_of(agent)
                 if row is not None:
                     row.running = command
-            case BashDone():
+            case McpCallStarted(agent=agent):
+                row = self._row_of(agent)
+                if row is not None:
+                    row.running = f"mcp {event.server}/{event.tool}"
+            case BashDone() | McpCallDone():
                 row = self._row_of(event.agent)
                 if row is not None:
                     row.running = ""
@@ -314,13 +320,19 @@ class LiveView:
         for column in ("agent", "command", "took", "status"):
             table.add_column(column, no_wrap=column != "command")
         for done in self.commands:
-            status = "timed out" if done.timed_out else f"exit {done.exit_code}"
-            style = "green" if done.exit_code == 0 and not done.timed_out else "red"
+            if isinstance(done, McpCallDone):
+                shown = f"mcp {done.server}/{done.tool}"
+                status = "ok" if done.ok else f"error: {_short(done.error, 40)}"
+                good = done.ok
+            else:
+                shown = "$ " + done.command
+                status = "timed out" if done.timed_out else f"exit {done.exit_code}"
+                good = done.exit_code == 0 and not done.timed_out
             table.add_row(
                 Text(f"[{done.agent}]"),
-                Text("$ " + _short(done.command, 100)),
+                Text(_short(shown, 102)),
                 f"{done.duration:.1f} s",
-                Text(status, style=style),
+                Text(status, style="green" if good else "red"),
             )
         return table
 

@@ -3,7 +3,9 @@
 Every request carries ``output_config.effort``, the per-request timeout and top-level
 automatic prompt caching, so a multi-turn loop reads its growing prefix from the cache.
 SDK and transport errors are turned into :mod:`orchmode.errors` exceptions here, so the
-loops above never see an HTTP library.
+loops above never see an HTTP library. On Amazon Bedrock and Google Vertex AI (see
+:mod:`orchmode.providers`) what the endpoint is not known to take is left out or sent in
+a form it does take, and the gateway says so once.
 """
 
 from __future__ import annotations
@@ -31,7 +33,20 @@ from .errors import (
 )
 from .events import EventBus, ModelRequestDone, TokenUsage
 from .limits import AdaptiveLimit
-from .settings import Settings
+from .prompts import notice_as_user_text
+from .providers import (
+    AwsAccess,
+    Capabilities,
+    Client,
+    GoogleAccess,
+    auth_failures,
+    build_client,
+    capabilities_of,
+    require_access,
+    resolve_bedrock,
+    resolve_vertex,
+)
+from .settings import Provider, Settings
 
 if TYPE_CHECKING:
     from .budget import SessionBudget
@@ -53,15 +68,39 @@ CONTEXT_BETA = "context-management-2025-06-27"
 
 @dataclass(frozen=True)
 class Credentials:
+    """What the provider needs to accept a request: an Anthropic key or token, or the AWS
+    or Google access resolved at start-up."""
+
     api_key: str | None = None
     auth_token: str | None = None
+    aws: AwsAccess | None = None
+    google: GoogleAccess | None = None
 
     def __repr__(self) -> str:  # never print a secret, even by accident
         return "Credentials(***)"
 
+    @property
+    def secrets(self) -> tuple[str, ...]:
+        """Every secret held, for masking in saved results and commands' environments."""
+        found = [self.api_key, self.auth_token]
+        for access in (self.aws, self.google):
+            if access is not None:
+                found.extend(access.secrets)
+        return tuple(s for s in found if s)
+
     @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> Credentials:
-        """``ANTHROPIC_API_KEY`` first, then ``ANTHROPIC_AUTH_TOKEN``, as the SDK orders them."""
+    def from_env(cls, env: Mapping[str, str], provider: Provider = "anthropic") -> Credentials:
+        """What ``provider`` needs, from the environment and the provider's own config chain.
+
+        Anthropic: ``ANTHROPIC_API_KEY`` first, then ``ANTHROPIC_AUTH_TOKEN``, as the SDK
+        orders them. Bedrock and Vertex: see :func:`orchmode.providers.resolve_bedrock` and
+        :func:`~orchmode.providers.resolve_vertex`; neither needs an Anthropic key. Whatever
+        is missing is a ConfigError or AuthError naming it, here at start-up.
+        """
+        if provider == "bedrock":
+            return cls(aws=resolve_bedrock(env))
+        if provider == "vertex":
+            return cls(google=resolve_vertex(env))
         api_key = env.get("ANTHROPIC_API_KEY") or None
         if api_key:
             return cls(api_key=api_key)
@@ -238,12 +277,76 @@ def _retry_after(exc: anthropic.APIStatusError) -> float | None:
 
 
 def _api_message(exc: anthropic.APIStatusError) -> str:
+    """The error's own words: ``error.message`` (Anthropic, Google) or Bedrock's ``message``."""
     body = exc.body
     if isinstance(body, dict):
         error = body.get("error")
         if isinstance(error, dict) and isinstance(error.get("message"), str):
             return cast(str, error["message"])
+        for key in ("message", "Message"):
+            if isinstance(body.get(key), str):
+                return cast(str, body[key])
     return exc.message
+
+
+_BREAKPOINT_BLOCKS = frozenset({"text", "tool_result", "tool_use", "image", "document"})
+
+
+def _with_breakpoint(messages: list[Message]) -> list[Message]:
+    """The last message with a cache breakpoint on its last block: the same prefix caching
+    the top-level ``cache_control`` asks for, in the form every platform documents. Only
+    the request's copy is marked; the history is not touched."""
+    if not messages:
+        return messages
+    last = messages[-1]
+    content = last.get("content")
+    if isinstance(content, str):
+        if not content.strip():
+            return messages
+        blocks: list[Block] = [{"type": "text", "text": content}]
+    elif isinstance(content, list) and content and isinstance(content[-1], dict):
+        blocks = list(content)
+    else:
+        return messages
+    if blocks[-1].get("type") not in _BREAKPOINT_BLOCKS:
+        return messages
+    blocks[-1] = {**blocks[-1], "cache_control": EPHEMERAL}
+    return [*messages[:-1], {**last, "content": blocks}]
+
+
+def _fold_system_messages(messages: Sequence[Message]) -> list[Message]:
+    """``system`` messages folded into the user turn before them, as user-text notices.
+
+    For an endpoint that takes none: a history recorded with system notices (a session
+    begun on the Messages API, resumed here) is still sent in a form it accepts.
+    """
+    folded: list[Message] = []
+    for message in messages:
+        if message.get("role") != "system":
+            folded.append(message)
+            continue
+        notice = notice_as_user_text(_text_of(message.get("content")))
+        previous = folded[-1] if folded else None
+        if previous is None or previous.get("role") != "user":
+            folded.append({"role": "user", "content": notice.lstrip()})
+            continue
+        content = previous.get("content")
+        if isinstance(content, str):
+            folded[-1] = {**previous, "content": content + notice}
+        else:
+            blocks = list(content) if isinstance(content, list) else []
+            folded[-1] = {**previous, "content": [*blocks, {"type": "text", "text": notice}]}
+    return folded
+
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(
+            str(b.get("text", "")) for b in content if isinstance(b, dict) and b.get("text")
+        )
+    return ""
 
 
 @dataclass
@@ -259,10 +362,32 @@ class ModelGateway:
     cost: float = 0.0
     #: The session's budget: requests reserve against it first and settle after.
     budget: SessionBudget | None = None
-    #: False once the endpoint has refused the context-editing beta: not asked again.
+    #: False once the endpoint has refused the context-editing beta: not asked again;
+    #: False from the start for a provider not known to take it.
     context_editing: bool = True
-    _client: anthropic.AsyncAnthropic | None = None
+    _client: Client | None = None
     _limit: AdaptiveLimit | None = None
+
+    def __post_init__(self) -> None:
+        """Check the provider's access now (not on the first request), and say once what
+        this provider makes orchmode do differently."""
+        require_access(self.settings.provider, self.credentials)
+        if not self.capabilities.context_editing:
+            self.context_editing = False
+        adaptations = self.capabilities.adaptations(self.settings)
+        if adaptations:
+            log.warning("%s: %s", self.capabilities.label, "; ".join(adaptations))
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """What the provider's endpoint is known to take."""
+        return capabilities_of(self.settings.provider)
+
+    @property
+    def notices_in_user_text(self) -> bool:
+        """Whether mode notices go in the user's turn: asked for, or the only way the
+        provider takes them."""
+        return self.settings.notice_delivery == "user-text" or not self.capabilities.system_messages
 
     @property
     def limit(self) -> AdaptiveLimit:
@@ -272,19 +397,10 @@ class ModelGateway:
         return self._limit
 
     @property
-    def client(self) -> anthropic.AsyncAnthropic:
+    def client(self) -> Client:
+        """The SDK client for the provider (see :func:`orchmode.providers.build_client`)."""
         if self._client is None:
-            self._client = anthropic.AsyncAnthropic(
-                # The SDK's aiohttp transport: measured at about half the CPU per request of
-                # the default one under concurrency (bench/fanout.py), and a fan-out is many
-                # concurrent requests.
-                http_client=anthropic.DefaultAioHttpClient(),
-                api_key=self.credentials.api_key,
-                auth_token=self.credentials.auth_token,
-                base_url=self.settings.base_url,
-                timeout=self.settings.request_timeout,
-                max_retries=0,  # retries are ours: see _send
-            )
+            self._client = build_client(self.settings, self.credentials)
         return self._client
 
     @property
@@ -424,11 +540,15 @@ class ModelGateway:
         context_edits: Sequence[Block] | None = None,
     ) -> ModelReply:
         builder = _ReplyBuilder()
+        caps = self.capabilities
+        # Typed loosely: the platform clients' resources are the first-party ones re-bound,
+        # which the SDK's own annotations do not express.
+        client: Any = self.client
         try:
-            create: Any = self.client.messages.create
+            create: Any = client.messages.create
             beta: dict[str, Any] = {}
             if context_edits:
-                create = self.client.beta.messages.create
+                create = client.beta.messages.create
                 beta = {
                     "betas": [CONTEXT_BETA],
                     "context_management": {"edits": list(context_edits)},
@@ -440,11 +560,9 @@ class ModelGateway:
                 # The system prompt is its own cache breakpoint: every agent of a role sends
                 # the same tools and system bytes first, so the wave shares that prefix.
                 system=[{"type": "text", "text": system, "cache_control": EPHEMERAL}],
-                messages=cast(Any, list(messages)),
+                messages=cast(Any, self._wire_messages(messages, breakpoint=True)),
                 tools=cast(Any, list(tools)),
-                output_config={"effort": self.settings.effort},
-                cache_control=EPHEMERAL,
-                diagnostics={"previous_message_id": previous_message_id},
+                **self._optional_fields(previous_message_id),
                 timeout=self.settings.request_timeout,
                 stream=True,
             )
@@ -455,13 +573,21 @@ class ModelGateway:
                         on_text(text)
         except anthropic.AuthenticationError as exc:
             raise AuthError(
-                f"the API rejected the credentials ({exc.status_code}: {_api_message(exc)}) — "
-                "check ANTHROPIC_API_KEY or ANTHROPIC_AUTH_TOKEN"
+                f"{self._who} rejected the credentials ({exc.status_code}: "
+                f"{_api_message(exc)}) — {caps.credentials_hint}"
             ) from exc
         except anthropic.PermissionDeniedError as exc:
-            raise AuthError(
-                f"the API denied access ({exc.status_code}: {_api_message(exc)}) — "
+            hint = (
                 "check that the key may use this model"
+                if self.settings.provider == "anthropic"
+                else caps.credentials_hint
+            )
+            raise AuthError(
+                f"{self._who} denied access ({exc.status_code}: {_api_message(exc)}) — {hint}"
+            ) from exc
+        except auth_failures(self.settings.provider) as exc:
+            raise AuthError(
+                f"the credentials for {caps.label} stopped working: {exc} — {caps.credentials_hint}"
             ) from exc
         except anthropic.APIStatusError as exc:
             status = exc.status_code
@@ -470,9 +596,12 @@ class ModelGateway:
                 raise StreamInterrupted(
                     f"the response stream from {self.endpoint} reported an error: {message_text}"
                 ) from exc
-            if status in (429, 529):
+            # Bedrock and Vertex say "no capacity now" with 503 (ServiceUnavailable), where
+            # the Messages API says 529: both are waited out under overload_patience.
+            platform_busy = status == 503 and self.settings.provider != "anthropic"
+            if status in (429, 529) or platform_busy:
                 raise Overloaded(
-                    f"the API is overloaded ({status}: {message_text})", _retry_after(exc)
+                    f"{self._who} is overloaded ({status}: {message_text})", _retry_after(exc)
                 ) from exc
             if status >= 500 or status in (408, 409):
                 raise TransientFailure(
@@ -494,9 +623,9 @@ class ModelGateway:
                 f"a request to {self.endpoint} timed out after {self.settings.request_timeout:g} s"
             ) from exc
         except anthropic.APIConnectionError as exc:
+            where = "the Messages API" if self.settings.provider == "anthropic" else caps.label
             raise TransientFailure(
-                f"cannot reach the Messages API at {self.endpoint} — check --base-url, "
-                "ANTHROPIC_BASE_URL and the network"
+                f"cannot reach {where} at {self.endpoint} — {caps.endpoint_hint}"
             ) from exc
         except (anthropic.AnthropicError, httpx2.HTTPError) as exc:
             raise StreamInterrupted(
@@ -508,6 +637,36 @@ class ModelGateway:
             raise StreamInterrupted(f"the response stream from {self.endpoint} ended early")
         return reply
 
+    @property
+    def _who(self) -> str:
+        return "the API" if self.settings.provider == "anthropic" else self.capabilities.label
+
+    def _wire_messages(
+        self, messages: Sequence[Message], *, breakpoint: bool = False
+    ) -> list[Message]:
+        """The messages as this provider takes them: system notices folded into the user
+        turn where it takes none, and the prompt cache's breakpoint on the last message
+        where top-level ``cache_control`` is not known to work."""
+        caps = self.capabilities
+        wire = list(messages) if caps.system_messages else _fold_system_messages(messages)
+        if breakpoint and not caps.automatic_caching:
+            wire = _with_breakpoint(wire)
+        return wire
+
+    def _optional_fields(self, previous_message_id: str | None) -> dict[str, Any]:
+        """The request fields only some providers take; the body version some require."""
+        caps = self.capabilities
+        fields: dict[str, Any] = {}
+        if caps.effort:
+            fields["output_config"] = {"effort": self.settings.effort}
+        if caps.automatic_caching:
+            fields["cache_control"] = EPHEMERAL
+        if caps.cache_diagnostics:
+            fields["diagnostics"] = {"previous_message_id": previous_message_id}
+        if caps.body_version is not None:
+            fields["extra_body"] = {"anthropic_version": caps.body_version}
+        return fields
+
     async def count_tokens(
         self,
         *,
@@ -518,24 +677,34 @@ class ModelGateway:
     ) -> int | None:
         """The API's own count of a request's input (after its context edits, if any), or
         None when it cannot say: counting is an aid, so no failure of it is an error."""
+        if not self.capabilities.count_tokens:
+            return None
         edits = context_edits if self.context_editing else None
         request: dict[str, Any] = {
             "model": self.settings.model,
             "system": [{"type": "text", "text": system}],
-            "messages": cast(Any, list(messages)),
+            "messages": cast(Any, self._wire_messages(messages)),
             "tools": cast(Any, list(tools)),
             "timeout": min(self.settings.request_timeout, 60.0),
         }
+        if self.capabilities.body_version is not None:
+            request["extra_body"] = {"anthropic_version": self.capabilities.body_version}
+        client: Any = self.client
+        failures: tuple[type[BaseException], ...] = (
+            anthropic.AnthropicError,
+            httpx2.HTTPError,
+            *auth_failures(self.settings.provider),
+        )
         try:
             if edits:
-                counted: Any = await self.client.beta.messages.count_tokens(
+                counted: Any = await client.beta.messages.count_tokens(
                     **request,
                     betas=[CONTEXT_BETA],
                     context_management={"edits": cast(Any, list(edits))},
                 )
             else:
-                counted = await self.client.messages.count_tokens(**request)
-        except (anthropic.AnthropicError, httpx2.HTTPError) as exc:
+                counted = await client.messages.count_tokens(**request)
+        except failures as exc:
             log.info("could not count a request's tokens: %s", exc)
             return None
         tokens = getattr(counted, "input_tokens", None)

@@ -13,6 +13,7 @@ from .events import (
     Event,
     FanoutDone,
     FanoutStarted,
+    McpCallDone,
     ModelRequestDone,
     ResultCondensed,
     ScriptDone,
@@ -103,6 +104,12 @@ def change_text(event: ChangeSettled, *, whole: bool = True) -> str:
     return line
 
 
+def mcp_call_text(event: McpCallDone) -> str:
+    """``mcp github/search  (0.4 s, ok)``: an MCP call as a plain line shows it."""
+    status = "ok" if event.ok else f"error: {_one_line(event.error) or 'failed'}"
+    return f"mcp {event.server}/{event.tool}  ({event.duration:.1f} s, {status})"
+
+
 @dataclass
 class StderrProgress:
     stream: TextIO = field(default_factory=lambda: sys.stderr)
@@ -125,6 +132,8 @@ class StderrProgress:
             case BashDone(agent=agent, command=command, exit_code=code, timed_out=timed_out):
                 status = "timed out" if timed_out else f"exit {code}"
                 return f"[{agent}] $ {_one_line(command)}  ({event.duration:.1f} s, {status})"
+            case McpCallDone(agent=agent):
+                return f"[{agent}] {mcp_call_text(event)}"
             case FanoutStarted(call=call, subtasks=n, not_run=not_run):
                 extra = f", {not_run} over the per-call limit not run" if not_run else ""
                 return f"[workflow {call}] fanning out {n} subtasks{extra}"

@@ -2,10 +2,13 @@
 
 The file must open anywhere, offline, years later, so it carries its own CSS and a few lines
 of JavaScript and loads nothing. Everything in it that came from a user or a model is
-untrusted and goes through :func:`html.escape`; a Content-Security-Policy allows only the
-page's own script (by hash) and no fetches at all, so even a missed escape could not run
-injected code or call out. The page is complete without JavaScript; the script only opens an
-agent's details from its timeline bar and lets the legend hide states.
+untrusted: it goes through :func:`html.escape`, or — the answers, and the findings' claims,
+evidence and summaries, which are Markdown — through :mod:`orchmode.markdown`, which shows
+any HTML as text, keeps only http, https and mailto links and loads no image. A
+Content-Security-Policy allows only the page's own script (by hash) and no fetches at all,
+so even a missed escape could not run injected code or call out. The page is complete
+without JavaScript; the script only opens an agent's details from its timeline bar and lets
+the legend hide states.
 """
 
 from __future__ import annotations
@@ -32,12 +35,27 @@ from .history import (
     severity_rank,
     when,
 )
+from .markdown import to_html, to_inline_html
 from .prompts import SEVERITIES
 
 
 def e(value: object) -> str:
     """Escaped for both text and double-quoted attributes."""
     return escape(str(value), quote=True)
+
+
+def md_block(text: str, name: str, *, breaks: bool = False) -> str:
+    """Model-written Markdown as sanitised HTML in ``<div class="NAME md">``; ``breaks``
+    keeps each line break (evidence quotes lines of code and output)."""
+    return f'<div class="{name} md">{to_html(text, breaks=breaks)}</div>'
+
+
+def md_inline(text: str, name: str) -> str:
+    """Like :func:`md_block`, but a single paragraph stays inline (a claim beside its badge)."""
+    inline = to_inline_html(text)
+    if inline is None:
+        return md_block(text, name)
+    return f'<span class="{name} md">{inline}</span>'
 
 
 def clock(at: float | None) -> str:
@@ -254,12 +272,12 @@ def _finding_item(
     else:
         verdict = f"verifier {STATE_LABELS[verifier.state]}"
     verdict_class = verdict if verdict in ("confirmed", "refuted", "unclear") else "none"
-    evidence = f'<pre class="evidence">{e(finding.evidence)}</pre>' if finding.evidence else ""
+    evidence = md_block(finding.evidence, "evidence", breaks=True) if finding.evidence else ""
     return (
         f'<li class="finding" data-severity="{e(finding.severity)}" '
         f'data-verdict="{e(verdict)}" data-agent="{e(worker.name)}">'
         f'<span class="badge verdict-{verdict_class}">{e(verdict)}</span> '
-        f'<span class="claim">{e(finding.claim)}</span>{evidence}'
+        f"{md_inline(finding.claim, 'claim')}{evidence}"
         f'<span class="source">— <a href="#{agent_id(turn, worker)}">{e(worker.name)}</a>'
         f"{' · ' + e(worker.title) if worker.title else ''}</span></li>"
     )
@@ -372,7 +390,7 @@ def _turns(history: SessionHistory) -> str:
                 steps.append(f'<ul class="compactions">{_compaction(turn, step)}</ul>')
             else:
                 steps.append(_fanout_step(turn, step))
-        answer = f'<h4>answer</h4><pre class="answer">{e(turn.answer)}</pre>' if turn.answer else ""
+        answer = f"<h4>answer</h4>{md_block(turn.answer, 'answer')}" if turn.answer else ""
         parts.append(
             f'<article class="turn" data-turn="{turn.number}" data-status="{turn.status}">'
             f'<h3>turn {turn.number} <span class="badge state-{turn.status}">'
@@ -468,13 +486,13 @@ def _agent_details(turn: Turn, agent: AgentRecord, nodes: bool = False) -> str:
         items = "".join(
             f'<li data-severity="{e(f.severity)}"><span class="badge severity-'
             f'{e(f.severity if f.severity in SEVERITIES else "other")}">{e(f.severity)}</span> '
-            f"{e(f.claim)}"
-            + (f'<pre class="evidence">{e(f.evidence)}</pre>' if f.evidence else "")
+            f"{md_inline(f.claim, 'claim')}"
+            + (md_block(f.evidence, "evidence", breaks=True) if f.evidence else "")
             + "</li>"
             for f in sorted(report.findings, key=lambda f: severity_rank(f.severity))
         )
         result = (
-            f'<h4>summary</h4><p class="summary">{e(report.summary)}</p>'
+            f"<h4>summary</h4>{md_block(report.summary, 'summary')}"
             f'<ul class="agent-findings">{items}</ul>'
         )
     elif agent.result:
@@ -601,6 +619,27 @@ details.agent summary { cursor: pointer; }
 details.agent:target { outline: 2px solid var(--journal); }
 dl.facts { display: grid; grid-template-columns: repeat(auto-fill, minmax(140px, 1fr));
   gap: 2px 12px; } dl.facts dt { color: var(--muted); font-size: 12px; } dl.facts dd { margin: 0; }
+.md { overflow-wrap: anywhere; } div.md > :first-child { margin-top: 0; }
+div.md > :last-child { margin-bottom: 0; } .md p { margin: 4px 0 8px; }
+div.md h1, div.md h2, div.md h3, div.md h4, div.md h5, div.md h6 { color: var(--ink);
+  text-transform: none; letter-spacing: normal; border: 0; padding: 0; margin: 12px 0 4px; }
+div.md h1 { font-size: 17px; } div.md h2 { font-size: 15.5px; } div.md h3 { font-size: 14.5px; }
+div.md h4, div.md h5, div.md h6 { font-size: 14px; }
+div.md ul, div.md ol { margin: 4px 0 8px; padding-left: 24px; } div.md ul { list-style: disc; }
+div.md ol { list-style: decimal; } div.md li { margin: 2px 0; }
+.md code { background: #f2f4f7; border-radius: 4px; padding: 0 3px; }
+.md pre code { background: none; padding: 0; }
+.md blockquote { margin: 4px 0; padding: 2px 12px; border-left: 3px solid var(--line);
+  color: var(--muted); }
+.md hr { border: 0; border-top: 1px solid var(--line); }
+.md table { border-collapse: collapse; margin: 6px 0; display: block; max-width: 100%;
+  overflow-x: auto; }
+.md th, .md td { border: 1px solid var(--line); padding: 3px 8px; text-align: left;
+  vertical-align: top; } .md th { background: #f2f4f7; font-weight: 600; }
+.md a { color: var(--journal); } .md-image { color: var(--muted); }
+div.evidence { background: #f7f8fa; border-left: 3px solid var(--line); padding: 4px 10px;
+  margin: 4px 0; border-radius: 0 6px 6px 0; }
+div.answer { margin: 4px 0; } .claim.md p { margin: 2px 0; }
 """
 
 SCRIPT = """

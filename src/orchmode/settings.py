@@ -33,6 +33,8 @@ ExecutorKind = Literal["local", "ray"]
 Isolation = Literal["worktree", "shared"]
 #: Which workers' changes are merged into the working directory.
 MergePolicy = Literal["verified", "all", "none"]
+#: Who serves the model: Anthropic's Messages API, Amazon Bedrock or Google Vertex AI.
+Provider = Literal["anthropic", "bedrock", "vertex"]
 
 
 class Settings(BaseModel):
@@ -40,161 +42,173 @@ class Settings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    model: str = Field("claude-opus-5-5", description="Model for the main agent and subagents.")
-    effort: Effort = Field("xhigh", description="`output_config.effort` sent on every request.")
-    max_tokens: int = Field(64000, gt=0, description="`max_tokens` of every model request.")
-    request_timeout: float = Field(600.0, gt=0, description="Seconds one model request may take.")
+    model: str = Field(
+        default="claude-opus-5-5", description="Model for the main agent and subagents."
+    )
+    effort: Effort = Field(
+        default="xhigh", description="`output_config.effort` sent on every request."
+    )
+    max_tokens: int = Field(default=64000, gt=0, description="`max_tokens` of every model request.")
+    request_timeout: float = Field(
+        default=600.0, gt=0, description="Seconds one model request may take."
+    )
     max_retries: int = Field(
-        2, ge=0, description="Retries of a model request that fails (5xx, timeout, connection)."
+        default=2,
+        ge=0,
+        description="Retries of a model request that fails (5xx, timeout, connection).",
     )
     overload_patience: float = Field(
-        900.0,
+        default=900.0,
         gt=0,
         description="Seconds a request keeps retrying while the API answers 429 or 529.",
     )
     stream_retries: int = Field(
-        3, ge=0, description="Retries of a response stream that breaks off part-way."
+        default=3, ge=0, description="Retries of a response stream that breaks off part-way."
     )
-    bash_timeout: float = Field(60.0, gt=0, description="Seconds one bash command may run.")
-    output_limit: int = Field(8000, gt=0, description="Characters of tool output sent back.")
+    bash_timeout: float = Field(default=60.0, gt=0, description="Seconds one bash command may run.")
+    output_limit: int = Field(
+        default=8000, gt=0, description="Characters of tool output sent back."
+    )
     sandbox: SandboxMode = Field(
-        "workspace-write",
+        default="workspace-write",
         description="Where bash runs: `workspace-write` is a bubblewrap sandbox (the host "
         "read-only, the working directory writable, a private /tmp and an empty home, no "
         "network); `read-only` makes the working directory read-only too; `off` runs "
         "commands unsandboxed with your own permissions.",
     )
     allow_network: bool = Field(
-        False, description="Give sandboxed commands the host's network (DNS, internet, loopback)."
+        default=False,
+        description="Give sandboxed commands the host's network (DNS, internet, loopback).",
     )
     sandbox_cpu_seconds: int = Field(
-        300,
+        default=300,
         gt=0,
         description="CPU seconds each process in the sandbox may use (RLIMIT_CPU); the shell "
         "itself counts too, so a shell that used them up is restarted.",
     )
     sandbox_memory_mb: int = Field(
-        4096,
+        default=4096,
         gt=0,
         description="Megabytes of memory one sandboxed shell may use with everything it runs "
         "(a cgroup where orchmode can make one, else each process's RLIMIT_DATA); its "
         "private /tmp holds half as much.",
     )
     sandbox_processes: int = Field(
-        512,
+        default=512,
         ge=8,
         description="Processes and threads one sandboxed shell may run at once (a cgroup's "
         "pids.max where orchmode can make one, else RLIMIT_NPROC in the sandbox's user "
         "namespace).",
     )
     sandbox_bwrap: str = Field(
-        "bwrap", description="The bubblewrap binary: a name looked up on PATH, or a path."
+        default="bwrap", description="The bubblewrap binary: a name looked up on PATH, or a path."
     )
     max_concurrent: int = Field(
-        10,
+        default=10,
         gt=0,
         description="Subagents in flight at once, and the ceiling of model requests in "
         "flight (lowered automatically while the API answers 429 or 529).",
     )
-    max_subtasks: int = Field(200, gt=0, description="Subtasks run per Workflow call.")
-    subagent_turns: int = Field(15, gt=0, description="Model turns per subagent.")
-    main_turns: int = Field(30, gt=0, description="Model calls per main-agent user turn.")
-    refresh_every: int = Field(10, gt=0, description="User turns between mode refreshers.")
-    mode: bool = Field(True, description="Start sessions with orchestration mode on.")
-    verify: bool = Field(True, description="Run the adversarial verification wave.")
+    max_subtasks: int = Field(default=200, gt=0, description="Subtasks run per Workflow call.")
+    subagent_turns: int = Field(default=15, gt=0, description="Model turns per subagent.")
+    main_turns: int = Field(default=30, gt=0, description="Model calls per main-agent user turn.")
+    refresh_every: int = Field(default=10, gt=0, description="User turns between mode refreshers.")
+    mode: bool = Field(default=True, description="Start sessions with orchestration mode on.")
+    verify: bool = Field(default=True, description="Run the adversarial verification wave.")
     isolation: Isolation = Field(
-        "worktree",
+        default="worktree",
         description="Where workers change files under `--sandbox workspace-write`: "
         "`worktree` gives each its own copy of the tree and merges its change back as a "
         "patch; `shared` lets them all write the working directory at once. A Workflow "
         "call may choose for itself.",
     )
     merge: MergePolicy = Field(
-        "verified",
+        default="verified",
         description="With `worktree` isolation, whose changes are merged into the working "
         "directory: `verified` only those their verifier confirmed, `all` every one that "
         "applies, `none` no one (every patch is kept as a file).",
     )
     notice_delivery: NoticeDelivery = Field(
-        "system",
+        default="system",
         description="How mode notices reach the model: `system` messages in the conversation "
         "(the Messages API), or `user-text`, a marked block in the user's turn, for "
         "compatible endpoints that refuse mid-conversation system messages.",
     )
     script_timeout: float = Field(
-        3600.0,
+        default=3600.0,
         gt=0,
         description="Wall-clock seconds a Workflow script may take in all, its agents' work "
         "included; past it the agents still running are stopped.",
     )
     script_cpu_seconds: float = Field(
-        10.0,
+        default=10.0,
         gt=0,
         description="Seconds a Workflow script's own code may run, time spent waiting on its "
         "agents not counted; stops a loop that never ends.",
     )
     script_memory_mb: int = Field(
-        64, gt=0, description="Megabytes of memory a Workflow script's interpreter may use."
+        default=64, gt=0, description="Megabytes of memory a Workflow script's interpreter may use."
     )
     script_recursion_limit: int = Field(
-        200, gt=0, description="How deeply a Workflow script's function calls may nest."
+        default=200, gt=0, description="How deeply a Workflow script's function calls may nest."
     )
     script_max_agents: int = Field(
-        100,
+        default=100,
         gt=0,
         description="Agents one Workflow script may start (each agent, verify and parallel "
         "prompt counts, journal hits included, so a rerun takes the same path).",
     )
     store: str | None = Field(
-        None,
+        default=None,
         description="Where results, claims and the budget live: `sqlite:///path` or "
         "`postgresql://user:password@host/db` (default: the journal file below).",
     )
     journal: Path | None = Field(
-        None,
+        default=None,
         description="SQLite journal file when no store is given (default "
         "`.orchmode/journal.db` in the working directory; `ORCH_JOURNAL` also works).",
     )
     session: str | None = Field(
-        None, description="Session name: its budget ledger is kept under it (default: a new one)."
+        default=None,
+        description="Session name: its budget ledger is kept under it (default: a new one).",
     )
     max_subagents: int = Field(
-        500, gt=0, description="Subagents a session may launch, workers and verifiers both."
+        default=500, gt=0, description="Subagents a session may launch, workers and verifiers both."
     )
     max_session_tokens: int | None = Field(
-        None, gt=0, description="Tokens a session may use in all (input, output and cache)."
+        default=None, gt=0, description="Tokens a session may use in all (input, output and cache)."
     )
     max_cost: float | None = Field(
-        None, gt=0, description="Dollars a session may spend, at the prices below."
+        default=None, gt=0, description="Dollars a session may spend, at the prices below."
     )
     context_window: int | None = Field(
-        None,
+        default=None,
         ge=1000,
         description="Tokens the model's context window holds (default: the model's, from the "
         "table next to the prices; 200000 for current models).",
     )
     workflow_result_tokens: int | None = Field(
-        None,
+        default=None,
         gt=0,
         description="The most tokens one Workflow result may take in the conversation "
         "(default: a quarter of the context window); never more than the room left in the "
         "window. A larger result is condensed; every full report stays on disk.",
     )
     verify_quote_tokens: int | None = Field(
-        None,
+        default=None,
         gt=0,
         description="The most tokens of a worker's result that its verifier's prompt quotes "
         "(default: a twentieth of the context window); the rest is read from its file.",
     )
     compact_at: float = Field(
-        0.8,
+        default=0.8,
         gt=0,
         lt=1,
         description="Share of the context window past which a conversation is compacted "
         "before its next request.",
     )
     compact_to: float = Field(
-        0.5,
+        default=0.5,
         gt=0,
         lt=1,
         description="Share of the context window a compaction brings the conversation down to "
@@ -202,7 +216,7 @@ class Settings(BaseModel):
         "seldom).",
     )
     context_management: ContextManagement = Field(
-        "auto",
+        default="auto",
         description="Who makes room before the window overflows: `auto` asks the API's "
         "context editing (beta `clear_tool_uses_20250919`) first and falls back to "
         "orchmode's own compaction where an endpoint refuses the beta; `harness` never "
@@ -215,40 +229,60 @@ class Settings(BaseModel):
         json_schema_extra={"flag": False},
     )
     executor: ExecutorKind = Field(
-        "local",
+        default="local",
         description="Where subagents run: `local` (this process) or `ray` (async actors on "
         "a Ray cluster's nodes; needs `pip install 'orchmode[ray]'` and a PostgreSQL store).",
     )
     ray_address: str = Field(
-        "auto",
+        default="auto",
         description="The Ray cluster to join: `auto` (the one `ray start` began on this "
         "machine, or `RAY_ADDRESS`) or `host:port` of its head node.",
     )
     ray_actors: int = Field(
-        1, gt=0, description="Ray actors per node; each runs many subagents as coroutines."
+        default=1, gt=0, description="Ray actors per node; each runs many subagents as coroutines."
     )
-    ray_max_per_actor: int = Field(500, gt=0, description="Subagents one Ray actor runs at once.")
+    ray_max_per_actor: int = Field(
+        default=500, gt=0, description="Subagents one Ray actor runs at once."
+    )
     ray_max_upload_mb: float = Field(
-        100.0,
+        default=100.0,
         gt=0,
         description="Megabytes of working directory (after `.gitignore`) shipped to the "
         "Ray nodes; a larger one is refused before anything runs.",
     )
     claim_lease: float = Field(
-        30.0,
+        default=30.0,
         gt=0,
         description="Seconds a claim on a running subtask lasts unless renewed; a crashed "
         "holder's subtasks are taken over after this.",
     )
-    fresh: bool = Field(False, description="Ignore recorded results; recompute every subagent.")
+    fresh: bool = Field(
+        default=False, description="Ignore recorded results; recompute every subagent."
+    )
+    provider: Provider = Field(
+        default="anthropic",
+        description="Who serves the model: `anthropic` (the Messages API), `bedrock` (Amazon "
+        "Bedrock; region and credentials from the AWS chain) or `vertex` (Google Vertex AI; "
+        "project, region and credentials from Google's). Needs `orchmode[bedrock]` or "
+        "`orchmode[vertex]`.",
+    )
     base_url: str | None = Field(
-        None, description="Messages API endpoint (default: `ANTHROPIC_BASE_URL` or Anthropic's)."
+        default=None,
+        description="Messages API endpoint (default: `ANTHROPIC_BASE_URL` or Anthropic's).",
+    )
+    mcp_config: Path | None = Field(
+        default=None,
+        description="A JSON file of MCP servers in the shape of `.mcp.json` (`mcpServers`); "
+        "their tools are offered to the agents. Never read unless named here.",
+    )
+    mcp_timeout: float = Field(
+        default=120.0, gt=0, description="Seconds one MCP tool call (or a server's start) may take."
     )
     workdir: Path | None = Field(
-        None, description="Directory bash runs in (default: the current directory)."
+        default=None, description="Directory bash runs in (default: the current directory)."
     )
     test_mode: bool = Field(
-        False,
+        default=False,
         description="Small limits (2 subtasks, 1 turn each) in a throw-away fixture directory.",
     )
 

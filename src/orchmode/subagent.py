@@ -1,4 +1,5 @@
-"""The subagent loop: one subtask, bash and report_findings, a bounded number of model turns."""
+"""The subagent loop: one subtask, bash, report_findings and the user's MCP tools, a bounded
+number of model turns."""
 
 from __future__ import annotations
 
@@ -6,18 +7,21 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .context import Meter, Window, compact
 from .errors import PromptTooLong
-from .events import ContextCompacted, EventBus, TokenUsage
+from .events import ContextCompacted, EventBus, Role, TokenUsage
 from .model import Message, ModelGateway
 from .prompts import MAX_TOKENS_NOTE
 from .shell import BashSession
 from .tools import Block, run_bash, tool_result, unknown_tool
 from .trees import Change
+
+if TYPE_CHECKING:
+    from .mcptools import McpHub
 
 
 class Status(StrEnum):
@@ -103,6 +107,9 @@ class Subagent:
     on_first_request: Callable[[], None] | None = None
     #: The context window its conversation must stay within (None: no check).
     window: Window | None = None
+    #: The user's MCP servers, whose tools among ``tools`` it may call.
+    mcp: McpHub | None = None
+    role: Role = "worker"
 
     async def run(self, prompt: str) -> AgentResult:
         messages: list[Message] = [{"role": "user", "content": prompt}]
@@ -164,6 +171,8 @@ class Subagent:
                     results.append(
                         await run_bash(self.shell, tool_use, agent=self.name, events=self.events)
                     )
+                elif self.mcp is not None and self.mcp.handles(tool_use["name"]):
+                    results.append(await self.mcp.call(tool_use, agent=self.name, role=self.role))
                 else:
                     results.append(unknown_tool(tool_use, [t["name"] for t in self.tools]))
             messages.append({"role": "user", "content": results})

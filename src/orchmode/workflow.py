@@ -21,7 +21,7 @@ import time
 from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .budget import SessionBudget
 from .changes import Candidate, settle_changes
@@ -49,6 +49,9 @@ from .settings import Settings
 from .store import BudgetState, Store, content_key
 from .subagent import AgentResult, Status
 from .trees import Trees
+
+if TYPE_CHECKING:
+    from .mcptools import McpHub
 
 
 def normalise_subtasks(raw: object) -> list[str]:
@@ -306,7 +309,10 @@ class Workflow:
     results: ResultFiles | None = None
     #: The working tree's private store, for ``worktree`` isolation; None: shared only.
     trees: Trees | None = None
+    #: The user's MCP servers: their tools are part of what a subagent is given.
+    mcp: McpHub | None = None
     calls: int = 0
+    _tools: dict[Role, list[dict[str, Any]]] = field(default_factory=dict, repr=False)
     _slots: PrioritySlots | None = field(default=None, repr=False)
     _housekeeping: set[asyncio.Task[None]] = field(default_factory=set, repr=False)
 
@@ -336,6 +342,7 @@ class Workflow:
         isolation = isolation_of(tool_input, self.settings.isolation)
         if isolation is None:
             return BAD_ISOLATION, True
+        await self._list_tools()
         if form == "script" and isinstance(tool_input, dict):
             from .script import run_script  # the sandbox is loaded only when a script comes
 
@@ -437,14 +444,23 @@ class Workflow:
             )
         return fitted.text
 
+    async def _list_tools(self) -> None:
+        """Learn the subagents' tools before any key is made: MCP tools are part of them."""
+        roles: tuple[Role, ...] = ("worker", "verifier")
+        for role in roles:
+            if role not in self._tools:
+                mcp = await self.mcp.tools_for(role) if self.mcp is not None else []
+                self._tools[role] = [*SUBAGENT_TOOLS, *mcp]
+
     def key_of(self, role: Role, prompt: str, isolation: str = "shared") -> str:
-        """The journal's content address of an agent: everything that determines its result."""
+        """The journal's content address of an agent: everything that determines its result,
+        its tools included (a tool of an MCP server among them)."""
         return content_key(
             role=role,
             model=self.settings.model,
             effort=self.settings.effort,
             system=SUBAGENT_SYSTEM,
-            tools=SUBAGENT_TOOLS,
+            tools=self._tools.get(role, SUBAGENT_TOOLS),
             prompt=prompt,
             isolation=isolation,
         )

@@ -16,13 +16,13 @@ import uuid
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..budget import BudgetExhausted
 from ..context import Window
 from ..environment import command_environment
 from ..errors import AuthError, OrchmodeError
-from ..events import EventBus
+from ..events import EventBus, Role
 from ..model import ModelGateway
 from ..prompts import SUBAGENT_SYSTEM, SUBAGENT_TOOLS
 from ..sandbox import Sandbox
@@ -32,6 +32,9 @@ from ..store import Store
 from ..subagent import AgentResult, Status, Subagent, describe_failure
 from ..trees import Change, Copy, Trees
 from . import Job, TreeJob
+
+if TYPE_CHECKING:
+    from ..mcptools import McpHub
 
 log = logging.getLogger("orchmode")
 
@@ -207,6 +210,8 @@ class AgentHost:
     make_shell: Callable[[], BashSession]
     #: The tree's private store and copies, for jobs under ``worktree`` isolation.
     trees: Trees | None = None
+    #: The user's MCP servers, shared by every agent this host runs.
+    mcp: McpHub | None = None
     #: Workers' copies kept for their verifiers, by (snapshot, patch digest): a verifier
     #: that runs here checks the very copy its worker left, read-only, instead of a new one.
     _kept: dict[tuple[str, str], Copy] = field(default_factory=dict, repr=False)
@@ -238,19 +243,21 @@ class AgentHost:
         # Start bash while the first model request is in flight, so its start-up is off
         # the critical path (and not ahead of a wave of requests going out); close it in
         # the background, for the same reason.
-        agent = Subagent(
-            gateway=self.gateway,
-            shell=shell,
-            events=events,
-            name=job.name,
-            system=SUBAGENT_SYSTEM,
-            tools=SUBAGENT_TOOLS,
-            max_turns=self.settings.subagent_turns,
-            on_first_request=lambda: self.background(self._prewarm(shell)),
-            window=Window.from_settings(self.settings),
-        )
         try:
             try:
+                agent = Subagent(
+                    gateway=self.gateway,
+                    shell=shell,
+                    events=events,
+                    name=job.name,
+                    system=SUBAGENT_SYSTEM,
+                    tools=await self.tools_for(job.role),
+                    max_turns=self.settings.subagent_turns,
+                    on_first_request=lambda: self.background(self._prewarm(shell)),
+                    window=Window.from_settings(self.settings),
+                    mcp=self.mcp,
+                    role=job.role,
+                )
                 result = await agent.run(job.prompt)
             except AuthError:
                 raise  # retrying cannot help: stop the whole run
@@ -274,6 +281,12 @@ class AgentHost:
         # claim is let go in the same write, so an agent waiting on it never finds neither.
         self.background(self.store.record(job.key, job.role, job.prompt, result, holder=job.holder))
         return result
+
+    async def tools_for(self, role: Role) -> list[dict[str, Any]]:
+        """What a subagent of ``role`` is offered: bash, report_findings and its MCP tools."""
+        if self.mcp is None:
+            return SUBAGENT_TOOLS
+        return [*SUBAGENT_TOOLS, *await self.mcp.tools_for(role)]
 
     async def settle(self) -> None:
         """Wait for the housekeeping so far: results recorded, claims let go, shells closed,

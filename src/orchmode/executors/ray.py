@@ -39,8 +39,13 @@ from ..events import (
     BashStarted,
     Event,
     EventBus,
+    McpCallDone,
+    McpCallStarted,
+    McpServerFailed,
     ModelRequestDone,
 )
+from ..mcpconfig import McpConfig, load
+from ..mcptools import McpHub
 from ..model import Credentials, ModelGateway
 from ..settings import Settings
 from ..store import Store, open_store
@@ -108,10 +113,19 @@ class ActorStats:
 class AgentPool:
     """One Ray actor: many subagents at once, as coroutines, on the node it is pinned to."""
 
-    def __init__(self, settings: Settings, credentials: Credentials, store_url: Secret) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        credentials: Credentials,
+        store_url: Secret,
+        mcp: McpConfig | None = None,
+    ) -> None:
         self.settings = settings
         self.credentials = credentials
         self.store_url = store_url
+        self.mcp_config = mcp
+        #: This node's own MCP servers: stdio ones start here, HTTP ones are reached from here.
+        self.mcp: McpHub | None = None
         self.events = EventBus()
         self.events.subscribe(self._route)
         self.routes: dict[str, Callable[[Event], None]] = {}
@@ -125,7 +139,10 @@ class AgentPool:
         """Open the store and build the shells' sandbox; say where this actor is."""
         self.store = await open_store(self.store_url.value)
         credentials = self.credentials
-        secrets = (credentials.api_key or "", credentials.auth_token or "", self.store_url.value)
+        secrets: tuple[str, ...] = (*credentials.secrets, self.store_url.value)
+        if self.mcp_config is not None:
+            self.mcp = McpHub.of(self.mcp_config, self.settings, Path.cwd(), self.events)
+            secrets += self.mcp_config.secrets
         self.make_shell = ShellFactory.build(self.settings, Path.cwd(), secrets)
         # Copies live outside the directory Ray unpacked: Ray may replace that one.
         self.trees = Trees(Path.cwd(), home=Path(tempfile.mkdtemp(prefix="orchmode-trees-")))
@@ -168,6 +185,8 @@ class AgentPool:
             await host.settle()
         for gateway in self.gateways:
             await gateway.close()
+        if self.mcp is not None:
+            await self.mcp.close()
         if self.trees is not None:
             self.trees.close()
         if self.store is not None:
@@ -181,16 +200,23 @@ class AgentPool:
             gateway = ModelGateway(self.settings, self.credentials, self.events)
             gateway.budget = SessionBudget(self.store, session, self.settings)
             self.gateways.append(gateway)
-            host = AgentHost(self.settings, gateway, self.store, self.make_shell, self.trees)
+            host = AgentHost(
+                self.settings, gateway, self.store, self.make_shell, self.trees, self.mcp
+            )
             self.hosts[session] = host
         return host
 
     def _route(self, event: Event) -> None:
         """Send an agent's event to the stream of the job it belongs to."""
-        if isinstance(event, ModelRequestDone | BashStarted | BashDone):
+        deliver: Callable[[Event], None] | None = None
+        if isinstance(
+            event, ModelRequestDone | BashStarted | BashDone | McpCallStarted | McpCallDone
+        ):
             deliver = self.routes.get(event.agent)
-            if deliver is not None:
-                deliver(event)
+        elif isinstance(event, McpServerFailed):  # said once: to whichever job is running
+            deliver = next(iter(self.routes.values()), None)
+        if deliver is not None:
+            deliver(event)
 
 
 def _finished(task: asyncio.Task[AgentResult]) -> Finished:
@@ -349,13 +375,14 @@ class RayExecutor:
             }
         )
         store_url = Secret(self.settings.store or "")
+        mcp = load(self.settings.mcp_config, os.environ) if self.settings.mcp_config else None
         actors: list[Any] = [
             remote.options(
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False),
                 max_concurrency=self.settings.ray_max_per_actor,
                 num_cpus=0,
                 max_restarts=0,
-            ).remote(settings, self.credentials, store_url)
+            ).remote(settings, self.credentials, store_url, mcp)
             for node in nodes
             for _ in range(self.settings.ray_actors)
         ]

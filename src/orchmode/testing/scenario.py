@@ -287,6 +287,11 @@ class OrchestrationScenario:
     worker_command: str | Callable[[str], str | None] | None = "pwd"
     #: the verifier's, likewise (a function of its prompt)
     verifier_command: str | Callable[[str], str | None] | None = None
+    #: a worker's first call when it is not bash: (tool name, input) from the subtask, e.g.
+    #: an MCP tool's (None: the worker runs its command, if it has one)
+    worker_call: Callable[[str], tuple[str, dict[str, Any]] | None] | None = None
+    #: the main agent's scouting call when it is not bash (taken before ``scout_command``)
+    scout_call: tuple[str, dict[str, Any]] | None = None
     verdict: Callable[[str], str] = confirm_all
     delay: float = 0.0
     summary: str = "In brief: the workflow ran and every result was checked."
@@ -323,7 +328,9 @@ class OrchestrationScenario:
         if not mode_is_on(messages):
             return text(self.summary)
         step = sum(1 for m in turn_messages(messages) if m.get("role") == "assistant")
-        if self.scout_command is None:
+        if self.scout_call is not None and step == 0:
+            return tool_call(*self.scout_call, say="Scouting first.")
+        if self.scout_command is None and self.scout_call is None:
             step += 1
         elif step == 0:
             return tool_call("bash", {"command": self.scout_command}, say="Scouting first.")
@@ -344,6 +351,9 @@ class OrchestrationScenario:
     def worker(self, request: ScriptedRequest) -> Reply:
         subtask = first_user_text(request)
         steps = sum(1 for m in request.messages if m.get("role") == "assistant")
+        call = self.worker_call(subtask) if self.worker_call is not None else None
+        if steps == 0 and call is not None:
+            return tool_call(*call)
         command = _command(self.worker_command, subtask)
         if steps == 0 and command:
             return tool_call("bash", {"command": command})

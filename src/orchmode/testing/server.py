@@ -10,6 +10,10 @@ window, ``POST /v1/messages/count_tokens`` and the beta context editing
 (``clear_tool_uses_20250919``). Prompt sizes are the cache module's token estimate
 throughout, so the window, ``count_tokens`` and ``usage`` always agree.
 
+The same scripted model also answers on Amazon Bedrock's and Google Vertex AI's wire
+formats (SigV4 or OAuth, the model in the path, event-stream framing), so the SDK's own
+platform clients can be tested too: see :mod:`.providers`.
+
 Usage::
 
     async with ScriptedServer(lambda req: Reply.text("hi")) as server:
@@ -37,9 +41,25 @@ from typing import Any, Literal, get_args
 from aiohttp import web
 
 from .cache import CacheUsage, EditedPrompt, PromptCache, apply_context_edits, estimate_tokens
+from .providers import (
+    GOOGLE_TOKEN_PATH,
+    AuthRefused,
+    AwsKeys,
+    Route,
+    bedrock_error,
+    bedrock_exception_frame,
+    bedrock_frame,
+    check_bearer,
+    check_sigv4,
+    google_error,
+    google_token_answer,
+    messages_body,
+    route_of,
+)
 from .validate import InvalidRequest, check_context_management, validate_request
 
 __all__ = [
+    "AwsKeys",
     "Fault",
     "FaultKind",
     "LoggedRequest",
@@ -66,7 +86,9 @@ FaultKind = Literal["overloaded", "rate_limit", "server_error", "drop", "sse_err
 _STOP_REASONS = frozenset(get_args(StopReason))
 _FAULT_KINDS = frozenset(get_args(FaultKind))
 _BLOCK_TYPES = frozenset({"text", "tool_use", "thinking"})
-_REDACTED_HEADERS = frozenset({"x-api-key", "authorization", "proxy-authorization"})
+_REDACTED_HEADERS = frozenset(
+    {"x-api-key", "authorization", "proxy-authorization", "x-amz-security-token"}
+)
 _MAX_BODY_BYTES = 32 * 1024 * 1024  # the real API's request size limit
 _SHUTDOWN_GRACE = 1.0  # seconds stop() lets unfinished handlers run before cancelling
 #: Not part of the Messages API: the scripted server's own request log, as JSON.
@@ -269,9 +291,12 @@ class LoggedRequest:
 
     ``outcome`` is ``pending``, ``ok``, ``fault:<kind>``, ``invalid:<message>``, ``auth``,
     ``rate_limited``, ``not_found``, ``disconnected`` (client went away),
-    ``cancelled`` (server stopped) or ``error:<exception>`` (the responder raised).
-    ``path`` tells ``/v1/messages`` from ``/v1/messages/count_tokens``; ``body`` is what
-    the client sent, before any context edit (the responder sees the edited one).
+    ``cancelled`` (server stopped) or ``error:<exception>`` (the responder raised); on
+    Bedrock and Vertex a refused signature or token is ``auth:<the platform's error>``.
+    ``path`` tells ``/v1/messages`` from ``/v1/messages/count_tokens`` (and names the
+    platform's model and method); ``provider`` says which front door the request used.
+    ``body`` is what the client sent, before any context edit or translation (the
+    responder sees the edited one, in the Messages API's shape).
     """
 
     index: int
@@ -293,6 +318,8 @@ class LoggedRequest:
     context_management: dict[str, Any] | None = None
     #: TCP_NODELAY as read back from the server's side of the connection.
     tcp_nodelay: bool | None = None
+    #: ``anthropic``, ``bedrock`` or ``vertex``: whose wire format the request used.
+    provider: str = "anthropic"
 
     @property
     def duration(self) -> float | None:
@@ -527,6 +554,13 @@ class ScriptedServer:
     ``anthropic-beta: context-management-2025-06-27``; ``False`` plays an endpoint
     without the beta, refusing the field and the header (see
     :func:`.validate.check_context_management`).
+
+    Bedrock requests must be SigV4-signed by ``aws_keys`` for ``aws_region`` (any region
+    when None), or carry ``bedrock_api_key`` as a bearer token; with neither configured
+    they need only some ``Authorization``. Vertex requests need ``vertex_token`` as their
+    bearer token (any token when None), for ``vertex_project`` and ``vertex_region`` when
+    those are set; :data:`.providers.GOOGLE_TOKEN_PATH` hands ``vertex_token`` to a
+    service account's JWT grant, for google-auth to refresh against.
     """
 
     def __init__(
@@ -543,6 +577,12 @@ class ScriptedServer:
         system_messages: bool = True,
         context_window: int | None = None,
         context_management: bool = True,
+        aws_keys: AwsKeys | None = None,
+        aws_region: str | None = None,
+        bedrock_api_key: str | None = None,
+        vertex_token: str | None = None,
+        vertex_project: str | None = None,
+        vertex_region: str | None = None,
     ) -> None:
         if chunk_size < 1:
             raise ValueError("chunk_size must be >= 1")
@@ -556,6 +596,14 @@ class ScriptedServer:
         self.system_messages = system_messages
         self.context_window = context_window
         self.context_management = context_management
+        self.aws_keys = aws_keys
+        self.aws_region = aws_region
+        self.bedrock_api_key = bedrock_api_key
+        self.vertex_token = vertex_token
+        self.vertex_project = vertex_project
+        self.vertex_region = vertex_region
+        #: Access tokens handed out at GOOGLE_TOKEN_PATH (not in the request log).
+        self.token_requests = 0
         self.rate_limit_retry_after = rate_limit_retry_after
         self.chunk_size = chunk_size
         self.ping_every = ping_every
@@ -580,6 +628,17 @@ class ScriptedServer:
         if self._url is None:
             raise RuntimeError("ScriptedServer is not running; call start() first")
         return self._url
+
+    @property
+    def vertex_url(self) -> str:
+        """Base URL for ``AsyncAnthropicVertex(base_url=...)``: Vertex's paths are under
+        ``/v1``, which the SDK's default base URL carries."""
+        return f"{self.url}/v1"
+
+    @property
+    def token_uri(self) -> str:
+        """Where a service-account key's ``token_uri`` points to get ``vertex_token``."""
+        return f"{self.url}{GOOGLE_TOKEN_PATH}"
 
     @property
     def log(self) -> list[LoggedRequest]:
@@ -617,6 +676,7 @@ class ScriptedServer:
                 {
                     "index": entry.index,
                     "path": entry.path,
+                    "provider": entry.provider,
                     "started": entry.started,
                     "finished": entry.finished,
                     "status": entry.status,
@@ -636,6 +696,7 @@ class ScriptedServer:
             raise RuntimeError("ScriptedServer already started")
         app = web.Application(client_max_size=_MAX_BODY_BYTES)
         app.router.add_get(LOG_PATH, self._serve_log)
+        app.router.add_post(GOOGLE_TOKEN_PATH, self._google_token)
         app.router.add_route("*", "/{tail:.*}", self._handle)
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=_SHUTDOWN_GRACE)
         await runner.setup()
@@ -764,7 +825,8 @@ class ScriptedServer:
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         """Every request lands here, so every request is logged the same way."""
         request_id = _new_id("req")
-        headers = _redact({k.lower(): v for k, v in request.headers.items()})
+        received = {k.lower(): v for k, v in request.headers.items()}
+        headers = _redact(received)
         try:
             raw = await request.read()
         except web.HTTPRequestEntityTooLarge:
@@ -775,6 +837,7 @@ class ScriptedServer:
             body = json.loads(raw) if raw else None
         except ValueError as exc:
             parse_error = f"There was an error parsing the body of your request: {exc}"
+        route = route_of(request.method, request.raw_path)
         entry = LoggedRequest(
             index=-1,
             method=request.method,
@@ -783,20 +846,24 @@ class ScriptedServer:
             headers=headers,
             started=time.monotonic(),
             tcp_nodelay=_nodelay(request),
+            provider=route.provider if route is not None else "anthropic",
         )
         index = self._arrive(entry)
         try:
-            path = request.path.rstrip("/")
-            if request.method != "POST" or path not in (MESSAGES_PATH, COUNT_TOKENS_PATH):
+            if route is None:
                 raise _Outcome(404, "not_found_error", "Not found", "not_found")
-            self._authenticate(request)
+            self._authenticate(request, route, received, raw)
             if raw is None:
                 message = "Request exceeds the maximum allowed size"
                 raise _Outcome(413, "request_too_large", message, f"invalid:{message}")
             if parse_error is not None:
                 raise _invalid(parse_error)
-            counting = path == COUNT_TOKENS_PATH
-            prompt = self._prepare(request, body, counting)
+            try:
+                body, betas = messages_body(route, body, _betas(request))
+            except InvalidRequest as exc:
+                raise _invalid(str(exc)) from None
+            counting = route.counting
+            prompt = self._prepare(betas, body, counting)
             self._note(index, prompt_tokens=prompt.input_tokens)
             if counting:
                 return self._count(index, prompt, request_id)
@@ -815,27 +882,31 @@ class ScriptedServer:
                     _retry_headers(self.rate_limit_retry_after),
                 )
             try:
-                return await self._serve(request, index, prompt, headers, request_id)
+                return await self._serve(request, index, prompt, headers, request_id, route)
             finally:
                 self._release()
         except _Outcome as out:
-            self._finish(index, out.status, out.outcome)
-            return web.json_response(
-                _error_body(out.kind, out.message, request_id),
-                status=out.status,
-                headers={"request-id": request_id, **out.headers},
-            )
+            response = _error_response(route, out, request_id)
+            self._finish(index, response.status, out.outcome)  # as sent: Bedrock's numbers
+            return response
         except asyncio.CancelledError:
             self._finish(index, 499, "cancelled")
             raise
 
-    def _prepare(self, request: web.Request, body: Any, counting: bool) -> EditedPrompt:
+    async def _google_token(self, request: web.Request) -> web.StreamResponse:
+        """Google's OAuth token endpoint, as far as a service account's refresh needs it."""
+        form = {k: str(v) for k, v in (await request.post()).items()}
+        status, answer = google_token_answer(form, self.vertex_token or "scripted-google-token")
+        if status == 200:
+            with self._lock:
+                self.token_requests += 1
+        return web.json_response(answer, status=status)
+
+    def _prepare(self, betas: set[str], body: Any, counting: bool) -> EditedPrompt:
         """Validate, then apply context edits: the real API clears before it counts."""
         try:
             valid = validate_request(body, count_tokens=counting)
-            edits = check_context_management(
-                valid, _betas(request), supported=self.context_management
-            )
+            edits = check_context_management(valid, betas, supported=self.context_management)
         except InvalidRequest as exc:
             raise _invalid(str(exc)) from None
         if not self.system_messages and any(
@@ -853,8 +924,20 @@ class ScriptedServer:
         self._finish(index, 200, "ok")
         return web.json_response(answer, headers={"request-id": request_id})
 
-    def _authenticate(self, request: web.Request) -> None:
-        if self.api_key is None:
+    def _authenticate(
+        self, request: web.Request, route: Route, received: dict[str, str], raw: bytes | None
+    ) -> None:
+        """Each front door's own authentication: an API key, SigV4, or an OAuth token."""
+        try:
+            if route.provider == "bedrock":
+                self._authenticate_aws(request, received, raw)
+            elif route.provider == "vertex":
+                self._authenticate_google(route, received)
+        except AuthRefused as refused:
+            raise _Outcome(
+                refused.status, refused.kind, refused.message, f"auth:{refused.kind}"
+            ) from None
+        if route.provider != "anthropic" or self.api_key is None:
             return
         key = request.headers.get("x-api-key")
         if key is None:
@@ -864,6 +947,54 @@ class ScriptedServer:
             raise _Outcome(401, "authentication_error", "x-api-key header is required", "auth")
         if not secrets.compare_digest(key.encode(), self.api_key.encode()):
             raise _Outcome(401, "authentication_error", "invalid x-api-key", "auth")
+
+    def _authenticate_aws(
+        self, request: web.Request, received: dict[str, str], raw: bytes | None
+    ) -> None:
+        authorization = received.get("authorization", "")
+        if authorization.lower().startswith("bearer "):  # a Bedrock API key
+            key = authorization[7:].strip()
+            if self.bedrock_api_key is None or not secrets.compare_digest(
+                key.encode(), self.bedrock_api_key.encode()
+            ):
+                raise AuthRefused(
+                    403,
+                    "AccessDeniedException",
+                    "Authentication failed: Please make sure your API Key is valid.",
+                )
+            return
+        if self.aws_keys is None:
+            if not authorization:
+                raise AuthRefused(
+                    403, "MissingAuthenticationTokenException", "Missing Authentication Token"
+                )
+            return
+        if raw is None:  # too large to read: refused for its size next
+            return
+        check_sigv4(
+            method=request.method,
+            url=f"http://{received.get('host', '')}{request.raw_path}",
+            headers=received,
+            body=raw,
+            keys=self.aws_keys,
+            region=self.aws_region,
+        )
+
+    def _authenticate_google(self, route: Route, received: dict[str, str]) -> None:
+        check_bearer(received, self.vertex_token)
+        for wanted, given, what in (
+            (self.vertex_project, route.project, "project"),
+            (self.vertex_region, route.region, "location"),
+        ):
+            if wanted is not None and given != wanted:
+                raise AuthRefused(
+                    403,
+                    "PERMISSION_DENIED",
+                    f"Permission 'aiplatform.endpoints.predict' denied on resource "
+                    f"'//aiplatform.googleapis.com/projects/{route.project}/locations/"
+                    f"{route.region}/publishers/anthropic/models/{route.model}' (or it may "
+                    f"not exist): unknown {what} {given!r}.",
+                )
 
     async def _ask(self, scripted: ScriptedRequest) -> Reply | Fault:
         answer: Any = self.responder(scripted)
@@ -880,6 +1011,7 @@ class ScriptedServer:
         prompt: EditedPrompt,
         headers: dict[str, str],
         request_id: str,
+        route: Route,
     ) -> web.StreamResponse:
         body = prompt.body  # the model sees the prompt as edited, as on the real API
         scripted = ScriptedRequest(index=self._next_responder_index(), body=body, headers=headers)
@@ -898,16 +1030,20 @@ class ScriptedServer:
         await asyncio.sleep(answer.delay)
         streaming = bool(body.get("stream", False))
         if isinstance(answer, Fault):
-            return await self._fault(request, index, prompt, answer, streaming, request_id)
+            return await self._fault(request, index, prompt, answer, streaming, request_id, route)
         prepared = self._answer(prompt, answer)
         if not streaming:
             gone = request.transport is None or request.transport.is_closing()
             outcome = "disconnected" if gone else "ok"
             self._finish(index, 200, outcome, **prepared.logged())
-            return web.json_response(prepared.message(), headers={"request-id": request_id})
+            return web.json_response(
+                prepared.message(), headers=_answer_headers(route, request_id, prepared)
+            )
         events = prepared.events(self.chunk_size)
+        if route.provider == "bedrock":
+            events = _with_invocation_metrics(events, prepared)
         response, delivered = await self._send_events(
-            request, request_id, events, prepared.reply.event_delay
+            request, request_id, events, prepared.reply.event_delay, route=route
         )
         outcome = "ok" if delivered else "disconnected"
         self._finish(index, 200, outcome, **prepared.logged())
@@ -933,6 +1069,7 @@ class ScriptedServer:
         fault: Fault,
         streaming: bool,
         request_id: str,
+        route: Route,
     ) -> web.StreamResponse:
         outcome = f"fault:{fault.kind}"
         retry = {} if fault.retry_after is None else _retry_headers(fault.retry_after)
@@ -961,7 +1098,12 @@ class ScriptedServer:
             del error["request_id"]
             events.append(("error", error))
         response, _ = await self._send_events(
-            request, request_id, events, prepared.reply.event_delay, abort=kind == "drop"
+            request,
+            request_id,
+            events,
+            prepared.reply.event_delay,
+            abort=kind == "drop",
+            route=route,
         )
         self._finish(index, 200, outcome, **prepared.logged())
         return response
@@ -974,24 +1116,37 @@ class ScriptedServer:
         event_delay: float,
         *,
         abort: bool = False,
+        route: Route | None = None,
     ) -> tuple[web.StreamResponse, bool]:
         """Stream events, pings interleaved: one write each when they are paced or cut.
 
+        Bedrock's are AWS event-stream frames instead, one per event and no pings.
         Returns the response and whether the client was still connected at the end.
         """
-        response = web.StreamResponse(
-            status=200,
-            headers={
-                "content-type": "text/event-stream; charset=utf-8",
-                "cache-control": "no-cache",
-                "request-id": request_id,
-            },
-        )
-        frames: list[bytes] = []
-        for n, (name, data) in enumerate(events, start=1):
-            frame = _sse(name, data)
-            ping = n == 1 if self.ping_every == 0 else n % self.ping_every == 0
-            frames.append(frame + _sse("ping", {"type": "ping"}) if ping else frame)
+        if route is not None and route.provider == "bedrock":
+            response = web.StreamResponse(
+                status=200,
+                headers={
+                    "content-type": "application/vnd.amazon.eventstream",
+                    "x-amzn-bedrock-content-type": "application/json",
+                    "x-amzn-requestid": request_id,
+                },
+            )
+            frames = [_bedrock_event(name, data) for name, data in events]
+        else:
+            response = web.StreamResponse(
+                status=200,
+                headers={
+                    "content-type": "text/event-stream; charset=utf-8",
+                    "cache-control": "no-cache",
+                    "request-id": request_id,
+                },
+            )
+            frames = []
+            for n, (name, data) in enumerate(events, start=1):
+                frame = _sse(name, data)
+                ping = n == 1 if self.ping_every == 0 else n % self.ping_every == 0
+                frames.append(frame + _sse("ping", {"type": "ping"}) if ping else frame)
         try:
             await response.prepare(request)
             if event_delay or abort:
@@ -1010,6 +1165,61 @@ class ScriptedServer:
         except ConnectionError:
             return response, False
         return response, True
+
+
+def _error_response(route: Route | None, out: _Outcome, request_id: str) -> web.Response:
+    """An error in the shape of the front door it came in by."""
+    provider = route.provider if route is not None else "anthropic"
+    if provider == "bedrock":
+        status, body, headers = bedrock_error(out.status, out.kind, out.message, request_id)
+        return web.json_response(body, status=status, headers={**out.headers, **headers})
+    if provider == "vertex" and out.outcome.startswith("auth"):
+        return web.json_response(
+            google_error(out.status, out.message), status=out.status, headers=out.headers
+        )
+    return web.json_response(
+        _error_body(out.kind, out.message, request_id),
+        status=out.status,
+        headers={"request-id": request_id, **out.headers},
+    )
+
+
+def _answer_headers(route: Route, request_id: str, answer: _Answer) -> dict[str, str]:
+    if route.provider != "bedrock":
+        return {"request-id": request_id}
+    return {
+        "x-amzn-requestid": request_id,
+        "x-amzn-bedrock-input-token-count": str(answer.cache.input_tokens),
+        "x-amzn-bedrock-output-token-count": str(answer.reply.output_tokens),
+    }
+
+
+def _with_invocation_metrics(
+    events: list[tuple[str, dict[str, Any]]], answer: _Answer
+) -> list[tuple[str, dict[str, Any]]]:
+    """Bedrock's ``message_stop`` carries its own metrics (which a client must ignore)."""
+    metrics = {
+        "inputTokenCount": answer.cache.input_tokens,
+        "outputTokenCount": answer.reply.output_tokens,
+        "invocationLatency": 1,
+        "firstByteLatency": 1,
+    }
+    return [
+        (name, {**data, "amazon-bedrock-invocationMetrics": metrics})
+        if name == "message_stop"
+        else (name, data)
+        for name, data in events
+    ]
+
+
+def _bedrock_event(name: str, data: dict[str, Any]) -> bytes:
+    """One event as a Bedrock frame; an ``error`` event (the API's mid-stream overload)
+    becomes the exception Bedrock sends in its place."""
+    if name == "error":
+        return bedrock_exception_frame(
+            "serviceUnavailableException", "Bedrock is unable to process your request."
+        )
+    return bedrock_frame(data)
 
 
 def _abort(request: web.Request) -> None:

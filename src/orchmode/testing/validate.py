@@ -13,6 +13,7 @@ enforces the ``anthropic-beta`` header that unlocks it.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from .cache import ClearToolUses
@@ -111,6 +112,10 @@ def _check_system(system: object) -> None:
         _check_text_block(block, f"system.{i}")
 
 
+#: The API's rule for a tool's name.
+_TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,128}$")
+
+
 def _check_tools(tools: object) -> None:
     if tools is None:
         return
@@ -125,6 +130,10 @@ def _check_tools(tools: object) -> None:
             raise _fail(f"tools.{i}.name: Field required")
         if not isinstance(name, str) or not name:
             raise _fail(f"tools.{i}.name: Input should be a non-empty string")
+        if not _TOOL_NAME.match(name):
+            raise _fail(
+                f"tools.{i}.custom.name: String should match pattern '{_TOOL_NAME.pattern}'"
+            )
         if tool.get("type", "custom") in (None, "custom"):
             if "input_schema" not in tool:
                 raise _fail(f"tools.{i}.custom.input_schema: Field required")

@@ -1,0 +1,398 @@
+"""The library API, `import orchmode`: the README's example as written, and what it promises.
+
+Everything runs the real SDK over real HTTP against the scripted server; the expectations
+come from the server's own request log, not from orchmode's accounting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import subprocess
+import sys
+import typing
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import orchmode
+from conftest import API_KEY, StartServer
+from orchmode.mode import Notice
+from orchmode.prompts import NOTICES, VERIFY_MARKER
+from orchmode.testing import LoggedRequest, ScriptedServer
+from orchmode.testing.scenario import OrchestrationScenario
+from recorded_runs import base_env
+
+ROOT = Path(__file__).resolve().parents[1]
+SECTION = "## From Python: the library API"
+#: Where the section is read from; only for trying out a draft of it before it is pasted
+#: into the README (the committed test always reads README.md).
+README = Path(os.environ.get("ORCHMODE_TEST_README") or ROOT / "README.md")
+
+SYNTHESIS = "Synthesis: 3 agents reported; 3 results were confirmed."
+SUMMARY = "In brief: the workflow ran and every result was checked."
+
+
+def readme_example() -> str:
+    """The first python block of the README's library section, exactly as written."""
+    text = README.read_text(encoding="utf-8")
+    start = text.find(f"\n{SECTION}\n")
+    if start < 0 and not text.startswith(f"{SECTION}\n"):
+        pytest.fail(f"{README} has no {SECTION!r} section: the library example is missing")
+    section = text[max(start, 0) + len(SECTION) + 1 :]
+    following = re.search(r"^## ", section, flags=re.M)
+    section = section[: following.start()] if following else section
+    block = re.search(r"^```python\n(.*?)^```", section, flags=re.M | re.S)
+    if block is None:
+        pytest.fail(f"the {SECTION!r} section of {README} has no ```python block")
+    return block.group(1)
+
+
+# --- reading the server's log ---------------------------------------------------------------
+
+
+def messages_requests(server: ScriptedServer) -> list[LoggedRequest]:
+    return [e for e in server.log if e.path == "/v1/messages" and e.status == 200]
+
+
+def is_main(entry: LoggedRequest) -> bool:
+    return "Workflow" in {t["name"] for t in entry.body.get("tools", [])}
+
+
+def is_verifier(entry: LoggedRequest) -> bool:
+    return str(entry.body["messages"][0]["content"]).startswith(VERIFY_MARKER)
+
+
+def billed(entry: LoggedRequest) -> orchmode.TokenUsage:
+    assert entry.usage is not None and entry.reply is not None
+    assert entry.reply.output_tokens is not None
+    return orchmode.TokenUsage(
+        entry.usage.input_tokens,
+        entry.reply.output_tokens,
+        entry.usage.cache_read_input_tokens,
+        entry.usage.cache_creation_input_tokens,
+    )
+
+
+def tokens_of(entries: list[LoggedRequest]) -> int:
+    return sum(u.total_input + u.output_tokens for u in map(billed, entries))
+
+
+def cost_of(entries: list[LoggedRequest]) -> float:
+    price = orchmode.Settings.model_validate({}).price()
+    assert price is not None
+    return sum(price.cost(billed(e)) for e in entries)
+
+
+def user_turn_notices(body: dict[str, Any]) -> list[list[str]]:
+    """Per plain-text user turn of a request, the system messages right after it."""
+    turns: list[list[str]] = []
+    for message in body["messages"]:
+        if message["role"] == "user" and isinstance(message["content"], str):
+            turns.append([])
+        elif message["role"] == "system" and turns:
+            turns[-1].append(message["content"])
+    return turns
+
+
+# --- the README's example -------------------------------------------------------------------
+
+
+@pytest.fixture
+def example_server(scripted: Callable[..., ScriptedServer]) -> ScriptedServer:
+    return scripted(OrchestrationScenario(subtasks=3))
+
+
+def test_the_readme_example_runs_as_written_against_the_scripted_server(
+    example_server: ScriptedServer, tmp_path: Path
+) -> None:
+    server = example_server
+    (tmp_path / "example.py").write_text(readme_example(), encoding="utf-8")
+    result = subprocess.run(
+        [sys.executable, "example.py"],
+        cwd=tmp_path,
+        env=base_env(ANTHROPIC_BASE_URL=server.url),
+        capture_output=True,
+        text=True,
+        timeout=110,
+        stdin=subprocess.DEVNULL,
+    )
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    # The subscriber saw the main agent's scouting command, run (in the sandbox) and done.
+    assert "[main] $ ls (exit 0)" in out, out
+    # Both answers, in order: the orchestrated one, then the summary with the mode off.
+    assert out.index(SYNTHESIS) < out.index(SUMMARY), out
+    entries = messages_requests(server)
+    main = [e for e in entries if is_main(e)]
+    assert len(main) == 4  # scout, fan out, synthesise; the summary
+    assert user_turn_notices(main[0].body) == [[NOTICES[Notice.ENTER]]]
+    assert user_turn_notices(main[-1].body)[-1] == [NOTICES[Notice.EXIT]]
+    # Its totals are the server's: requests, tokens, dollars; and six subagents launched.
+    found = re.search(
+        r"^(\d+) requests, (\d+) tokens, \$(\d+\.\d+), (\d+) subagents$", out, flags=re.M
+    )
+    assert found, out
+    requests, tokens, cost, subagents = found.groups()
+    assert int(requests) == len(entries) == 4 + 3 * 2 + 3  # workers run a command first
+    assert int(tokens) == tokens_of(entries) > 0
+    assert float(cost) == pytest.approx(cost_of(entries), abs=0.00005)
+    assert float(cost) > 0
+    assert int(subagents) == 6
+    session_line = re.search(r"^session (\S+): (\d+) model requests · ", out, flags=re.M)
+    assert session_line and int(session_line[2]) == len(entries), out
+    assert (tmp_path / ".orchmode" / "journal.db").is_file()
+
+
+def test_a_readme_without_the_library_section_fails_clearly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    elsewhere = tmp_path / "README.md"
+    elsewhere.write_text("# orchmode\n\n## Another section\n\n```python\npass\n```\n")
+    monkeypatch.setattr(sys.modules[__name__], "README", elsewhere)
+    with pytest.raises(pytest.fail.Exception, match="has no '## From Python: the library API'"):
+        readme_example()
+
+
+# --- the API itself --------------------------------------------------------------------------
+
+
+def settings_in(server: ScriptedServer, **overrides: Any) -> orchmode.Settings:
+    values: dict[str, Any] = {"base_url": server.url, "max_retries": 0, **overrides}
+    return orchmode.Settings(**values)
+
+
+def opened(
+    tmp_path: Path, server: ScriptedServer, *, session: str | None = None, **overrides: Any
+) -> AbstractAsyncContextManager[orchmode.Session]:
+    """A session in ``tmp_path`` on the scripted server, for ``async with``."""
+    return orchmode.open_session(
+        settings_in(server, **overrides),
+        workdir=tmp_path,
+        credentials=orchmode.Credentials(api_key=API_KEY),
+        session=session,
+    )
+
+
+async def test_subscribers_see_every_event_in_the_order_it_happened(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    server = await serve(OrchestrationScenario(subtasks=3))
+    seen: list[orchmode.Event] = []
+    commands: list[orchmode.BashDone] = []
+    async with opened(tmp_path, server) as session:
+        session.subscribe(seen.append)
+        session.subscribe(commands.append, orchmode.BashDone)
+        session.subscribe(lambda event: 1 / 0)  # a broken subscriber stops nothing
+        async with session.events() as stream:
+            turn = asyncio.create_task(session.turn("Review this"))
+            streamed = [event async for event in _until_turn_done(stream)]
+            result = await turn
+    assert result.ok and result.text == SYNTHESIS
+    assert streamed == seen
+    kinds = [type(e).__name__ for e in seen]
+    assert isinstance(seen[0], orchmode.TurnStarted) and seen[0].notices == ("enter",)
+    assert isinstance(seen[-1], orchmode.TurnDone) and seen[-1].stop == "end_turn"
+    assert kinds.count("TurnStarted") == kinds.count("TurnDone") == 1
+    # Every model request, in the order the server answered it.
+    done = [e for e in seen if isinstance(e, orchmode.ModelRequestDone)]
+    main_ids = [e.message_id for e in done if e.agent == "main"]
+    assert main_ids == [e.message_id for e in messages_requests(server) if is_main(e)]
+    assert len(done) == len(messages_requests(server)) == 3 + 3 * 2 + 3
+    # Each command starts before it ends; the fan-out wraps its agents; the scout comes first.
+    assert commands == [e for e in seen if isinstance(e, orchmode.BashDone)]
+    assert [c.command for c in commands].count("pwd") == 3 and commands[0].command == "ls"
+    starts = [i for i, k in enumerate(kinds) if k == "BashStarted"]
+    ends = [i for i, k in enumerate(kinds) if k == "BashDone"]
+    assert len(starts) == len(ends) == 4 and all(s < e for s, e in zip(starts, ends, strict=True))
+    first, last = kinds.index("FanoutStarted"), kinds.index("FanoutDone")
+    agents = [i for i, k in enumerate(kinds) if k in ("SubagentStarted", "SubagentDone")]
+    assert ends[0] < first < min(agents) and max(agents) < last
+    roles = [e.role for e in seen if isinstance(e, orchmode.SubagentDone)]
+    assert sorted(roles) == ["verifier"] * 3 + ["worker"] * 3
+
+
+async def _until_turn_done(
+    stream: orchmode.EventStream[orchmode.Event],
+) -> AsyncIterator[orchmode.Event]:
+    async for event in stream:
+        yield event
+        if isinstance(event, orchmode.TurnDone):
+            return
+
+
+async def test_an_unsubscribed_callback_and_a_closed_stream_get_nothing_more(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    server = await serve(OrchestrationScenario(subtasks=1, scout_command=None))
+    first: list[orchmode.Event] = []
+    async with opened(tmp_path, server, mode=False) as session:
+        unsubscribe = session.subscribe(first.append)
+        stream = session.events(orchmode.TurnDone)
+        assert (await session.turn("one")).ok
+        unsubscribe()
+        stream.close()
+        assert (await session.turn("two")).ok
+        later = session.events(orchmode.TurnStarted)
+    assert [type(e).__name__ for e in first] == ["TurnStarted", "ModelRequestDone", "TurnDone"]
+    assert [e.stop async for e in stream] == ["end_turn"]  # what it held, then the end
+    assert [e async for e in later] == []  # the session closed: the stream ended
+
+
+async def test_switching_the_mode_off_reaches_the_model_with_the_next_turn(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    server = await serve(OrchestrationScenario(subtasks=2, scout_command=None))
+    async with opened(tmp_path, server, mode=False) as session:
+        assert session.mode is False
+        session.set_mode(True)
+        assert session.mode is True
+        assert (await session.turn("Review this")).text.startswith("Synthesis: 2 agents")
+        session.set_mode(False)
+        asked = len(server.log)
+        assert session.mode is False and len(server.log) == asked  # nothing sent on its own
+        answer = await session.turn("Sum it up")
+    assert answer.ok and answer.text == SUMMARY
+    main = [e.body for e in messages_requests(server) if is_main(e)]
+    assert user_turn_notices(main[0]) == [[NOTICES[Notice.ENTER]]]
+    assert user_turn_notices(main[-1]) == [[NOTICES[Notice.ENTER]], [NOTICES[Notice.EXIT]]]
+    last = main[-1]["messages"]
+    assert last[-2:] == [
+        {"role": "user", "content": "Sum it up"},
+        {"role": "system", "content": NOTICES[Notice.EXIT]},
+    ]
+
+
+async def test_totals_match_the_server_request_log(serve: StartServer, tmp_path: Path) -> None:
+    server = await serve(OrchestrationScenario(subtasks=3))
+    async with opened(tmp_path, server) as session:
+        assert (await session.totals()).requests == 0
+        await session.turn("Review this")
+        live = await session.totals()
+    entries = messages_requests(server)
+    main = [e for e in entries if is_main(e)]
+    subagents = [e for e in entries if not is_main(e)]
+    assert (live.main.requests, live.subagents.requests, live.requests) == (3, 9, 12)
+    assert len(main) == 3 and len(subagents) == 9
+    assert live.main.tokens == tokens_of(main) and live.subagents.tokens == tokens_of(subagents)
+    assert live.tokens == tokens_of(entries) > 0
+    assert live.main.usage.output_tokens == sum(billed(e).output_tokens for e in main)
+    assert live.cost == pytest.approx(cost_of(entries)) and live.cost > 0
+    assert live.subagents_launched == 6
+    assert sum(is_verifier(e) for e in subagents) == 3
+    assert live.describe().startswith(f"{len(entries)} model requests · ")
+    # Once closed, the totals are the final ones, read without the store.
+    assert await session.totals() == live
+
+
+async def test_a_closed_session_cannot_run_turns(serve: StartServer, tmp_path: Path) -> None:
+    server = await serve(OrchestrationScenario(subtasks=1))
+    async with opened(tmp_path, server, mode=False) as session:
+        assert not session.closed
+        assert (await session.turn("hello")).ok
+    assert session.closed
+    asked = len(server.log)
+    with pytest.raises(orchmode.SessionClosed) as raised:
+        await session.turn("hello again")
+    message = str(raised.value)
+    assert f"session {session.id!r} is closed and cannot run a turn" in message
+    assert f"orchmode.open_session(..., session={session.id!r})" in message
+    with pytest.raises(orchmode.SessionClosed, match="cannot switch its mode"):
+        session.set_mode(True)
+    assert isinstance(raised.value, orchmode.OrchmodeError)
+    assert len(server.log) == asked
+
+
+async def test_a_second_turn_while_one_runs_is_refused(serve: StartServer, tmp_path: Path) -> None:
+    server = await serve(OrchestrationScenario(subtasks=1, scout_command=None))
+    async with opened(tmp_path, server, mode=False) as session:
+        started: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def on_start(event: orchmode.TurnStarted) -> None:
+            if not started.done():
+                started.set_result(None)
+
+        session.subscribe(on_start, orchmode.TurnStarted)
+        first = asyncio.create_task(session.turn("first"))
+        await started
+        with pytest.raises(orchmode.OrchmodeError, match="already running a turn"):
+            await session.turn("second")
+        assert (await first).ok
+        assert (await session.turn("second")).ok
+    user_texts = [
+        m["content"] for m in messages_requests(server)[-1].body["messages"] if m["role"] == "user"
+    ]
+    assert user_texts == ["first", "second"]
+
+
+async def test_resuming_a_named_session_continues_its_history(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    server = await serve(OrchestrationScenario(subtasks=2, scout_command=None))
+    async with opened(tmp_path, server, session="nightly") as session:
+        assert session.id == "nightly" and not session.resumed
+        assert (await session.turn("Review this")).ok
+        session.set_mode(False)
+        before = await session.totals()
+    # What the first turn's last request held; its answer came after.
+    history = [e for e in messages_requests(server) if is_main(e)][-1].body["messages"]
+    async with opened(tmp_path, server, session="nightly") as again:
+        assert again.id == "nightly" and again.resumed
+        assert again.mode is False  # the recorded mode, not the settings' default (on)
+        answer = await again.turn("Sum it up")
+        after = await again.totals()
+    assert answer.text == SUMMARY
+    sent = messages_requests(server)[-1].body["messages"]
+    assert sent[: len(history)] == history  # the whole first turn, its answer, the new one
+    assert sent[len(history)]["role"] == "assistant"
+    assert sent[len(history) + 1 :] == [
+        {"role": "user", "content": "Sum it up"},
+        {"role": "system", "content": NOTICES[Notice.EXIT]},
+    ]
+    # The resumed session's totals include what it used before.
+    assert after.requests == before.requests + 1 == len(messages_requests(server))
+    assert after.subagents_launched == before.subagents_launched == 4
+    async with opened(tmp_path, server, session="another") as other:
+        assert not other.resumed
+
+
+async def test_opening_in_a_missing_directory_is_a_config_error(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    server = await serve(OrchestrationScenario())
+    with pytest.raises(orchmode.ConfigError, match="does not exist"):
+        async with orchmode.open_session(
+            settings_in(server),
+            workdir=tmp_path / "missing",
+            credentials=orchmode.Credentials(api_key=API_KEY),
+        ):
+            pass
+    assert server.log == []
+
+
+def test_every_event_class_is_exported_from_orchmode() -> None:
+    from orchmode import events
+
+    classes = typing.get_args(events.Event)
+    assert len(classes) >= 15
+    for cls in classes:
+        assert getattr(orchmode, cls.__name__) is cls and cls.__name__ in orchmode.__all__
+
+
+def test_import_orchmode_loads_no_sdk_until_the_api_is_used() -> None:
+    code = (
+        "import sys, orchmode\n"
+        "assert 'anthropic' not in sys.modules and 'orchmode.api' not in sys.modules\n"
+        "orchmode.open_session, orchmode.BashDone\n"
+        "assert 'orchmode.api' in sys.modules\n"
+        "print(sorted(set(orchmode.__all__) - set(dir(orchmode))))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=base_env(), capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
