@@ -205,7 +205,7 @@ async def test_the_main_agent_and_workers_call_stdio_and_http_tools(
     )
     assert offered(server, "main") == {
         f"mcp__demo__{t}"
-        for t in ("lookup", "add", "whoami", "picture", "broken", "hang", "crash",
+        for t in ("lookup", "add", "whoami", "whereami", "picture", "broken", "hang", "crash",
                   "delete_everything")
     }  # fmt: skip
     assert offered(server, "worker") == {"mcp__web__lookup"}  # allow-listed, workers only

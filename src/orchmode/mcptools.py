@@ -268,11 +268,14 @@ class McpHub:
     def names(self, role: Role) -> list[str]:
         return [t.api_name for t in self._tools.get(role, [])]
 
+    def _offers(self, role: Role, tool: McpTool) -> bool:
+        return any(t is tool for t in self._tools.get(role, ()))
+
     async def call(self, tool_use: Block, *, agent: str, role: Role) -> Block:
         """Run one call; whatever goes wrong comes back as an error result, never raised."""
         name = str(tool_use.get("name"))
         tool = self._by_name.get(name)
-        if tool is None or tool.api_name not in self.names(role):
+        if tool is None or not self._offers(role, tool):
             return tool_result(tool_use["id"], self._unknown(name, role), is_error=True)
         arguments = tool_use.get("input")
         if not isinstance(arguments, dict) or "_unparsed_input" in arguments:
@@ -307,10 +310,11 @@ class McpHub:
             why = server.failure or "it is not running"
             return f"error: the MCP server {server.name!r} is unavailable: {why}", False, why
         try:
-            result = await asyncio.wait_for(
-                session.call_tool(tool.name, arguments, read_timeout_seconds=server.timeout),
-                server.timeout + 1,
-            )
+            # The SDK's read timeout ends the call; ours is the backstop, and costs no task.
+            async with asyncio.timeout(server.timeout + 1):
+                result = await session.call_tool(
+                    tool.name, arguments, read_timeout_seconds=server.timeout
+                )
         except TimeoutError:
             why = f"no answer within {server.timeout:g} s"
             return f"error: {tool.api_name} timed out: {why}", False, why
