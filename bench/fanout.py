@@ -14,6 +14,7 @@ baseline. The suite runs 10, 200 and 1,000 subagents in flight, each in a fresh 
 
     .venv/bin/python bench/fanout.py                  # the suite
     .venv/bin/python bench/fanout.py --subtasks 200 --concurrent 10 --latency 0.05
+    .venv/bin/python bench/fanout.py --isolation shared     # every worker in one tree
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ class FanoutTally:
 
 
 async def measure(
-    url: str, concurrent: int, workdir: Path, subtasks: int = 200
+    url: str, concurrent: int, workdir: Path, subtasks: int = 200, isolation: str = "worktree"
 ) -> tuple[float, Counter[str], int]:
     settings = Settings(
         base_url=url,
@@ -98,6 +99,7 @@ async def measure(
         workdir=workdir,
         max_subtasks=max(subtasks, 1),
         max_subagents=2 * subtasks + 10,
+        isolation=isolation,  # type: ignore[arg-type]
     )
     events = EventBus()
     tally = FanoutTally()
@@ -183,7 +185,9 @@ def server_chain_times(url: str) -> list[float]:
 SUITE = ((50, 10, 1.0, 1.10), (400, 200, 1.0, 1.5), (1000, 1000, 2.0, None))
 
 
-def run_one(subtasks: int, concurrent: int, latency: float, bare: bool) -> dict[str, float]:
+def run_one(
+    subtasks: int, concurrent: int, latency: float, bare: bool, isolation: str = "worktree"
+) -> dict[str, float]:
     """One fan-out, measured: makespan, bounds, CPU, memory (in this process)."""
     server, url = start_server(subtasks, latency)
     server_cpu_at_start = process_cpu(server.pid)
@@ -191,7 +195,7 @@ def run_one(subtasks: int, concurrent: int, latency: float, bare: bool) -> dict[
         with tempfile.TemporaryDirectory() as tmp:
             cpu_before = time.process_time()
             makespan, per_chain, requests = asyncio.run(
-                measure(url, concurrent, Path(tmp), subtasks)
+                measure(url, concurrent, Path(tmp), subtasks, isolation)
             )
             cpu = time.process_time() - cpu_before
         peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -255,10 +259,18 @@ def main() -> None:
     parser.add_argument("--concurrent", type=int, default=10)
     parser.add_argument("--latency", type=float, default=1.0)
     parser.add_argument("--no-bare", action="store_true", help="skip the bare SDK baseline")
+    parser.add_argument(
+        "--isolation",
+        choices=("worktree", "shared"),
+        default="worktree",
+        help="where the workers work: each in a copy of the tree (the default), or all in one",
+    )
     parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.subtasks is not None:
-        result = run_one(args.subtasks, args.concurrent, args.latency, not args.no_bare)
+        result = run_one(
+            args.subtasks, args.concurrent, args.latency, not args.no_bare, args.isolation
+        )
         if args.json:
             print(json.dumps(result))
         else:
@@ -268,6 +280,7 @@ def main() -> None:
         # Each run in its own process, so that peak memory is that run's alone.
         command = [sys.executable, __file__, "--json", "--subtasks", str(subtasks)]
         command += ["--concurrent", str(concurrent), "--latency", str(latency)]
+        command += ["--isolation", args.isolation]
         if args.no_bare or target is None:
             command.append("--no-bare")
         output = subprocess.run(command, check=True, capture_output=True, text=True).stdout

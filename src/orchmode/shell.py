@@ -493,11 +493,7 @@ class BashSession:
         async with self._lock:
             if self._shell is not None:
                 await self._discard(self._shell)
-            if self._tmpdir is not None:
-                shutil.rmtree(self._tmpdir, ignore_errors=True)
-                self._tmpdir = None
-            if self._sandbox is not None:
-                self._sandbox.release()
+            await asyncio.to_thread(self._remove_files)  # kernel work, off the event loop
 
     def __del__(self) -> None:
         # Last resort for a session that was never closed: no background job outlives it.
@@ -526,11 +522,10 @@ class BashSession:
         use_pidfd_child_watcher()
         if self._prepare is not None:
             await self._prepare()
-        if self._tmpdir is None or not os.path.isdir(self._tmpdir):
-            self._tmpdir = tempfile.mkdtemp(prefix="orchmode-shell-")
-        argv = self._argv
-        if self._sandbox is not None:
-            argv = [*self._sandbox.argv(self._tmpdir), *argv]
+        # A private dir and, sandboxed, the shell's cgroups (mkdir and writes in cgroupfs):
+        # a millisecond or two of kernel work, done on a worker thread so that a wave of
+        # agents starting does not hold up the event loop that sends their requests.
+        argv = await asyncio.to_thread(self._spawn_argv)
         loop = asyncio.get_running_loop()
         transport, protocol = await loop.subprocess_exec(
             _ShellProtocol,
@@ -552,6 +547,21 @@ class BashSession:
         self._shell = shell
         shell.send(f"exec {_OUT_FD}>&1\n")
         return shell
+
+    def _spawn_argv(self) -> list[str]:
+        if self._tmpdir is None or not os.path.isdir(self._tmpdir):
+            self._tmpdir = tempfile.mkdtemp(prefix="orchmode-shell-")
+        if self._sandbox is None:
+            return list(self._argv)
+        return [*self._sandbox.argv(self._tmpdir), *self._argv]
+
+    def _remove_files(self) -> None:
+        """The temp dir and the sandbox's cgroups, once the shell's processes are gone."""
+        if self._tmpdir is not None:
+            shutil.rmtree(self._tmpdir, ignore_errors=True)
+            self._tmpdir = None
+        if self._sandbox is not None:
+            self._sandbox.release()
 
     async def _discard(self, shell: _Shell) -> None:
         """Kill ``shell``'s processes, reap it and release its pipes."""
