@@ -75,9 +75,12 @@ async def run_session(
     tmp_path: Path,
     scenario: OrchestrationScenario,
     servers: dict[str, Any],
+    window: int | None = None,
     **overrides: Any,
 ) -> tuple[ScriptedServer, list[Event], Session]:
-    server = await serve(scenario)
+    server = await serve(scenario, context_window=window)
+    if window is not None:
+        overrides.setdefault("context_window", window)
     config = write_config(tmp_path / "mcp.json", servers)
     overrides.setdefault("sandbox", "off")
     settings = settings_for(server, tmp_path, mcp_config=config, **overrides)
@@ -191,18 +194,22 @@ async def test_the_main_agent_and_workers_call_stdio_and_http_tools(
     subtasks = ["alpha module", "beta module", "gamma module"]
     scenario = OrchestrationScenario(
         subtasks=subtasks,
-        scout_call=("mcp__demo__lookup", {"key": "layout"}),
+        scout_call=("mcp__demo__lookup", {"key": "layout", "size": 6000}),
         worker_call=lookup_of,
+        report_bytes=6000,  # reports the size a real model writes
+        verifier_report_bytes=2500,
     )
     server, events, _ = await run_session(
         serve,
         tmp_path,
         scenario,
-        {
+        window=200_000,  # the server refuses, as the API does, what does not fit
+        servers={
             "demo": stdio("demo", agents=["main"]),
             "web": {"type": "http", "url": web, "agents": ["worker"], "allow": ["lookup"]},
         },
     )
+    assert {e.outcome for e in server.log} == {"ok"}
     assert offered(server, "main") == {
         f"mcp__demo__{t}"
         for t in ("lookup", "add", "whoami", "whereami", "picture", "broken", "hang", "crash",
@@ -210,7 +217,7 @@ async def test_the_main_agent_and_workers_call_stdio_and_http_tools(
     }  # fmt: skip
     assert offered(server, "worker") == {"mcp__web__lookup"}  # allow-listed, workers only
     assert offered(server, "verifier") == set()
-    assert value_of("layout") in result_texts(server, "main")[0]
+    assert result_texts(server, "main")[0] == value_of("layout", 6000).strip()
     worker_results = result_texts(server, "worker")
     for subtask in subtasks:
         assert value_of(subtask) in worker_results

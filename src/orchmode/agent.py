@@ -37,7 +37,7 @@ from .events import ContextCompacted, EventBus, TurnDone, TurnStarted
 from .executors import Executor, open_executor
 from .executors.host import AgentHost, ShellFactory, claim_or_take_over, holder_name, keep_claim
 from .executors.local import LocalExecutor
-from .mcptools import McpHub
+from .mcptools import McpHub, with_mcp_tools
 from .mode import ModeState
 from .model import Credentials, Message, ModelGateway, ModelReply
 from .prompts import (
@@ -319,7 +319,7 @@ class Session:
 
     async def _list_tools(self) -> None:
         if self.mcp is not None and self.tools is MAIN_TOOLS:
-            self.tools = [*MAIN_TOOLS, *await self.mcp.tools_for("main")]
+            self.tools = await with_mcp_tools(MAIN_TOOLS, self.mcp, "main")
             self.meter.fixed_tokens = Meter([MAIN_SYSTEM, self.tools]).fixed_tokens
 
     async def _loop(self) -> TurnResult:

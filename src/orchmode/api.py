@@ -372,7 +372,8 @@ async def open_session(
     - ``workdir``: where bash runs and the store lives (default ``settings.workdir``, else
       the current directory).
     - ``credentials``: ``Credentials(api_key=...)`` or ``Credentials(auth_token=...)``;
-      when left out, ``ANTHROPIC_API_KEY`` (then ``ANTHROPIC_AUTH_TOKEN``), as the SDK does.
+      when left out, ``ANTHROPIC_API_KEY`` (then ``ANTHROPIC_AUTH_TOKEN``), as the SDK does,
+      or for ``provider="bedrock"``/``"vertex"`` that platform's own chain.
     - ``session``: a name. A session recorded under it is taken up again — its history
       and mode — and one that is not starts under that name. Left out: a new session, under
       ``settings.session`` if that is set.
@@ -381,10 +382,8 @@ async def open_session(
     price, a ``SandboxError`` when bash cannot be sandboxed as configured (before anything
     is spent), and :class:`~orchmode.SessionBusy` while another process drives the session.
     """
-    # model_validate, not Settings(): to a type checker without pydantic's plugin, every
-    # field given as Field(default, ...) looks required.
-    settings, where = _prepared(settings or Settings.model_validate({}), workdir, session)
-    credentials = credentials or Credentials.from_env(os.environ)
+    settings, where = _prepared(settings or Settings(), workdir, session)
+    credentials = credentials or Credentials.from_env(os.environ, settings.provider)
     for warning in preflight(settings):
         log.warning("%s", warning)
     bus = EventBus()

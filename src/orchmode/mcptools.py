@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import tempfile
@@ -167,11 +168,9 @@ def _reason(exc: BaseException) -> str:
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         exc = exc.exceptions[0]
     text = str(exc)
-    return (
-        f"{type(exc).__name__}: {text}"
-        if text and isinstance(exc, OSError)
-        else (text or type(exc).__name__)
-    )
+    if not text:
+        return type(exc).__name__
+    return f"{type(exc).__name__}: {text}" if isinstance(exc, OSError) else text
 
 
 @contextlib.asynccontextmanager
@@ -208,8 +207,15 @@ class McpHub:
     _servers: dict[str, _Server] = field(default_factory=dict)
     _tools: dict[Role, list[McpTool]] = field(default_factory=dict)
     _by_name: dict[str, McpTool] = field(default_factory=dict)
+    #: The same tools by (server, tool name): each is named once, whichever role lists it.
+    _by_origin: dict[tuple[str, str], McpTool] = field(default_factory=dict)
     _warned: set[str] = field(default_factory=set)
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    #: Every value the config gives a server, longest first; worked out once.
+    secrets: tuple[str, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.secrets = self.config.secrets
 
     @classmethod
     def from_settings(
@@ -227,10 +233,6 @@ class McpHub:
         if not config.servers:
             return None
         return cls(config, workdir, events, settings.mcp_timeout, settings.output_limit)
-
-    @property
-    def secrets(self) -> tuple[str, ...]:
-        return self.config.secrets
 
     def mask(self, text: str) -> str:
         for secret in self.secrets:
@@ -344,14 +346,7 @@ class McpHub:
         for listed in server.tools:
             if not server.entry.offers(listed.name):
                 continue
-            known = next(
-                (
-                    t
-                    for t in self._by_name.values()
-                    if (t.server, t.name) == (server.name, listed.name)
-                ),
-                None,
-            )
+            known = self._by_origin.get((server.name, listed.name))
             if known is None:
                 api_name = tool_name(server.name, listed.name, set(self._by_name))
                 schema = listed.input_schema if isinstance(listed.input_schema, dict) else {}
@@ -367,6 +362,7 @@ class McpHub:
                     },
                 )
                 self._by_name[api_name] = known
+                self._by_origin[(server.name, listed.name)] = known
             tools.append(known)
         return tools
 
@@ -397,6 +393,13 @@ class McpHub:
         self._servers.clear()
 
 
+async def with_mcp_tools(base: Sequence[Block], mcp: McpHub | None, role: Role) -> list[Block]:
+    """``base`` and, after it, the MCP tools ``role`` is offered: what an agent is given."""
+    if mcp is None:
+        return list(base)
+    return [*base, *await mcp.tools_for(role)]
+
+
 def content_text(content: Sequence[Any], structured: Any = None) -> str:
     """A tool result's content as text: non-text parts become a short description."""
     parts: list[str] = []
@@ -421,8 +424,6 @@ def content_text(content: Sequence[Any], structured: Any = None) -> str:
         else:
             parts.append(f"[{kind or 'unknown'} content, not shown]")
     if not parts and structured is not None:
-        import json
-
         parts.append(json.dumps(structured, ensure_ascii=False, default=str))
     return "\n".join(parts)
 

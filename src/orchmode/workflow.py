@@ -42,6 +42,7 @@ from .events import (
 from .executors import Executor, Job, TreeJob, WorkerLost
 from .executors.host import claim_or_take_over, holder_name, keep_claim
 from .executors.local import HERE, LocalExecutor
+from .mcptools import with_mcp_tools
 from .model import ModelGateway
 from .prompts import SUBAGENT_SYSTEM, SUBAGENT_TOOLS, change_note, quote_result, verify_prompt
 from .results import ResultFiles
@@ -449,8 +450,7 @@ class Workflow:
         roles: tuple[Role, ...] = ("worker", "verifier")
         for role in roles:
             if role not in self._tools:
-                mcp = await self.mcp.tools_for(role) if self.mcp is not None else []
-                self._tools[role] = [*SUBAGENT_TOOLS, *mcp]
+                self._tools[role] = await with_mcp_tools(SUBAGENT_TOOLS, self.mcp, role)
 
     def key_of(self, role: Role, prompt: str, isolation: str = "shared") -> str:
         """The journal's content address of an agent: everything that determines its result,

@@ -22,7 +22,8 @@ from ..budget import BudgetExhausted
 from ..context import Window
 from ..environment import command_environment
 from ..errors import AuthError, OrchmodeError
-from ..events import EventBus, Role
+from ..events import EventBus
+from ..mcptools import with_mcp_tools
 from ..model import ModelGateway
 from ..prompts import SUBAGENT_SYSTEM, SUBAGENT_TOOLS
 from ..sandbox import Sandbox
@@ -251,7 +252,7 @@ class AgentHost:
                     events=events,
                     name=job.name,
                     system=SUBAGENT_SYSTEM,
-                    tools=await self.tools_for(job.role),
+                    tools=await with_mcp_tools(SUBAGENT_TOOLS, self.mcp, job.role),
                     max_turns=self.settings.subagent_turns,
                     on_first_request=lambda: self.background(self._prewarm(shell)),
                     window=Window.from_settings(self.settings),
@@ -281,12 +282,6 @@ class AgentHost:
         # claim is let go in the same write, so an agent waiting on it never finds neither.
         self.background(self.store.record(job.key, job.role, job.prompt, result, holder=job.holder))
         return result
-
-    async def tools_for(self, role: Role) -> list[dict[str, Any]]:
-        """What a subagent of ``role`` is offered: bash, report_findings and its MCP tools."""
-        if self.mcp is None:
-            return SUBAGENT_TOOLS
-        return [*SUBAGENT_TOOLS, *await self.mcp.tools_for(role)]
 
     async def settle(self) -> None:
         """Wait for the housekeeping so far: results recorded, claims let go, shells closed,

@@ -255,12 +255,16 @@ class RayExecutor:
     _joining: asyncio.Task[None] | None = None
     #: Snapshots already in Ray's object store, by commit.
     _bundles: dict[str, Any] = field(default_factory=dict)
+    #: The user's MCP servers, read once and shipped to every actor (each starts its own).
+    _mcp: McpConfig | None = None
 
     async def start(self) -> None:
         if self._started:
             return
         self._started = True
         _check_reachable(self.settings.ray_address)
+        if self.settings.mcp_config is not None:
+            self._mcp = load(self.settings.mcp_config, os.environ)
         self._tmp = Path(tempfile.mkdtemp(prefix="orchmode-ray-"))
         package = package_workdir(self.workdir, self.settings.ray_max_upload_mb, self._tmp)
         log.info("shipping %d files (%d bytes) to the Ray nodes", package.files, package.size)
@@ -375,14 +379,13 @@ class RayExecutor:
             }
         )
         store_url = Secret(self.settings.store or "")
-        mcp = load(self.settings.mcp_config, os.environ) if self.settings.mcp_config else None
         actors: list[Any] = [
             remote.options(
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False),
                 max_concurrency=self.settings.ray_max_per_actor,
                 num_cpus=0,
                 max_restarts=0,
-            ).remote(settings, self.credentials, store_url, mcp)
+            ).remote(settings, self.credentials, store_url, self._mcp)
             for node in nodes
             for _ in range(self.settings.ray_actors)
         ]
