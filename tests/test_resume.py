@@ -186,7 +186,7 @@ def test_ctrl_c_during_the_fanout_exits_130_and_names_the_resume_command(
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == 130
     session = session_of(tmp_path)
-    assert f"`orchmode resume {session}`" in stderr.strip().splitlines()[-1]
+    assert f"`orchmode resume {session}`" in stderr.strip().splitlines()[-1], stderr
     result = orchmode("resume", "--base-url", server.url, *LEASE, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert result.stdout == expected

@@ -604,13 +604,18 @@ class Session:
         return unknown_tool(tool_use, [str(t["name"]) for t in self.tools])
 
     async def close(self) -> None:
-        await self.shell.close()
-        await self.budget.flush()
-        if self._owns_executor:
-            await self.executor.close()
-        if self.mcp is not None:
-            await self.mcp.close()
-        self.trees.close()
+        try:
+            await self.shell.close()
+            await self.budget.flush()
+            if self._owns_executor:
+                await self.executor.close()
+            if self.mcp is not None:
+                await self.mcp.close()
+        finally:
+            # After an interrupt, closes cancelled mid-way (or never begun) leave shells up,
+            # and pooled ones no agent took: none outlives the session.
+            self.make_shell.abandon_all()
+            self.trees.close()
 
 
 def _message_text(message: Message) -> str:

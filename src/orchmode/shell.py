@@ -347,6 +347,10 @@ class _Shell:
     #: dies: killing the group is enough, and the /proc sweep (a read of every process on
     #: the machine, per shell) is skipped.
     contained: bool = False
+    #: Sent ahead of the first command, in the same write (one wake-up of bash, not two).
+    preamble: str = ""
+    #: Its process group was sent SIGKILL (a close kills at once, then reaps).
+    killed: bool = False
 
     @property
     def marker(self) -> bytes:
@@ -360,7 +364,8 @@ class _Shell:
         stdin = self.transport.get_pipe_transport(0)
         if not isinstance(stdin, asyncio.WriteTransport):
             raise RuntimeError("the shell has no stdin pipe")
-        stdin.write(line.encode())
+        stdin.write((self.preamble + line).encode())
+        self.preamble = ""
 
     def kill(self, *, sweep: bool = True) -> None:
         """SIGKILL the group; ``sweep`` also hunts the session's members through /proc.
@@ -369,6 +374,9 @@ class _Shell:
         anything that could escape, so neither sweeps (a read of every process's stat file).
         """
         sweep = sweep and self.used and not self.contained
+        if self.killed and not sweep:
+            return  # its group had SIGKILL already: the kernel lets no member fork past it
+        self.killed = True
         _kill_tree(self.pid, self.protocol.exited.is_set(), sweep=sweep)
 
     def returncode(self) -> int | None:
@@ -417,6 +425,12 @@ class BashSession:
         """PID (and process-group id) of the running shell; None when none is running."""
         shell = self._shell
         return shell.pid if shell is not None and shell.alive() else None
+
+    @property
+    def running(self) -> bool:
+        """Whether a shell is up now (started ahead, and not exited since)."""
+        shell = self._shell
+        return shell is not None and shell.alive() and not self._closed
 
     @property
     def sandbox_mode(self) -> str:
@@ -495,6 +509,15 @@ class BashSession:
                 await self._discard(self._shell)
             await asyncio.to_thread(self._remove_files)  # kernel work, off the event loop
 
+    def abandon(self) -> None:
+        """Kill the shell and remove its files now, without waiting: for a shutdown in
+        which a close that was under way may have been cancelled. Safe to call twice."""
+        self._closed = True
+        if self._shell is not None:
+            self._abandon(self._shell)
+        with contextlib.suppress(OSError):
+            self._remove_files()
+
     def __del__(self) -> None:
         # Last resort for a session that was never closed: no background job outlives it.
         shell = getattr(self, "_shell", None)
@@ -545,7 +568,7 @@ class BashSession:
             contained=self._sandbox is not None,
         )
         self._shell = shell
-        shell.send(f"exec {_OUT_FD}>&1\n")
+        shell.preamble = f"exec {_OUT_FD}>&1\n"
         return shell
 
     def _spawn_argv(self) -> list[str]:

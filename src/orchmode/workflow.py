@@ -863,7 +863,14 @@ class Workflow:
                 "files": change.describe(),
                 "patch": self.results.write_patch(key, change.patch),
             }
-        return self.results.write_agent(role, key, record)
+        # Written on a worker thread (a temp file, a write, a rename: kernel time), off the
+        # chain's path; settle() waits for it, so the file is there when the call returns.
+        self._background(self._write_record(role, key, record))
+        return str(self.results.agent_path(role, key))
+
+    async def _write_record(self, role: Role, key: str, record: dict[str, object]) -> None:
+        assert self.results is not None
+        await asyncio.to_thread(self.results.write_agent, role, key, record)
 
 
 def _no_copies(exc: Exception) -> str:

@@ -9,11 +9,13 @@ with it and the claims lapse for someone else to take.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine
+import weakref
+from collections.abc import Awaitable, Callable, Coroutine, Hashable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -33,6 +35,7 @@ from ..store import Store
 from ..subagent import AgentResult, Status, Subagent, describe_failure
 from ..trees import Change, Copy, Trees
 from . import Job, TreeJob
+from .pool import Ready, SandboxPool
 
 if TYPE_CHECKING:
     from ..mcptools import McpHub
@@ -43,6 +46,8 @@ log = logging.getLogger("orchmode")
 #: holds the event loop for a few milliseconds; a wave of hundreds at once would hold back
 #: the wave's model requests, which matter more.
 SPAWNS = 2
+#: The pool's kind for shells that work in the working directory itself.
+SHARED = "shared"
 
 
 async def keep_claim(store: Store, key: str, holder: str, lease: float) -> None:
@@ -144,6 +149,10 @@ class ShellFactory:
     workdir: Path
     env: dict[str, str]
     sandbox: Sandbox | None
+    #: Every shell it made that may still be running (see :meth:`abandon_all`).
+    made: weakref.WeakSet[BashSession] = field(
+        default_factory=weakref.WeakSet, repr=False, compare=False
+    )
 
     @classmethod
     def build(
@@ -162,14 +171,26 @@ class ShellFactory:
             Sandbox.from_settings(settings, workdir, readable),
         )
 
+    def abandon_all(self) -> None:
+        """Kill every shell it made that is still up, at once: when a session ends after an
+        interrupt, shells whose close was cancelled (or never began) go too."""
+        for shell in list(self.made):
+            shell.abandon()
+
     def __call__(self) -> BashSession:
-        return BashSession(
-            self.workdir,
-            timeout=self.settings.bash_timeout,
-            output_limit=self.settings.output_limit,
-            env=self.env,
-            sandbox=self.sandbox.for_shell() if self.sandbox is not None else None,
+        return self._made(
+            BashSession(
+                self.workdir,
+                timeout=self.settings.bash_timeout,
+                output_limit=self.settings.output_limit,
+                env=self.env,
+                sandbox=self.sandbox.for_shell() if self.sandbox is not None else None,
+            )
         )
+
+    def _made(self, shell: BashSession) -> BashSession:
+        self.made.add(shell)
+        return shell
 
     def in_copy(
         self,
@@ -191,13 +212,15 @@ class ShellFactory:
                 copy.path, writable=tree.writable, shared=tree.ignored, views=tuple(views)
             ).for_shell()
             cwd = self.workdir
-        return BashSession(
-            cwd,
-            timeout=self.settings.bash_timeout,
-            output_limit=self.settings.output_limit,
-            env=self.env,
-            sandbox=sandbox,
-            prepare=prepare,
+        return self._made(
+            BashSession(
+                cwd,
+                timeout=self.settings.bash_timeout,
+                output_limit=self.settings.output_limit,
+                env=self.env,
+                sandbox=sandbox,
+                prepare=prepare,
+            )
         )
 
 
@@ -218,32 +241,26 @@ class AgentHost:
     _kept: dict[tuple[str, str], Copy] = field(default_factory=dict, repr=False)
     _spawn_gate: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(SPAWNS))
     _housekeeping: set[asyncio.Task[None]] = field(default_factory=set, repr=False)
+    #: Shells started ahead for the agents to come (see :mod:`.pool`).
+    pool: SandboxPool = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.pool = SandboxPool(self.settings.max_concurrent, self._spawn_gate, self._discard_ready)
 
     async def run(self, job: Job, events: EventBus) -> AgentResult:
         """The job's result; any failure but a rejected credential becomes an error result."""
         heartbeat = asyncio.create_task(
             keep_claim(self.store, job.key, job.holder, self.settings.claim_lease)
         )
-        copy: Copy | None = None
-        made: asyncio.Task[None] | None = None
-        if (
-            job.tree is not None
-            and self.trees is not None
-            and isinstance(self.make_shell, ShellFactory)
-        ):
-            copy = self._kept.pop(_kept_key(job.tree.base, job.tree.patch), None)
-            if copy is not None:
-                made = asyncio.create_task(_nothing())
-            else:
-                copy = self.trees.plan_copy(job.name, job.tree.base)
-                # Made while the first model request is in flight; the shell waits for it.
-                made = asyncio.create_task(self._make_copy(copy, job.tree))
-            shell = self.make_shell.in_copy(self.trees, copy, job.tree, _awaiting(made))
-        else:
-            shell = self.make_shell()
-        # Start bash while the first model request is in flight, so its start-up is off
-        # the critical path (and not ahead of a wave of requests going out); close it in
-        # the background, for the same reason.
+        kind = self._pool_kind(job)
+        ready = self.pool.take(kind) if kind is not None else None
+        if ready is None:
+            ready = self._kept_copy(job) or self._fresh(job)
+        shell, copy, made = ready.shell, ready.copy, ready.made
+        # A shell not taken ready from the pool starts while the first model request is in
+        # flight, so its start-up is off the critical path (and not ahead of a wave of
+        # requests going out); the pool refills then too. Closed in the background, for
+        # the same reason.
         try:
             try:
                 agent = Subagent(
@@ -254,7 +271,7 @@ class AgentHost:
                     system=SUBAGENT_SYSTEM,
                     tools=await with_mcp_tools(SUBAGENT_TOOLS, self.mcp, job.role),
                     max_turns=self.settings.subagent_turns,
-                    on_first_request=lambda: self.background(self._prewarm(shell)),
+                    on_first_request=lambda: self._first_request_sent(job, kind, shell),
                     window=Window.from_settings(self.settings),
                     mcp=self.mcp,
                     role=job.role,
@@ -292,6 +309,7 @@ class AgentHost:
                     log.warning("housekeeping after a subagent failed: %s", failure)
         if self.gateway.budget is not None:
             await self.gateway.budget.flush()
+        await self.pool.drain()
         if self.trees is not None:
             kept, self._kept = list(self._kept.values()), {}
             for copy in kept:  # their verifiers ran elsewhere, or not at all
@@ -302,6 +320,64 @@ class AgentHost:
         task = asyncio.create_task(work)
         self._housekeeping.add(task)
         task.add_done_callback(self._housekeeping.discard)
+
+    def _pool_kind(self, job: Job) -> Hashable | None:
+        """Which pooled shells suit ``job``: any shell for a shared tree, one in a fresh
+        copy of its snapshot for a worker; None for a verifier's copy of a change."""
+        if not self._in_copy(job):
+            return SHARED
+        assert job.tree is not None
+        if job.tree.writable and not job.tree.patch:
+            return (job.tree.base, job.tree.ignored)
+        return None
+
+    def _in_copy(self, job: Job) -> bool:
+        return (
+            job.tree is not None
+            and self.trees is not None
+            and isinstance(self.make_shell, ShellFactory)
+        )
+
+    def _kept_copy(self, job: Job) -> Ready | None:
+        """The very copy a verifier's worker left here, shown to it read-only."""
+        if not self._in_copy(job):
+            return None
+        assert job.tree is not None
+        copy = self._kept.pop(_kept_key(job.tree.base, job.tree.patch), None)
+        if copy is None:
+            return None
+        return self._ready_in(copy, asyncio.create_task(_nothing()), job.tree)
+
+    def _fresh(self, job: Job, stem: str | None = None) -> Ready:
+        """A new shell for ``job``: in a copy of its tree being made, if it works in one."""
+        if not self._in_copy(job):
+            return Ready(self.make_shell())
+        assert job.tree is not None and self.trees is not None
+        assert isinstance(self.make_shell, ShellFactory)
+        copy = self.trees.plan_copy(stem or job.name, job.tree.base)
+        # Made while the first model request is in flight; the shell waits for it.
+        return self._ready_in(copy, asyncio.create_task(self._make_copy(copy, job.tree)), job.tree)
+
+    def _ready_in(self, copy: Copy, made: asyncio.Task[None], tree: TreeJob) -> Ready:
+        """A shell that works in ``copy`` once ``made`` has made it."""
+        assert self.trees is not None and isinstance(self.make_shell, ShellFactory)
+        return Ready(self.make_shell.in_copy(self.trees, copy, tree, _awaiting(made)), copy, made)
+
+    def _first_request_sent(self, job: Job, kind: Hashable | None, shell: BashSession) -> None:
+        if not shell.running:
+            self.background(self._prewarm(shell))
+        if kind is not None:
+            self.pool.refill(kind, lambda: self._fresh(job, "ready"))
+
+    async def _discard_ready(self, ready: Ready) -> None:
+        """A pooled shell no agent took: closed, and its copy (once made) discarded."""
+        await ready.shell.close()
+        if ready.copy is None or self.trees is None:
+            return
+        if ready.made is not None:
+            with contextlib.suppress(Exception):
+                await ready.made
+        self.trees.discard(ready.copy)
 
     async def _make_copy(self, copy: Copy, tree: TreeJob) -> None:
         assert self.trees is not None

@@ -1,0 +1,196 @@
+"""Sandboxes started ahead: agents find their shell up, never share one, and none outlive
+the fan-out."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from conftest import StartServer, gateway_for, settings_for
+from orchmode.agent import Session
+from orchmode.executors.host import AgentHost
+from orchmode.executors.local import LocalExecutor
+from orchmode.executors.pool import Pace, Ready, SandboxPool
+from orchmode.sandbox import probe
+from orchmode.shell import BashSession
+from orchmode.store.sqlite import SQLiteStore
+from orchmode.testing import ScriptedServer
+from orchmode.testing.scenario import OrchestrationScenario
+
+needs_sandbox = pytest.mark.skipif(
+    not probe().ok, reason=f"bubblewrap cannot run here: {probe().problem}"
+)
+
+#: Run by every worker and verifier: a shell that an agent before it used has the mark in
+#: its private /tmp (a tmpfs per sandboxed shell), and says so.
+MARK = (
+    "if [ -e /tmp/orchmode-used ]; then echo SHELL-REUSED; "
+    "else : > /tmp/orchmode-used; echo SHELL-FRESH; fi"
+)
+
+
+def bash_outputs(server: ScriptedServer) -> list[str]:
+    """What each subagent's bash command printed, as its next request carried it."""
+    outputs = []
+    for entry in server.log:
+        if any(t["name"] == "Workflow" for t in entry.body.get("tools", [])):
+            continue
+        for message in entry.body["messages"]:
+            content = message["content"]
+            if message["role"] != "user" or not isinstance(content, list):
+                continue
+            for block in content:
+                if block.get("type") == "tool_result":
+                    outputs.append(str(block["content"]))
+    return outputs
+
+
+async def fan_out(
+    server: ScriptedServer, tmp_path: Path, **overrides: Any
+) -> tuple[AgentHost, int, list[str]]:
+    """One orchestrated turn; the host, its shells still idle after the turn, and the
+    output of every bash command the shells ran."""
+    settings = settings_for(server, tmp_path, **overrides)
+    store = SQLiteStore.open(tmp_path / "store.db")
+    session = Session(settings, gateway_for(settings), workdir=tmp_path, store=store)
+    try:
+        await session.turn("check them all")
+        assert isinstance(session.executor, LocalExecutor)
+        host = session.executor.host
+        idle_after = host.pool.idle
+    finally:
+        await session.close()
+        await store.close()
+    return host, idle_after, bash_outputs(server)
+
+
+def processes_mentioning(path: Path) -> list[int]:
+    """Live processes whose command line names ``path`` (a sandbox binds the workdir)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if str(path).encode() in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+@needs_sandbox
+@pytest.mark.parametrize("isolation", ["shared", "worktree"])
+async def test_later_agents_get_a_started_sandbox_that_no_agent_used_before(
+    serve: StartServer, tmp_path: Path, isolation: str
+) -> None:
+    scenario = OrchestrationScenario(
+        subtasks=16, scout_command=None, worker_command=MARK, verifier_command=MARK, delay=0.05
+    )
+    server = await serve(scenario)
+    host, idle_after, outputs = await fan_out(
+        server, tmp_path, max_concurrent=3, isolation=isolation
+    )
+
+    assert len(outputs) == 32  # 16 workers and 16 verifiers, one command each
+    assert all("SHELL-FRESH" in out for out in outputs), outputs
+    assert not any("SHELL-REUSED" in out for out in outputs)
+    # Agents after the first wave were handed shells started ahead of them ...
+    assert host.pool.hits >= 4, (host.pool.hits, host.pool.misses)
+    # ... and whatever the pool still held when the fan-out ended was closed then.
+    assert idle_after == 0
+    assert processes_mentioning(tmp_path) == []
+    runs = tmp_path / ".orchmode" / "trees" / "runs"
+    assert not runs.exists() or [p for p in runs.rglob("*") if p.is_dir()] == []
+
+
+async def test_a_shell_that_died_while_it_waited_is_not_handed_out(tmp_path: Path) -> None:
+    closed: list[BashSession] = []
+
+    async def discard(ready: Ready) -> None:
+        closed.append(ready.shell)
+        await ready.shell.close()
+
+    pool = SandboxPool(width=4, gate=asyncio.Semaphore(2), discard=discard)
+    pool.refill("shell", lambda: Ready(BashSession(tmp_path)))
+    await pool.settled()
+    assert pool.idle == 2  # the first target, before any pace is known
+
+    first = pool._ready["shell"][0].shell
+    assert first.pid is not None
+    os.killpg(first.pid, signal.SIGKILL)
+    async with asyncio.timeout(10):
+        while first.running:  # the child watcher notices the exit
+            await asyncio.sleep(0.01)
+
+    taken = pool.take("shell")
+    assert taken is not None and taken.shell is not first and taken.shell.running
+    result = await taken.shell.run("echo ok")
+    assert result.output.strip() == "ok"
+    assert pool.take("shell") is None
+    await pool.settled()
+    assert closed == [first]
+    assert (pool.hits, pool.misses) == (1, 1)
+    await taken.shell.close()
+    await pool.drain()
+
+
+async def test_drain_closes_the_shells_that_no_agent_took(tmp_path: Path) -> None:
+    async def discard(ready: Ready) -> None:
+        await ready.shell.close()
+
+    pool = SandboxPool(width=3, gate=asyncio.Semaphore(1), discard=discard)
+    pool.refill("shell", lambda: Ready(BashSession(tmp_path)))
+    pids = []
+    await pool.settled()
+    for queue in pool._ready.values():
+        pids += [ready.shell.pid for ready in queue]
+    assert len(pids) == 2 and all(pids)
+    await pool.drain()
+    assert pool.idle == 0
+    for pid in pids:
+        assert pid is not None
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    pool.refill("shell", lambda: Ready(BashSession(tmp_path)))  # usable again afterwards
+    await pool.settled()
+    assert pool.idle == 2
+    await pool.drain()
+
+
+@given(
+    width=st.integers(1, 1000),
+    gap=st.floats(0, 10, allow_nan=False),
+    spawn=st.floats(0, 10, allow_nan=False),
+    more=st.floats(0, 5, allow_nan=False),
+)
+def test_the_pool_holds_more_the_faster_agents_start_and_the_slower_shells_get_made(
+    width: int, gap: float, spawn: float, more: float
+) -> None:
+    def target(gap: float, spawn: float) -> int:
+        pool = SandboxPool(width, asyncio.Semaphore(1), discard=None)  # type: ignore[arg-type]
+        pool.arrivals, pool.spawns = Pace(gap), Pace(spawn)
+        return pool.target()
+
+    held = target(gap, spawn)
+    assert 1 <= held <= width
+    assert target(gap, spawn + more) >= held
+    assert target(gap + more, spawn) <= held
+
+
+def test_a_pace_follows_what_it_observes() -> None:
+    pace = Pace()
+    pace.observe(1.0)
+    assert pace.mean == 1.0
+    for _ in range(60):
+        pace.observe(0.1)
+    assert pace.mean is not None and abs(pace.mean - 0.1) < 1e-3
+    pace.observe(-5)  # a clock that stepped back counts as no time
+    assert pace.mean is not None and 0 <= pace.mean < 0.1
