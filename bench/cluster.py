@@ -46,6 +46,7 @@ _MB = 1024 * 1024
 def run_local(subtasks: int, concurrent: int, latency: float) -> dict[str, float]:
     """The local executor's run, in a fresh process so its peak memory is its own."""
     command = [sys.executable, str(Path(__file__).parent / "fanout.py"), "--json", "--no-bare"]
+    command += ["--isolation", "worktree"]  # the settings' default, as the cluster run has
     command += ["--subtasks", str(subtasks), "--concurrent", str(concurrent)]
     command += ["--latency", str(latency)]
     output = subprocess.run(command, check=True, capture_output=True, text=True).stdout

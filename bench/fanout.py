@@ -35,6 +35,7 @@ from pathlib import Path
 
 from orchmode.agent import Session
 from orchmode.events import Event, EventBus, FanoutDone, ModelRequestDone
+from orchmode.executors.local import LocalExecutor
 from orchmode.model import Credentials, ModelGateway
 from orchmode.records import EventRecorder
 from orchmode.settings import Settings
@@ -98,7 +99,7 @@ class FanoutTally:
 
 async def measure(
     url: str, concurrent: int, workdir: Path, subtasks: int = 200, isolation: str = "worktree"
-) -> tuple[float, Counter[str], int]:
+) -> tuple[float, Counter[str], int, tuple[int, int]]:
     settings = Settings(
         base_url=url,
         max_concurrent=concurrent,
@@ -111,13 +112,15 @@ async def measure(
     events = EventBus()
     tally = FanoutTally()
     events.subscribe(tally)
-    gateway = await one_turn(settings, events, workdir)
-    return tally.durations[0], tally.per_chain, gateway.requests
+    gateway, pooled = await one_turn(settings, events, workdir)
+    return tally.durations[0], tally.per_chain, gateway.requests, pooled
 
 
-async def one_turn(settings: Settings, events: EventBus, workdir: Path) -> ModelGateway:
+async def one_turn(
+    settings: Settings, events: EventBus, workdir: Path
+) -> tuple[ModelGateway, tuple[int, int]]:
     """One orchestrated user turn ("fan out") against the scripted server, its events
-    recorded; its gateway."""
+    recorded; its gateway, and how many agents were handed a started shell (of all)."""
     store = SQLiteStore.open(workdir / "store.db")
     gateway = ModelGateway(settings, Credentials(api_key="test-key"), events)
     session = Session(settings, gateway, workdir=workdir, store=store, events=events)
@@ -131,7 +134,8 @@ async def one_turn(settings: Settings, events: EventBus, workdir: Path) -> Model
         await session.close()
         await gateway.close()
         await store.close()
-    return gateway
+    pool = session.executor.host.pool if isinstance(session.executor, LocalExecutor) else None
+    return gateway, (pool.hits, pool.hits + pool.misses) if pool else (0, 0)
 
 
 async def bare_sdk_fanout(url: str, concurrent: int, chains: list[int]) -> tuple[float, float]:
@@ -207,7 +211,7 @@ def run_one(
     try:
         with tempfile.TemporaryDirectory() as tmp:
             cpu_before, children_before = time.process_time(), children_cpu()
-            makespan, per_chain, requests = asyncio.run(
+            makespan, per_chain, requests, pooled = asyncio.run(
                 measure(url, concurrent, Path(tmp), subtasks, isolation)
             )
             cpu = time.process_time() - cpu_before
@@ -235,6 +239,8 @@ def run_one(
         "bound": bound,
         "served_bound": served,
         "isolation": isolation,
+        "pooled": pooled[0],
+        "agents": pooled[1],
         "bare": bare_time,
         "bare_cpu_ms": bare_cpu,
         "children_cpu_ms": children / requests * 1000,
@@ -267,6 +273,12 @@ def report(r: dict[str, float], target: float | None) -> None:
             f"orchmode over it {r['makespan'] / r['bare']:.3f}"
         )
     print(f"  peak memory of the harness (RSS) {r['peak_mb']:.0f} MB")
+    if r["agents"]:
+        print(
+            f"  agents handed a shell started ahead: {r['pooled']:g} of the {r['agents']:g} "
+            f"that could take one (the rest started their own while their first request "
+            f"was in flight)"
+        )
     bare = f", the bare SDK loop {r['bare_cpu_ms']:.2f} ms" if r["bare"] else ""
     print(
         f"  CPU per model request: harness {r['cpu_ms']:.2f} ms{bare}; "

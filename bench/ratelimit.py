@@ -44,7 +44,7 @@ async def run(url: str, ceiling: int, subtasks: int, workdir: Path) -> tuple[int
             failed.append(event)
 
     events.subscribe(record)
-    gateway = await one_turn(settings, events, workdir)
+    gateway, _ = await one_turn(settings, events, workdir)
     return len(failed), gateway.limit.peak
 
 

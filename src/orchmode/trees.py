@@ -30,11 +30,11 @@ import shutil
 import socket
 import subprocess
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
 from .errors import OrchmodeError
 from .patches import FileChange, PatchError, PatchSummary, refusals, summarise
@@ -177,52 +177,75 @@ async def git(
     data: bytes | None = None,
     ok: Sequence[int] = (0,),
 ) -> tuple[int, bytes]:
-    """Run one git command; its exit code and output, or :class:`TreeError` naming it.
+    """Run one git command; its exit code and output, or :class:`TreeError` naming it."""
+    return await on_thread(lambda work: work.git(*args, env=env, cwd=cwd, data=data, ok=ok))
 
-    Started and waited for on a worker thread: a plain fork and exec there costs a third
-    of what an asyncio subprocess costs the event loop (its transports, pipes and child
-    watcher), and a worktree fan-out runs three of these per agent.
+
+T = TypeVar("T")
+
+
+class _Work:
+    """Git commands on a worker thread, which a cancellation stops: its git is killed, and
+    no later command of it starts.
+
+    A plain fork and exec there costs the process about half of what an asyncio subprocess
+    costs the event loop (its transports, pipes and child watcher). Each hop to a thread
+    has a cost too, so the two commands that read a change share one.
     """
-    started: list[subprocess.Popen[bytes]] = []
-    command = ("git", *_QUIET, *args)
-    work = asyncio.ensure_future(
-        asyncio.to_thread(_run_git, command, cwd, _environment(env), data, started)
-    )
-    try:
-        code, out, err = await asyncio.shield(work)
-    except FileNotFoundError:
-        raise TreeError("isolation needs git, which is not installed") from None
-    except asyncio.CancelledError:  # no git is left running, nor its thread waiting on it
-        for process in started:
+
+    def __init__(self) -> None:
+        self.processes: list[subprocess.Popen[bytes]] = []
+        self.stopped = False
+
+    def git(
+        self,
+        *args: str,
+        env: Mapping[str, str],
+        cwd: Path,
+        data: bytes | None = None,
+        ok: Sequence[int] = (0,),
+    ) -> tuple[int, bytes]:
+        if self.stopped:
+            raise TreeError(f"git {args[0]} was not started: the work was cancelled")
+        try:
+            process = subprocess.Popen(
+                ("git", *_QUIET, *args),
+                cwd=cwd,
+                env=_environment(env),
+                stdin=subprocess.PIPE if data is not None else subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+        except FileNotFoundError:
+            raise TreeError("isolation needs git, which is not installed") from None
+        with process:
+            self.processes.append(process)
+            out, err = process.communicate(data)
+        code = process.returncode
+        if code not in ok:
+            message = err.decode(errors="replace").strip().splitlines()
+            raise TreeError(f"git {args[0]} failed: {message[-1] if message else f'exit {code}'}")
+        return code, out
+
+    def stop(self) -> None:
+        self.stopped = True
+        for process in self.processes:
             with contextlib.suppress(ProcessLookupError):
                 process.kill()
+
+
+async def on_thread(function: Callable[[_Work], T]) -> T:
+    """``function`` run on a worker thread; cancelled, it is stopped and waited for, so no
+    git is left running and nothing is left writing."""
+    work = _Work()
+    task = asyncio.ensure_future(asyncio.to_thread(function, work))
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        work.stop()
         with contextlib.suppress(Exception):
-            await work
+            await task
         raise
-    if code not in ok:
-        message = err.decode(errors="replace").strip().splitlines()
-        raise TreeError(f"git {args[0]} failed: {message[-1] if message else f'exit {code}'}")
-    return code, out
-
-
-def _run_git(
-    command: Sequence[str],
-    cwd: Path,
-    env: Mapping[str, str],
-    data: bytes | None,
-    started: list[subprocess.Popen[bytes]],
-) -> tuple[int, bytes, bytes]:
-    with subprocess.Popen(
-        command,
-        cwd=cwd,
-        env=env,
-        stdin=subprocess.PIPE if data is not None else subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    ) as process:
-        started.append(process)
-        out, err = process.communicate(data)
-    return process.returncode, out, err
 
 
 def run_name() -> str:
@@ -531,12 +554,12 @@ class Trees:
         """
         await self.open()
         path = copy.path
-        # The file work (a dozen mkdirs and small writes) is kernel time: on a worker
-        # thread, so that a wave of copies being made does not hold up the event loop.
-        await asyncio.to_thread(path.mkdir, parents=True)
+        path.mkdir(parents=True)
         env = {**self._store_env(copy.index), "GIT_WORK_TREE": str(path)}
         await git("read-tree", "--reset", "-u", copy.start, env=env, cwd=path)
-        await asyncio.to_thread(self._agent_git_dir, path, copy.start, copy.index)
+        # A dozen small file operations: kept on the loop, where they cost a fraction of
+        # what handing them to a thread costs on a busy machine (the GIL changing hands).
+        self._agent_git_dir(path, copy.start, copy.index)
         if patch.strip():
             agents = {**self._store_env(path / ".git" / "index"), "GIT_WORK_TREE": str(path)}
             await git(
@@ -548,7 +571,7 @@ class Trees:
                 cwd=path,
                 data=patch.encode(),
             )
-        await asyncio.to_thread(self._mount_points, path, ignored)
+        self._mount_points(path, ignored)
 
     def _mount_points(self, path: Path, ignored: Sequence[str]) -> None:
         """Empty stand-ins in the copy where the sandbox shows ``.orchmode/`` and the
@@ -584,10 +607,13 @@ class Trees:
     async def change_of(self, copy: Copy) -> Change:
         """The copy's difference from where it started: every addition, deletion, rename,
         mode change and binary file, as one patch."""
+        return await on_thread(lambda work: self._read_change(work, copy))
+
+    def _read_change(self, work: _Work, copy: Copy) -> Change:
         env = {**self._store_env(copy.index), "GIT_WORK_TREE": str(copy.path)}
-        await git("add", "-A", "--", ".", env=env, cwd=copy.path)
+        work.git("add", "-A", "--", ".", env=env, cwd=copy.path)
         # Pinned so that no setting of the user's changes the patch's form.
-        _, out = await git(
+        _, out = work.git(
             "-c", "core.quotePath=true", "-c", "diff.noprefix=false",
             "-c", "diff.mnemonicPrefix=false", "diff", "--cached", "--binary", "--full-index",
             "-M", "--no-color", "--no-ext-diff", "--no-textconv", "--src-prefix=a/",
