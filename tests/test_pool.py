@@ -194,3 +194,28 @@ def test_a_pace_follows_what_it_observes() -> None:
     assert pace.mean is not None and abs(pace.mean - 0.1) < 1e-3
     pace.observe(-5)  # a clock that stepped back counts as no time
     assert pace.mean is not None and 0 <= pace.mean < 0.1
+
+
+async def test_the_first_waves_burst_does_not_size_the_pool(tmp_path: Path) -> None:
+    now = [0.0]
+    pool = SandboxPool(
+        width=200, gate=asyncio.Semaphore(2), discard=lambda ready: ready.shell.close()
+    )
+    pool.clock = lambda: now[0]
+    for _ in range(200):  # the first wave: all at once, before the pool made anything
+        now[0] += 0.0001
+        assert pool.take("shell") is None
+    assert pool.arrivals.mean is None and pool.target() == 2
+    pool.refill("shell", lambda: Ready(BashSession(tmp_path)))
+    await pool.settled()
+    assert pool.idle == 2 and pool.spawns.mean is not None
+    taken = []
+    for _ in range(2):  # later agents, 50 ms apart: now they set the pace
+        now[0] += 0.05
+        ready = pool.take("shell")
+        assert ready is not None
+        taken.append(ready.shell)
+    assert pool.arrivals.mean is not None and pool.arrivals.mean >= 0.05
+    for shell in taken:
+        await shell.close()
+    await pool.drain()

@@ -11,8 +11,10 @@ through the host's spawn gate (a few at a time), so a wave's requests go out bef
 sandbox is built for the agents after it.
 
 How many to keep ready follows the fan-out: enough for the agents that start while one
-shell is being made (doubled, for bursts), never more than the fan-out's width. At the
-end of the fan-out the unused ones are closed, which is what the pool costs.
+shell is being made (doubled, for bursts), never more than the fan-out's width. Agents
+are paced from the first shell the pool has made on: the first wave starts all at once,
+and its own shells, and would otherwise size the pool to the whole width. At the end of
+the fan-out the unused ones are closed, which is what the pool costs.
 """
 
 from __future__ import annotations
@@ -90,7 +92,9 @@ class SandboxPool:
     def take(self, kind: Hashable) -> Ready | None:
         """A started shell of ``kind`` for an agent starting now, or None (make one)."""
         now = self.clock()
-        if self._last_arrival is not None:
+        # Paced only once a shell has been made: the first wave arrives all at once and
+        # starts its own shells, and its burst would size the pool to the fan-out's width.
+        if self._last_arrival is not None and self.spawns.mean is not None:
             self.arrivals.observe(now - self._last_arrival)
         self._last_arrival = now
         queue = self._ready.get(kind)
