@@ -430,3 +430,27 @@ async def test_a_script_s_isolated_agents_are_verified_in_their_copies_then_merg
     text = str(workflow_block(server)["content"])
     assert text.startswith('["confirmed", "refuted"]')
     assert "[change 1] merged" in text and "[change 2] not merged (refuted)" in text
+
+
+async def test_a_verifier_checks_the_copy_its_worker_left_even_when_nothing_changed(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    # Each worker notes its name in its copy's own .git, which is no part of its change;
+    # a verifier shown that same copy reads it back, a fresh copy has none.
+    workdir = repo(tmp_path / "work", {"a.txt": "a\n"})
+    subtasks = [f"Look at {i} $ git config user.name pair-{i}" for i in range(1, 7)]
+    scenario = editing(
+        subtasks, verifier_command="echo copy-of-$(git config user.name || echo nobody)"
+    )
+    server = await serve(scenario)
+    await run(server, tmp_path, workdir, max_concurrent=3)
+    seen = {}
+    for entry in server.log:
+        first = str(entry.body["messages"][0]["content"])
+        if "Try hard to refute" in first and len(entry.body["messages"]) == 3:
+            seen[first] = json.dumps(entry.body["messages"][-1]["content"])
+    assert len(seen) == 6
+    for prompt, output in seen.items():
+        mine = next(i for i in range(1, 7) if f"Look at {i} " in prompt)
+        assert f"copy-of-pair-{mine}" in output, output
+    nothing_left(workdir)

@@ -22,7 +22,7 @@ import hashlib
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -448,16 +448,22 @@ class ScriptRun:
 
     async def _agent(self, prompt: str, tree: TreeJob | None = None) -> dict[str, Any]:
         (index,) = self._take(1, "agent()")
+        tree = self._own(tree, index)
         return self._answer(index, prompt, await self._run(index, "worker", prompt, tree), tree)
+
+    def _own(self, tree: TreeJob | None, index: int) -> TreeJob | None:
+        """A worker's copy, named for it, so that its verifier can be shown that copy."""
+        return None if tree is None else replace(tree, chain=f"{self.call}.{index}")
 
     async def _parallel(self, prompts: object, tree: TreeJob | None = None) -> list[dict[str, Any]]:
         if not isinstance(prompts, list | tuple):
             raise TypeError(f"parallel() takes a list of prompts, not {type(prompts).__name__}")
         checked = [_prompt("parallel", p) for p in prompts]
         indexes = self._take(len(checked), f"parallel() of {len(checked)} prompts")
+        trees = [self._own(tree, index) for index in indexes]
         runs = [
-            asyncio.create_task(self._run(index, "worker", prompt, tree))
-            for index, prompt in zip(indexes, checked, strict=True)
+            asyncio.create_task(self._run(index, "worker", prompt, own))
+            for index, prompt, own in zip(indexes, checked, trees, strict=True)
         ]
         try:
             results = await asyncio.gather(*runs)
@@ -466,8 +472,8 @@ class ScriptRun:
                 run.cancel()
             await asyncio.gather(*runs, return_exceptions=True)
         return [
-            self._answer(index, prompt, result, tree)
-            for index, prompt, result in zip(indexes, checked, results, strict=True)
+            self._answer(index, prompt, result, own)
+            for index, prompt, result, own in zip(indexes, checked, results, trees, strict=True)
         ]
 
     def _answer(

@@ -575,6 +575,8 @@ class Workflow:
         self, call: int, index: int, subtask: str, tree: TreeJob | None = None
     ) -> tuple[AgentResult, AgentResult | None]:
         relay = Relay(self.slots) if self.settings.verify else None
+        if tree is not None:
+            tree = replace(tree, chain=f"{call}.{index}")
         try:
             worker = await self.run_subagent(
                 call, index, "worker", subtask, WORKER_PRIORITY, hand_on=relay, tree=tree

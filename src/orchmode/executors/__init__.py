@@ -55,6 +55,9 @@ class TreeJob:
     ignored: tuple[str, ...] = ()
     #: For a node that does not have the snapshot: where to fetch it (a Ray object ref).
     bundle: Any = None
+    #: The subtask it belongs to (``1.3``): a verifier that runs where its worker ran
+    #: checks that very copy, found by it.
+    chain: str = ""
 
 
 class WorkerLost(Exception):

@@ -62,8 +62,8 @@ async def keep_claim(store: Store, key: str, holder: str, lease: float) -> None:
             log.warning("could not renew a claim: %s", exc)
 
 
-def _kept_key(base: str, patch: str) -> tuple[str, str]:
-    return base, Change(base, patch).digest
+def _kept_key(tree: TreeJob, base: str, patch: str) -> tuple[str, str, str]:
+    return tree.chain, base, Change(base, patch).digest
 
 
 async def _nothing() -> None:
@@ -236,9 +236,10 @@ class AgentHost:
     trees: Trees | None = None
     #: The user's MCP servers, shared by every agent this host runs.
     mcp: McpHub | None = None
-    #: Workers' copies kept for their verifiers, by (snapshot, patch digest): a verifier
-    #: that runs here checks the very copy its worker left, read-only, instead of a new one.
-    _kept: dict[tuple[str, str], Copy] = field(default_factory=dict, repr=False)
+    #: Workers' copies kept for their verifiers, by (subtask, snapshot, patch digest): a
+    #: verifier that runs here checks the very copy its worker left, read-only, instead of
+    #: a new one (a worker that changed nothing too: its copy is the snapshot's).
+    _kept: dict[tuple[str, str, str], Copy] = field(default_factory=dict, repr=False)
     _spawn_gate: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(SPAWNS))
     _housekeeping: set[asyncio.Task[None]] = field(default_factory=set, repr=False)
     #: Shells started ahead for the agents to come (see :mod:`.pool`).
@@ -343,7 +344,7 @@ class AgentHost:
         if not self._in_copy(job):
             return None
         assert job.tree is not None
-        copy = self._kept.pop(_kept_key(job.tree.base, job.tree.patch), None)
+        copy = self._kept.pop(_kept_key(job.tree, job.tree.base, job.tree.patch), None)
         if copy is None:
             return None
         return self._ready_in(copy, asyncio.create_task(_nothing()), job.tree)
@@ -419,8 +420,11 @@ class AgentHost:
                     result.turns,
                     result.usage,
                 )
-            if self.settings.verify and not change.empty:
-                self._kept[_kept_key(change.base, change.patch)] = copy
+            if self.settings.verify:
+                kept = _kept_key(job.tree, change.base, change.patch)
+                if kept in self._kept:  # the same subtask again: the older copy goes
+                    self.trees.discard(self._kept.pop(kept))
+                self._kept[kept] = copy
                 keep = True
             return replace(result, change=change)
         finally:
