@@ -22,7 +22,7 @@ import hashlib
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -453,7 +453,7 @@ class ScriptRun:
 
     def _own(self, tree: TreeJob | None, index: int) -> TreeJob | None:
         """A worker's copy, named for it, so that its verifier can be shown that copy."""
-        return None if tree is None else replace(tree, chain=f"{self.call}.{index}")
+        return None if tree is None else tree.for_subtask(self.call, index)
 
     async def _parallel(self, prompts: object, tree: TreeJob | None = None) -> list[dict[str, Any]]:
         if not isinstance(prompts, list | tuple):

@@ -576,7 +576,7 @@ class Workflow:
     ) -> tuple[AgentResult, AgentResult | None]:
         relay = Relay(self.slots) if self.settings.verify else None
         if tree is not None:
-            tree = replace(tree, chain=f"{call}.{index}")
+            tree = tree.for_subtask(call, index)
         try:
             worker = await self.run_subagent(
                 call, index, "worker", subtask, WORKER_PRIORITY, hand_on=relay, tree=tree

@@ -9,7 +9,7 @@ and reports the agent's events back here as they happen.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -58,6 +58,10 @@ class TreeJob:
     #: The subtask it belongs to (``1.3``): a verifier that runs where its worker ran
     #: checks that very copy, found by it.
     chain: str = ""
+
+    def for_subtask(self, call: int, index: int) -> TreeJob:
+        """The same copy, named for subtask ``index`` of call ``call``."""
+        return replace(self, chain=f"{call}.{index}")
 
 
 class WorkerLost(Exception):
