@@ -92,12 +92,20 @@ async def test_later_agents_get_a_started_sandbox_that_no_agent_used_before(
     serve: StartServer, tmp_path: Path, isolation: str
 ) -> None:
     scenario = OrchestrationScenario(
-        subtasks=16, scout_command=None, worker_command=MARK, verifier_command=MARK, delay=0.05
+        subtasks=16,
+        scout_command=None,
+        worker_command=MARK,
+        verifier_command=MARK,
+        delay=0.05,
+        report_bytes=6000,  # reports the size a real model writes
+        verifier_report_bytes=2500,
     )
-    server = await serve(scenario)
+    window = 200_000
+    server = await serve(scenario, context_window=window)
     host, idle_after, outputs = await fan_out(
-        server, tmp_path, max_concurrent=3, isolation=isolation
+        server, tmp_path, max_concurrent=3, isolation=isolation, context_window=window
     )
+    assert all(e.status == 200 for e in server.log), {e.outcome for e in server.log}
 
     assert len(outputs) == 32  # 16 workers and 16 verifiers, one command each
     assert all("SHELL-FRESH" in out for out in outputs), outputs
