@@ -18,10 +18,11 @@ import asyncio
 import tempfile
 from pathlib import Path
 
-from orchmode.agent import Session
-from orchmode.events import EventBus
-from orchmode.model import Credentials, ModelGateway
-from orchmode.settings import Settings
+from orchmode.core.events import EventBus
+from orchmode.core.settings import Settings
+from orchmode.model.gateway import ModelGateway
+from orchmode.model.providers import Credentials
+from orchmode.session.agent import Session
 from orchmode.store.sqlite import SQLiteStore
 from orchmode.testing import LoggedRequest, ScriptedServer
 from orchmode.testing.scenario import OrchestrationScenario

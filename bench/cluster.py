@@ -31,10 +31,11 @@ import time
 from pathlib import Path
 
 from fanout import FanoutTally, process_cpu, server_chain_times, start_server
-from orchmode.agent import Session
-from orchmode.events import EventBus
-from orchmode.model import Credentials, ModelGateway
-from orchmode.settings import Settings
+from orchmode.core.events import EventBus
+from orchmode.core.settings import Settings
+from orchmode.model.gateway import ModelGateway
+from orchmode.model.providers import Credentials
+from orchmode.session.agent import Session
 from orchmode.store import open_store
 from orchmode.testing.postgres import postgres_server
 from orchmode.testing.raycluster import LocalCluster, local_ray_cluster, session_members

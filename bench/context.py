@@ -25,10 +25,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from orchmode.agent import Session
-from orchmode.events import ContextCompacted, EventBus, ResultCondensed, SubagentDone
-from orchmode.model import Credentials, ModelGateway
-from orchmode.settings import Settings
+from orchmode.core.events import ContextCompacted, EventBus, ResultCondensed, SubagentDone
+from orchmode.core.settings import Settings
+from orchmode.model.gateway import ModelGateway
+from orchmode.model.providers import Credentials
+from orchmode.session.agent import Session
 from orchmode.store.sqlite import SQLiteStore
 from orchmode.testing import LoggedRequest, Reply, ScriptedRequest, ScriptedServer
 from orchmode.testing.scenario import OrchestrationScenario, tool_call, turn_messages

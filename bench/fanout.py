@@ -33,12 +33,13 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from orchmode.agent import Session
-from orchmode.events import Event, EventBus, FanoutDone, ModelRequestDone
+from orchmode.core.events import Event, EventBus, FanoutDone, ModelRequestDone
+from orchmode.core.settings import Settings
 from orchmode.executors.local import LocalExecutor
-from orchmode.model import Credentials, ModelGateway
-from orchmode.records import EventRecorder
-from orchmode.settings import Settings
+from orchmode.model.gateway import ModelGateway
+from orchmode.model.providers import Credentials
+from orchmode.session.agent import Session
+from orchmode.store.records import EventRecorder
 from orchmode.store.sqlite import SQLiteStore
 from orchmode.testing.scenario import OrchestrationScenario
 
@@ -146,7 +147,7 @@ async def bare_sdk_fanout(url: str, concurrent: int, chains: list[int]) -> tuple
     """
     import anthropic
 
-    from orchmode.prompts import SUBAGENT_TOOLS
+    from orchmode.core.prompts import SUBAGENT_TOOLS
 
     client = anthropic.AsyncAnthropic(
         base_url=url,

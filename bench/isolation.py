@@ -48,14 +48,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from orchmode.agent import Session
-from orchmode.events import ChangeSettled, Event, EventBus, FanoutDone, FanoutStarted
-from orchmode.model import Credentials, ModelGateway
-from orchmode.settings import Isolation, Settings
+from orchmode.core.events import ChangeSettled, Event, EventBus, FanoutDone, FanoutStarted
+from orchmode.core.settings import Isolation, Settings
+from orchmode.model.gateway import ModelGateway
+from orchmode.model.providers import Credentials
+from orchmode.session.agent import Session
 from orchmode.store.sqlite import SQLiteStore
 from orchmode.testing import ScriptedServer
 from orchmode.testing.scenario import OrchestrationScenario
-from orchmode.trees import Trees
+from orchmode.trees.copies import Trees
 
 KEY = "test-key"
 SIZES = (1_000, 10_000)

@@ -48,9 +48,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from orchmode.events import Role, TokenUsage
+from orchmode.core.events import Role, TokenUsage
+from orchmode.core.results import AgentResult, Status
 from orchmode.store import content_key, open_store
-from orchmode.subagent import AgentResult, Status
 
 BACKENDS = ("sqlite", "postgres", "json")
 #: Size of the windows compared for flatness: the last this-many writes over the first.

@@ -31,9 +31,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from orchmode.events import Event, EventBus
-from orchmode.mcpconfig import parse
-from orchmode.mcptools import McpHub
+from orchmode.core.events import Event, EventBus
+from orchmode.tools.mcpconfig import parse
+from orchmode.tools.mcptools import McpHub
 
 SERVER = Path(__file__).resolve().parent.parent / "tests" / "mcp_servers.py"
 SECRET = "bench-secret-0123456789"

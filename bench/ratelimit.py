@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from fanout import one_turn, start_server
-from orchmode.events import Event, EventBus, SubagentDone
-from orchmode.settings import Settings
+from orchmode.core.events import Event, EventBus, SubagentDone
+from orchmode.core.settings import Settings
 from orchmode.testing.server import LOG_PATH
 
 

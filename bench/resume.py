@@ -65,11 +65,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from orchmode.agent import Session
-from orchmode.events import EventBus
-from orchmode.model import Credentials, ModelGateway
-from orchmode.prompts import VERIFY_MARKER
-from orchmode.settings import Settings
+from orchmode.core.events import EventBus
+from orchmode.core.prompts import VERIFY_MARKER
+from orchmode.core.settings import Settings
+from orchmode.model.gateway import ModelGateway
+from orchmode.model.providers import Credentials
+from orchmode.session.agent import Session
 from orchmode.store import Store, open_store
 from orchmode.testing import Reply, ScriptedRequest, ScriptedServer
 from orchmode.testing.scenario import OrchestrationScenario, first_user_text
@@ -445,8 +446,9 @@ def _local(module):
     module.LocalExecutor.start = _timed("executor_start", module.LocalExecutor.start)
 
 
-def _workflow(module):
-    module.Workflow._journal_hit = _timed_sync("journal_hit", module.Workflow._journal_hit)
+def _engine(module):
+    engine = module.FanoutEngine
+    engine._journal_hit = _timed_sync("journal_hit", engine._journal_hit)
 
 
 def _model(module):
@@ -464,11 +466,11 @@ def _transport(module):
 
 _patches = {
     "orchmode.store.sqlite": _store,
-    "orchmode.history": _history,
-    "orchmode.agent": _agent,
+    "orchmode.views.history": _history,
+    "orchmode.session.agent": _agent,
     "orchmode.executors.local": _local,
-    "orchmode.workflow": _workflow,
-    "orchmode.model": _model,
+    "orchmode.fanout.engine": _engine,
+    "orchmode.model.gateway": _model,
     "anthropic._vendor.httpx_aiohttp.transport": _transport,
 }
 

@@ -10,9 +10,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from orchmode.events import TokenUsage
+from orchmode.core.events import TokenUsage
+from orchmode.core.results import AgentResult, Status
 from orchmode.store import Store, open_store
-from orchmode.subagent import AgentResult, Status
 
 DONE = AgentResult('{"summary": "x"}', Status.FINISHED, 2, TokenUsage(1, 2, 3, 4))
 

@@ -8,9 +8,10 @@ from typing import Any
 
 import pytest
 
-from orchmode.events import EventBus
-from orchmode.model import Credentials, ModelGateway
-from orchmode.settings import Settings
+from orchmode.core.events import EventBus
+from orchmode.core.settings import Settings
+from orchmode.model.gateway import ModelGateway
+from orchmode.model.providers import Credentials
 from orchmode.store.sqlite import SQLiteStore
 from orchmode.testing import Responder, ScriptedServer
 

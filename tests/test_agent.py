@@ -8,11 +8,11 @@ from typing import Any
 import pytest
 
 from conftest import StartServer, gateway_for, settings_for, store_for
-from orchmode.agent import Session
-from orchmode.errors import AuthError
-from orchmode.events import EventBus, TurnDone
-from orchmode.mode import Notice
-from orchmode.prompts import NOTICES
+from orchmode.core.errors import AuthError
+from orchmode.core.events import EventBus, TurnDone
+from orchmode.core.mode import Notice
+from orchmode.core.prompts import NOTICES
+from orchmode.session.agent import Session
 from orchmode.testing import Fault, Reply, ScriptedRequest, ScriptedServer
 
 

@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 
 from conftest import StartServer, gateway_for, settings_for, store_for
-from orchmode.agent import Session
-from orchmode.budget import BudgetExhausted, SessionBudget, estimate_input_tokens
-from orchmode.events import TokenUsage
-from orchmode.pricing import ModelPrice, default_prices
-from orchmode.prompts import MAIN_SYSTEM, MAIN_TOOLS
+from orchmode.core.events import TokenUsage
+from orchmode.core.pricing import ModelPrice, default_prices
+from orchmode.core.prompts import MAIN_SYSTEM, MAIN_TOOLS
+from orchmode.model.budget import BudgetExhausted, SessionBudget, estimate_input_tokens
+from orchmode.session.agent import Session
 from orchmode.testing import Reply
 from orchmode.testing.scenario import OrchestrationScenario
 

@@ -16,8 +16,7 @@ from typing import Any
 
 import pytest
 
-from orchmode.display import PlainDisplay
-from orchmode.events import (
+from orchmode.core.events import (
     ChangeSettled,
     Event,
     FanoutDone,
@@ -29,13 +28,14 @@ from orchmode.events import (
     TurnDone,
     TurnStarted,
 )
-from orchmode.history import parse_row, plain, read_session, transcript
-from orchmode.live import LiveView
-from orchmode.progress import StderrProgress, change_text
-from orchmode.records import event_row
-from orchmode.report import render_report
 from orchmode.store import EventRow
-from orchmode.totals import SessionTotals
+from orchmode.store.records import event_row
+from orchmode.views.display import PlainDisplay
+from orchmode.views.history import parse_row, plain, read_session, transcript
+from orchmode.views.live import LiveView
+from orchmode.views.progress import StderrProgress, change_text
+from orchmode.views.report import render_report
+from orchmode.views.totals import SessionTotals
 from recorded_runs import orchmode
 from test_context_display import SESSION, emit, section
 from test_live import Clock, header_of, render, rows_of

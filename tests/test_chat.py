@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 from typing import IO, Any
 
-from orchmode.mode import Notice
-from orchmode.prompts import NOTICES
+from orchmode.core.mode import Notice
+from orchmode.core.prompts import NOTICES
 from orchmode.testing.scenario import OrchestrationScenario
 from test_cli import base_env, orchmode, role_of
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from both_stores import DONE, execute
-from orchmode.errors import StoreError
+from orchmode.core.errors import StoreError
 from orchmode.store import EventRow, SessionRecord, Store, open_store, schema
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from orchmode.prompts import VERIFY_MARKER
+from orchmode.core.prompts import VERIFY_MARKER
 from orchmode.testing import ScriptedServer
 from orchmode.testing.scenario import OrchestrationScenario
 from recorded_runs import base_env, kill_run_when, orchmode, worker_prompts

@@ -9,8 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchmode.condense import AgentEntry, SubtaskEntry, fit_result, fit_value, full_text
-from orchmode.context import (
+from orchmode.core.prompts import SEVERITIES, quote_result, verify_prompt
+from orchmode.core.settings import Settings
+from orchmode.fanout.condense import AgentEntry, SubtaskEntry, fit_result, fit_value, full_text
+from orchmode.model.context import (
     KEEP_TURNS,
     Meter,
     Window,
@@ -18,8 +20,6 @@ from orchmode.context import (
     estimate_tokens,
     too_long_count,
 )
-from orchmode.prompts import SEVERITIES, quote_result, verify_prompt
-from orchmode.settings import Settings
 
 Message = dict[str, Any]
 

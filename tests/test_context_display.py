@@ -19,8 +19,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orchmode.display import JsonDisplay, PlainDisplay
-from orchmode.events import (
+from orchmode.core.events import (
     BashDone,
     ContextCompacted,
     Event,
@@ -35,7 +34,11 @@ from orchmode.events import (
     TurnDone,
     TurnStarted,
 )
-from orchmode.history import (
+from orchmode.store import EventRow
+from orchmode.store.records import EventRecorder, event_row
+from orchmode.store.sqlite import SQLiteStore
+from orchmode.views.display import JsonDisplay, PlainDisplay
+from orchmode.views.history import (
     Command,
     SessionHistory,
     parse_row,
@@ -43,12 +46,9 @@ from orchmode.history import (
     read_session,
     transcript,
 )
-from orchmode.live import LiveView
-from orchmode.records import EventRecorder, event_row
-from orchmode.report import render_report
-from orchmode.store import EventRow
-from orchmode.store.sqlite import SQLiteStore
-from orchmode.totals import SessionTotals
+from orchmode.views.live import LiveView
+from orchmode.views.report import render_report
+from orchmode.views.totals import SessionTotals
 from recorded_runs import orchmode
 from test_live import Clock, render, rows_of
 from test_report import PAYLOAD, Dom, assert_self_contained

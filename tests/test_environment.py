@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orchmode.environment import command_environment, is_secret_name
+from orchmode.shell.environment import command_environment, is_secret_name
 
 
 def test_credentials_are_removed_and_ordinary_variables_kept() -> None:

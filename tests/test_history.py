@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orchmode.events import (
+from orchmode.core.events import (
     Event,
     FanoutDone,
     FanoutStarted,
@@ -27,7 +27,9 @@ from orchmode.events import (
     TurnDone,
     TurnStarted,
 )
-from orchmode.history import (
+from orchmode.store import EventRow
+from orchmode.store.records import event_row
+from orchmode.views.history import (
     RUN_COLUMNS,
     answers,
     format_columns,
@@ -39,8 +41,6 @@ from orchmode.history import (
     run_rows,
     transcript,
 )
-from orchmode.records import event_row
-from orchmode.store import EventRow
 from recorded_runs import (
     FindingsScenario,
     agents_done,
@@ -231,7 +231,7 @@ def test_no_sequence_of_rows_crashes_the_reader(rows: list[tuple[str, Any, float
     history = read_session(events, state='{"history": "nope"}')
     _plain(history)
     run_rows([history])
-    from orchmode.report import render_report
+    from orchmode.views.report import render_report
 
     render_report(history)
 

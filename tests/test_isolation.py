@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from conftest import StartServer, gateway_for, settings_for, store_for
-from orchmode.agent import Session
-from orchmode.events import ChangeSettled, Event, EventBus
-from orchmode.sandbox import probe
+from orchmode.core.events import ChangeSettled, Event, EventBus
+from orchmode.session.agent import Session
+from orchmode.shell.sandbox import probe
 from orchmode.testing import ScriptedServer
 from orchmode.testing.scenario import OrchestrationScenario
 from recorded_runs import kill_run_when, orchmode, worker_prompts

@@ -21,8 +21,8 @@ import pytest
 
 import orchmode
 from conftest import API_KEY, StartServer
-from orchmode.mode import Notice
-from orchmode.prompts import NOTICES, VERIFY_MARKER
+from orchmode.core.mode import Notice
+from orchmode.core.prompts import NOTICES, VERIFY_MARKER
 from orchmode.testing import LoggedRequest, ScriptedServer
 from orchmode.testing.scenario import OrchestrationScenario
 from recorded_runs import base_env
@@ -375,7 +375,7 @@ async def test_opening_in_a_missing_directory_is_a_config_error(
 
 
 def test_every_event_class_is_exported_from_orchmode() -> None:
-    from orchmode import events
+    from orchmode.core import events
 
     classes = typing.get_args(events.Event)
     assert len(classes) >= 15
@@ -386,9 +386,9 @@ def test_every_event_class_is_exported_from_orchmode() -> None:
 def test_import_orchmode_loads_no_sdk_until_the_api_is_used() -> None:
     code = (
         "import sys, orchmode\n"
-        "assert 'anthropic' not in sys.modules and 'orchmode.api' not in sys.modules\n"
+        "assert 'anthropic' not in sys.modules and 'orchmode.session.api' not in sys.modules\n"
         "orchmode.open_session, orchmode.BashDone\n"
-        "assert 'orchmode.api' in sys.modules\n"
+        "assert 'orchmode.session.api' in sys.modules\n"
         "print(sorted(set(orchmode.__all__) - set(dir(orchmode))))\n"
     )
     result = subprocess.run(

@@ -11,9 +11,7 @@ from typing import Any
 from rich.console import Console
 
 from conftest import StartServer, gateway_for, settings_for, store_for
-from orchmode.agent import Session
-from orchmode.display import PlainDisplay
-from orchmode.events import (
+from orchmode.core.events import (
     BashDone,
     BashStarted,
     Event,
@@ -25,10 +23,12 @@ from orchmode.events import (
     TurnDone,
     TurnStarted,
 )
-from orchmode.live import DONE, JOURNAL, SKIPPED, LiveView
-from orchmode.settings import Settings
+from orchmode.core.settings import Settings
+from orchmode.session.agent import Session
 from orchmode.testing.scenario import OrchestrationScenario
-from orchmode.totals import SessionTotals
+from orchmode.views.display import PlainDisplay
+from orchmode.views.live import DONE, JOURNAL, SKIPPED, LiveView
+from orchmode.views.totals import SessionTotals
 from test_cli import orchmode
 
 

@@ -16,11 +16,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orchmode.history import read_session
-from orchmode.markdown import print_answer, safe_url, to_html, to_inline_html
-from orchmode.report import render_report
 from orchmode.store import EventRow
 from orchmode.testing.scenario import OrchestrationScenario
+from orchmode.views.history import read_session
+from orchmode.views.markdown import print_answer, safe_url, to_html, to_inline_html
+from orchmode.views.report import render_report
 from recorded_runs import base_env, orchmode
 from test_report import browse, chromium, page_requests  # noqa: F401  (chromium: a fixture)
 

@@ -16,12 +16,12 @@ from hypothesis import strategies as st
 
 from conftest import StartServer, gateway_for, settings_for, store_for
 from mcp_servers import http_server, value_of
-from orchmode.agent import Session
-from orchmode.errors import ConfigError
-from orchmode.events import Event, EventBus, McpCallDone, McpServerFailed, SubagentDone
-from orchmode.mcpconfig import MAX_TOOL_NAME, expand, parse, tool_name
+from orchmode.core.errors import ConfigError
+from orchmode.core.events import Event, EventBus, McpCallDone, McpServerFailed, SubagentDone
+from orchmode.session.agent import Session
 from orchmode.testing import ScriptedServer
 from orchmode.testing.scenario import OrchestrationScenario
+from orchmode.tools.mcpconfig import MAX_TOOL_NAME, expand, parse, tool_name
 from recorded_runs import base_env, orchmode
 from test_cli import role_of
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchmode.mode import ModeState, Notice
+from orchmode.core.mode import ModeState, Notice
 
 # An event is ("set", bool) or ("turn", None).
 events = st.lists(

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from conftest import StartServer, gateway_for, settings_for
-from orchmode.errors import AuthError, EndpointError, ModelRequestError
-from orchmode.events import EventBus, ModelRequestDone
-from orchmode.limits import CUT, KNEE, AdaptiveLimit
-from orchmode.model import Credentials
-from orchmode.prompts import MAIN_TOOLS
+from orchmode.core.errors import AuthError, EndpointError, ModelRequestError
+from orchmode.core.events import EventBus, ModelRequestDone
+from orchmode.core.prompts import MAIN_TOOLS
+from orchmode.model.limits import CUT, KNEE, AdaptiveLimit
+from orchmode.model.providers import Credentials
 from orchmode.testing import Fault, Reply, ScriptedRequest
 
 USER = [{"role": "user", "content": "hello"}]

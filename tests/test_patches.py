@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from orchmode.patches import FileChange, PatchError, PatchSummary, refusals, summarise
+from orchmode.trees.patches import FileChange, PatchError, PatchSummary, refusals, summarise
 
 GIT_ENV = {
     **os.environ,

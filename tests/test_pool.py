@@ -14,12 +14,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conftest import StartServer, gateway_for, settings_for
-from orchmode.agent import Session
 from orchmode.executors.host import AgentHost
 from orchmode.executors.local import LocalExecutor
 from orchmode.executors.pool import Pace, Ready, SandboxPool
-from orchmode.sandbox import probe
-from orchmode.shell import BashSession
+from orchmode.session.agent import Session
+from orchmode.shell.bash import BashSession
+from orchmode.shell.sandbox import probe
 from orchmode.store.sqlite import SQLiteStore
 from orchmode.testing import ScriptedServer
 from orchmode.testing.scenario import OrchestrationScenario

@@ -18,7 +18,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 import pytest
 
-from orchmode.errors import StoreError
+from orchmode.core.errors import StoreError
 from orchmode.store import schema
 from orchmode.store.base import BudgetCaps
 from orchmode.store.postgres import MIGRATION_LOCK, PostgresStore

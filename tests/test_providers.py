@@ -23,12 +23,18 @@ import anthropic
 import pytest
 
 from conftest import StartServer
-from orchmode.errors import AuthError, ConfigError, StreamInterrupted
-from orchmode.mode import Notice
-from orchmode.model import Credentials, ModelGateway
-from orchmode.prompts import MAIN_TOOLS, NOTICES, VERIFY_MARKER
-from orchmode.providers import BEDROCK_VERSION, VERTEX_VERSION, AwsAccess, GoogleAccess
-from orchmode.settings import Settings
+from orchmode.core.errors import AuthError, ConfigError, StreamInterrupted
+from orchmode.core.mode import Notice
+from orchmode.core.prompts import MAIN_TOOLS, NOTICES, VERIFY_MARKER
+from orchmode.core.settings import Settings
+from orchmode.model.gateway import ModelGateway
+from orchmode.model.providers import (
+    BEDROCK_VERSION,
+    VERTEX_VERSION,
+    AwsAccess,
+    Credentials,
+    GoogleAccess,
+)
 from orchmode.testing import Fault, Reply, ScriptedRequest, ScriptedServer
 from orchmode.testing.providers import AuthRefused, AwsKeys, bedrock_frame, check_sigv4
 from orchmode.testing.scenario import OrchestrationScenario

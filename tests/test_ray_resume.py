@@ -32,7 +32,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from orchmode.prompts import VERIFY_MARKER
+from orchmode.core.prompts import VERIFY_MARKER
 from orchmode.testing import Reply, ScriptedRequest, ScriptedServer
 from orchmode.testing.raycluster import (
     LocalCluster,

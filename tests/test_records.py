@@ -9,8 +9,8 @@ import typing
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orchmode import events
-from orchmode.records import event_row
+from orchmode.core import events
+from orchmode.store.records import event_row
 
 EVENT_CLASSES = typing.get_args(events.Event)
 

@@ -18,11 +18,11 @@ from typing import Any
 
 import pytest
 
-from orchmode.history import read_session
-from orchmode.report import render_report
 from orchmode.store import EventRow
 from orchmode.testing import Fault, Reply, ScriptedRequest
 from orchmode.testing.scenario import first_user_text
+from orchmode.views.history import read_session
+from orchmode.views.report import render_report
 from recorded_runs import (
     FindingsScenario,
     agents_done,

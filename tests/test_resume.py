@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from orchmode.agent import CUT_OFF_NOTE
-from orchmode.prompts import VERIFY_MARKER
+from orchmode.core.prompts import VERIFY_MARKER
+from orchmode.session.agent import CUT_OFF_NOTE
 from orchmode.testing import Reply, ScriptedRequest, ScriptedServer
 from orchmode.testing.scenario import (
     OrchestrationScenario,

@@ -23,11 +23,11 @@ from typing import Any
 import pytest
 
 from conftest import gateway_for, store_for
-from orchmode.agent import Session
-from orchmode.environment import command_environment
-from orchmode.sandbox import Sandbox, SandboxPolicy, probe
-from orchmode.settings import SandboxMode, Settings
-from orchmode.shell import BashSession, ShellResult
+from orchmode.core.settings import SandboxMode, Settings
+from orchmode.session.agent import Session
+from orchmode.shell.bash import BashSession, ShellResult
+from orchmode.shell.environment import command_environment
+from orchmode.shell.sandbox import Sandbox, SandboxPolicy, probe
 from orchmode.testing import ScriptedServer
 from orchmode.testing.scenario import OrchestrationScenario
 from recorded_runs import API_KEY, base_env, orchmode

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from conftest import StartServer, gateway_for, settings_for, store_for
-from orchmode.agent import Session, TurnResult
-from orchmode.events import EventBus, ScriptDone, ScriptStarted, SubagentDone, SubagentStarted
-from orchmode.prompts import VERIFY_MARKER, WORKFLOW_DESCRIPTION
+from orchmode.core.events import EventBus, ScriptDone, ScriptStarted, SubagentDone, SubagentStarted
+from orchmode.core.prompts import VERIFY_MARKER, WORKFLOW_DESCRIPTION
+from orchmode.session.agent import Session, TurnResult
 from orchmode.testing import ScriptedRequest, ScriptedServer
 from orchmode.testing.scenario import OrchestrationScenario, first_user_text
 from recorded_runs import kill_run_when, orchmode, worker_prompts

@@ -18,8 +18,8 @@ import pytest
 from anthropic.types.beta import BetaMessage
 
 from conftest import API_KEY, StartServer
-from orchmode.mode import Notice
-from orchmode.prompts import NOTICES, REPORT_FINDINGS_TOOL, VERIFY_MARKER, verify_prompt
+from orchmode.core.mode import Notice
+from orchmode.core.prompts import NOTICES, REPORT_FINDINGS_TOOL, VERIFY_MARKER, verify_prompt
 from orchmode.testing import Reply, ScriptedRequest
 from orchmode.testing.cache import CLEARED_TOOL_RESULT
 from orchmode.testing.scenario import OrchestrationScenario

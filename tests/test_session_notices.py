@@ -11,10 +11,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import API_KEY
-from orchmode.agent import Session
-from orchmode.model import Credentials, ModelGateway
-from orchmode.prompts import NOTICES
-from orchmode.settings import Settings
+from orchmode.core.prompts import NOTICES
+from orchmode.core.settings import Settings
+from orchmode.model.gateway import ModelGateway
+from orchmode.model.providers import Credentials
+from orchmode.session.agent import Session
 from orchmode.store.sqlite import SQLiteStore
 from orchmode.testing import Reply, ScriptedServer
 from test_mode import events, reference

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from orchmode.errors import ConfigError
-from orchmode.settings import Settings, load_settings, settings_table
+from orchmode.core.errors import ConfigError
+from orchmode.core.settings import Settings, load_settings, settings_table
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchmode.shell import BashSession, ShellResult, _OutputCollector
+from orchmode.shell.bash import BashSession, ShellResult, _OutputCollector
 
 # ---------------------------------------------------------------------------- helpers
 

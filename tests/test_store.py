@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 
 from both_stores import DONE, execute
-from orchmode.errors import StoreError
-from orchmode.events import TokenUsage
+from orchmode.core.errors import StoreError
+from orchmode.core.events import TokenUsage
+from orchmode.core.results import AgentResult, Status
 from orchmode.store import BudgetCaps, Store, content_key, open_store
-from orchmode.subagent import AgentResult, Status
 
 BASE: dict[str, Any] = dict(
     role="worker", model="m", effort="xhigh", system="s", tools=[{"name": "bash"}], prompt="p"
@@ -244,7 +244,7 @@ async def test_sqlite_uses_wal_and_full_sync(tmp_path: Path) -> None:
 
 
 async def test_an_unknown_store_scheme_is_a_config_error() -> None:
-    from orchmode.errors import ConfigError
+    from orchmode.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="unsupported store 'mysql'"):
         await open_store("mysql://x")
@@ -319,8 +319,8 @@ def test_a_locked_sqlite_file_is_a_clear_error(tmp_path: Path) -> None:
 async def test_a_wave_reserving_together_never_overshoots_the_cap(store: Store) -> None:
     import asyncio
 
-    from orchmode.budget import SessionBudget
-    from orchmode.settings import Settings
+    from orchmode.core.settings import Settings
+    from orchmode.model.budget import SessionBudget
 
     budget = SessionBudget(store, "s", Settings(max_subagents=20))
     first = await asyncio.gather(*(budget.reserve_subagent() for _ in range(15)))
@@ -333,8 +333,8 @@ async def test_a_wave_reserving_together_never_overshoots_the_cap(store: Store) 
 async def test_use_added_together_reaches_the_ledger_exactly(store: Store) -> None:
     import asyncio
 
-    from orchmode.budget import SessionBudget
-    from orchmode.settings import Settings
+    from orchmode.core.settings import Settings
+    from orchmode.model.budget import SessionBudget
 
     budget = SessionBudget(store, "s", Settings())
     await asyncio.gather(

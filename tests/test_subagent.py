@@ -7,10 +7,11 @@ from pathlib import Path
 from typing import Any
 
 from conftest import StartServer, gateway_for, settings_for
-from orchmode.events import EventBus
-from orchmode.prompts import SUBAGENT_SYSTEM, SUBAGENT_TOOLS
-from orchmode.shell import BashSession
-from orchmode.subagent import Status, Subagent
+from orchmode.core.events import EventBus
+from orchmode.core.prompts import SUBAGENT_SYSTEM, SUBAGENT_TOOLS
+from orchmode.core.results import Status
+from orchmode.executors.subagent import Subagent
+from orchmode.shell.bash import BashSession
 from orchmode.testing import Reply, ScriptedRequest, ScriptedServer
 from orchmode.testing.scenario import report
 

@@ -7,7 +7,7 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orchmode.workflow import Plan, normalise_subtasks, plan_subtasks, title, verdict_of
+from orchmode.fanout.plans import Plan, normalise_subtasks, plan_subtasks, title, verdict_of
 
 line = st.text(st.characters(blacklist_categories=("Cs",)), max_size=30)
 one_line = line.filter(lambda s: "\n" not in s and "\r" not in s and not s.strip().startswith("["))

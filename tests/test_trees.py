@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from orchmode.events import TokenUsage
+from orchmode.core.events import TokenUsage
+from orchmode.core.results import AgentResult, Change, Status
 from orchmode.store import Store
-from orchmode.subagent import AgentResult, Status
-from orchmode.trees import Change, TreeError, Trees, run_name, sweep_dead_runs
+from orchmode.trees.copies import TreeError, Trees, run_name, sweep_dead_runs
 from test_isolation import GIT, git_out, repo
 
 make_repo = repo  # a committed repository
@@ -154,7 +154,7 @@ async def test_a_heap_of_untracked_files_is_refused_before_anything_is_copied(
 ) -> None:
     root = make_repo(tmp_path / "r", {"a.txt": "a\n"})
     (root / "data.bin").write_bytes(b"\0" * 3_000_000)
-    monkeypatch.setattr("orchmode.trees.MAX_UNTRACKED_MB", 2)
+    monkeypatch.setattr("orchmode.trees.copies.MAX_UNTRACKED_MB", 2)
     trees = Trees(root)
     with pytest.raises(TreeError, match=r"3 MB of untracked files.*data\.bin \(3 MB\)"):
         await trees.snapshot()
@@ -165,7 +165,7 @@ async def test_tracked_files_never_count_against_the_untracked_limit(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     root = make_repo(tmp_path / "r", {"big.txt": "x" * 3_000_000})
-    monkeypatch.setattr("orchmode.trees.MAX_UNTRACKED_MB", 2)
+    monkeypatch.setattr("orchmode.trees.copies.MAX_UNTRACKED_MB", 2)
     trees = Trees(root)
     assert (await trees.snapshot()).commit  # 3 MB, but committed
     trees.close()

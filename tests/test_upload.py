@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from orchmode.errors import ConfigError
+from orchmode.core.errors import ConfigError
 from orchmode.executors.upload import package_workdir
 
 

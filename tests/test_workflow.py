@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from conftest import StartServer, gateway_for, settings_for, store_for
-from orchmode.agent import Session
-from orchmode.events import EventBus, SubagentDone
-from orchmode.prompts import VERIFY_MARKER
+from orchmode.core.events import EventBus, SubagentDone
+from orchmode.core.prompts import VERIFY_MARKER
+from orchmode.session.agent import Session
 from orchmode.store.sqlite import SQLiteStore
 from orchmode.testing import MIXED, Fault, Reply, ScriptedRequest, ScriptedServer
 from orchmode.testing.scenario import OrchestrationScenario, first_user_text
@@ -270,8 +270,8 @@ async def test_every_subagent_after_the_first_reads_the_shared_prefix_from_the_c
 async def test_subagent_costs_and_the_main_agent_add_up_to_the_session(
     serve: StartServer, tmp_path: Path
 ) -> None:
-    from orchmode.events import ModelRequestDone
-    from orchmode.pricing import default_prices
+    from orchmode.core.events import ModelRequestDone
+    from orchmode.core.pricing import default_prices
 
     server = await serve(OrchestrationScenario(subtasks=5))
     seen: list[Any] = []

@@ -16,14 +16,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .errors import AuthError, ConfigError, EndpointError, OrchmodeError
+from .core.errors import AuthError, ConfigError, EndpointError, OrchmodeError
 
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from .agent import SessionBusy, TurnResult
-    from .api import EventStream, RequestTotals, Session, SessionClosed, Totals, open_session
-    from .events import (
+    from .core.events import (
         BashDone,
         BashStarted,
         BudgetStatus,
@@ -45,8 +43,18 @@ if TYPE_CHECKING:
         TurnDone,
         TurnStarted,
     )
-    from .model import Credentials, ModelGateway
-    from .settings import Settings
+    from .core.settings import Settings
+    from .model.gateway import ModelGateway
+    from .model.providers import Credentials
+    from .session.agent import SessionBusy, TurnResult
+    from .session.api import (
+        EventStream,
+        RequestTotals,
+        Session,
+        SessionClosed,
+        Totals,
+        open_session,
+    )
 
 _EVENTS = (
     "BashDone",
@@ -73,18 +81,18 @@ _EVENTS = (
 
 #: Public name -> the module that defines it, imported when the name is first used.
 _LAZY = {
-    "open_session": "api",
-    "Session": "api",
-    "SessionClosed": "api",
-    "EventStream": "api",
-    "Totals": "api",
-    "RequestTotals": "api",
-    "TurnResult": "agent",
-    "SessionBusy": "agent",
-    "Credentials": "model",
-    "ModelGateway": "model",
-    "Settings": "settings",
-    **dict.fromkeys(_EVENTS, "events"),
+    "open_session": "session.api",
+    "Session": "session.api",
+    "SessionClosed": "session.api",
+    "EventStream": "session.api",
+    "Totals": "session.api",
+    "RequestTotals": "session.api",
+    "TurnResult": "session.agent",
+    "SessionBusy": "session.agent",
+    "Credentials": "model.providers",
+    "ModelGateway": "model.gateway",
+    "Settings": "core.settings",
+    **dict.fromkeys(_EVENTS, "core.events"),
 }
 
 __all__ = [

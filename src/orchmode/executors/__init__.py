@@ -13,14 +13,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..errors import ClusterError, ConfigError
-from ..events import EventBus, Role
-from ..subagent import AgentResult
+from ..core.errors import ClusterError, ConfigError
+from ..core.events import EventBus, Role
+from ..core.results import AgentResult
 
 if TYPE_CHECKING:
-    from ..model import Credentials
-    from ..settings import Settings
-    from ..trees import Trees
+    from ..core.settings import Settings
+    from ..model.providers import Credentials
+    from ..trees.copies import Trees
 
 
 @dataclass(frozen=True)

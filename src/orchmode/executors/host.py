@@ -20,25 +20,26 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..budget import BudgetExhausted
-from ..context import Window
-from ..environment import command_environment
-from ..errors import AuthError, OrchmodeError
-from ..events import EventBus
-from ..mcptools import with_mcp_tools
-from ..model import ModelGateway
-from ..prompts import SUBAGENT_SYSTEM, SUBAGENT_TOOLS
-from ..sandbox import Sandbox
-from ..settings import Settings
-from ..shell import BashSession
+from ..core.errors import AuthError, OrchmodeError
+from ..core.events import EventBus
+from ..core.prompts import SUBAGENT_SYSTEM, SUBAGENT_TOOLS
+from ..core.results import AgentResult, Change, Status
+from ..core.settings import Settings
+from ..model.budget import BudgetExhausted
+from ..model.context import Window
+from ..model.gateway import ModelGateway
+from ..shell.bash import BashSession
+from ..shell.environment import command_environment
+from ..shell.sandbox import Sandbox
 from ..store import Store
-from ..subagent import AgentResult, Status, Subagent, describe_failure
-from ..trees import Change, Copy, Trees
+from ..tools.mcptools import with_mcp_tools
+from ..trees.copies import Copy, Trees
 from . import Job, TreeJob
 from .pool import Ready, SandboxPool
+from .subagent import Subagent, describe_failure
 
 if TYPE_CHECKING:
-    from ..mcptools import McpHub
+    from ..tools.mcptools import McpHub
 
 log = logging.getLogger("orchmode")
 

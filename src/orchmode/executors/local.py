@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..events import EventBus
-from ..subagent import AgentResult
-from ..trees import Trees
+from ..core.events import EventBus
+from ..core.results import AgentResult
+from ..trees.copies import Trees
 from . import Job
 from .host import AgentHost
 

@@ -27,8 +27,8 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
 
-from ..shell import BashSession
-from ..trees import Copy
+from ..shell.bash import BashSession
+from ..trees.copies import Copy
 
 #: Shells kept ready before the pool has seen how fast agents start and shells get made.
 FIRST_TARGET = 2

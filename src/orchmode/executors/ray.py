@@ -32,9 +32,8 @@ import ray
 import ray.exceptions
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from ..budget import SessionBudget
-from ..errors import AuthError, ClusterError
-from ..events import (
+from ..core.errors import AuthError, ClusterError
+from ..core.events import (
     BashDone,
     BashStarted,
     Event,
@@ -44,13 +43,15 @@ from ..events import (
     McpServerFailed,
     ModelRequestDone,
 )
-from ..mcpconfig import McpConfig, load
-from ..mcptools import McpHub
-from ..model import Credentials, ModelGateway
-from ..settings import Settings
+from ..core.results import AgentResult, Status
+from ..core.settings import Settings
+from ..model.budget import SessionBudget
+from ..model.gateway import ModelGateway
+from ..model.providers import Credentials
 from ..store import Store, open_store
-from ..subagent import AgentResult, Status
-from ..trees import Trees
+from ..tools.mcpconfig import McpConfig, load
+from ..tools.mcptools import McpHub
+from ..trees.copies import Trees
 from . import Job, WorkerLost
 from .host import AgentHost, ShellFactory
 from .upload import package_workdir

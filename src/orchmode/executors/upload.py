@@ -16,7 +16,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import ConfigError
+from ..core.errors import ConfigError
 
 #: Never shipped: the local journal and state, and git's own database.
 NEVER = (".orchmode", ".git")

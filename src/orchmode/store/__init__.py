@@ -8,16 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..errors import ConfigError
-from .base import (
-    BudgetCaps,
-    BudgetState,
-    EventRow,
-    SessionInfo,
-    SessionRecord,
-    Store,
-    content_key,
-)
+from ..core.errors import ConfigError
+from .base import BudgetCaps, BudgetState, EventRow, SessionInfo, SessionRecord, Store, content_key
 
 __all__ = [
     "BudgetCaps",

@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..events import Role
-from ..subagent import AgentResult
+from ..core.events import Role
+from ..core.results import AgentResult
 
 
 def content_key(

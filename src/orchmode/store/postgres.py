@@ -24,9 +24,9 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.pq import TransactionStatus
 from psycopg_pool import AsyncConnectionPool
 
-from ..errors import StoreError
-from ..events import Role
-from ..subagent import AgentResult
+from ..core.errors import StoreError
+from ..core.events import Role
+from ..core.results import AgentResult
 from . import schema
 from .base import BudgetCaps, BudgetState, EventRow, SessionInfo, SessionRecord
 

@@ -11,10 +11,9 @@ import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..errors import StoreError
-from ..events import TokenUsage
-from ..subagent import AgentResult, Status
-from ..trees import Change
+from ..core.errors import StoreError
+from ..core.events import TokenUsage
+from ..core.results import AgentResult, Change, Status
 
 if TYPE_CHECKING:
     from .base import BudgetCaps

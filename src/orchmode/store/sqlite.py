@@ -30,9 +30,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ..errors import StoreError
-from ..events import Role
-from ..subagent import AgentResult
+from ..core.errors import StoreError
+from ..core.events import Role
+from ..core.results import AgentResult
 from . import schema
 from .base import BudgetCaps, BudgetState, EventRow, SessionInfo, SessionRecord
 

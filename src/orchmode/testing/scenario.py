@@ -24,8 +24,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..mode import Notice
-from ..prompts import NOTICES, VERIFY_MARKER
+from ..core.mode import Notice
+from ..core.prompts import NOTICES, VERIFY_MARKER
 from .server import Reply, ScriptedRequest
 
 Message = dict[str, Any]

@@ -1,0 +1,304 @@
+"""``orchmode chat``: an interactive session, with slash commands and Ctrl-C that cancels a turn.
+
+Lines come from prompt_toolkit (history, editing) on a terminal, and from plain stdin lines
+otherwise, so the same loop runs under a test with its input piped in. A cancelled turn
+leaves the conversation valid — :meth:`Session.turn` answers every tool call and saves the
+history even when cancelled — and the subagents that finished stay in the journal.
+
+An answer is printed once its turn has ended: as rendered Markdown when stdout is a terminal
+(a half-written answer could not be drawn), exactly as the model wrote it otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+import threading
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, TextIO
+
+from ..core.errors import AuthError, OrchmodeError
+from ..core.events import EventBus
+from ..core.settings import Settings
+from ..model.providers import Credentials
+from ..session.agent import Session, TurnResult, open_session
+from ..session.resume import interrupted
+from ..store import Store
+from ..store.records import EventRecorder
+from ..views.display import Display, DisplayMode, make_display
+from ..views.history import session_totals
+from ..views.markdown import print_answer
+from ..views.totals import SessionTotals
+
+PROMPT = "you> "
+
+HELP = """\
+/mode on|off   switch orchestration mode (the model is told with your next message)
+/status        mode, session id and turns so far
+/budget        subagents launched and tokens spent against the caps
+/cost          requests, tokens, cache share and dollars of this session
+/resume        finish a resumed session's interrupted turn from where it stopped
+/exit          leave (so do Ctrl-D and a second Ctrl-C)"""
+
+
+class Lines(Protocol):
+    """Where the user's lines come from; ``None`` at the end of input."""
+
+    async def read(self, prompt: str) -> str | None: ...
+
+
+class PromptLines:
+    """A terminal: prompt_toolkit, with the history kept across chats."""
+
+    def __init__(self, history_file: Path | None) -> None:
+        from prompt_toolkit import PromptSession
+        from prompt_toolkit.history import FileHistory, InMemoryHistory
+
+        history = FileHistory(str(history_file)) if history_file else InMemoryHistory()
+        self.session: PromptSession[str] = PromptSession(history=history)
+
+    async def read(self, prompt: str) -> str | None:
+        try:
+            # handle_sigint=False: prompt_toolkit would otherwise take over SIGINT while it
+            # reads and remove the handler on return, leaving a running turn deaf to Ctrl-C.
+            return await self.session.prompt_async(prompt, handle_sigint=False)
+        except EOFError:
+            return None
+
+
+class PipeLines:
+    """Plain lines from a stream (a pipe in tests), read by a daemon thread.
+
+    A daemon thread, not the loop's executor: a read blocked on a pipe that never closes
+    must not hold the process open once the user has left.
+    """
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.queue: asyncio.Queue[str | None] = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+
+        def pump() -> None:
+            for line in stream:
+                loop.call_soon_threadsafe(self.queue.put_nowait, line)
+            loop.call_soon_threadsafe(self.queue.put_nowait, None)
+
+        threading.Thread(target=pump, name="orchmode-stdin", daemon=True).start()
+
+    async def read(self, prompt: str) -> str | None:
+        return await self.queue.get()
+
+
+@dataclass
+class Chat:
+    session: Session
+    store: Store
+    totals: SessionTotals
+    display: Display
+    lines: Lines
+    out: TextIO = field(default_factory=lambda: sys.stdout)
+
+    def __post_init__(self) -> None:
+        self.turn_task: asyncio.Task[TurnResult] | None = None
+        #: the last thing the user did was Ctrl-C: another one leaves
+        self.interrupted = False
+        #: the resumed session's last turn never ended: /resume finishes it
+        self.unfinished = False
+        self.leaving = asyncio.Event()
+
+    def say(self, text: str) -> None:
+        print(text, file=self.out, flush=True)
+
+    def interrupt(self) -> None:
+        """Ctrl-C: cancel the running turn; with none running, or the second time, leave."""
+        task = self.turn_task
+        if task is not None and not task.done() and not self.interrupted:
+            self.interrupted = True
+            task.cancel()
+            return
+        if self.interrupted:
+            self.leaving.set()
+            if task is not None:
+                task.cancel()
+            return
+        self.interrupted = True
+        self.display.notice("[chat] Ctrl-C again or /exit to leave")
+
+    async def run(self) -> None:
+        while not self.leaving.is_set():
+            try:
+                line = await self._next_line()
+            except KeyboardInterrupt:  # prompt_toolkit's Ctrl-C at the prompt
+                self.interrupt()
+                continue
+            if line is None:
+                break
+            line = line.strip()
+            if not line:
+                continue
+            self.interrupted = False
+            if line.startswith("/"):
+                if not await self.command(line):
+                    break
+            else:
+                await self.turn(line)
+
+    async def _next_line(self) -> str | None:
+        read = asyncio.ensure_future(self.lines.read(PROMPT))
+        leave = asyncio.ensure_future(self.leaving.wait())
+        done, _ = await asyncio.wait({read, leave}, return_when=asyncio.FIRST_COMPLETED)
+        if read in done:
+            leave.cancel()
+            return read.result()
+        read.cancel()
+        return None
+
+    async def turn(self, text: str) -> None:
+        await self._drive(self.session.turn(text))
+
+    async def _drive(self, work: Coroutine[Any, Any, TurnResult]) -> None:
+        """Run one turn (a new one, or an interrupted one finished) so Ctrl-C cancels it."""
+        self.turn_task = asyncio.create_task(work)
+        try:
+            result = await self.turn_task
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise  # the chat itself is being torn down
+            self.display.stop()
+            self.display.notice(
+                "[chat] turn cancelled; finished subagents are kept in the journal "
+                "(Ctrl-C again to leave)"
+            )
+            return
+        except AuthError:
+            raise
+        except OrchmodeError as exc:
+            self.display.notice(f"orchmode: {exc}")
+            return
+        finally:
+            self.turn_task = None
+        print_answer(result.text, self.out)
+
+    async def command(self, line: str) -> bool:
+        """Run a slash command; False means leave."""
+        name, _, rest = line.partition(" ")
+        arg = rest.strip().lower()
+        match name.lower():
+            case "/exit" | "/quit":
+                return False
+            case "/mode" if arg in ("on", "off"):
+                self.session.set_mode(arg == "on")
+                self.say(
+                    f"[chat] orchestration mode {arg}; the model hears of it with your next message"
+                )
+            case "/mode":
+                self.say(f"[chat] mode is {self._mode()}; /mode on or /mode off to switch")
+            case "/status":
+                self.say(
+                    f"[chat] mode {self._mode()} · session {self.session.session_id} · "
+                    f"{self.turns()} turns"
+                )
+            case "/budget":
+                state = await self.store.budget(self.session.session_id)
+                self.say(f"[chat] {self.session.budget.describe(state)}")
+            case "/cost":
+                self.say(f"[chat] {self.totals.describe()}")
+            case "/resume" if self.unfinished:
+                self.unfinished = False
+                await self._drive(self.session.resume_turn())
+            case "/resume":
+                self.say("[chat] there is no interrupted turn to finish")
+            case "/help":
+                self.say(HELP)
+            case _:
+                self.say(f"[chat] unknown command {name}; /help lists them")
+        return True
+
+    def _mode(self) -> str:
+        return "on" if self.session.mode.mode_on else "off"
+
+    def turns(self) -> int:
+        """User turns in the conversation, resumed ones included (tool results are not turns)."""
+        return sum(
+            1
+            for m in self.session.history
+            if m.get("role") == "user" and isinstance(m.get("content"), str)
+        )
+
+
+def _install_interrupt(handler: Callable[[], None]) -> Callable[[], None]:
+    """Route SIGINT to ``handler`` while the chat runs; returns the undo."""
+    loop = asyncio.get_running_loop()
+    try:
+        loop.add_signal_handler(signal.SIGINT, handler)
+    except (NotImplementedError, RuntimeError):  # not the main thread, or no signals here
+        return lambda: None
+
+    def undo() -> None:
+        loop.remove_signal_handler(signal.SIGINT)
+
+    return undo
+
+
+async def run_chat(
+    settings: Settings,
+    workdir: Path,
+    credentials: Credentials,
+    *,
+    display_mode: DisplayMode,
+    stdin: TextIO | None = None,
+) -> None:
+    """The ``chat`` command: open the session (resumed if recorded), then talk until /exit."""
+    stdin = stdin or sys.stdin
+    events = EventBus()
+    async with open_session(settings, workdir, credentials, events) as session:
+        store = session.store
+        recorder: EventRecorder | None = None
+        display: Display | None = None
+        undo: Callable[[], None] = lambda: None  # noqa: E731
+        try:
+            resumed = await session.restore()
+            # a resumed session's totals so far, so /cost speaks for all of it
+            totals = (
+                session_totals(await store.events(session.session_id))
+                if resumed
+                else SessionTotals()
+            )
+            display = make_display(display_mode, totals)
+            events.subscribe(totals)
+            events.subscribe(display)
+            cut_off = resumed and await interrupted(store, session.session_id) is not None
+            if resumed:
+                state = "on" if session.mode.mode_on else "off"
+                display.notice(f"[session] resuming {session.session_id} (mode {state})")
+            if cut_off:
+                display.notice(
+                    "[session] its last turn was interrupted; /resume finishes it from the "
+                    "step where it stopped, without a new plan"
+                )
+            recorder = await EventRecorder.start(store, session.session_id)
+            events.subscribe(recorder)
+            if stdin.isatty():
+                history = workdir / ".orchmode" / "chat_history"
+                history.parent.mkdir(parents=True, exist_ok=True)
+                lines: Lines = PromptLines(history)
+            else:
+                lines = PipeLines(stdin)
+            chat = Chat(session, store, totals, display, lines)
+            chat.unfinished = cut_off
+            undo = _install_interrupt(chat.interrupt)
+            await chat.run()
+            display.notice(
+                f"[session] {totals.describe()}; continue it with "
+                f"orchmode chat --session {session.session_id}"
+            )
+        finally:
+            undo()
+            if display is not None:
+                display.stop()
+            if recorder is not None:
+                await recorder.flush()

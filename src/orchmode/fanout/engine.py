@@ -1,0 +1,515 @@
+"""The fan-out engine: the one path every agent of a Workflow call takes.
+
+A flat fan-out (:mod:`.workflow`) and an orchestration script (:mod:`.script`) both start
+their agents through :meth:`FanoutEngine.run_subagent`: journal lookup, claim, budget
+reservation, a priority slot, then an executor. So the journal, claims, budget and slots
+treat the two forms alike, and neither form imports the other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Coroutine
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from ..core.errors import OrchmodeError
+from ..core.events import (
+    BudgetStatus,
+    EventBus,
+    ResultCondensed,
+    Role,
+    SubagentDone,
+    SubagentStarted,
+    TokenUsage,
+)
+from ..core.prompts import SUBAGENT_SYSTEM, SUBAGENT_TOOLS, change_note, quote_result, verify_prompt
+from ..core.results import AgentResult, Status
+from ..core.settings import Settings
+from ..executors import Executor, Job, TreeJob, WorkerLost
+from ..executors.host import claim_or_take_over, holder_name, keep_claim
+from ..executors.local import HERE, LocalExecutor
+from ..model.budget import SessionBudget
+from ..model.context import Window
+from ..model.gateway import ModelGateway
+from ..store import BudgetState, Store, content_key
+from ..store.result_files import ResultFiles
+from ..tools.mcptools import with_mcp_tools
+from ..trees.copies import Trees
+from ..trees.patches import describe_change
+from .changes import Candidate, settle_changes
+from .condense import SubtaskEntry, fit_result, full_text
+
+if TYPE_CHECKING:
+    from ..tools.mcptools import McpHub
+
+
+from .plans import title, verdict_of
+from .slots import VERIFIER_PRIORITY, PrioritySlots, Relay
+
+#: Times a subagent is run again after its node was lost, before it counts as failed.
+RERUNS = 3
+SKIPPED = Status.SKIPPED
+#: How often an agent waiting on another's claim looks for the result: first, at most.
+CLAIM_POLL_FIRST = 0.05
+CLAIM_POLL_MAX = 1.0
+
+log = logging.getLogger("orchmode")
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    result: AgentResult
+    duration: float
+    node: str
+    from_journal: bool = False
+
+
+@dataclass
+class FanoutEngine:
+    """Runs the agents of one session's Workflow calls.
+
+    Every subagent goes through the store: a recorded result is served without a model
+    call; otherwise the subagent's content key is claimed (so the same subtask never runs
+    twice at once, in this process or any other sharing the store), one subagent is
+    reserved in the session's budget ledger, and only then does it wait for a slot.
+    """
+
+    settings: Settings
+    gateway: ModelGateway
+    budget: SessionBudget
+    events: EventBus
+    executor: Executor
+    #: Where every agent's full result is written; None writes nothing (no session dir).
+    results: ResultFiles | None = None
+    #: The working tree's private store, for ``worktree`` isolation; None: shared only.
+    trees: Trees | None = None
+    #: The user's MCP servers: their tools are part of what a subagent is given.
+    mcp: McpHub | None = None
+    calls: int = 0
+    _tools: dict[Role, list[dict[str, Any]]] = field(default_factory=dict, repr=False)
+    _slots: PrioritySlots | None = field(default=None, repr=False)
+    _housekeeping: set[asyncio.Task[None]] = field(default_factory=set, repr=False)
+
+    @property
+    def slots(self) -> PrioritySlots:
+        if self._slots is None:
+            self._slots = PrioritySlots(self.settings.max_concurrent)
+        return self._slots
+
+    @property
+    def store(self) -> Store:
+        return self.budget.store
+
+    @property
+    def window(self) -> Window:
+        return Window.from_settings(self.settings)
+
+    def fit(
+        self,
+        call: int,
+        head: list[str],
+        entries: list[SubtaskEntry],
+        tail: list[str],
+        tokens: int,
+        tool_input: object,
+    ) -> str:
+        """The result within ``tokens``; its whole text saved, and its condensing announced."""
+        saved = ""
+        directory = ""
+        if self.results is not None:
+            identity = json.dumps(tool_input, sort_keys=True, ensure_ascii=False, default=str)
+            whole = full_text(head, entries, tail)
+            saved = self.results.write_text("workflow", identity, whole) or ""
+            directory = str(self.results.directory)
+        fitted = fit_result(
+            head, entries, tail, tokens, saved_at=saved or "(not saved)", directory=directory
+        )
+        if fitted.condensed:
+            self.events.emit(
+                ResultCondensed(
+                    call, fitted.tokens_full, fitted.tokens_shown, tokens, fitted.omitted, saved
+                )
+            )
+        return fitted.text
+
+    async def _list_tools(self) -> None:
+        """Learn the subagents' tools before any key is made: MCP tools are part of them."""
+        roles: tuple[Role, ...] = ("worker", "verifier")
+        for role in roles:
+            if role not in self._tools:
+                self._tools[role] = await with_mcp_tools(SUBAGENT_TOOLS, self.mcp, role)
+
+    def key_of(self, role: Role, prompt: str, isolation: str = "shared") -> str:
+        """The journal's content address of an agent: everything that determines its result,
+        its tools included (a tool of an MCP server among them)."""
+        return content_key(
+            role=role,
+            model=self.settings.model,
+            effort=self.settings.effort,
+            system=SUBAGENT_SYSTEM,
+            tools=self._tools.get(role, SUBAGENT_TOOLS),
+            prompt=prompt,
+            isolation=isolation,
+        )
+
+    def report_path(self, role: Role, prompt: str, isolation: str = "shared") -> str:
+        """Where the agent with ``prompt`` has its full result, or "" with no results dir."""
+        if self.results is None:
+            return ""
+        return str(self.results.agent_path(role, self.key_of(role, prompt, isolation)))
+
+    def verify_prompt(self, subtask: str, worker: AgentResult, isolation: str = "shared") -> str:
+        """The verifier's prompt, quoting the worker's result within its budget, and naming
+        the worker's change when it made one."""
+        limit = self.window.quote_tokens * 3
+        path = self.report_path("worker", subtask, isolation) or None
+        change = worker.change
+        note = ""
+        if change is not None and not change.empty:
+            note = change_note(describe_change(change), change.digest[:12], change.base)
+        return verify_prompt(subtask, quote_result(worker.text, limit, path), note)
+
+    async def tree_for(self, isolation: str) -> TreeJob | None:
+        """The copy a call's workers start from: a snapshot of the tree now; None when the
+        agents share the working directory (``shared``, or a read-only sandbox, where no
+        agent can change it)."""
+        if isolation != "worktree" or self.trees is None or self.settings.sandbox == "read-only":
+            return None
+        snapshot = await self.trees.snapshot()
+        bundle = await self.executor.share_tree(self.trees, snapshot.commit)
+        return TreeJob(snapshot.commit, ignored=snapshot.ignored, bundle=bundle)
+
+    def verifier_tree(self, tree: TreeJob | None, worker: AgentResult) -> TreeJob | None:
+        """A verifier's copy: its worker's, read-only, with the worker's change applied."""
+        if tree is None:
+            return None
+        change = worker.change
+        if change is None:
+            return replace(tree, writable=False)
+        return replace(tree, base=change.base, patch=change.patch, writable=False)
+
+    async def settle_changes(
+        self, call: int, done: list[tuple[int, str, AgentResult, AgentResult | None]]
+    ) -> list[str]:
+        """Merge the workers' changes in order (see :mod:`.changes`); a line per subtask."""
+        return await self.settle_verdicts(
+            call,
+            [
+                (
+                    index,
+                    key,
+                    worker,
+                    verdict_of(verifier.text)
+                    if verifier is not None and verifier.finished
+                    else None,
+                )
+                for index, key, worker, verifier in done
+            ],
+        )
+
+    async def settle_verdicts(
+        self, call: int, done: list[tuple[int, str, AgentResult, str | None]]
+    ) -> list[str]:
+        """The same, given each worker's verdict (None: not verified)."""
+        if self.trees is None:
+            return []
+        candidates = [
+            Candidate(index, key, worker.change, worker.finished, verdict)
+            for index, key, worker, verdict in done
+        ]
+        try:
+            return await settle_changes(
+                self.trees, self.results, self.settings.merge, call, candidates, self.events
+            )
+        except OrchmodeError as exc:
+            log.warning("merging the workers' changes failed: %s", exc)
+            return [
+                f"[change {c.index}] not merged: merging failed ({exc})"
+                if c.change is not None and not c.change.empty
+                else f"[change {c.index}] no change"
+                for c in candidates
+            ]
+
+    async def settle(self) -> None:
+        """Wait for the agents' housekeeping: results recorded, claims let go, use counted."""
+        for failure in await asyncio.gather(*self._housekeeping, return_exceptions=True):
+            if isinstance(failure, Exception):
+                log.warning("housekeeping after the fan-out failed: %s", failure)
+        await self.executor.settle()
+        await self.budget.flush()
+
+    def budget_status(self, budget: BudgetState) -> str:
+        """The one-line budget status that ends every Workflow tool result; the display too."""
+        left = max(0, self.settings.max_subagents - budget.subagents)
+        line = f"{self.budget.describe(budget)} in this session; {left} subagents left"
+        self.events.emit(BudgetStatus(line, left))
+        return f"[budget: {line}]"
+
+    async def run_subagent(
+        self,
+        call: int,
+        index: int,
+        role: Role,
+        prompt: str,
+        priority: int,
+        *,
+        relay: Relay | None = None,
+        hand_on: Relay | None = None,
+        tree: TreeJob | None = None,
+    ) -> AgentResult:
+        """One subagent through the store; any failure becomes an error result in its slot.
+
+        The one path every agent takes, a flat fan-out's or a script's: journal lookup,
+        claim, budget reservation, slot, executor. Its housekeeping finishes in the
+        background, so whoever calls it must :meth:`settle` before reporting. ``relay``
+        may hold a slot handed on by the previous agent of the chain; ``hand_on`` is where
+        this agent queues for the next one's before it lets its own slot go.
+        """
+        own: Relay | None = None
+        if relay is None:
+            # Join the queue for a slot now, in the order the agents were asked for, so they
+            # start in that order whatever order their lookups and claims come back in. A
+            # place this agent does not use (a journal hit, another's claim) is given back.
+            own = relay = Relay(self.slots)
+            own.queue_next(priority)
+        try:
+            return await self._run_subagent(
+                call, index, role, prompt, priority, relay=relay, hand_on=hand_on, tree=tree
+            )
+        finally:
+            if own is not None:
+                own.drop()
+
+    async def _run_subagent(
+        self,
+        call: int,
+        index: int,
+        role: Role,
+        prompt: str,
+        priority: int,
+        *,
+        relay: Relay,
+        hand_on: Relay | None,
+        tree: TreeJob | None,
+    ) -> AgentResult:
+        key = self.key_of(role, prompt, "worktree" if tree is not None else "shared")
+        if not self.settings.fresh:
+            recorded = await self.store.lookup(key)
+            if recorded is not None:
+                self._journal_hit(call, index, role, prompt, key, recorded)
+                return recorded
+        holder = self._new_holder()
+        recorded = await self._claim_or_wait(key, holder, relay)
+        if recorded is not None:  # another agent, here or elsewhere, just finished it
+            self._journal_hit(call, index, role, prompt, key, recorded)
+            return recorded
+        # Ours until the executor places the job; from then on the executor renews it.
+        heartbeat = asyncio.create_task(
+            keep_claim(self.store, key, holder, self.settings.claim_lease)
+        )
+        try:
+            job = Job(
+                key, holder, self.budget.session, role, f"{role} {call}.{index}", prompt, tree
+            )
+            async with self.slots.slot(priority, relay):
+                # Reserved only once it has a slot: an agent still queued when the process
+                # is killed has spent nothing, and a resume must not find it counted.
+                if not await self.budget.reserve_subagent():
+                    self._background(self.store.release(key, holder))
+                    result = AgentResult(
+                        f"[orchmode: not run — the session's budget of "
+                        f"{self.settings.max_subagents} subagents is used up]",
+                        SKIPPED,
+                    )
+                    self._done(call, index, role, prompt, key, result, 0.0)
+                    return result
+                outcome = await self._run_job(call, index, job, heartbeat)
+                if hand_on is not None and outcome.result.status not in (Status.FAILED, SKIPPED):
+                    hand_on.queue_next(VERIFIER_PRIORITY)
+        except BaseException:  # cancelled or broken: let the next run take it at once
+            self._background(self.store.release(key, holder))
+            raise
+        finally:
+            heartbeat.cancel()
+        self._done(
+            call,
+            index,
+            role,
+            prompt,
+            key,
+            outcome.result,
+            outcome.duration,
+            from_journal=outcome.from_journal,
+            node=outcome.node,
+        )
+        return outcome.result
+
+    async def _run_job(
+        self, call: int, index: int, job: Job, heartbeat: asyncio.Task[None]
+    ) -> _Outcome:
+        """Run ``job`` on the executor; if its node is lost, run it again where one is left.
+
+        A lost node's claim is left to lapse (the node may be cut off yet still working),
+        so the rerun first waits for the lease, or for the result if the node records it.
+        Holding the slot while waiting keeps the fan-out's order of work.
+        """
+        attempt = 1
+        node = HERE
+        role, prompt = job.role, job.prompt
+        renewing = heartbeat  # ours until the executor places the job
+
+        def placed(where: str) -> None:
+            nonlocal node
+            node = where
+            renewing.cancel()
+            self.events.emit(SubagentStarted(call, index, role, title(prompt), prompt, where))
+
+        while True:
+            started = time.monotonic()
+            try:
+                result = await self.executor.run(job, self.events, placed)
+            except WorkerLost as exc:
+                if attempt >= RERUNS:
+                    return _Outcome(
+                        AgentResult(
+                            f"error: the subagent failed: its node was lost {attempt} times "
+                            f"(last: {exc})",
+                            Status.FAILED,
+                        ),
+                        time.monotonic() - started,
+                        node,
+                    )
+                log.warning("%s: %s; running it again on another node", job.name, exc)
+                attempt += 1
+                job = replace(job, holder=self._new_holder())
+                recorded = await self._claim_or_wait(job.key, job.holder)
+                if recorded is not None:  # the lost node finished it after all
+                    return _Outcome(recorded, time.monotonic() - started, node, from_journal=True)
+                renewing = asyncio.create_task(
+                    keep_claim(self.store, job.key, job.holder, self.settings.claim_lease)
+                )
+                continue
+            except BaseException:
+                if renewing is not heartbeat:  # a rerun's claim; the caller lets go the first
+                    renewing.cancel()
+                    self._background(self.store.release(job.key, job.holder))
+                raise
+            return _Outcome(result, time.monotonic() - started, node)
+
+    def _new_holder(self) -> str:
+        # Only a claim this process renews may be taken over when this process is gone.
+        return holder_name(renewed_here=isinstance(self.executor, LocalExecutor))
+
+    async def _claim_or_wait(
+        self, key: str, holder: str, relay: Relay | None = None
+    ) -> AgentResult | None:
+        """Claim ``key`` (returns None), or wait until its holder records a result.
+
+        Polls the store: that works across processes and machines alike. A holder that
+        died stops renewing, its lease lapses, and the claim comes to us. A slot handed on
+        in ``relay`` is given back before waiting: others can use it meanwhile.
+        """
+        pause = CLAIM_POLL_FIRST
+        lease = self.settings.claim_lease
+        while not await claim_or_take_over(self.store, key, holder, lease):
+            if relay is not None:
+                relay.drop()
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, CLAIM_POLL_MAX)
+            recorded = await self.store.lookup(key)
+            if recorded is not None:
+                return recorded
+        # Its last holder may have recorded it and let go between our first look and our
+        # claim: holders record before releasing, so one more look settles it.
+        recorded = None if self.settings.fresh else await self.store.lookup(key)
+        if recorded is not None:
+            await self.store.release(key, holder)
+        return recorded
+
+    def _background(self, work: Coroutine[Any, Any, None]) -> None:
+        """Housekeeping off the critical path; settle() waits for all of it."""
+        task = asyncio.create_task(work)
+        self._housekeeping.add(task)
+        task.add_done_callback(self._housekeeping.discard)
+
+    def _journal_hit(
+        self, call: int, index: int, role: Role, prompt: str, key: str, recorded: AgentResult
+    ) -> None:
+        """A result served from the journal: its records say what it was, as a run's do."""
+        self.events.emit(SubagentStarted(call, index, role, title(prompt), prompt))
+        self._done(call, index, role, prompt, key, recorded, 0.0, from_journal=True)
+
+    def _done(
+        self,
+        call: int,
+        index: int,
+        role: Role,
+        prompt: str,
+        key: str,
+        result: AgentResult,
+        duration: float,
+        *,
+        from_journal: bool = False,
+        node: str = HERE,
+    ) -> None:
+        verdict = verdict_of(result.text) if role == "verifier" and result.finished else None
+        report_path = self._save(role, prompt, key, result, verdict)
+        # A journal hit asked the model nothing: it used no tokens and cost nothing now.
+        usage = TokenUsage() if from_journal else result.usage
+        price = self.settings.price()
+        self.events.emit(
+            SubagentDone(
+                call,
+                index,
+                role,
+                result.status.value,
+                result.turns,
+                usage,
+                duration,
+                from_journal=from_journal,
+                verdict=verdict,
+                result=result.text,
+                cost=price.cost(usage) if price else 0.0,
+                node=node,
+                report_path=report_path,
+            )
+        )
+
+    def _save(
+        self, role: Role, prompt: str, key: str, result: AgentResult, verdict: str | None
+    ) -> str:
+        """Write the agent's full result to its file; the path ("" when nothing is kept)."""
+        if self.results is None:
+            return ""
+        try:
+            report: object = json.loads(result.text)
+        except ValueError:
+            report = None
+        record: dict[str, object] = {
+            "role": role,
+            "prompt": prompt,
+            "status": result.status.value,
+            "turns": result.turns,
+            "verdict": verdict,
+            "report": report if isinstance(report, dict) else None,
+            "text": result.text,
+        }
+        change = result.change
+        if change is not None and not change.empty:
+            record["change"] = {
+                "base": change.base,
+                "files": describe_change(change),
+                "patch": self.results.write_patch(key, change.patch),
+            }
+        # Written on a worker thread (a temp file, a write, a rename: kernel time), off the
+        # chain's path; settle() waits for it, so the file is there when the call returns.
+        self._background(self._write_record(role, key, record))
+        return str(self.results.agent_path(role, key))
+
+    async def _write_record(self, role: Role, key: str, record: dict[str, object]) -> None:
+        assert self.results is not None
+        await asyncio.to_thread(self.results.write_agent, role, key, record)

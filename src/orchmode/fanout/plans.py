@@ -1,0 +1,134 @@
+"""What a Workflow call asks for, read from the model's input: its form, its subtasks, its
+isolation; and how a verifier's verdict is read back. Pure functions, no I/O.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    pass
+
+
+def normalise_subtasks(raw: object) -> list[str]:
+    """Subtask prompts from whatever shape the model sent, as non-empty trimmed strings.
+
+    Accepts a list, a JSON-encoded list in one string, a newline-separated string or a
+    single string. A list item that is not a string is kept as its JSON text rather than
+    silently dropped.
+    """
+    if isinstance(raw, str):
+        text = raw.strip()
+        if text.startswith("["):
+            try:
+                decoded = json.loads(text)
+            except ValueError:
+                decoded = None
+            if isinstance(decoded, list):
+                return normalise_subtasks(decoded)
+        return [line.strip() for line in text.splitlines() if line.strip()]
+    if isinstance(raw, list | tuple):
+        items = (
+            item if isinstance(item, str) else json.dumps(item, ensure_ascii=False)
+            for item in raw
+            if item is not None
+        )
+        return [item.strip() for item in items if item.strip()]
+    return []
+
+
+@dataclass(frozen=True)
+class Plan:
+    subtasks: list[str]
+    not_run: int
+
+    @property
+    def note(self) -> str:
+        if not self.not_run:
+            return ""
+        first = len(self.subtasks) + 1
+        last = len(self.subtasks) + self.not_run
+        return (
+            f"[orchmode: {len(self.subtasks) + self.not_run} subtasks were given but at most "
+            f"{len(self.subtasks)} run per call; {self.not_run} were not run (numbers "
+            f"{first}–{last}). Call Workflow again with them to run them.]"
+        )
+
+
+#: The two forms of a Workflow call; exactly one of them is given.
+FORMS = ("subtasks", "script")
+
+
+def workflow_form(tool_input: object) -> str:
+    """``subtasks`` or ``script``, or an error message when not exactly one of them is given.
+
+    A key whose value is null counts as absent: models sometimes send the unused one so.
+    """
+    if not isinstance(tool_input, dict):
+        return "subtasks"  # plan_subtasks words the error
+    given = [form for form in FORMS if tool_input.get(form) is not None]
+    if len(given) == 1:
+        return given[0]
+    if given:
+        return (
+            "error: give Workflow either subtasks or a script, not both — "
+            '{"subtasks": ["...", "..."]} for independent agents, {"script": "..."} for a '
+            "program that sequences them"
+        )
+    return (
+        'error: Workflow needs exactly one of {"subtasks": ["first subtask prompt", ...]} '
+        'or {"script": "a short Python program"}'
+    )
+
+
+def isolation_of(tool_input: object, default: str) -> str | None:
+    """The call's ``isolation`` (``worktree`` or ``shared``), ``default`` when not given,
+    or None when it is given but is neither."""
+    value = tool_input.get("isolation") if isinstance(tool_input, dict) else None
+    if value is None:
+        return default
+    if isinstance(value, str) and value.strip().lower() in ("worktree", "shared"):
+        return value.strip().lower()
+    return None
+
+
+BAD_ISOLATION = (
+    'error: "isolation" must be "worktree" (each agent in its own copy of the tree) or '
+    '"shared" (all agents in the one working directory)'
+)
+
+
+def plan_subtasks(tool_input: object, cap: int) -> Plan | str:
+    """The subtasks to run, or an error message when there are none."""
+    if not isinstance(tool_input, dict) or "subtasks" not in tool_input:
+        return 'error: Workflow needs {"subtasks": ["first subtask prompt", ...]}'
+    subtasks = normalise_subtasks(tool_input["subtasks"])
+    if not subtasks:
+        return (
+            "error: no usable subtasks — pass a non-empty list of subtask prompts as "
+            '{"subtasks": ["...", "..."]}'
+        )
+    return Plan(subtasks[:cap], max(0, len(subtasks) - cap))
+
+
+def title(subtask: str, width: int = 120) -> str:
+    line = subtask.strip().splitlines()[0] if subtask.strip() else ""
+    return line if len(line) <= width else line[: width - 1] + "…"
+
+
+def verdict_of(result_text: str) -> str:
+    """``confirmed``, ``refuted`` or ``unclear``, read from a verifier's result."""
+    summary = result_text
+    try:
+        decoded = json.loads(result_text)
+        if isinstance(decoded, dict) and isinstance(decoded.get("summary"), str):
+            summary = decoded["summary"]
+    except ValueError:
+        pass
+    head = summary.strip().lower()
+    for verdict in ("confirmed", "refuted"):
+        if head.startswith(verdict):
+            return verdict
+    return "unclear"

@@ -1,0 +1,114 @@
+"""Slots for agents: at most ``max_concurrent`` run at once, verifiers before queued workers.
+
+A worker's slot is relayed to its verifier, so a chain that has started finishes first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    pass
+
+
+class PrioritySlots:
+    """A counting semaphore that wakes lower ``priority`` numbers first, FIFO within one."""
+
+    def __init__(self, limit: int) -> None:
+        self._free = limit
+        self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._order = itertools.count()
+
+    @asynccontextmanager
+    async def slot(self, priority: int, relay: Relay | None = None) -> AsyncIterator[None]:
+        """Hold a slot: the one ``relay`` has waiting, if it has one, else a new one."""
+        ticket = relay.take() if relay is not None else None
+        if ticket is None:
+            await self._acquire(priority)
+        else:
+            try:
+                await ticket
+            except asyncio.CancelledError:
+                if ticket.done() and not ticket.cancelled():
+                    self._release()
+                raise
+        try:
+            yield
+        finally:
+            self._release()
+
+    def queue(self, priority: int) -> asyncio.Future[None]:
+        """Join the queue now and wait later: the future is done once a slot is ours."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if self._free > 0 and not self._waiters:
+            self._free -= 1
+            future.set_result(None)
+        else:
+            heapq.heappush(self._waiters, (priority, next(self._order), future))
+        return future
+
+    def drop(self, ticket: asyncio.Future[None]) -> None:
+        """Give up a place taken with :meth:`queue`, or the slot it was already given."""
+        if ticket.done():
+            if not ticket.cancelled():
+                self._release()
+        else:
+            ticket.cancel()  # _release skips it
+
+    async def _acquire(self, priority: int) -> None:
+        if self._free > 0 and not self._waiters:
+            self._free -= 1
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._waiters, (priority, next(self._order), future))
+        try:
+            await future
+        except asyncio.CancelledError:
+            if future.done() and not future.cancelled():
+                self._release()  # we were handed a slot at the moment we were cancelled
+            raise
+
+    def _release(self) -> None:
+        while self._waiters:
+            _, _, future = heapq.heappop(self._waiters)
+            if not future.done():
+                future.set_result(None)
+                return
+        self._free += 1
+
+
+class Relay:
+    """Hands a chain's slot from its worker straight to its verifier.
+
+    The worker queues for the verifier's slot just before it gives its own back, so the
+    slot it frees goes to a verifier (its own, or one that was waiting longer) and never to
+    a worker that queued meanwhile: each chain finishes as soon as it can, which is what
+    keeps the fan-out's makespan near its bound. If the verifier does not run after all
+    (journal hit, claim held elsewhere, no budget), the place is dropped at once.
+    """
+
+    def __init__(self, slots: PrioritySlots) -> None:
+        self._slots = slots
+        self._ticket: asyncio.Future[None] | None = None
+
+    def queue_next(self, priority: int) -> None:
+        if self._ticket is None:
+            self._ticket = self._slots.queue(priority)
+
+    def take(self) -> asyncio.Future[None] | None:
+        ticket, self._ticket = self._ticket, None
+        return ticket
+
+    def drop(self) -> None:
+        ticket = self.take()
+        if ticket is not None:
+            self._slots.drop(ticket)
+
+
+WORKER_PRIORITY = 1
+VERIFIER_PRIORITY = 0

@@ -1,0 +1,198 @@
+"""The Workflow tool: read the call, fan out its subtasks, verify each result, format it.
+
+A call carries either a flat list of ``subtasks`` (run here) or a ``script``, an
+orchestration program run by :mod:`.script`; both start every agent through the engine
+(:meth:`.FanoutEngine.run_subagent`), so the journal, claims, budget and slots treat them
+alike.
+
+Each subtask is a chain — its worker, then a verifier that tries to refute the worker's
+result — and every chain runs as its own coroutine, so a result's verification starts the
+moment that result exists. Verifiers take free slots before queued workers, so finished
+pairs reach the journal early. The tool result keeps the spec's order regardless.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ..core.errors import OrchmodeError
+from ..core.events import FanoutDone, FanoutStarted
+from ..core.results import AgentResult, Status
+from ..executors import TreeJob
+from ..store import BudgetState
+from .condense import AgentEntry, SubtaskEntry
+
+if TYPE_CHECKING:
+    pass
+
+
+from .engine import SKIPPED, FanoutEngine
+from .plans import BAD_ISOLATION, isolation_of, plan_subtasks, title, workflow_form
+from .slots import VERIFIER_PRIORITY, WORKER_PRIORITY, Relay
+
+
+@dataclass
+class Workflow(FanoutEngine):
+    """The session's Workflow tool: the engine, plus the flat fan-out and the call's result."""
+
+    async def run(self, tool_input: object, tokens: int | None = None) -> tuple[str, bool]:
+        """The tool result text and whether it is an error.
+
+        ``tokens`` is the most the result may take (default: the window's share for one
+        result); a larger one is condensed, and the whole of it saved to a file.
+        """
+        if tokens is None:
+            tokens = self.window.result_tokens
+        form = workflow_form(tool_input)
+        isolation = isolation_of(tool_input, self.settings.isolation)
+        if isolation is None:
+            return BAD_ISOLATION, True
+        await self._list_tools()
+        if form == "script" and isinstance(tool_input, dict):
+            from .script import run_script  # the sandbox is loaded only when a script comes
+
+            self.calls += 1
+            return await run_script(self, self.calls, tool_input["script"], tokens, isolation)
+        if form != "subtasks":
+            return form, True
+        plan = plan_subtasks(tool_input, self.settings.max_subtasks)
+        if isinstance(plan, str):
+            return plan, True
+        try:
+            tree = await self.tree_for(isolation)
+        except OrchmodeError as exc:
+            return _no_copies(exc), True
+        self.calls += 1
+        call = self.calls
+        started = time.monotonic()
+        self.events.emit(FanoutStarted(call, len(plan.subtasks), plan.not_run))
+        chains = [
+            asyncio.create_task(self._chain(call, i, subtask, tree))
+            for i, subtask in enumerate(plan.subtasks, start=1)
+        ]
+        try:
+            pairs = await asyncio.gather(*chains)
+        finally:
+            for chain in chains:
+                chain.cancel()
+            await asyncio.gather(*chains, return_exceptions=True)
+            await self.settle()
+        self.events.emit(FanoutDone(call, time.monotonic() - started))
+        head = [plan.note] if plan.note else []
+        budget = await self.store.budget(self.budget.session)
+        skipped = [i for i, (worker, _) in enumerate(pairs, start=1) if worker.status is SKIPPED]
+        unverified = [
+            i
+            for i, (worker, verifier) in enumerate(pairs, start=1)
+            if verifier is not None and verifier.status is SKIPPED and worker.status is not SKIPPED
+        ]
+        if skipped or unverified:
+            head.append(self._budget_note(skipped, unverified, budget))
+        isolated = "worktree" if tree is not None else "shared"
+        changes = [""] * len(pairs)
+        if tree is not None:
+            changes = await self.settle_changes(
+                call,
+                [
+                    (i, self.key_of("worker", subtask, isolated), worker, verifier)
+                    for i, (subtask, (worker, verifier)) in enumerate(
+                        zip(plan.subtasks, pairs, strict=True), start=1
+                    )
+                ],
+            )
+        entries = [
+            SubtaskEntry(
+                title(subtask),
+                AgentEntry(worker.text, self.report_path("worker", subtask, isolated)),
+                None
+                if verifier is None
+                else AgentEntry(
+                    verifier.text,
+                    self.report_path(
+                        "verifier", self.verify_prompt(subtask, worker, isolated), isolated
+                    ),
+                ),
+                change,
+            )
+            for subtask, (worker, verifier), change in zip(
+                plan.subtasks, pairs, changes, strict=True
+            )
+        ]
+        tail = [self.budget_status(budget)]
+        return self.fit(call, head, entries, tail, tokens, tool_input), False
+
+    def _budget_note(self, skipped: list[int], unverified: list[int], budget: BudgetState) -> str:
+        parts = []
+        if skipped:
+            parts.append(f"subtasks {_numbers(skipped)} were not run")
+        if unverified:
+            parts.append(f"the results of subtasks {_numbers(unverified)} were not verified")
+        return (
+            f"[orchmode: the session's budget is used up ({self.budget.describe(budget)}): "
+            f"{' and '.join(parts)}. Rerunning them needs more budget: narrow the work to "
+            "what matters most, or ask the user to raise --max-subagents, "
+            "--max-session-tokens or --max-cost.]"
+        )
+
+    async def _chain(
+        self, call: int, index: int, subtask: str, tree: TreeJob | None = None
+    ) -> tuple[AgentResult, AgentResult | None]:
+        relay = Relay(self.slots) if self.settings.verify else None
+        if tree is not None:
+            tree = tree.for_subtask(call, index)
+        try:
+            worker = await self.run_subagent(
+                call, index, "worker", subtask, WORKER_PRIORITY, hand_on=relay, tree=tree
+            )
+            if relay is None:
+                return worker, None
+            if worker.status is Status.FAILED:
+                return worker, AgentResult(
+                    "[orchmode: not verified, because the agent failed]", Status.FAILED
+                )
+            if worker.status is SKIPPED:
+                return worker, AgentResult(
+                    "[orchmode: not verified, because it was not run]", SKIPPED
+                )
+            isolation = "worktree" if tree is not None else "shared"
+            if self.trees is not None and worker.change is not None and not worker.change.empty:
+                self.trees.prepare(worker.change)  # its merge, ahead, while it is verified
+            prompt = self.verify_prompt(subtask, worker, isolation)
+            verifier = await self.run_subagent(
+                call,
+                index,
+                "verifier",
+                prompt,
+                VERIFIER_PRIORITY,
+                relay=relay,
+                tree=self.verifier_tree(tree, worker),
+            )
+            return worker, verifier
+        finally:
+            if relay is not None:
+                relay.drop()
+
+
+def _no_copies(exc: Exception) -> str:
+    return (
+        f"error: the agents' copies of the tree could not be made ({exc}); nothing ran. Call "
+        'Workflow again with "isolation": "shared" to let the agents write the working '
+        "directory directly."
+    )
+
+
+def _numbers(indexes: list[int]) -> str:
+    """``1–3, 7`` for [1, 2, 3, 7]."""
+    runs: list[str] = []
+    start = prev = indexes[0]
+    for i in [*indexes[1:], None]:
+        if i is not None and i == prev + 1:
+            prev = i
+            continue
+        runs.append(str(start) if start == prev else f"{start}–{prev}")
+        if i is not None:
+            start = prev = i
+    return ", ".join(runs)

@@ -1,0 +1,667 @@
+"""The only code that talks to the Messages API: streaming, effort, prompt caching, usage.
+
+Every request carries ``output_config.effort``, the per-request timeout and top-level
+automatic prompt caching, so a multi-turn loop reads its growing prefix from the cache.
+SDK and transport errors are turned into :mod:`orchmode.errors` exceptions here, so the
+loops above never see an HTTP library. On Amazon Bedrock and Google Vertex AI (see
+:mod:`orchmode.providers`) what the endpoint is not known to take is left out or sent in
+a form it does take, and the gateway says so once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, cast
+
+import anthropic
+import httpx2
+
+from ..core.errors import (
+    AuthError,
+    ModelRequestError,
+    Overloaded,
+    PromptTooLong,
+    StreamInterrupted,
+    TransientFailure,
+)
+from ..core.events import EventBus, ModelRequestDone, TokenUsage
+from ..core.prompts import notice_as_user_text
+from ..core.settings import Settings
+from .context import too_long_count
+from .limits import AdaptiveLimit
+from .providers import (
+    Capabilities,
+    Client,
+    Credentials,
+    auth_failures,
+    build_client,
+    capabilities_of,
+    require_access,
+)
+
+if TYPE_CHECKING:
+    from .budget import SessionBudget
+
+log = logging.getLogger("orchmode")
+
+#: Seconds before the first retry of a broken stream, and the most any wait grows to.
+RETRY_BASE = 0.25
+RETRY_CAP = 8.0
+
+Block = dict[str, Any]
+Message = dict[str, Any]
+
+#: A 5-minute cache breakpoint, as the API spells it.
+EPHEMERAL: Any = {"type": "ephemeral"}
+#: The beta that carries the API's own context editing (``context_management``).
+CONTEXT_BETA = "context-management-2025-06-27"
+
+
+@dataclass(frozen=True)
+class ModelReply:
+    """One finished response, its content already in request (param) form."""
+
+    message_id: str
+    content: list[Block]
+    stop_reason: str | None
+    usage: TokenUsage
+    cache_miss: str | None = None
+    cache_missed_tokens: int = 0
+    #: What the API's context editing cleared from this request, if it did.
+    cleared_tool_uses: int = 0
+    cleared_tokens: int = 0
+
+    @property
+    def text(self) -> str:
+        return "\n\n".join(b["text"] for b in self.content if b.get("type") == "text").strip()
+
+    @property
+    def tool_uses(self) -> list[Block]:
+        return [b for b in self.content if b.get("type") == "tool_use"]
+
+
+class _ReplyBuilder:
+    """Builds a :class:`ModelReply` from the SDK's raw stream events.
+
+    The SDK's ``messages.stream()`` helper rebuilds a typed snapshot on every event and
+    re-parses a tool call's partial JSON on every delta; measured on a fan-out, that was
+    most of the harness's CPU. The events are the SDK's own types; only the assembly is ours.
+    """
+
+    def __init__(self) -> None:
+        self.message_id = ""
+        self.stop_reason: str | None = None
+        self.blocks: list[Block] = []
+        self.json_parts: dict[int, list[str]] = {}
+        self.usage: dict[str, int] = {}
+        self.cache_miss: str | None = None
+        self.cache_missed_tokens = 0
+        self.cleared_tool_uses = 0
+        self.cleared_tokens = 0
+
+    def feed(self, event: Any) -> str | None:
+        """Take one event; return the text it adds, if any."""
+        kind = event.type
+        if kind == "content_block_delta":
+            delta = event.delta
+            block = self.blocks[event.index]
+            if delta.type == "text_delta":
+                block["text"] += delta.text
+                return cast(str, delta.text)
+            if delta.type == "input_json_delta":
+                self.json_parts.setdefault(event.index, []).append(delta.partial_json)
+            elif delta.type == "thinking_delta":
+                block["thinking"] += delta.thinking
+            elif delta.type == "signature_delta":
+                block["signature"] = delta.signature
+        elif kind == "content_block_start":
+            block = cast(Block, event.content_block.model_dump(mode="json", exclude_none=True))
+            if block.get("type") == "tool_use":
+                block["input"] = {}
+            self.blocks.append(block)
+        elif kind == "content_block_stop":
+            parts = self.json_parts.pop(event.index, None)
+            if parts is not None:
+                self.blocks[event.index]["input"] = _tool_input("".join(parts))
+        elif kind == "message_start":
+            self.message_id = event.message.id
+            self._take_usage(event.message.usage)
+            diagnostics = getattr(event.message, "diagnostics", None)
+            reason = getattr(diagnostics, "cache_miss_reason", None)
+            if reason is not None:
+                self.cache_miss = str(reason.type)
+                self.cache_missed_tokens = getattr(reason, "cache_missed_input_tokens", 0) or 0
+        elif kind == "message_delta":
+            self.stop_reason = event.delta.stop_reason
+            self._take_usage(event.usage)
+            managed = getattr(event, "context_management", None)
+            for edit in getattr(managed, "applied_edits", None) or []:
+                self.cleared_tool_uses += getattr(edit, "cleared_tool_uses", 0) or 0
+                self.cleared_tokens += getattr(edit, "cleared_input_tokens", 0) or 0
+        return None
+
+    def _take_usage(self, usage: Any) -> None:
+        # message_delta carries cumulative totals: they replace, and absent ones keep theirs.
+        for field_name in (
+            "input_tokens",
+            "output_tokens",
+            "cache_read_input_tokens",
+            "cache_creation_input_tokens",
+        ):
+            value = getattr(usage, field_name, None)
+            if value is not None:
+                self.usage[field_name] = value
+
+    def reply(self) -> ModelReply:
+        content = [b for b in (_request_block(b) for b in self.blocks) if b is not None]
+        usage = TokenUsage(
+            input_tokens=self.usage.get("input_tokens", 0),
+            output_tokens=self.usage.get("output_tokens", 0),
+            cache_read_tokens=self.usage.get("cache_read_input_tokens", 0),
+            cache_write_tokens=self.usage.get("cache_creation_input_tokens", 0),
+        )
+        return ModelReply(
+            self.message_id,
+            content,
+            self.stop_reason,
+            usage,
+            self.cache_miss,
+            self.cache_missed_tokens,
+            self.cleared_tool_uses,
+            self.cleared_tokens,
+        )
+
+
+def _tool_input(raw: str) -> dict[str, Any]:
+    """A tool call's input; malformed JSON is kept visibly so the tool can say what is wrong."""
+    if not raw.strip():
+        return {}
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return {"_unparsed_input": raw}
+    return value if isinstance(value, dict) else {"_unparsed_input": raw}
+
+
+def _request_block(block: Block) -> Block | None:
+    """A response block in request form; ``None`` for an empty text block the API rejects."""
+    kind = block.get("type")
+    if kind == "text":
+        text = block.get("text", "")
+        return {"type": "text", "text": text} if text.strip() else None
+    if kind == "tool_use":
+        return {
+            "type": "tool_use",
+            "id": block["id"],
+            "name": block["name"],
+            "input": block["input"],
+        }
+    return block
+
+
+class _BetaRefused(Exception):
+    """A 400 to a request that carried the context-editing beta: send it again without."""
+
+
+def _backoff(attempt: int) -> float:
+    """Full-jitter exponential backoff: a random wait up to base * 2**(attempt - 1)."""
+    return random.uniform(0, min(RETRY_CAP, RETRY_BASE * 2 ** (attempt - 1)))
+
+
+def _retry_after(exc: anthropic.APIStatusError) -> float | None:
+    """The wait the API asked for, from ``retry-after-ms`` or ``retry-after`` (seconds)."""
+    headers = exc.response.headers
+    for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
+        value = headers.get(name)
+        if value is not None:
+            try:
+                return max(0.0, float(value) * scale)
+            except ValueError:
+                continue
+    return None
+
+
+def _api_message(exc: anthropic.APIStatusError) -> str:
+    """The error's own words: ``error.message`` (Anthropic, Google) or Bedrock's ``message``."""
+    body = exc.body
+    if isinstance(body, dict):
+        error = body.get("error")
+        if isinstance(error, dict) and isinstance(error.get("message"), str):
+            return cast(str, error["message"])
+        for key in ("message", "Message"):
+            if isinstance(body.get(key), str):
+                return cast(str, body[key])
+    return exc.message
+
+
+_BREAKPOINT_BLOCKS = frozenset({"text", "tool_result", "tool_use", "image", "document"})
+
+
+def _with_breakpoint(messages: list[Message]) -> list[Message]:
+    """The last message with a cache breakpoint on its last block: the same prefix caching
+    the top-level ``cache_control`` asks for, in the form every platform documents. Only
+    the request's copy is marked; the history is not touched."""
+    if not messages:
+        return messages
+    last = messages[-1]
+    content = last.get("content")
+    if isinstance(content, str):
+        if not content.strip():
+            return messages
+        blocks: list[Block] = [{"type": "text", "text": content}]
+    elif isinstance(content, list) and content and isinstance(content[-1], dict):
+        blocks = list(content)
+    else:
+        return messages
+    if blocks[-1].get("type") not in _BREAKPOINT_BLOCKS:
+        return messages
+    blocks[-1] = {**blocks[-1], "cache_control": EPHEMERAL}
+    return [*messages[:-1], {**last, "content": blocks}]
+
+
+def _fold_system_messages(messages: Sequence[Message]) -> list[Message]:
+    """``system`` messages folded into the user turn before them, as user-text notices.
+
+    For an endpoint that takes none: a history recorded with system notices (a session
+    begun on the Messages API, resumed here) is still sent in a form it accepts.
+    """
+    folded: list[Message] = []
+    for message in messages:
+        if message.get("role") != "system":
+            folded.append(message)
+            continue
+        notice = notice_as_user_text(_text_of(message.get("content")))
+        previous = folded[-1] if folded else None
+        if previous is None or previous.get("role") != "user":
+            folded.append({"role": "user", "content": notice.lstrip()})
+            continue
+        content = previous.get("content")
+        if isinstance(content, str):
+            folded[-1] = {**previous, "content": content + notice}
+        else:
+            blocks = list(content) if isinstance(content, list) else []
+            folded[-1] = {**previous, "content": [*blocks, {"type": "text", "text": notice}]}
+    return folded
+
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(
+            str(b.get("text", "")) for b in content if isinstance(b, dict) and b.get("text")
+        )
+    return ""
+
+
+@dataclass
+class ModelGateway:
+    """Sends requests for every agent of a session and keeps the session's usage."""
+
+    settings: Settings
+    credentials: Credentials
+    events: EventBus = field(default_factory=EventBus)
+    usage: TokenUsage = field(default_factory=TokenUsage)
+    requests: int = 0
+    #: Dollars for every request so far, from the price table (0 for an unpriced model).
+    cost: float = 0.0
+    #: The session's budget: requests reserve against it first and settle after.
+    budget: SessionBudget | None = None
+    #: False once the endpoint has refused the context-editing beta: not asked again;
+    #: False from the start for a provider not known to take it.
+    context_editing: bool = True
+    _client: Client | None = None
+    _limit: AdaptiveLimit | None = None
+
+    def __post_init__(self) -> None:
+        """Check the provider's access now (not on the first request), and say once what
+        this provider makes orchmode do differently."""
+        require_access(self.settings.provider, self.credentials)
+        if not self.capabilities.context_editing:
+            self.context_editing = False
+        adaptations = self.capabilities.adaptations(self.settings)
+        if adaptations:
+            log.warning("%s: %s", self.capabilities.label, "; ".join(adaptations))
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """What the provider's endpoint is known to take."""
+        return capabilities_of(self.settings.provider)
+
+    @property
+    def notices_in_user_text(self) -> bool:
+        """Whether mode notices go in the user's turn: asked for, or the only way the
+        provider takes them."""
+        return self.settings.notice_delivery == "user-text" or not self.capabilities.system_messages
+
+    @property
+    def limit(self) -> AdaptiveLimit:
+        """Requests in flight across every agent of the session, adapted to the API's load."""
+        if self._limit is None:
+            self._limit = AdaptiveLimit(self.settings.max_concurrent)
+        return self._limit
+
+    @property
+    def client(self) -> Client:
+        """The SDK client for the provider (see :func:`orchmode.providers.build_client`)."""
+        if self._client is None:
+            self._client = build_client(self.settings, self.credentials)
+        return self._client
+
+    @property
+    def endpoint(self) -> str:
+        return str(self.client.base_url).rstrip("/")
+
+    async def complete(
+        self,
+        *,
+        agent: str,
+        system: str,
+        messages: Sequence[Message],
+        tools: Sequence[Block],
+        on_text: Callable[[str], None] | None = None,
+        previous_message_id: str | None = None,
+        on_send: Callable[[], None] | None = None,
+        context_edits: Sequence[Block] | None = None,
+    ) -> ModelReply:
+        """Stream one response to the end and return it; raise an ``OrchmodeError`` on failure.
+
+        ``previous_message_id`` is the conversation's last response: the API then says why,
+        if it could not reuse that request's cached prefix (recorded on the event).
+        ``on_send`` is called once, just before the request first goes out: work started
+        from it runs while the request is in flight, not ahead of it. ``context_edits``
+        asks the API's context editing beta to make room; an endpoint that refuses the beta
+        is sent the request again without it, and never again with it
+        (:attr:`context_editing` turns false).
+        """
+        started = time.monotonic()
+        reservation = None
+        if self.budget is not None:
+            reservation = await self.budget.before_request(system, messages, tools)
+        try:
+            reply = await self._send(
+                system, messages, tools, on_text, previous_message_id, on_send, context_edits
+            )
+        except BaseException:
+            if self.budget is not None:
+                await self.budget.after_request(reservation, TokenUsage())
+            raise
+        price = self.settings.price()
+        cost = price.cost(reply.usage) if price else 0.0
+        if self.budget is not None:
+            await self.budget.after_request(reservation, reply.usage)
+        self.usage = self.usage + reply.usage
+        self.cost += cost
+        self.requests += 1
+        self.events.emit(
+            ModelRequestDone(
+                agent=agent,
+                message_id=reply.message_id,
+                stop_reason=reply.stop_reason,
+                usage=reply.usage,
+                duration=time.monotonic() - started,
+                cost=cost,
+                cache_miss=reply.cache_miss,
+                cache_missed_tokens=reply.cache_missed_tokens,
+            )
+        )
+        return reply
+
+    async def _send(
+        self,
+        system: str,
+        messages: Sequence[Message],
+        tools: Sequence[Block],
+        on_text: Callable[[str], None] | None,
+        previous_message_id: str | None,
+        on_send: Callable[[], None] | None = None,
+        context_edits: Sequence[Block] | None = None,
+    ) -> ModelReply:
+        """Send one request under the adaptive limit, retrying what is worth retrying.
+
+        The SDK's own retries are off so that every 429 and 529 reaches the limit, which
+        halves; a rate-limited request goes back to waiting, not started, for as long as
+        ``overload_patience`` allows. A 5xx, a timeout or a lost connection is tried again
+        up to ``max_retries`` times, and a stream that broke off part-way (safe: a request
+        has no effect until its response is complete) up to ``stream_retries`` times. Waits
+        grow exponentially with full jitter, so agents cut off together do not come back
+        together. ``on_text`` sees a retried reply again from its start.
+        """
+        loop = asyncio.get_running_loop()
+        give_up_at = loop.time() + self.settings.overload_patience
+        overloads = failures = breaks = 0
+        while True:
+            started = await self.limit.acquire()
+            if on_send is not None:
+                on_send()  # runs once this task next waits: after the request is written
+                on_send = None
+            wait: float | None = None
+            edits = context_edits if self.context_editing else None
+            try:
+                reply = await self._stream(
+                    system, messages, tools, on_text, previous_message_id, edits
+                )
+            except _BetaRefused as exc:
+                log.info("the endpoint refused context editing (%s); orchmode compacts itself", exc)
+                self.context_editing = False
+                wait = 0.0
+            except Overloaded as exc:
+                overloads += 1
+                self.limit.overloaded(started)
+                if loop.time() > give_up_at:
+                    raise Overloaded(
+                        f"{exc} — still refused after "
+                        f"{self.settings.overload_patience:g} s of retrying"
+                    ) from exc
+                # The refused request waits as the API asked, out of the limit (it is not
+                # started); the others go on, fewer at once.
+                wait = _backoff(overloads) if exc.retry_after is None else exc.retry_after
+            except TransientFailure:
+                failures += 1
+                if failures > self.settings.max_retries:
+                    raise
+                wait = _backoff(failures)
+            except StreamInterrupted as exc:
+                breaks += 1
+                if breaks > self.settings.stream_retries:
+                    raise
+                log.info("retrying a broken response stream (%s)", exc)
+                wait = _backoff(breaks)
+            finally:
+                self.limit.release()
+            if wait is not None:
+                await asyncio.sleep(wait)
+                continue
+            self.limit.succeeded()
+            return reply
+
+    async def _stream(
+        self,
+        system: str,
+        messages: Sequence[Message],
+        tools: Sequence[Block],
+        on_text: Callable[[str], None] | None,
+        previous_message_id: str | None,
+        context_edits: Sequence[Block] | None = None,
+    ) -> ModelReply:
+        builder = _ReplyBuilder()
+        caps = self.capabilities
+        # Typed loosely: the platform clients' resources are the first-party ones re-bound,
+        # which the SDK's own annotations do not express.
+        client: Any = self.client
+        try:
+            create: Any = client.messages.create
+            beta: dict[str, Any] = {}
+            if context_edits:
+                create = client.beta.messages.create
+                beta = {
+                    "betas": [CONTEXT_BETA],
+                    "context_management": {"edits": list(context_edits)},
+                }
+            stream = await create(
+                **beta,
+                model=self.settings.model,
+                max_tokens=self.settings.max_tokens,
+                # The system prompt is its own cache breakpoint: every agent of a role sends
+                # the same tools and system bytes first, so the wave shares that prefix.
+                system=[{"type": "text", "text": system, "cache_control": EPHEMERAL}],
+                messages=cast(Any, self._wire_messages(messages, breakpoint=True)),
+                tools=cast(Any, list(tools)),
+                **self._optional_fields(previous_message_id),
+                timeout=self.settings.request_timeout,
+                stream=True,
+            )
+            async with stream:
+                async for event in stream:
+                    text = builder.feed(event)
+                    if text and on_text is not None:
+                        on_text(text)
+        except anthropic.AuthenticationError as exc:
+            raise AuthError(
+                f"{self._who} rejected the credentials ({exc.status_code}: "
+                f"{_api_message(exc)}) — {caps.credentials_hint}"
+            ) from exc
+        except anthropic.PermissionDeniedError as exc:
+            hint = (
+                "check that the key may use this model"
+                if self.settings.provider == "anthropic"
+                else caps.credentials_hint
+            )
+            raise AuthError(
+                f"{self._who} denied access ({exc.status_code}: {_api_message(exc)}) — {hint}"
+            ) from exc
+        except auth_failures(self.settings.provider) as exc:
+            raise AuthError(
+                f"the credentials for {caps.label} stopped working: {exc} — {caps.credentials_hint}"
+            ) from exc
+        except anthropic.APIStatusError as exc:
+            status = exc.status_code
+            message_text = _api_message(exc)
+            if status < 400:  # an `error` event in the middle of a successful stream
+                raise StreamInterrupted(
+                    f"the response stream from {self.endpoint} reported an error: {message_text}"
+                ) from exc
+            # Bedrock and Vertex say "no capacity now" with 503 (ServiceUnavailable), where
+            # the Messages API says 529: both are waited out under overload_patience.
+            platform_busy = status == 503 and self.settings.provider != "anthropic"
+            if status in (429, 529) or platform_busy:
+                raise Overloaded(
+                    f"{self._who} is overloaded ({status}: {message_text})", _retry_after(exc)
+                ) from exc
+            if status >= 500 or status in (408, 409):
+                raise TransientFailure(
+                    f"the API kept failing ({status}: {message_text}) after "
+                    f"{self.settings.max_retries} retries"
+                ) from exc
+            tokens = too_long_count(message_text)
+            if tokens is not None or "prompt is too long" in message_text:
+                raise PromptTooLong(
+                    f"the API refused a request as too long ({status}): {message_text}", tokens
+                ) from exc
+            if context_edits and status == 400:
+                raise _BetaRefused(f"{status}: {message_text}") from exc
+            raise ModelRequestError(
+                f"the API rejected a request ({status}): {message_text}"
+            ) from exc
+        except anthropic.APITimeoutError as exc:
+            raise TransientFailure(
+                f"a request to {self.endpoint} timed out after {self.settings.request_timeout:g} s"
+            ) from exc
+        except anthropic.APIConnectionError as exc:
+            where = "the Messages API" if self.settings.provider == "anthropic" else caps.label
+            raise TransientFailure(
+                f"cannot reach {where} at {self.endpoint} — {caps.endpoint_hint}"
+            ) from exc
+        except (anthropic.AnthropicError, httpx2.HTTPError) as exc:
+            raise StreamInterrupted(
+                f"the response stream from {self.endpoint} broke off: {exc or type(exc).__name__}"
+            ) from exc
+
+        reply = builder.reply()
+        if not reply.message_id or reply.stop_reason is None:
+            raise StreamInterrupted(f"the response stream from {self.endpoint} ended early")
+        return reply
+
+    @property
+    def _who(self) -> str:
+        return "the API" if self.settings.provider == "anthropic" else self.capabilities.label
+
+    def _wire_messages(
+        self, messages: Sequence[Message], *, breakpoint: bool = False
+    ) -> list[Message]:
+        """The messages as this provider takes them: system notices folded into the user
+        turn where it takes none, and the prompt cache's breakpoint on the last message
+        where top-level ``cache_control`` is not known to work."""
+        caps = self.capabilities
+        wire = list(messages) if caps.system_messages else _fold_system_messages(messages)
+        if breakpoint and not caps.automatic_caching:
+            wire = _with_breakpoint(wire)
+        return wire
+
+    def _optional_fields(self, previous_message_id: str | None) -> dict[str, Any]:
+        """The request fields only some providers take; the body version some require."""
+        caps = self.capabilities
+        fields: dict[str, Any] = {}
+        if caps.effort:
+            fields["output_config"] = {"effort": self.settings.effort}
+        if caps.automatic_caching:
+            fields["cache_control"] = EPHEMERAL
+        if caps.cache_diagnostics:
+            fields["diagnostics"] = {"previous_message_id": previous_message_id}
+        if caps.body_version is not None:
+            fields["extra_body"] = {"anthropic_version": caps.body_version}
+        return fields
+
+    async def count_tokens(
+        self,
+        *,
+        system: str,
+        messages: Sequence[Message],
+        tools: Sequence[Block],
+        context_edits: Sequence[Block] | None = None,
+    ) -> int | None:
+        """The API's own count of a request's input (after its context edits, if any), or
+        None when it cannot say: counting is an aid, so no failure of it is an error."""
+        if not self.capabilities.count_tokens:
+            return None
+        edits = context_edits if self.context_editing else None
+        request: dict[str, Any] = {
+            "model": self.settings.model,
+            "system": [{"type": "text", "text": system}],
+            "messages": cast(Any, self._wire_messages(messages)),
+            "tools": cast(Any, list(tools)),
+            "timeout": min(self.settings.request_timeout, 60.0),
+        }
+        if self.capabilities.body_version is not None:
+            request["extra_body"] = {"anthropic_version": self.capabilities.body_version}
+        client: Any = self.client
+        failures: tuple[type[BaseException], ...] = (
+            anthropic.AnthropicError,
+            httpx2.HTTPError,
+            *auth_failures(self.settings.provider),
+        )
+        try:
+            if edits:
+                counted: Any = await client.beta.messages.count_tokens(
+                    **request,
+                    betas=[CONTEXT_BETA],
+                    context_management={"edits": cast(Any, list(edits))},
+                )
+            else:
+                counted = await client.messages.count_tokens(**request)
+        except failures as exc:
+            log.info("could not count a request's tokens: %s", exc)
+            return None
+        tokens = getattr(counted, "input_tokens", None)
+        return tokens if isinstance(tokens, int) else None
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+            self._client = None

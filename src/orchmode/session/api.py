@@ -1,0 +1,426 @@
+"""The library API: open a session from Python, run turns, switch the mode, see events, totals.
+
+A small typed layer over :mod:`orchmode.agent` for programs that drive orchmode themselves.
+Settings are built in code and credentials passed in, so no command line, environment
+variable or ``orchmode.toml`` is needed. Around the session it does what ``orchmode run``
+and ``orchmode chat`` do — the sandbox is checked before anything is spent, every event is
+recorded in the store, a recorded session is taken up again by its name — so a session
+opened here is listed, shown, reported and resumed by the CLI like any other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Generic, TypeVar, cast, overload
+
+from ..core.errors import ConfigError, OrchmodeError
+from ..core.events import Event, EventBus, TokenUsage
+from ..core.settings import Settings
+from ..model.providers import Credentials
+from ..shell.sandbox import preflight
+from ..store.records import EventRecorder
+from ..views.history import session_totals
+from ..views.totals import SessionTotals, UsageTotals
+from . import agent
+from .agent import TurnResult
+
+log = logging.getLogger("orchmode")
+
+#: An event class, for a subscription or a stream of one kind of event only.
+E = TypeVar("E", bound=Event)
+
+#: What :meth:`Session.subscribe` returns: call it to stop the callback.
+Unsubscribe = Callable[[], None]
+
+
+class SessionClosed(OrchmodeError):
+    """The session was used after its ``async with`` block ended: open it again by its id."""
+
+
+@dataclass(frozen=True)
+class RequestTotals:
+    """Model requests and what they used: tokens by kind, and dollars at the settings' prices."""
+
+    requests: int = 0
+    usage: TokenUsage = field(default_factory=TokenUsage)
+    #: Dollars, from :attr:`Settings.prices` (0 for a model without a price).
+    cost: float = 0.0
+
+    @property
+    def tokens(self) -> int:
+        """Every token billed: input (cached and not) and output, as the budget counts them."""
+        return self.usage.total_input + self.usage.output_tokens
+
+    @classmethod
+    def _of(cls, part: UsageTotals) -> RequestTotals:
+        return cls(part.requests, part.usage, part.cost)
+
+
+@dataclass(frozen=True)
+class Totals:
+    """What a session has used so far, main agent and subagents apart and together.
+
+    A resumed session's totals include what it used before it was resumed, so they agree
+    with ``orchmode budget`` for the same session.
+    """
+
+    main: RequestTotals
+    subagents: RequestTotals
+    #: Subagents (workers and verifiers) counted against ``max_subagents``; journal hits
+    #: are free and not counted.
+    subagents_launched: int
+    #: Requests whose prompt cache missed, as the API's diagnostics reported it.
+    cache_misses: int = 0
+
+    @property
+    def all(self) -> RequestTotals:
+        """The main agent and the subagents together."""
+        return RequestTotals(
+            self.main.requests + self.subagents.requests,
+            self.main.usage + self.subagents.usage,
+            self.main.cost + self.subagents.cost,
+        )
+
+    @property
+    def requests(self) -> int:
+        """Model requests in all."""
+        return self.all.requests
+
+    @property
+    def tokens(self) -> int:
+        """Tokens in all: input, cache reads and writes, and output."""
+        return self.all.tokens
+
+    @property
+    def cost(self) -> float:
+        """Dollars in all."""
+        return self.all.cost
+
+    def describe(self) -> str:
+        """The line ``orchmode run`` ends with: requests, input and its cached share, output, $."""
+        return self._session_totals().describe()
+
+    def _session_totals(self) -> SessionTotals:
+        def part(p: RequestTotals) -> UsageTotals:
+            return UsageTotals(p.requests, p.usage, p.cost)
+
+        return SessionTotals(part(self.main), part(self.subagents), self.cache_misses)
+
+
+class EventStream(Generic[E]):
+    """The session's events as they happen, for ``async for``; see :meth:`Session.events`.
+
+    Events queue up from the moment the stream is made, so none are missed between making
+    it and starting to iterate. It ends when :meth:`close` is called or the session closes,
+    once the events queued by then are delivered. ``async with`` closes it on the way out.
+    """
+
+    def __init__(self, kind: type[E] | None, detach: Callable[[EventStream[E]], None]) -> None:
+        self._kind = kind
+        self._detach = detach
+        self._queue: asyncio.Queue[E | None] = asyncio.Queue()
+        self._open = True
+        self._ended = False
+
+    def _put(self, event: Event) -> None:
+        if self._open and (self._kind is None or isinstance(event, self._kind)):
+            self._queue.put_nowait(cast("E", event))
+
+    def close(self) -> None:
+        """Take no more events; the iteration ends after those already queued."""
+        if self._open:
+            self._open = False
+            self._detach(self)
+            self._queue.put_nowait(None)
+
+    def __aiter__(self) -> EventStream[E]:
+        return self
+
+    async def __anext__(self) -> E:
+        if self._ended:
+            raise StopAsyncIteration
+        event = await self._queue.get()
+        if event is None:
+            self._ended = True
+            raise StopAsyncIteration
+        return event
+
+    async def __aenter__(self) -> EventStream[E]:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class Session:
+    """An open conversation with the main agent; made by :func:`open_session`, never directly.
+
+    One turn runs at a time. Events reach subscribers in the order they happen: callbacks
+    synchronously, in the event loop, as each event is emitted; streams through a queue.
+    """
+
+    def __init__(
+        self,
+        engine: agent.Session,
+        totals: SessionTotals,
+        recorder: EventRecorder,
+        *,
+        resumed: bool,
+    ) -> None:
+        self._engine = engine
+        self._totals = totals
+        self._recorder = recorder
+        self._resumed = resumed
+        self._callbacks: list[Callable[[Event], object]] = []
+        self._streams: list[EventStream[Any]] = []
+        self._turning = False
+        self._closed = False
+        self._launched = 0
+        self._final: Totals | None = None
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"mode {'on' if self.mode else 'off'}"
+        return f"<orchmode.Session {self.id} ({state})>"
+
+    @property
+    def id(self) -> str:
+        """The session's name in the store: pass it as ``session=`` to take it up again."""
+        return self._engine.session_id
+
+    @property
+    def workdir(self) -> Path:
+        """The directory the agents' bash commands run in."""
+        return self._engine.workdir
+
+    @property
+    def resumed(self) -> bool:
+        """True if this took up a recorded conversation (its history and mode) by its name."""
+        return self._resumed
+
+    @property
+    def mode(self) -> bool:
+        """Whether orchestration mode is on for the next turn."""
+        return self._engine.mode.mode_on
+
+    @property
+    def closed(self) -> bool:
+        """True once the ``async with`` block has ended: no more turns."""
+        return self._closed
+
+    def set_mode(self, on: bool) -> None:
+        """Switch orchestration mode on or off; the model is told with the next turn, not before.
+
+        Switching twice between two turns tells it nothing, and a switch to the mode it
+        already has is no switch.
+        """
+        self._check_open("switch its mode")
+        self._engine.set_mode(on)
+
+    async def turn(self, text: str) -> TurnResult:
+        """Send one user turn and run it to its answer: scouting, fan-outs and all.
+
+        A turn that fails part-way is a result, not an exception: ``ok`` is false and
+        ``error`` says why, and the conversation stays valid for the next turn. Raises
+        :class:`SessionClosed` after the session closed, :class:`~orchmode.AuthError` for a
+        rejected key, and :class:`~orchmode.OrchmodeError` for an empty text or a turn
+        started while another one runs.
+        """
+        self._check_open("run a turn")
+        if self._turning:
+            raise OrchmodeError(
+                f"session {self.id!r} is already running a turn — await it before the next one"
+            )
+        self._turning = True
+        try:
+            return await self._engine.turn(text)
+        finally:
+            self._turning = False
+
+    @overload
+    def subscribe(self, callback: Callable[[Event], object]) -> Unsubscribe: ...
+
+    @overload
+    def subscribe(self, callback: Callable[[E], object], kind: type[E]) -> Unsubscribe: ...
+
+    def subscribe(
+        self, callback: Callable[[Any], object], kind: type[Any] | None = None
+    ) -> Unsubscribe:
+        """Call ``callback`` with every event (or every event of class ``kind``) from now on.
+
+        Callbacks run synchronously in the event loop, so they must be quick; one that
+        raises is logged and skipped, never the end of the turn. Returns a function that
+        unsubscribes it.
+        """
+
+        def target(event: Event) -> object:
+            return callback(event) if kind is None or isinstance(event, kind) else None
+
+        self._callbacks.append(target)
+
+        def unsubscribe() -> None:
+            if target in self._callbacks:
+                self._callbacks.remove(target)
+
+        return unsubscribe
+
+    @overload
+    def events(self) -> EventStream[Event]: ...
+
+    @overload
+    def events(self, kind: type[E]) -> EventStream[E]: ...
+
+    def events(self, kind: type[Any] | None = None) -> EventStream[Any]:
+        """A stream of the events from now on (or only those of class ``kind``).
+
+        Iterate it while the turn runs in a task of its own::
+
+            async with session.events() as stream:
+                turn = asyncio.create_task(session.turn("Review this"))
+                async for event in stream:
+                    print(event)
+                    if isinstance(event, orchmode.TurnDone):
+                        break
+            result = await turn
+        """
+        stream: EventStream[Any] = EventStream(kind, self._detach)
+        if self._closed:
+            stream.close()
+        else:
+            self._streams.append(stream)
+        return stream
+
+    async def totals(self) -> Totals:
+        """Requests, tokens, dollars and subagents so far; the final totals once closed."""
+        if self._final is not None:
+            return self._final
+        self._launched = (await self._engine.store.budget(self.id)).subagents
+        return self._snapshot()
+
+    def _snapshot(self) -> Totals:
+        t = self._totals
+        return Totals(
+            RequestTotals._of(t.main),
+            RequestTotals._of(t.subagents),
+            self._launched,
+            t.cache_misses,
+        )
+
+    def _detach(self, stream: EventStream[Any]) -> None:
+        if stream in self._streams:
+            self._streams.remove(stream)
+
+    def _deliver(self, event: Event) -> None:
+        """The one subscriber on the session's bus: totals, records, then the user's."""
+        self._totals(event)
+        self._recorder(event)
+        for callback in tuple(self._callbacks):
+            try:
+                callback(event)
+            except Exception:  # a display bug must never stop a run
+                log.exception("event callback failed on %s", type(event).__name__)
+        for stream in tuple(self._streams):
+            stream._put(event)
+
+    def _check_open(self, doing: str) -> None:
+        if self._closed:
+            raise SessionClosed(
+                f"session {self.id!r} is closed and cannot {doing} — open it again with "
+                f"orchmode.open_session(..., session={self.id!r}) to go on with it"
+            )
+
+    async def _close(self) -> None:
+        """Record the mode as last set, take the final totals and write the last records,
+        while the store is still open."""
+        self._closed = True
+        if self._engine.history:  # a mode switched after the last turn is kept for a resume
+            await self._engine.save()
+        try:
+            await self._engine.budget.flush()
+            self._final = await self.totals()
+        except OrchmodeError as exc:
+            log.warning("could not read the totals of session %s: %s", self.id, exc)
+            self._final = self._snapshot()
+        await self._recorder.flush()
+        for stream in tuple(self._streams):
+            stream.close()
+
+
+@asynccontextmanager
+async def open_session(
+    settings: Settings | None = None,
+    *,
+    workdir: str | os.PathLike[str] | None = None,
+    credentials: Credentials | None = None,
+    session: str | None = None,
+) -> AsyncIterator[Session]:
+    """Open a session for ``async with``; everything it started is closed on the way out.
+
+    - ``settings``: built in code, ``Settings(model=..., max_cost=...)``; the defaults when
+      left out. No environment variable or ``orchmode.toml`` is read.
+    - ``workdir``: where bash runs and the store lives (default ``settings.workdir``, else
+      the current directory).
+    - ``credentials``: ``Credentials(api_key=...)`` or ``Credentials(auth_token=...)``;
+      when left out, ``ANTHROPIC_API_KEY`` (then ``ANTHROPIC_AUTH_TOKEN``), as the SDK does,
+      or for ``provider="bedrock"``/``"vertex"`` that platform's own chain.
+    - ``session``: a name. A session recorded under it is taken up again — its history
+      and mode — and one that is not starts under that name. Left out: a new session, under
+      ``settings.session`` if that is set.
+
+    Raises :class:`~orchmode.ConfigError` for a missing directory or a cost cap without a
+    price, a ``SandboxError`` when bash cannot be sandboxed as configured (before anything
+    is spent), and :class:`~orchmode.SessionBusy` while another process drives the session.
+    """
+    settings, where = _prepared(settings or Settings(), workdir, session)
+    credentials = credentials or Credentials.from_env(os.environ, settings.provider)
+    for warning in preflight(settings):
+        log.warning("%s", warning)
+    bus = EventBus()
+    async with agent.open_session(settings, where, credentials, bus) as engine:
+        resumed = await engine.restore()
+        store = engine.store
+        # a resumed session's totals so far, as `orchmode budget` counts them
+        totals = session_totals(await store.events(engine.session_id)) if resumed else None
+        recorder = await EventRecorder.start(store, engine.session_id)
+        opened = Session(engine, totals or SessionTotals(), recorder, resumed=resumed)
+        bus.subscribe(opened._deliver)
+        try:
+            yield opened
+        finally:
+            await opened._close()
+
+
+def _prepared(
+    settings: Settings, workdir: str | os.PathLike[str] | None, name: str | None
+) -> tuple[Settings, Path]:
+    """The settings with the working directory resolved and checked, and the session's name."""
+    where = Path(workdir) if workdir is not None else settings.workdir or Path.cwd()
+    where = where.expanduser().resolve()
+    if not where.is_dir():
+        raise ConfigError(
+            f"the working directory {where} does not exist — pass workdir= an existing directory"
+        )
+    update: dict[str, object] = {"workdir": where}
+    if name is not None:
+        if not name.strip():
+            raise ConfigError("a session name needs some text — pass session=None for a new one")
+        update["session"] = name
+    settings = settings.model_copy(update=update)
+    if settings.test_mode:  # what load_settings does for the CLI, so the setting means the same
+        settings = settings.with_test_limits()
+    if settings.max_cost is not None and settings.price() is None:
+        raise ConfigError(
+            f"max_cost needs a price for {settings.model} — add one to Settings(prices=...)"
+        )
+    return settings, where

@@ -1,0 +1,142 @@
+"""Which recorded session to resume, and whether it can be: read from the store, changing nothing.
+
+A session is *interrupted* when its last turn started and never ended (a killed process,
+a closed laptop, Ctrl-C). Every refusal here is one line that says what is wrong and what
+to do, raised before anything runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..core.errors import OrchmodeError
+from ..store import Store
+from ..views.history import read_session
+
+#: Recorded sessions looked through for the latest interrupted one, newest first.
+LOOK_BACK = 50
+
+
+class CannotResume(OrchmodeError):
+    """The session asked for cannot be resumed (unknown, finished, elsewhere, unreadable)."""
+
+
+@dataclass(frozen=True)
+class Interrupted:
+    id: str
+    workdir: str
+    #: what started it: ``{"command": "run", "task": ..., "phase": 1 | 2}``, or {} (chat)
+    meta: dict[str, Any]
+
+    @property
+    def command(self) -> str:
+        return f"orchmode resume {self.id}"
+
+
+async def interrupted(store: Store, session: str, task: str | None = None) -> Interrupted | None:
+    """The session if its last turn never ended (and it ran ``task``, if given), else None.
+
+    The task is checked first, from the saved state: reading and parsing a session's
+    events is the dear part, and ``orchmode run`` looks before every start.
+    """
+    record = await store.load_session(session)
+    if record is None:
+        return None
+    meta = _meta(record.state)
+    if task is not None and meta.get("task") != task:
+        return None
+    history = read_session(await store.events(session), session=session)
+    cut_off = bool(history.turns) and history.turns[-1].status == "interrupted"
+    # A run stopped between its two turns never started its summary turn.
+    unfinished_run = meta.get("command") == "run" and meta.get("phase") != "done"
+    if not (cut_off or unfinished_run):
+        return None
+    return Interrupted(session, record.workdir, meta)
+
+
+async def latest_interrupted(
+    store: Store, workdir: Path, task: str | None = None
+) -> Interrupted | None:
+    """The newest interrupted session that ran in ``workdir`` (on ``task``, if given)."""
+    here = _same_dir(workdir)
+    for info in (await store.sessions())[:LOOK_BACK]:
+        if _same_dir(Path(info.workdir)) != here:
+            continue
+        found = await interrupted(store, info.id, task)
+        if found is not None:
+            return found
+    return None
+
+
+async def choose(store: Store, workdir: Path, wanted: str | None) -> Interrupted:
+    """The session ``orchmode resume [SESSION]`` continues, or why none can be."""
+    if wanted is None:
+        found = await latest_interrupted(store, workdir)
+        if found is None:
+            raise CannotResume(
+                f"no interrupted session ran in {workdir} — `orchmode runs` lists the recorded "
+                "ones; `orchmode resume SESSION` names one"
+            )
+        return found
+    record = await store.load_session(wanted)
+    if record is None:
+        raise CannotResume(
+            f"there is no session {wanted!r} in {store.location} — `orchmode runs` lists "
+            "the recorded ones"
+        )
+    if _same_dir(Path(record.workdir)) != _same_dir(workdir):
+        raise CannotResume(
+            f"session {wanted!r} ran in {record.workdir}, not in {workdir} — run `orchmode "
+            f"resume {wanted}` there, or pass --workdir {record.workdir}"
+        )
+    found = await interrupted(store, wanted)
+    if found is None:
+        raise CannotResume(
+            f"session {wanted!r} was not interrupted: its last turn ended — continue the "
+            f"conversation with `orchmode chat --session {wanted}`"
+        )
+    return found
+
+
+def pending_calls(messages: list[str]) -> list[str]:
+    """The tool calls the last checkpointed step left without results, described briefly."""
+    if not messages:
+        return []
+    try:
+        last = json.loads(messages[-1])
+    except ValueError:
+        return []
+    if not isinstance(last, dict) or last.get("role") != "assistant":
+        return []
+    described = []
+    for block in last.get("content") or []:
+        if not isinstance(block, dict) or block.get("type") != "tool_use":
+            continue
+        raw = block.get("input")
+        tool_input: dict[str, Any] = raw if isinstance(raw, dict) else {}
+        if block.get("name") == "bash":
+            described.append(f"bash `{str(tool_input.get('command', '(restart)'))[:80]}`")
+        elif block.get("name") == "Workflow" and isinstance(tool_input.get("subtasks"), list):
+            described.append(f"Workflow ({len(tool_input['subtasks'])} subtasks)")
+        elif block.get("name") == "Workflow":
+            described.append("Workflow (a script)")
+        else:
+            described.append(str(block.get("name")))
+    return described
+
+
+def _meta(state: str) -> dict[str, Any]:
+    try:
+        value = json.loads(state)
+    except ValueError:
+        return {}  # the session's own restore says what is wrong with it
+    meta = value.get("meta") if isinstance(value, dict) else None
+    return meta if isinstance(meta, dict) else {}
+
+
+def _same_dir(path: Path) -> str:
+    return os.path.realpath(path)

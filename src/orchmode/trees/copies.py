@@ -1,0 +1,934 @@
+"""Copies of the working tree for agents that change code: snapshots, copies, patches, merges.
+
+With ``isolation = "worktree"`` every agent of a Workflow call works in a copy of the
+working directory as it was when the call started, and its change comes back as a patch.
+All of it is git plumbing on a **private** object store, ``.orchmode/trees/store.git``:
+
+- the user's repository is only read. A snapshot hashes the working tree with a private
+  index (a copy of the user's, for its stat cache) and writes its objects into the private
+  store, which borrows the user's objects through ``alternates``; no index, HEAD, branch,
+  stash, config or worktree list of the user's is touched. A directory that is not a
+  repository gets the same from the private store alone.
+- every git command orchmode runs on a copy uses the private store as its git dir, never
+  the copy's own ``.git``: that one is the agent's, and a config it wrote there (a
+  ``core.fsmonitor`` or a filter command) would otherwise run outside the sandbox.
+- copies live in ``.orchmode/trees/runs/<host>-<pid>-<id>/``; each is removed when its
+  agent ends, the run's directory when the session closes, and one whose process died
+  (``kill -9``) by the next start in this directory.
+- a patch is merged with a three-way merge against its snapshot (``git merge-tree``), then
+  written into the working directory all at once or not at all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, TypeVar
+
+from ..core.errors import OrchmodeError
+from ..core.results import Change
+from .patches import FileChange, PatchSummary, refusals, summary_of
+
+log = logging.getLogger("orchmode")
+
+TREES_DIR = Path(".orchmode") / "trees"
+#: Ignored entries shown read-only in a copy at most; past this the rest are left out.
+MAX_SHOWN = 200
+#: Megabytes of untracked, unignored files a snapshot takes at most: each copy holds them
+#: all, so a forgotten data directory would be copied once per agent.
+MAX_UNTRACKED_MB = 200
+#: Fixed names and dates: a snapshot's commit id depends on its tree alone.
+_IDENTITY = {
+    "GIT_AUTHOR_NAME": "orchmode",
+    "GIT_AUTHOR_EMAIL": "orchmode@localhost",
+    "GIT_AUTHOR_DATE": "2000-01-01T00:00:00+0000",
+    "GIT_COMMITTER_NAME": "orchmode",
+    "GIT_COMMITTER_EMAIL": "orchmode@localhost",
+    "GIT_COMMITTER_DATE": "2000-01-01T00:00:00+0000",
+}
+#: Settings that keep plumbing from starting anything: no fsmonitor, no hooks, no gc.
+_QUIET = (
+    "-c",
+    "core.fsmonitor=false",
+    "-c",
+    "core.hooksPath=/dev/null",
+    "-c",
+    "gc.auto=0",
+    "-c",
+    "maintenance.auto=false",
+    "-c",
+    "core.autocrlf=false",
+    "-c",
+    "advice.detachedHead=false",
+)
+#: The caller's git variables would point our commands at the wrong repository.
+_DROPPED = (
+    "GIT_DIR",
+    "GIT_WORK_TREE",
+    "GIT_INDEX_FILE",
+    "GIT_OBJECT_DIRECTORY",
+    "GIT_ALTERNATE_OBJECT_DIRECTORIES",
+    "GIT_COMMON_DIR",
+    "GIT_NAMESPACE",
+    "GIT_PREFIX",
+)
+
+Fate = Literal["merged", "conflict", "refused", "no change"]
+
+
+class TreeError(OrchmodeError):
+    """A git step of isolation failed; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The working directory at one moment, as a commit in the private store."""
+
+    commit: str
+    #: Ignored entries (relative paths, a directory's with a trailing ``/``): not copied,
+    #: shown read-only from the working directory instead.
+    ignored: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Copy:
+    """One agent's copy of the tree, and where orchmode keeps its own index of it."""
+
+    path: Path
+    #: The commit the copy was made from: a worker's change is its difference from this.
+    start: str
+    index: Path
+
+
+@dataclass(frozen=True)
+class Merge:
+    """What became of one patch."""
+
+    fate: Fate
+    #: For a conflict, the files in conflict; for a refusal, the reasons.
+    detail: tuple[str, ...] = ()
+    #: The tree it made (of the working directory and the changes before it), if merged.
+    tree: str = ""
+
+
+@dataclass(frozen=True)
+class _Repo:
+    """The user's repository, as far as a snapshot needs it."""
+
+    git_dir: Path
+    objects: Path
+    toplevel: Path
+    #: The working directory's path inside the repository, ``""`` or ``"sub/dir/"``.
+    prefix: str
+
+
+def _environment(extra: Mapping[str, str]) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in _DROPPED}
+    env.update({"LC_ALL": "C", "GIT_TERMINAL_PROMPT": "0", **_IDENTITY})
+    env.update(extra)
+    return env
+
+
+async def git(
+    *args: str,
+    env: Mapping[str, str],
+    cwd: Path,
+    data: bytes | None = None,
+    ok: Sequence[int] = (0,),
+) -> tuple[int, bytes]:
+    """Run one git command; its exit code and output, or :class:`TreeError` naming it."""
+    return await on_thread(lambda work: work.git(*args, env=env, cwd=cwd, data=data, ok=ok))
+
+
+T = TypeVar("T")
+
+
+class _Work:
+    """Git commands on a worker thread, which a cancellation stops: its git is killed, and
+    no later command of it starts.
+
+    A plain fork and exec there costs the process about half of what an asyncio subprocess
+    costs the event loop (its transports, pipes and child watcher). Each hop to a thread
+    has a cost too, so the two commands that read a change share one.
+    """
+
+    def __init__(self) -> None:
+        self.processes: list[subprocess.Popen[bytes]] = []
+        self.stopped = False
+
+    def git(
+        self,
+        *args: str,
+        env: Mapping[str, str],
+        cwd: Path,
+        data: bytes | None = None,
+        ok: Sequence[int] = (0,),
+    ) -> tuple[int, bytes]:
+        if self.stopped:
+            raise TreeError(f"git {args[0]} was not started: the work was cancelled")
+        try:
+            process = subprocess.Popen(
+                ("git", *_QUIET, *args),
+                cwd=cwd,
+                env=_environment(env),
+                stdin=subprocess.PIPE if data is not None else subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+        except FileNotFoundError:
+            raise TreeError("isolation needs git, which is not installed") from None
+        with process:
+            self.processes.append(process)
+            out, err = process.communicate(data)
+        code = process.returncode
+        if code not in ok:
+            message = err.decode(errors="replace").strip().splitlines()
+            raise TreeError(f"git {args[0]} failed: {message[-1] if message else f'exit {code}'}")
+        return code, out
+
+    def stop(self) -> None:
+        self.stopped = True
+        for process in self.processes:
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+
+
+async def on_thread(function: Callable[[_Work], T]) -> T:
+    """``function`` run on a worker thread; cancelled, it is stopped and waited for, so no
+    git is left running and nothing is left writing."""
+    work = _Work()
+    task = asyncio.ensure_future(asyncio.to_thread(function, work))
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        work.stop()
+        with contextlib.suppress(Exception):
+            await task
+        raise
+
+
+def run_name() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+class Trees:
+    """The private store of one working directory, and this process's copies of it."""
+
+    def __init__(self, workdir: Path, home: Path | None = None) -> None:
+        self.workdir = Path(os.path.realpath(workdir))
+        #: Where the store and the copies live: the working directory's ``.orchmode/trees``,
+        #: or a directory of its own (a Ray node's, outside the directory Ray manages).
+        self.home = self.workdir / TREES_DIR if home is None else Path(os.path.realpath(home))
+        self._private = home is not None
+        self.store = self.home / "store.git"
+        #: A stable path to the user's objects, the same in a sandbox as outside it.
+        self.alias = self.home / "base-objects"
+        self.runs = self.home / "runs"
+        self.run = self.runs / run_name()
+        self._repo: _Repo | None = None
+        self._opened = False
+        self._lock = asyncio.Lock()
+        self._serial = 0
+        #: The tree each change makes of its snapshot, worked out ahead (see :meth:`prepare`).
+        self._theirs: dict[tuple[str, str], asyncio.Task[str | None]] = {}
+        self._deleter: ThreadPoolExecutor | None = None
+
+    # ----------------------------------------------------------------- set-up, clean-up
+
+    async def open(self) -> None:
+        """Make the store (once), sweep what dead processes left, make this run's dir."""
+        async with self._lock:
+            if self._opened:
+                return
+            self.home.mkdir(parents=True, exist_ok=True)
+            if not self._private:
+                ignore_state(self.workdir / ".orchmode")
+            sweep_dead_runs(self.runs)
+            if not (self.store / "HEAD").is_file():
+                await git(
+                    "init", "-q", "--bare", "--template=", str(self.store), env={}, cwd=self.home
+                )
+            self._repo = await self._find_repo()
+            self._link_user_objects()
+            self._write_excludes()
+            self.run.mkdir(parents=True, exist_ok=True)
+            self._opened = True
+
+    def sweep(self) -> list[Path]:
+        """Remove the copies of processes on this host that died; which run dirs went."""
+        return sweep_dead_runs(self.runs)
+
+    def close(self) -> None:
+        """Remove this run's copies; the store stays (resumed merges need its snapshots),
+        unless it is a private one."""
+        if self._deleter is not None:
+            self._deleter.shutdown(wait=True)
+            self._deleter = None
+        for task in self._theirs.values():
+            task.cancel()
+        self._theirs.clear()
+        remove_tree(self.home if self._private else self.run)
+
+    @property
+    def store_objects(self) -> Path:
+        return self.store / "objects"
+
+    @property
+    def user_objects(self) -> Path | None:
+        """The real directory of the user's objects (outside or inside the working dir)."""
+        return self._repo.objects if self._repo is not None else None
+
+    async def _find_repo(self) -> _Repo | None:
+        code, out = await git(
+            "rev-parse",
+            "--absolute-git-dir",
+            "--git-common-dir",
+            "--show-toplevel",
+            "--show-prefix",
+            env={},
+            cwd=self.workdir,
+            ok=(0, 128),
+        )
+        lines = out.decode(errors="surrogateescape").splitlines()
+        if code != 0 or len(lines) < 3:
+            return None
+        git_dir = Path(lines[0])
+        common = Path(lines[1])
+        if not common.is_absolute():
+            common = self.workdir / common
+        prefix = lines[3] if len(lines) > 3 else ""
+        objects = Path(os.path.realpath(common / "objects"))
+        return _Repo(git_dir, objects, Path(lines[2]), prefix)
+
+    def _link_user_objects(self) -> None:
+        """The store borrows the user's objects through a link whose path a sandbox can
+        show too (the real one may be hidden under the copy that covers the working dir)."""
+        alternates = self.store_objects / "info" / "alternates"
+        alternates.parent.mkdir(parents=True, exist_ok=True)
+        if self._repo is None:
+            alternates.write_text("")
+            return
+        target = str(self._repo.objects)
+        if not (self.alias.is_symlink() and os.readlink(self.alias) == target):
+            with contextlib.suppress(FileNotFoundError):
+                self.alias.unlink()
+            temporary = self.home / f".link-{uuid.uuid4().hex[:8]}"
+            temporary.symlink_to(target)
+            os.replace(temporary, self.alias)
+        alternates.write_text(f"{self.alias}\n")
+
+    def _write_excludes(self) -> None:
+        """The user's own excludes, so copies and patches ignore what the user ignores."""
+        lines = ["/.orchmode/"]
+        if self._repo is not None:
+            with contextlib.suppress(OSError):
+                lines.append((self._repo.git_dir / "info" / "exclude").read_text())
+        info = self.store / "info"
+        info.mkdir(exist_ok=True)
+        (info / "exclude").write_text("\n".join(lines) + "\n")
+
+    def _name(self, stem: str) -> str:
+        self._serial += 1
+        return f"{stem}-{self._serial}"
+
+    # -------------------------------------------------------------------------- snapshot
+
+    async def snapshot(self) -> Snapshot:
+        """The working directory now: tracked, untracked-but-not-ignored, uncommitted."""
+        await self.open()
+        index = self.run / f"{self._name('snapshot')}.index"
+        try:
+            await self._check_untracked(index)
+            tree = await self._tree_of_workdir(index)
+            _, out = await git(
+                "commit-tree", tree, "-m", "orchmode snapshot", env=self._store_env(), cwd=self.home
+            )
+            commit = out.decode().strip()
+            ignored = await self._ignored(index)
+        finally:
+            with contextlib.suppress(OSError):
+                index.unlink()
+        return Snapshot(commit, ignored)
+
+    def _workdir_env(self, index: Path) -> dict[str, str]:
+        """Git variables that read the working directory as the user's git sees it, with a
+        private index and every new object going to the private store."""
+        repo = self._repo
+        env = {"GIT_INDEX_FILE": str(index), "GIT_OBJECT_DIRECTORY": str(self.store_objects)}
+        if repo is None:
+            env.update(GIT_DIR=str(self.store), GIT_WORK_TREE=str(self.workdir))
+        else:
+            env.update(
+                GIT_DIR=str(repo.git_dir),
+                GIT_WORK_TREE=str(repo.toplevel),
+                GIT_ALTERNATE_OBJECT_DIRECTORIES=str(repo.objects),
+            )
+        return env
+
+    def _store_env(self, index: Path | None = None) -> dict[str, str]:
+        env = {"GIT_DIR": str(self.store)}
+        if index is not None:
+            env["GIT_INDEX_FILE"] = str(index)
+        return env
+
+    async def _tree_of_workdir(self, index: Path) -> str:
+        repo = self._repo
+        env = self._workdir_env(index)
+        if repo is not None and (repo.git_dir / "index").is_file():
+            with contextlib.suppress(OSError):
+                shutil.copyfile(repo.git_dir / "index", index)  # its stat cache saves hashing
+        try:
+            await git("add", "-A", "--", ".", env=env, cwd=self.workdir)
+        except TreeError:
+            # A copied index git cannot read here (split index, a newer version): start
+            # from nothing, and hash every file.
+            with contextlib.suppress(OSError):
+                index.unlink()
+            await git("add", "-A", "--", ".", env=env, cwd=self.workdir)
+        prefix = ["--prefix", repo.prefix] if repo is not None and repo.prefix else []
+        _, out = await git("write-tree", *prefix, env=env, cwd=self.workdir)
+        return out.decode().strip()
+
+    async def _check_untracked(self, index: Path) -> None:
+        """Refuse a snapshot that would copy a heap of files git does not track.
+
+        In a repository, the user's own index says what is tracked (only read); outside
+        one, nothing is.
+        """
+        env = self._workdir_env(index)
+        if self._repo is not None:
+            env.pop("GIT_INDEX_FILE")
+        _, out = await git(
+            "ls-files", "-z", "--others", "--exclude-standard", "--", ".", env=env, cwd=self.workdir
+        )
+        sizes: list[tuple[int, str]] = []
+        for raw in out.split(b"\0"):
+            name = raw.decode(errors="surrogateescape")
+            with contextlib.suppress(OSError):
+                if name:
+                    sizes.append((os.lstat(self.workdir / name).st_size, name))
+        total = sum(size for size, _ in sizes)
+        if total > MAX_UNTRACKED_MB * 1_000_000:
+            largest = ", ".join(f"{n} ({z / 1e6:.0f} MB)" for z, n in sorted(sizes)[-3:][::-1])
+            raise TreeError(
+                f"the working directory has {total / 1e6:.0f} MB of untracked files that are "
+                f"not ignored, over the {MAX_UNTRACKED_MB} MB a copy for each agent may hold "
+                f'(largest: {largest}) — add them to .gitignore, or use isolation "shared"'
+            )
+
+    async def _ignored(self, index: Path) -> tuple[str, ...]:
+        _, out = await git(
+            "ls-files",
+            "-z",
+            "--others",
+            "--ignored",
+            "--exclude-standard",
+            "--directory",
+            "--",
+            ".",
+            env=self._workdir_env(index),
+            cwd=self.workdir,
+        )
+        shown: list[str] = []
+        for raw in out.split(b"\0"):
+            name = raw.decode(errors="surrogateescape")
+            if not name or name.split("/")[0] == ".orchmode":
+                continue
+            path = self.workdir / name.rstrip("/")
+            if path.is_symlink():
+                continue  # it could point anywhere, even somewhere the sandbox hides
+            shown.append(name)
+        shown.sort(key=lambda n: (not n.endswith("/"), n))
+        if len(shown) > MAX_SHOWN:
+            log.warning(
+                "%d ignored entries in the working directory; the agents' copies show the "
+                "first %d read-only",
+                len(shown),
+                MAX_SHOWN,
+            )
+        return tuple(shown[:MAX_SHOWN])
+
+    async def has(self, commit: str) -> bool:
+        await self.open()
+        code, _ = await git(
+            "cat-file",
+            "-e",
+            f"{commit}^{{commit}}",
+            env=self._store_env(),
+            cwd=self.home,
+            ok=(0, 1, 128),
+        )
+        return code == 0
+
+    async def bundle(self, commit: str) -> bytes:
+        """The snapshot and every object it needs, for a node that has none of them."""
+        ref = f"refs/orchmode/{commit}"
+        env = self._store_env()
+        await git("update-ref", ref, commit, env=env, cwd=self.home)
+        path = self.run / f"{self._name('bundle')}.bundle"
+        try:
+            await git("bundle", "create", "-q", str(path), ref, env=env, cwd=self.home)
+            return path.read_bytes()
+        finally:
+            with contextlib.suppress(OSError):
+                path.unlink()
+            await git("update-ref", "-d", ref, env=env, cwd=self.home)
+
+    async def receive(self, commit: str, data: bytes) -> None:
+        """Take a snapshot sent as a :meth:`bundle` into this store."""
+        await self.open()
+        if await self.has(commit):
+            return
+        path = self.run / f"{self._name('bundle')}.bundle"
+        path.write_bytes(data)
+        try:
+            await git(
+                "fetch",
+                "-q",
+                str(path),
+                f"refs/orchmode/{commit}",
+                env=self._store_env(),
+                cwd=self.home,
+            )
+        finally:
+            with contextlib.suppress(OSError):
+                path.unlink()
+        if not await self.has(commit):
+            raise TreeError(f"the snapshot {commit[:12]} did not arrive whole")
+
+    # ---------------------------------------------------------------------------- copies
+
+    def plan_copy(self, stem: str, commit: str) -> Copy:
+        """Where a new copy of ``commit`` will be (known before it exists, for its sandbox)."""
+        name = self._name(_safe(stem))
+        return Copy(self.run / name, commit, self.run / f"{name}.index")
+
+    async def make_copy(self, copy: Copy, patch: str = "", ignored: Sequence[str] = ()) -> None:
+        """Fill ``copy`` with its commit and ``patch`` on top (staged, not committed, so that
+        ``git status`` and ``git diff HEAD`` in the copy show it), and give it a ``.git`` of
+        the agent's own.
+
+        ``ignored`` entries are not copied: their mount points are made instead, so that a
+        read-only copy can still show them from the working directory.
+        """
+        await self.open()
+        path = copy.path
+        path.mkdir(parents=True)
+        env = {**self._store_env(copy.index), "GIT_WORK_TREE": str(path)}
+        await git("read-tree", "--reset", "-u", copy.start, env=env, cwd=path)
+        # A dozen small file operations: kept on the loop, where they cost a fraction of
+        # what handing them to a thread costs on a busy machine (the GIL changing hands).
+        self._agent_git_dir(path, copy.start, copy.index)
+        if patch.strip():
+            agents = {**self._store_env(path / ".git" / "index"), "GIT_WORK_TREE": str(path)}
+            await git(
+                "apply",
+                "--binary",
+                "--index",
+                "-",
+                env=agents,
+                cwd=path,
+                data=patch.encode(),
+            )
+        self._mount_points(path, ignored)
+
+    def _mount_points(self, path: Path, ignored: Sequence[str]) -> None:
+        """Empty stand-ins in the copy where the sandbox shows ``.orchmode/`` and the
+        ignored entries of the working directory."""
+        for name in (".orchmode/", *ignored):
+            point = path / name.rstrip("/")
+            if os.path.lexists(point) or not point.resolve().is_relative_to(path):
+                continue
+            if name != ".orchmode/" and not os.path.lexists(self.workdir / name.rstrip("/")):
+                continue  # nothing to show there (a node has no ignored files)
+            with contextlib.suppress(OSError):
+                if name.endswith("/"):
+                    point.mkdir(parents=True)
+                else:
+                    point.parent.mkdir(parents=True, exist_ok=True)
+                    point.touch()
+
+    def _agent_git_dir(self, path: Path, commit: str, index: Path) -> None:
+        """The copy's own ``.git``: HEAD detached at the snapshot, objects borrowed from the
+        store. It is the agent's to use as it likes; orchmode never runs git with it."""
+        dot_git = path / ".git"
+        (dot_git / "objects" / "info").mkdir(parents=True)
+        (dot_git / "refs" / "heads").mkdir(parents=True)
+        (dot_git / "info").mkdir()
+        (dot_git / "HEAD").write_text(f"{commit}\n")
+        (dot_git / "config").write_text(
+            "[core]\n\trepositoryformatversion = 0\n\tfilemode = true\n\tbare = false\n"
+        )
+        (dot_git / "objects" / "info" / "alternates").write_text(f"{self.store_objects}\n")
+        shutil.copyfile(self.store / "info" / "exclude", dot_git / "info" / "exclude")
+        shutil.copyfile(index, dot_git / "index")
+
+    async def change_of(self, copy: Copy) -> Change:
+        """The copy's difference from where it started: every addition, deletion, rename,
+        mode change and binary file, as one patch."""
+        return await on_thread(lambda work: self._read_change(work, copy))
+
+    def _read_change(self, work: _Work, copy: Copy) -> Change:
+        env = {**self._store_env(copy.index), "GIT_WORK_TREE": str(copy.path)}
+        work.git("add", "-A", "--", ".", env=env, cwd=copy.path)
+        # Pinned so that no setting of the user's changes the patch's form.
+        _, out = work.git(
+            "-c", "core.quotePath=true", "-c", "diff.noprefix=false",
+            "-c", "diff.mnemonicPrefix=false", "diff", "--cached", "--binary", "--full-index",
+            "-M", "--no-color", "--no-ext-diff", "--no-textconv", "--src-prefix=a/",
+            "--dst-prefix=b/", copy.start, env=env, cwd=copy.path,
+        )  # fmt: skip
+        return Change(copy.start, out.decode(errors="surrogateescape"))
+
+    def remove(self, copy: Copy) -> None:
+        remove_tree(copy.path)
+        with contextlib.suppress(OSError):
+            copy.index.unlink()
+
+    def discard(self, copy: Copy) -> None:
+        """Remove a copy off the critical path: moved aside at once, deleted by a thread of
+        its own (a copy of a large tree takes a while to delete); :meth:`close` waits."""
+        trash = self.run / f".trash-{copy.path.name}"
+        try:
+            os.rename(copy.path, trash)
+        except OSError:
+            trash = copy.path
+        with contextlib.suppress(OSError):
+            copy.index.unlink()
+        if self._deleter is None:
+            self._deleter = ThreadPoolExecutor(1, thread_name_prefix="orchmode-trash")
+        self._deleter.submit(remove_tree, trash)
+
+    # ---------------------------------------------------------------------------- merging
+
+    async def merge(self, change: Change) -> Merge:
+        """Merge ``change`` into the working directory: all of it, or none of it."""
+        (merge,) = await self.merge_all([change])
+        return merge
+
+    async def merge_all(self, changes: Sequence[Change]) -> list[Merge]:
+        """Merge ``changes`` in order into the working directory, each all or nothing.
+
+        Each is merged three-way into the tree the ones before it made (and the edits the
+        user made since the call began), in the private store; the directory is written
+        once, at the end. If a file to be written changed on disk meanwhile, nothing is
+        written and every change that would have been is a conflict.
+        """
+        await self.open()
+        stem = self._name("merge")
+        index = self.run / f"{stem}.index"
+        try:
+            start = await self._tree_of_workdir(index)
+            current = start
+            merges: list[Merge] = []
+            for change in changes:
+                merge = await self._combine(change, current, index)
+                merges.append(merge)
+                if merge.fate == "merged":
+                    current = merge.tree
+            if current == start:
+                return merges
+            written = await self._write_out(start, current, index)
+            if written.fate == "merged":
+                return merges
+            return [Merge("conflict", written.detail) if m.fate == "merged" else m for m in merges]
+        finally:
+            for leftover in self.run.glob(f"{stem}*"):
+                with contextlib.suppress(OSError):
+                    leftover.unlink()
+
+    async def _combine(self, change: Change, ours: str, index: Path) -> Merge:
+        """``change`` merged into the tree ``ours``, in the store only; its tree if merged."""
+        summary = summary_of(change)
+        if isinstance(summary, str):
+            return Merge("refused", (f"the patch cannot be read: {summary}",))
+        if not summary.files:
+            return Merge("no change")
+        refused = refusals(summary)
+        if refused:
+            return Merge("refused", tuple(refused))
+        links = any(
+            f.old_path is not None or "120000" in (f.new_mode, f.old_mode) for f in summary.files
+        )
+        return await self._merge(change, index, ours, check_links=links)
+
+    def prepare(self, change: Change) -> asyncio.Task[str | None]:
+        """Start working out the tree ``change`` makes of its snapshot (or None when its
+        snapshot is gone or it does not apply to it). Independent of every other change,
+        so it is done as soon as the worker ends, while its verifier runs; the merges at
+        the end of the call, which must go one at a time, only take it up."""
+        key = (change.base, change.digest)
+        task = self._theirs.get(key)
+        if task is None:
+            task = asyncio.create_task(self._theirs_tree(change))
+            # A failure is reported by the merge that awaits it; one never merged is dropped.
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
+            self._theirs[key] = task
+        return task
+
+    async def _theirs_tree(self, change: Change) -> str | None:
+        await self.open()
+        if not await self.has(change.base):
+            return None
+        index = self.run / f"{self._name('theirs')}.index"
+        try:
+            return await self._applied(f"{change.base}^{{tree}}", change.patch, index)
+        finally:
+            with contextlib.suppress(OSError):
+                index.unlink()
+
+    async def _applied(self, tree: str, patch: str, index: Path) -> str | None:
+        """The tree ``patch`` makes of ``tree``, or None when it does not apply to it."""
+        store = self._store_env(index)
+        await git("read-tree", tree, env=store, cwd=self.home)
+        code, _ = await git(
+            "apply", "--cached", "--binary", "-", env=store, cwd=self.home,
+            data=patch.encode(errors="surrogateescape"), ok=(0, 1),
+        )  # fmt: skip
+        if code != 0:
+            return None
+        _, out = await git("write-tree", env=store, cwd=self.home)
+        return out.decode().strip()
+
+    async def _merge(self, change: Change, index: Path, ours: str, *, check_links: bool) -> Merge:
+        based = await self.has(change.base)
+        base_tree = f"{change.base}^{{tree}}" if based else ours
+        if based:
+            theirs = await asyncio.shield(self.prepare(change))
+            if theirs is None:
+                return Merge("conflict", ("it does not apply to its own snapshot",))
+        else:  # its snapshot is gone (another machine's journal): it must fit as things are
+            theirs = await self._applied(ours, change.patch, index)
+            if theirs is None:
+                why = "its snapshot is gone and it does not apply to the tree as it is"
+                return Merge("conflict", (why,))
+        links = await self._link_refusals(base_tree, theirs) if check_links else []
+        if links:
+            return Merge("refused", tuple(links))
+        if not based or await self._same_tree(ours, base_tree):
+            merged = theirs
+        else:
+            mine = await self._commit(ours, change.base)
+            other = await self._commit(theirs, change.base)
+            code, out = await git(
+                "merge-tree", "--write-tree", "--name-only", "--no-messages", mine, other,
+                env=self._store_env(), cwd=self.home, ok=(0, 1),
+            )  # fmt: skip
+            lines = out.decode(errors="surrogateescape").splitlines()
+            if code != 0:
+                conflicts = tuple(dict.fromkeys(line for line in lines[1:] if line))
+                return Merge("conflict", conflicts)
+            merged = lines[0].strip()
+        return Merge("merged", tree=merged)
+
+    async def _link_refusals(self, before: str, after: str) -> list[str]:
+        """Refusals for the symbolic links the change leaves, judged on the trees: a link
+        moved by a pure rename has no mode in the patch text, but it has one here."""
+        _, out = await git(
+            "diff-tree",
+            "-r",
+            "-z",
+            "--no-renames",
+            before,
+            after,
+            env=self._store_env(),
+            cwd=self.home,
+        )
+        fields = out.split(b"\0")
+        links: list[FileChange] = []
+        for meta, raw in zip(fields[::2], fields[1::2], strict=False):
+            parts = meta.decode().lstrip(":").split()
+            if len(parts) < 5 or parts[1] != "120000":
+                continue
+            _, target = await git(
+                "cat-file", "blob", parts[3], env=self._store_env(), cwd=self.home
+            )
+            name = raw.decode(errors="surrogateescape")
+            links.append(
+                FileChange(
+                    name,
+                    None,
+                    "added",
+                    0,
+                    0,
+                    False,
+                    None,
+                    "120000",
+                    target.decode(errors="surrogateescape"),
+                )
+            )
+        return refusals(PatchSummary(tuple(links))) if links else []
+
+    async def _same_tree(self, tree: str, other: str) -> bool:
+        _, out = await git("rev-parse", tree, other, env=self._store_env(), cwd=self.home)
+        first, second = out.decode().split()
+        return first == second
+
+    async def _commit(self, tree: str, parent: str) -> str:
+        _, out = await git(
+            "commit-tree",
+            tree,
+            "-p",
+            parent,
+            "-m",
+            "orchmode merge",
+            env=self._store_env(),
+            cwd=self.home,
+        )
+        return out.decode().strip()
+
+    async def _write_out(self, ours: str, merged: str, index: Path) -> Merge:
+        """Write the files that differ between the tree as it was and the merged one, after
+        checking that none of them changed meanwhile."""
+        store = self._store_env(index)
+        _, out = await git(
+            "diff-tree",
+            "-r",
+            "-z",
+            "--no-renames",
+            "--name-status",
+            ours,
+            merged,
+            env=store,
+            cwd=self.home,
+        )
+        fields = out.split(b"\0")
+        changed: list[tuple[str, str]] = []
+        for code, raw in zip(fields[::2], fields[1::2], strict=False):
+            if code:
+                changed.append((code.decode(), raw.decode(errors="surrogateescape")))
+        if not changed:
+            return Merge("merged", tree=merged)
+        prefix = self._repo.prefix if self._repo is not None else ""
+        moved = await self._changed_since(ours, [p for _, p in changed], prefix)
+        if moved:
+            return Merge("conflict", tuple(f"{p} (changed while merging)" for p in moved))
+        writes = [path for status, path in changed if status != "D"]
+        for status, path in changed:
+            if status == "D":
+                self._delete(path)
+        if writes:
+            work = {**store, "GIT_WORK_TREE": str(self.workdir)}
+            await git("read-tree", merged, env=work, cwd=self.workdir)
+            listing = b"\0".join(p.encode(errors="surrogateescape") for p in writes) + b"\0"
+            await git(
+                "checkout-index", "-f", "-z", "--stdin", env=work, cwd=self.workdir, data=listing
+            )
+        return Merge("merged", tree=merged)
+
+    async def _changed_since(self, ours: str, paths: list[str], prefix: str) -> list[str]:
+        """The paths whose content on disk is no longer what the tree ``ours`` says."""
+        _, out = await git(
+            "ls-tree", "-r", "-z", ours, "--", *paths, env=self._store_env(), cwd=self.home
+        )
+        expected: dict[str, str] = {}
+        for entry in out.split(b"\0"):
+            if entry:
+                meta, _, name = entry.partition(b"\t")
+                expected[name.decode(errors="surrogateescape")] = meta.split()[2].decode()
+        present = [p for p in paths if os.path.lexists(self.workdir / p)]
+        actual: dict[str, str] = {}
+        regular = [
+            p
+            for p in present
+            if not os.path.islink(self.workdir / p) and os.path.isfile(self.workdir / p)
+        ]
+        if regular:
+            names = "\n".join(str(self.workdir / p) for p in regular)
+            listing = names.encode(errors="surrogateescape") + b"\n"
+            _, out = await git(
+                "hash-object",
+                "--no-filters",
+                "--stdin-paths",
+                env={},
+                cwd=self.workdir,
+                data=listing,
+            )
+            actual.update(zip(regular, out.decode().split(), strict=True))
+        for p in present:
+            if os.path.islink(self.workdir / p):
+                target = os.readlink(self.workdir / p).encode(errors="surrogateescape")
+                _, out = await git("hash-object", "--stdin", env={}, cwd=self.workdir, data=target)
+                actual[p] = out.decode().strip()
+        return [p for p in paths if expected.get(p) != actual.get(p)]
+
+    def _delete(self, relative: str) -> None:
+        path = self.workdir / relative
+        parent = Path(os.path.realpath(path.parent))
+        if not parent.is_relative_to(self.workdir):
+            raise TreeError(f"{relative}: its directory leads outside the working directory")
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        for directory in path.parents:  # as git does: no directory left empty by it
+            if directory == self.workdir or not directory.is_relative_to(self.workdir):
+                break
+            try:
+                directory.rmdir()
+            except OSError:
+                break
+
+
+def ignore_state(state: Path) -> None:
+    """A ``.gitignore`` of ``*`` in orchmode's state dir: git (the user's, and every
+    snapshot's) never sees the journal, the results or the copies."""
+    marker = state / ".gitignore"
+    if not marker.exists():
+        with contextlib.suppress(OSError):
+            marker.write_text("*\n")
+
+
+def _safe(stem: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "-" for c in stem)[:40] or "agent"
+
+
+def remove_tree(path: Path) -> None:
+    """Remove a copy, even one whose agent made files read-only."""
+
+    def writable(function: object, name: str, _exc: object) -> None:
+        with contextlib.suppress(OSError):
+            os.chmod(os.path.dirname(name), 0o700)
+            os.chmod(name, 0o700)
+            if os.path.isdir(name) and not os.path.islink(name):
+                shutil.rmtree(name, ignore_errors=True)
+            else:
+                os.unlink(name)
+
+    if path.exists() or path.is_symlink():
+        shutil.rmtree(path, onerror=writable)
+
+
+def sweep_dead_runs(runs: Path) -> list[Path]:
+    """Remove the copies of orchmode processes on this host that are gone; which ones."""
+    removed: list[Path] = []
+    host = socket.gethostname()
+    with contextlib.suppress(OSError):
+        for entry in runs.iterdir():
+            owner, _, rest = entry.name.rpartition("-")  # <host>-<pid>-<id>
+            owner_host, _, pid = owner.rpartition("-")
+            if owner_host != host or not pid.isdigit() or not rest:
+                continue
+            if int(pid) == os.getpid() or _alive(int(pid)):
+                continue
+            remove_tree(entry)
+            removed.append(entry)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True

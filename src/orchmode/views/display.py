@@ -1,0 +1,106 @@
+"""How a run shows its progress on stderr: a Rich live view, plain lines, or JSON lines.
+
+Kept apart from :mod:`orchmode.live` so choosing a mode, and the plain and JSON outputs,
+never import Rich: only the live view pays for it, and ``orchmode --help`` stays quick.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal, Protocol, TextIO
+
+from ..core.events import Event
+from .progress import StderrProgress
+from .totals import SessionTotals
+
+DisplayMode = Literal["live", "plain", "json"]
+
+
+def choose_mode(*, json_lines: bool, plain: bool, stream: TextIO) -> DisplayMode:
+    """The flags decide; without one, a terminal gets the live view and a pipe plain lines."""
+    if json_lines:
+        return "json"
+    if plain:
+        return "plain"
+    isatty = getattr(stream, "isatty", None)
+    return "live" if isatty is not None and isatty() else "plain"
+
+
+def event_record(event: Event) -> dict[str, Any]:
+    """An event as a JSON-ready dict: its fields, nested usage included, and its kind."""
+    return {"kind": type(event).__name__, **asdict(event)}
+
+
+@dataclass
+class JsonLines:
+    """One JSON object per event per line, for programs that watch a run."""
+
+    stream: TextIO = field(default_factory=lambda: sys.stderr)
+
+    def __call__(self, event: Event) -> None:
+        self.write(event_record(event))
+
+    def write(self, record: dict[str, Any]) -> None:
+        print(json.dumps(record, ensure_ascii=False), file=self.stream, flush=True)
+
+
+class Display(Protocol):
+    """What a run needs from its progress output: events in, notices out, a final stop."""
+
+    def __call__(self, event: Event) -> None: ...
+
+    def notice(self, text: str) -> None:
+        """orchmode's own remarks (``[session] resuming …``), in the display's format."""
+
+    def stop(self) -> None:
+        """Leave the terminal tidy: called when a turn is cut short and at the end."""
+
+
+@dataclass
+class PlainDisplay:
+    stream: TextIO = field(default_factory=lambda: sys.stderr)
+
+    def __post_init__(self) -> None:
+        self._progress = StderrProgress(self.stream)
+
+    def __call__(self, event: Event) -> None:
+        self._progress(event)
+
+    def notice(self, text: str) -> None:
+        print(text, file=self.stream, flush=True)
+
+    def stop(self) -> None:
+        pass
+
+
+@dataclass
+class JsonDisplay:
+    """Events and notices alike are JSON lines, so every line on stderr parses."""
+
+    stream: TextIO = field(default_factory=lambda: sys.stderr)
+
+    def __post_init__(self) -> None:
+        self._lines = JsonLines(self.stream)
+
+    def __call__(self, event: Event) -> None:
+        self._lines(event)
+
+    def notice(self, text: str) -> None:
+        self._lines.write({"kind": "Notice", "text": text})
+
+    def stop(self) -> None:
+        pass
+
+
+def make_display(mode: DisplayMode, totals: SessionTotals, stream: TextIO | None = None) -> Display:
+    """The display for ``mode``, writing to ``stream`` (stderr unless told otherwise)."""
+    out = stream or sys.stderr
+    if mode == "json":
+        return JsonDisplay(out)
+    if mode == "live":
+        from .live import LiveView  # Rich is imported only here
+
+        return LiveView.on_stream(out, totals)
+    return PlainDisplay(out)

@@ -1,0 +1,398 @@
+"""The Rich live view of a run on a terminal: commands, each Workflow call's agents, totals.
+
+An event subscriber like the plain progress, but it keeps state — every agent's row from
+queued to its verdict — and redraws it in place. Each user turn gets its own live region,
+started by ``TurnStarted`` and stopped by ``TurnDone`` (or :meth:`LiveView.stop` when a
+turn is cut short), so the answers printed between turns never fight with the redraws.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TextIO, cast
+
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from ..core.events import (
+    BashDone,
+    BashStarted,
+    BudgetStatus,
+    ChangeSettled,
+    ContextCompacted,
+    Event,
+    FanoutDone,
+    FanoutStarted,
+    McpCallDone,
+    McpCallStarted,
+    ModelRequestDone,
+    ResultCondensed,
+    Role,
+    ScriptDone,
+    ScriptStarted,
+    SubagentDone,
+    SubagentStarted,
+    TokenUsage,
+    TurnDone,
+    TurnStarted,
+)
+from .progress import CHANGE_STYLES, compaction_text, condensed_text
+from .totals import SessionTotals
+
+QUEUED = "queued"
+RUNNING = "running"
+JOURNAL = "journal hit"
+DONE = "done"
+FAILED = "failed"
+SKIPPED = "skipped by budget"
+
+#: Commands kept on screen; a long turn shows its latest ones and how many came before.
+COMMANDS_SHOWN = 12
+
+_STYLES = {
+    QUEUED: "dim",
+    RUNNING: "yellow",
+    JOURNAL: "cyan",
+    DONE: "green",
+    FAILED: "red",
+    SKIPPED: "magenta",
+}
+
+
+def _short(text: str, width: int) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= width else line[: width - 1] + "…"
+
+
+def _tokens(usage: TokenUsage) -> int:
+    return usage.total_input + usage.output_tokens
+
+
+def _change_cell(change: ChangeSettled | None) -> Text | str:
+    """``+10 −2 merged``, ``+3 −1 conflict``, ``+1 −0 not merged (refuted)``."""
+    if change is None:
+        return ""
+    fate = change.fate
+    if fate == "not merged" and change.detail:
+        fate += f" ({_short(change.detail, 30)})"
+    style = CHANGE_STYLES.get(change.fate, "")
+    return Text(_short(f"+{change.added} −{change.removed} {fate}", 40), style=style)
+
+
+@dataclass
+class AgentRow:
+    index: int
+    role: Role
+    title: str = ""
+    state: str = QUEUED
+    status: str = ""
+    turns: int = 0
+    usage: TokenUsage = field(default_factory=TokenUsage)
+    cost: float = 0.0
+    started: float | None = None
+    duration: float | None = None
+    verdict: str | None = None
+    #: the bash command it is running at this moment, if any
+    running: str = ""
+    #: the Ray node it runs on; empty in the user's own process
+    node: str = ""
+    #: what became of a worker's change to its copy of the tree, once settled
+    change: ChangeSettled | None = None
+
+    def elapsed(self, now: float) -> float | None:
+        if self.duration is not None:
+            return self.duration
+        return now - self.started if self.started is not None else None
+
+
+@dataclass
+class CallView:
+    """One Workflow call: a fan-out of ``subtasks`` chains, or a script's agents."""
+
+    call: int
+    script: bool = False
+    subtasks: int = 0
+    not_run: int = 0
+    rows: dict[tuple[int, Role], AgentRow] = field(default_factory=dict)
+    duration: float | None = None
+    error: str | None = None
+    #: set when the model got this call's result condensed to fit the result budget
+    condensed: ResultCondensed | None = None
+
+    def row(self, index: int, role: Role) -> AgentRow:
+        key = (index, role)
+        if key not in self.rows:
+            self.rows[key] = AgentRow(index, role)
+        return self.rows[key]
+
+    def wave(self, role: Role) -> tuple[int, int]:
+        """(finished, expected) for one wave; a fan-out expects one of each per subtask."""
+        rows = [r for r in self.rows.values() if r.role == role]
+        finished = sum(r.state not in (QUEUED, RUNNING) for r in rows)
+        expected = len(rows) if self.script else max(self.subtasks, len(rows))
+        return finished, expected
+
+
+@dataclass
+class LiveView:
+    """The live view's state, fed by events; :meth:`renderable` draws it at any moment."""
+
+    totals: SessionTotals
+    console: Console | None = None
+    clock: Callable[[], float] = time.monotonic
+    calls: dict[int, CallView] = field(default_factory=dict)
+    commands: list[BashDone | McpCallDone] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.began = self.clock()
+        self.commands_before = 0
+        #: the budget as the last Workflow call left it (none before the first)
+        self.budget_line = ""
+        #: the turn's latest compaction, and how many there were: why an agent forgot
+        self.compaction: ContextCompacted | None = None
+        self.compactions = 0
+        self._lock = threading.Lock()  # Rich redraws from its own thread
+        self._live: Live | None = None
+
+    @classmethod
+    def on_stream(cls, stream: TextIO, totals: SessionTotals) -> LiveView:
+        return cls(totals, Console(file=stream, stderr=True))
+
+    def __call__(self, event: Event) -> None:
+        with self._lock:
+            self._apply(event)
+        if isinstance(event, TurnStarted):
+            self._start()
+        elif isinstance(event, TurnDone):
+            self.stop()
+        elif self._live is not None:
+            self._live.refresh()
+
+    def notice(self, text: str) -> None:
+        console = self.console or Console(stderr=True)
+        if self._live is not None:
+            self._live.console.print(Text(text))  # printed above the live region
+        else:
+            console.print(Text(text), soft_wrap=True)
+
+    def _start(self) -> None:
+        if self.console is None or self._live is not None:
+            return
+        self._live = Live(
+            console=self.console,
+            get_renderable=self._locked_render,
+            refresh_per_second=4,
+            redirect_stdout=False,
+            redirect_stderr=False,
+        )
+        self._live.start()
+
+    def stop(self) -> None:
+        """Draw the final frame and give the terminal back."""
+        live, self._live = self._live, None
+        if live is not None:
+            live.stop()
+
+    def _locked_render(self) -> RenderableType:
+        with self._lock:
+            return self.renderable()
+
+    def _apply(self, event: Event) -> None:
+        match event:
+            case TurnStarted():
+                self.calls.clear()
+                self.commands.clear()
+                self.commands_before = 0
+                self.compaction, self.compactions = None, 0
+            case BashStarted(agent=agent, command=command):
+                row = self._row_of(agent)
+                if row is not None:
+                    row.running = command
+            case McpCallStarted(agent=agent):
+                row = self._row_of(agent)
+                if row is not None:
+                    row.running = f"mcp {event.server}/{event.tool}"
+            case BashDone() | McpCallDone():
+                row = self._row_of(event.agent)
+                if row is not None:
+                    row.running = ""
+                self.commands.append(event)
+                if len(self.commands) > COMMANDS_SHOWN:
+                    self.commands.pop(0)
+                    self.commands_before += 1
+            case FanoutStarted(call=call, subtasks=n, not_run=not_run):
+                view = self.calls.setdefault(call, CallView(call))
+                view.subtasks, view.not_run = n, not_run
+                for index in range(1, n + 1):
+                    view.row(index, "worker")
+            case ScriptStarted(call=call):
+                self.calls.setdefault(call, CallView(call, script=True))
+            case SubagentStarted(call=call, index=index, role=role, title=title):
+                view = self._call(call)
+                row = view.row(index, role)
+                if role == "verifier":  # its prompt is the verify brief: show the subtask
+                    title = view.row(index, "worker").title or title
+                row.title, row.state, row.started = title, RUNNING, self.clock()
+                if event.node:  # a rerun after a lost node starts again elsewhere
+                    row.node = event.node
+            case SubagentDone(call=call, index=index, role=role):
+                row = self._call(call).row(index, role)
+                row.status, row.turns, row.verdict = event.status, event.turns, event.verdict
+                row.usage, row.cost, row.duration = event.usage, event.cost, event.duration
+                row.state = self._state(event)
+                if event.node:
+                    row.node = event.node
+                if not row.title and role == "verifier":
+                    row.title = self._call(call).row(index, "worker").title
+            case ModelRequestDone(agent=agent):
+                self._count_request(agent, event.usage, event.cost)
+            case BudgetStatus(line=line):
+                self.budget_line = line
+            case FanoutDone(call=call, duration=duration):
+                self._call(call).duration = duration
+            case ScriptDone(call=call, duration=duration, error=error):
+                view = self._call(call)
+                view.duration, view.error = duration, error
+            case ContextCompacted():
+                self.compaction = event
+                self.compactions += 1
+            case ResultCondensed(call=call):
+                self._call(call).condensed = event
+            case ChangeSettled(call=call, index=index):
+                self._call(call).row(index, "worker").change = event
+
+    @staticmethod
+    def _state(event: SubagentDone) -> str:
+        if event.from_journal:
+            return JOURNAL
+        if event.status == "finished":
+            return DONE
+        return SKIPPED if event.status == "skipped" else FAILED
+
+    def _call(self, call: int) -> CallView:
+        return self.calls.setdefault(call, CallView(call))
+
+    def _row_of(self, agent: str) -> AgentRow | None:
+        """The row of a subagent named like ``worker 2.7`` (call 2, subtask 7), if shown."""
+        role, _, place = agent.partition(" ")
+        call, _, index = place.partition(".")
+        if role not in ("worker", "verifier") or not (call.isdigit() and index.isdigit()):
+            return None
+        view = self.calls.get(int(call))
+        return view.rows.get((int(index), cast(Role, role))) if view else None
+
+    def _count_request(self, agent: str, usage: TokenUsage, cost: float) -> None:
+        """A running agent's tokens so far, from its requests."""
+        row = self._row_of(agent)
+        if row is not None and row.state == RUNNING:
+            row.usage, row.cost = row.usage + usage, row.cost + cost
+
+    def renderable(self) -> RenderableType:
+        now = self.clock()
+        parts: list[RenderableType] = []
+        if self.commands:
+            parts.append(self._commands())
+        for view in self.calls.values():
+            parts.append(self._table(view, now))
+            if view.condensed is not None:  # a line under its table, the layout unchanged
+                parts.append(Text(condensed_text(view.condensed), style="yellow"))
+        if self.compaction is not None:
+            parts.append(self._context_line(self.compaction))
+        parts.append(self.footer(now))
+        return Group(*parts)
+
+    def _context_line(self, latest: ContextCompacted) -> Text:
+        """The turn's latest compaction, above the footer, and how many came before it."""
+        earlier = self.compactions - 1
+        before = f" ({earlier} earlier this turn)" if earlier else ""
+        return Text(f"context{before} · {latest.agent}: {compaction_text(latest)}", style="yellow")
+
+    def _commands(self) -> Table:
+        title = "commands"
+        if self.commands_before:
+            title += f" ({self.commands_before} earlier not shown)"
+        table = Table(title=title, title_justify="left", show_header=False, box=None)
+        for column in ("agent", "command", "took", "status"):
+            table.add_column(column, no_wrap=column != "command")
+        for done in self.commands:
+            if isinstance(done, McpCallDone):
+                shown = f"mcp {done.server}/{done.tool}"
+                status = "ok" if done.ok else f"error: {_short(done.error, 40)}"
+                good = done.ok
+            else:
+                shown = "$ " + done.command
+                status = "timed out" if done.timed_out else f"exit {done.exit_code}"
+                good = done.exit_code == 0 and not done.timed_out
+            table.add_row(
+                Text(f"[{done.agent}]"),
+                Text(_short(shown, 102)),
+                f"{done.duration:.1f} s",
+                Text(status, style="green" if good else "red"),
+            )
+        return table
+
+    def _table(self, view: CallView, now: float) -> Table:
+        workers, verifiers = view.wave("worker"), view.wave("verifier")
+        kind = "script" if view.script else "fan-out"
+        title = (
+            f"Workflow {view.call} ({kind}) · workers {workers[0]}/{workers[1]} · "
+            f"verifiers {verifiers[0]}/{verifiers[1]}"
+        )
+        if view.not_run:
+            title += f" · {view.not_run} over the per-call limit not run"
+        if view.duration is not None:
+            title += f" · done in {view.duration:.1f} s"
+        if view.error:
+            title += f" · failed: {_short(view.error, 60)}"
+        table = Table(title=title, title_justify="left", expand=False)
+        table.add_column("#", justify="right")
+        table.add_column("subtask", max_width=48, no_wrap=True, overflow="ellipsis")
+        # Only a call with an agent on a cluster node shows where each ran.
+        nodes = any(row.node for row in view.rows.values())
+        for name in ("role", "node", "state") if nodes else ("role", "state"):
+            table.add_column(name, no_wrap=True)
+        for name in ("turns", "tokens", "cost", "elapsed"):
+            table.add_column(name, justify="right", no_wrap=True)
+        table.add_column("now", max_width=40, no_wrap=True, overflow="ellipsis")
+        table.add_column("verdict", no_wrap=True)
+        # Only a call whose workers changed their copies of the tree shows what became of it.
+        changes = any(row.change for row in view.rows.values())
+        if changes:
+            table.add_column("change", max_width=40, no_wrap=True, overflow="ellipsis")
+        order = {"worker": 0, "verifier": 1, "main": 2}
+        for row in sorted(view.rows.values(), key=lambda r: (r.index, order[r.role])):
+            elapsed = row.elapsed(now)
+            state = row.state if row.state != FAILED else f"{FAILED} ({row.status})"
+            where = [Text(row.node)] if nodes else []
+            table.add_row(
+                str(row.index),
+                Text(row.title or "…"),
+                row.role,
+                *where,
+                Text(state, style=_STYLES[row.state]),
+                str(row.turns) if row.turns else "",
+                f"{_tokens(row.usage):,}" if _tokens(row.usage) else "",
+                f"${row.cost:.3f}" if row.cost else "",
+                f"{elapsed:.1f} s" if elapsed is not None else "",
+                Text("$ " + _short(row.running, 60)) if row.running else "",
+                row.verdict or "",
+                *([_change_cell(row.change)] if changes else []),
+            )
+        return table
+
+    def footer(self, now: float | None = None) -> Text:
+        """Session totals: tokens, the share of input read from cache, dollars, elapsed."""
+        total = self.totals.all
+        elapsed = (self.clock() if now is None else now) - self.began
+        budget = f" · budget: {self.budget_line}" if self.budget_line else ""
+        return Text(
+            f"session · {total.requests} requests · {_tokens(total.usage):,} tokens · "
+            f"{total.usage.cache_hit:.0%} cache hit · ${total.cost:.2f} · {elapsed:.1f} s"
+            f"{budget}",
+            style="bold",
+        )

@@ -1,0 +1,170 @@
+"""Plain progress lines on stderr, drawn from events: what the agents are doing, as it happens."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import TextIO
+
+from ..core.events import (
+    BashDone,
+    ChangeSettled,
+    ContextCompacted,
+    Event,
+    FanoutDone,
+    FanoutStarted,
+    McpCallDone,
+    ModelRequestDone,
+    ResultCondensed,
+    ScriptDone,
+    ScriptStarted,
+    SubagentDone,
+    TokenUsage,
+)
+from ..store.result_files import RESULTS_DIR
+
+#: A settled change's fate, coloured: merged is good news, a conflict or a refusal is not.
+CHANGE_STYLES = {
+    "merged": "green",
+    "conflict": "red",
+    "refused": "red",
+    "not merged": "yellow",
+    "kept": "cyan",
+}
+
+
+def _one_line(text: str, width: int = 100) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= width else line[: width - 1] + "…"
+
+
+def _usage(usage: TokenUsage, cost: float) -> str:
+    return (
+        f"{usage.total_input + usage.output_tokens:,} tokens, "
+        f"{usage.cache_hit:.0%} of input cached, ${cost:.3f}"
+    )
+
+
+def compaction_text(event: ContextCompacted) -> str:
+    """What a compaction did, in words: one wording for the progress lines, show and the report.
+
+    It says why the conversation shrank, so a reader who sees an agent forget a tool result
+    knows where its saved copy is, or that it is gone.
+    """
+    sizes = f"{event.tokens_before:,} → {event.tokens_after:,} tokens"
+    detail = event.detail or "old tool results"
+    match event.how:
+        case "stubbed":
+            what = f"stubbed {detail} (saved copies under {RESULTS_DIR}/)"
+        case "api":
+            what = "the API's context editing cleared old tool results"
+            what += f" ({event.detail})" if event.detail else ""
+        case "dropped":
+            what = "nothing more could be stubbed, so the part of the turn that could not fit "
+            what += "was let go" + (f" ({event.detail})" if event.detail else "")
+        case how:  # a kind this orchmode does not know: say what the record says
+            what = how + (f": {event.detail}" if event.detail else "")
+    refused = "; the API refused the request as too long, and it is being retried"
+    return f"{sizes} — {what}{refused if event.refused else ''}"
+
+
+def condensed_text(event: ResultCondensed) -> str:
+    """How much of a Workflow result the model saw, what it missed, and where the rest is."""
+    line = (
+        f"result condensed to {event.tokens_shown:,} of {event.tokens_full:,} tokens "
+        f"(budget {event.budget:,})"
+    )
+    if event.omitted:
+        line += f": {event.omitted}"
+    if event.path:
+        line += f"; full result: {event.path}"
+    return line
+
+
+def change_fate(event: ChangeSettled) -> str:
+    """A worker's change's fate, and why: ``conflict in a.py``, ``not merged (refuted)``."""
+    if event.fate == "merged":
+        return "merged"
+    if event.fate == "conflict":
+        return f"conflict in {event.detail or 'the tree'}"
+    return event.fate + (f" ({event.detail})" if event.detail else "")
+
+
+def change_count(event: ChangeSettled) -> str:
+    """The files text up to its list of files: ``2 files (+10 −2)``."""
+    return event.files.partition(":")[0].strip()
+
+
+def change_text(event: ChangeSettled, *, whole: bool = True) -> str:
+    """A worker's change settled: its fate, its files (``whole``) or their count, its patch."""
+    files = event.files.strip() if whole else change_count(event)
+    line = change_fate(event) + (f": {files}" if files else "")
+    if event.path:
+        line += f" — patch kept at {event.path}"
+    return line
+
+
+def mcp_call_text(event: McpCallDone) -> str:
+    """``mcp github/search  (0.4 s, ok)``: an MCP call as a plain line shows it."""
+    status = "ok" if event.ok else f"error: {_one_line(event.error) or 'failed'}"
+    return f"mcp {event.server}/{event.tool}  ({event.duration:.1f} s, {status})"
+
+
+@dataclass
+class StderrProgress:
+    stream: TextIO = field(default_factory=lambda: sys.stderr)
+
+    def __call__(self, event: Event) -> None:
+        line = self.describe(event)
+        if line:
+            print(line, file=self.stream, flush=True)
+
+    @classmethod
+    def describe(cls, event: Event) -> str | None:
+        line = cls._describe(event)
+        if line and isinstance(event, SubagentDone) and event.node:
+            line += f" on {event.node}"  # a Ray node; nothing when it ran in this process
+        return line
+
+    @staticmethod
+    def _describe(event: Event) -> str | None:
+        match event:
+            case BashDone(agent=agent, command=command, exit_code=code, timed_out=timed_out):
+                status = "timed out" if timed_out else f"exit {code}"
+                return f"[{agent}] $ {_one_line(command)}  ({event.duration:.1f} s, {status})"
+            case McpCallDone(agent=agent):
+                return f"[{agent}] {mcp_call_text(event)}"
+            case FanoutStarted(call=call, subtasks=n, not_run=not_run):
+                extra = f", {not_run} over the per-call limit not run" if not_run else ""
+                return f"[workflow {call}] fanning out {n} subtasks{extra}"
+            case SubagentDone(from_journal=True, role=role, call=call, index=i):
+                return f"[workflow {call}] {role} {i}: result taken from the journal"
+            case SubagentDone(role="verifier", call=call, index=i, verdict=verdict):
+                return (
+                    f"[workflow {call}] verify {i}: {verdict} "
+                    f"({event.duration:.1f} s, {_usage(event.usage, event.cost)})"
+                )
+            case SubagentDone(role=role, call=call, index=i, status=status, turns=turns):
+                return (
+                    f"[workflow {call}] {role} {i}: {status} after {turns} turns "
+                    f"({event.duration:.1f} s, {_usage(event.usage, event.cost)})"
+                )
+            case FanoutDone(call=call, duration=duration):
+                return f"[workflow {call}] done in {duration:.1f} s"
+            case ScriptStarted(call=call, lines=lines):
+                return f"[workflow {call}] running a script of {lines} lines"
+            case ScriptDone(call=call, duration=duration, agents=n, error=str(error)):
+                why = _one_line(error)
+                return f"[workflow {call}] script failed after {duration:.1f} s, {n} agents: {why}"
+            case ScriptDone(call=call, duration=duration, agents=n):
+                return f"[workflow {call}] script done in {duration:.1f} s, {n} agents"
+            case ContextCompacted(agent=agent):
+                return f"[context] {agent}: {compaction_text(event)}"
+            case ResultCondensed(call=call):
+                return f"[workflow {call}] {condensed_text(event)}"
+            case ChangeSettled(call=call, index=i):
+                line = f"[workflow {call}] change {call}.{i} {change_text(event, whole=False)}"
+                return " ".join(line.split())  # one line, whatever the file names hold
+            case ModelRequestDone(agent=agent, cache_miss=str(reason), cache_missed_tokens=n):
+                return f"[{agent}] prompt cache miss: {reason} ({n:,} tokens not read from cache)"
+        return None

@@ -1,0 +1,70 @@
+"""What a session has used so far: requests, tokens, the share read from cache, dollars.
+
+Built from ``ModelRequestDone`` events, live (as an event subscriber) or afterwards from the
+records in the store (:func:`orchmode.history.session_totals`), so a running session and
+``orchmode budget`` agree to the cent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..core.events import Event, ModelRequestDone, TokenUsage
+
+
+@dataclass
+class UsageTotals:
+    requests: int = 0
+    usage: TokenUsage = field(default_factory=TokenUsage)
+    cost: float = 0.0
+
+    def add(self, usage: TokenUsage, cost: float) -> None:
+        self.requests += 1
+        self.usage = self.usage + usage
+        self.cost += cost
+
+
+@dataclass
+class SessionTotals:
+    """Totals for the main agent and for the subagents, kept apart and together."""
+
+    main: UsageTotals = field(default_factory=UsageTotals)
+    subagents: UsageTotals = field(default_factory=UsageTotals)
+    cache_misses: int = 0
+
+    def __call__(self, event: Event) -> None:
+        if isinstance(event, ModelRequestDone):
+            part = self.main if event.agent == "main" else self.subagents
+            part.add(event.usage, event.cost)
+            self.cache_misses += event.cache_miss is not None
+
+    @property
+    def all(self) -> UsageTotals:
+        both = UsageTotals()
+        for part in (self.main, self.subagents):
+            both.requests += part.requests
+            both.usage = both.usage + part.usage
+            both.cost += part.cost
+        return both
+
+    def describe(self) -> str:
+        """One line: requests, input with its cached share, output, dollars."""
+        total = self.all
+        return (
+            f"{total.requests} model requests · {total.usage.total_input:,} input tokens "
+            f"({total.usage.cache_hit:.0%} read from cache) · "
+            f"{total.usage.output_tokens:,} output · ${total.cost:.2f}"
+        )
+
+    def describe_cache(self) -> str:
+        """The cache's share of input, for the main agent and the subagents apart."""
+        if not self.all.requests:
+            return "no model requests recorded"
+        parts = [
+            f"{name} {part.usage.cache_hit:.0%} of {part.usage.total_input:,}"
+            for name, part in (("main", self.main), ("subagents", self.subagents))
+            if part.requests
+        ]
+        misses = f"; {self.cache_misses} reported cache misses" if self.cache_misses else ""
+        share = self.all.usage.cache_hit
+        return f"{share:.0%} of input read from cache ({', '.join(parts)}){misses}"
