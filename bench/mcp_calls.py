@@ -8,7 +8,7 @@ drives the model requests. This benchmark starts the test suite's stdio server
 calls on each:
 
 - ``bare``: ``ClientSession.call_tool`` straight on the SDK's session — the ideal;
-- ``hub``: :meth:`orchmode.mcptools.McpHub.call` with tool_use blocks, as the agents do,
+- ``hub``: :meth:`orchmode.tools.mcptools.McpHub.call` with tool_use blocks, as the agents do,
   with a subscriber on its events and a secret to mask in every result.
 
 Both make 40 calls untimed first, then N calls (default 2,000) from C concurrent callers

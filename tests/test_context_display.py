@@ -38,17 +38,12 @@ from orchmode.store import EventRow
 from orchmode.store.records import EventRecorder, event_row
 from orchmode.store.sqlite import SQLiteStore
 from orchmode.views.display import JsonDisplay, PlainDisplay
-from orchmode.views.history import (
-    Command,
-    SessionHistory,
-    parse_row,
-    plain,
-    read_session,
-    transcript,
-)
+from orchmode.views.history import Command, SessionHistory, read_session
 from orchmode.views.live import LiveView
+from orchmode.views.recorded import parse_row
 from orchmode.views.report import render_report
 from orchmode.views.totals import SessionTotals
+from orchmode.views.transcript import plain, transcript
 from recorded_runs import orchmode
 from test_live import Clock, render, rows_of
 from test_report import PAYLOAD, Dom, assert_self_contained

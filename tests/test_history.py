@@ -29,18 +29,11 @@ from orchmode.core.events import (
 )
 from orchmode.store import EventRow
 from orchmode.store.records import event_row
-from orchmode.views.history import (
-    RUN_COLUMNS,
-    answers,
-    format_columns,
-    parse_report,
-    parse_row,
-    print_lines,
-    print_table,
-    read_session,
-    run_rows,
-    transcript,
-)
+from orchmode.views.findings import parse_report
+from orchmode.views.history import answers, read_session
+from orchmode.views.recorded import parse_row
+from orchmode.views.run_table import RUN_COLUMNS, format_columns, print_table, run_rows
+from orchmode.views.transcript import print_lines, transcript
 from recorded_runs import (
     FindingsScenario,
     agents_done,

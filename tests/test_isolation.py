@@ -16,7 +16,7 @@ import pytest
 from conftest import StartServer, gateway_for, settings_for, store_for
 from orchmode.core.events import ChangeSettled, Event, EventBus
 from orchmode.session.agent import Session
-from orchmode.shell.sandbox import probe
+from orchmode.shell.bwrap import probe
 from orchmode.testing import ScriptedServer
 from orchmode.testing.scenario import OrchestrationScenario
 from recorded_runs import kill_run_when, orchmode, worker_prompts

@@ -569,7 +569,11 @@ CONTENT_LINES = st.sampled_from(
 CONTENTS = st.builds(
     lambda lines, newline: "\n".join(lines) + ("\n" if newline and lines else ""),
     st.lists(
-        st.one_of(CONTENT_LINES, st.text(st.characters(blacklist_characters="\0\n"))), max_size=12
+        st.one_of(
+            CONTENT_LINES,
+            st.text(st.characters(blacklist_characters="\0\n", blacklist_categories=["Cs"])),
+        ),
+        max_size=12,
     ),
     st.booleans(),
 )

@@ -19,7 +19,7 @@ from orchmode.executors.local import LocalExecutor
 from orchmode.executors.pool import Pace, Ready, SandboxPool
 from orchmode.session.agent import Session
 from orchmode.shell.bash import BashSession
-from orchmode.shell.sandbox import probe
+from orchmode.shell.bwrap import probe
 from orchmode.store.sqlite import SQLiteStore
 from orchmode.testing import ScriptedServer
 from orchmode.testing.scenario import OrchestrationScenario

@@ -26,8 +26,10 @@ from conftest import gateway_for, store_for
 from orchmode.core.settings import SandboxMode, Settings
 from orchmode.session.agent import Session
 from orchmode.shell.bash import BashSession, ShellResult
+from orchmode.shell.bwrap import probe
 from orchmode.shell.environment import command_environment
-from orchmode.shell.sandbox import Sandbox, SandboxPolicy, probe
+from orchmode.shell.policy import SandboxPolicy
+from orchmode.shell.sandbox import Sandbox
 from orchmode.testing import ScriptedServer
 from orchmode.testing.scenario import OrchestrationScenario
 from recorded_runs import API_KEY, base_env, orchmode
@@ -446,8 +448,9 @@ async def test_nothing_outlives_a_closed_shell(shells: Shells, work: Path) -> No
 _ORPHAN_MAKER = """
 import asyncio, sys
 from pathlib import Path
-from orchmode.sandbox import Sandbox, SandboxPolicy
-from orchmode.shell import BashSession
+from orchmode.shell.policy import SandboxPolicy
+from orchmode.shell.sandbox import Sandbox
+from orchmode.shell.bash import BashSession
 
 async def main() -> None:
     work = Path(sys.argv[1])

@@ -13,7 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchmode.shell.bash import BashSession, ShellResult, _OutputCollector
+from orchmode.shell.bash import BashSession, ShellResult
+from orchmode.shell.output import _OutputCollector
 
 # ---------------------------------------------------------------------------- helpers
 

@@ -12,7 +12,9 @@ import pytest
 from orchmode.core.events import TokenUsage
 from orchmode.core.results import AgentResult, Change, Status
 from orchmode.store import Store
-from orchmode.trees.copies import TreeError, Trees, run_name, sweep_dead_runs
+from orchmode.trees.copies import Trees
+from orchmode.trees.git import TreeError
+from orchmode.trees.runs import run_name, sweep_dead_runs
 from test_isolation import GIT, git_out, repo
 
 make_repo = repo  # a committed repository

@@ -29,8 +29,8 @@ from ..session.resume import interrupted
 from ..store import Store
 from ..store.records import EventRecorder
 from ..views.display import Display, DisplayMode, make_display
-from ..views.history import session_totals
 from ..views.markdown import print_answer
+from ..views.recorded import session_totals
 from ..views.totals import SessionTotals
 
 PROMPT = "you> "

@@ -455,7 +455,7 @@ async def _interrupted_run(settings: Settings, workdir: Path, task: str) -> str 
 
 async def _budget(settings: Settings, workdir: Path) -> None:
     from ..store import open_store
-    from ..views.history import session_totals
+    from ..views.recorded import session_totals
 
     store = await open_store(settings.store_url(workdir))
     try:
@@ -609,7 +609,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
-    from ..views.history import RUN_COLUMNS, print_table, run_rows
+    from ..views.run_table import RUN_COLUMNS, print_table, run_rows
 
     settings = _settings(args)
     location, count, histories = asyncio.run(
@@ -631,7 +631,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from ..views.history import print_lines, transcript
+    from ..views.transcript import print_lines, transcript
 
     settings = _settings(args)
     _, _, (history,) = asyncio.run(_histories(settings, _workdir(settings), args.run))

@@ -152,7 +152,7 @@ class SubagentDone:
     cost: float = 0.0
     #: The Ray node it ran on; empty when it ran in the user's own process.
     node: str = ""
-    #: The file holding its full result (see :mod:`orchmode.results`); empty if none.
+    #: The file holding its full result (see :mod:`orchmode.store.result_files`); empty if none.
     report_path: str = ""
 
 

@@ -22,7 +22,7 @@ ENV_PREFIX = "ORCHMODE_"
 LEGACY_JOURNAL_ENV = "ORCH_JOURNAL"
 
 Effort = Literal["low", "medium", "high", "xhigh", "max"]
-#: Where model-written bash runs; see :mod:`orchmode.sandbox`.
+#: Where model-written bash runs; see :mod:`orchmode.shell.sandbox`.
 SandboxMode = Literal["workspace-write", "read-only", "off"]
 NoticeDelivery = Literal["system", "user-text"]
 #: Who makes room in a conversation that nears its window: the API first, or only orchmode.

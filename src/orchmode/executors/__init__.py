@@ -1,4 +1,6 @@
-"""Where subagents run: in this process (``local``) or on a Ray cluster's nodes (``ray``).
+"""Where and how subagents run: the subagent loop, in this process or on a Ray cluster.
+
+``local`` runs them as coroutines here; ``ray`` on a cluster's nodes.
 
 The fan-out decides *what* runs — journal, claims, budget, slots — and hands each subagent
 that must run to an executor as a :class:`Job`. The executor runs it wherever it runs

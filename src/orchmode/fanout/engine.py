@@ -42,13 +42,11 @@ from ..trees.copies import Trees
 from ..trees.patches import describe_change
 from .changes import Candidate, settle_changes
 from .condense import SubtaskEntry, fit_result, full_text
+from .plans import title, verdict_of
+from .slots import VERIFIER_PRIORITY, PrioritySlots, Relay
 
 if TYPE_CHECKING:
     from ..tools.mcptools import McpHub
-
-
-from .plans import title, verdict_of
-from .slots import VERIFIER_PRIORITY, PrioritySlots, Relay
 
 #: Times a subagent is run again after its node was lost, before it counts as failed.
 RERUNS = 3

@@ -1,15 +1,13 @@
-"""What a Workflow call asks for, read from the model's input: its form, its subtasks, its
-isolation; and how a verifier's verdict is read back. Pure functions, no I/O.
+"""What a Workflow call asks for, read from the model's input: form, subtasks, isolation.
+
+And how a verifier's verdict is read back from its result. Pure functions, no I/O, so the
+hypothesis tests can throw any input at them.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    pass
 
 
 def normalise_subtasks(raw: object) -> list[str]:

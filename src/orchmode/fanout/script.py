@@ -121,7 +121,7 @@ async def run_script(
     """The tool result of one Workflow call with a script, and whether it is an error.
 
     ``tokens`` is the most the result may take; a larger value is condensed (see
-    :func:`orchmode.condense.fit_value`) and the whole of it saved to a file.
+    :func:`orchmode.fanout.condense.fit_value`) and the whole of it saved to a file.
     """
     if not isinstance(source, str) or not source.strip():
         return 'error: "script" must be a non-empty string holding a Python program', True

@@ -1,6 +1,7 @@
 """Slots for agents: at most ``max_concurrent`` run at once, verifiers before queued workers.
 
-A worker's slot is relayed to its verifier, so a chain that has started finishes first.
+A worker hands its slot on to a verifier, never to a worker that queued meanwhile, so a
+started chain finishes as soon as it can.
 """
 
 from __future__ import annotations
@@ -10,10 +11,6 @@ import heapq
 import itertools
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    pass
 
 
 class PrioritySlots:

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from ..core.errors import OrchmodeError
 from ..core.events import FanoutDone, FanoutStarted
@@ -24,17 +22,11 @@ from ..core.results import AgentResult, Status
 from ..executors import TreeJob
 from ..store import BudgetState
 from .condense import AgentEntry, SubtaskEntry
-
-if TYPE_CHECKING:
-    pass
-
-
 from .engine import SKIPPED, FanoutEngine
 from .plans import BAD_ISOLATION, isolation_of, plan_subtasks, title, workflow_form
 from .slots import VERIFIER_PRIORITY, WORKER_PRIORITY, Relay
 
 
-@dataclass
 class Workflow(FanoutEngine):
     """The session's Workflow tool: the engine, plus the flat fan-out and the call's result."""
 

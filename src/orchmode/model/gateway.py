@@ -2,9 +2,9 @@
 
 Every request carries ``output_config.effort``, the per-request timeout and top-level
 automatic prompt caching, so a multi-turn loop reads its growing prefix from the cache.
-SDK and transport errors are turned into :mod:`orchmode.errors` exceptions here, so the
+SDK and transport errors are turned into :mod:`orchmode.core.errors` exceptions here, so the
 loops above never see an HTTP library. On Amazon Bedrock and Google Vertex AI (see
-:mod:`orchmode.providers`) what the endpoint is not known to take is left out or sent in
+:mod:`orchmode.model.providers`) what the endpoint is not known to take is left out or sent in
 a form it does take, and the gateway says so once.
 """
 
@@ -349,7 +349,7 @@ class ModelGateway:
 
     @property
     def client(self) -> Client:
-        """The SDK client for the provider (see :func:`orchmode.providers.build_client`)."""
+        """The SDK client for the provider (see :func:`orchmode.model.providers.build_client`)."""
         if self._client is None:
             self._client = build_client(self.settings, self.credentials)
         return self._client

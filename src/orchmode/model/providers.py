@@ -357,8 +357,8 @@ class Credentials:
         """What ``provider`` needs, from the environment and the provider's own config chain.
 
         Anthropic: ``ANTHROPIC_API_KEY`` first, then ``ANTHROPIC_AUTH_TOKEN``, as the SDK
-        orders them. Bedrock and Vertex: see :func:`orchmode.providers.resolve_bedrock` and
-        :func:`~orchmode.providers.resolve_vertex`; neither needs an Anthropic key. Whatever
+        orders them. Bedrock and Vertex: see :func:`orchmode.model.providers.resolve_bedrock` and
+        :func:`~orchmode.model.providers.resolve_vertex`; neither needs an Anthropic key. Whatever
         is missing is a ConfigError or AuthError naming it, here at start-up.
         """
         if provider == "bedrock":

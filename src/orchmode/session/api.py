@@ -1,6 +1,6 @@
 """The library API: open a session from Python, run turns, switch the mode, see events, totals.
 
-A small typed layer over :mod:`orchmode.agent` for programs that drive orchmode themselves.
+A small typed layer over :mod:`orchmode.session.agent` for programs that drive orchmode themselves.
 Settings are built in code and credentials passed in, so no command line, environment
 variable or ``orchmode.toml`` is needed. Around the session it does what ``orchmode run``
 and ``orchmode chat`` do — the sandbox is checked before anything is spent, every event is
@@ -26,7 +26,7 @@ from ..core.settings import Settings
 from ..model.providers import Credentials
 from ..shell.sandbox import preflight
 from ..store.records import EventRecorder
-from ..views.history import session_totals
+from ..views.recorded import session_totals
 from ..views.totals import SessionTotals, UsageTotals
 from . import agent
 from .agent import TurnResult

@@ -3,21 +3,21 @@
 from __future__ import annotations
 
 import asyncio
-import codecs
 import contextlib
 import os
 import secrets
 import shlex
 import shutil
-import signal
 import subprocess
-import sys
 import tempfile
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Protocol
+
+from .output import _OutputCollector
+from .processes import _kill_tree, _signal_name, use_pidfd_child_watcher
 
 __all__ = ["BashSession", "ShellResult", "ShellSandbox"]
 
@@ -29,8 +29,6 @@ _DRAIN_GRACE = 1.0
 # Output that background jobs write between two commands is shown with the next command;
 # this caps how much of it we hold on to.
 _STRAY_CAP = 64 * 1024
-# The end-of-command line is "\n<nonce> <status>\n"; a status is a few digits at most.
-_STATUS_MAX_BYTES = 16
 
 # The shell's output pipe is duplicated onto this descriptor at start-up, and every command
 # runs with stdout/stderr redirected from it. The redirection is undone after each command,
@@ -42,7 +40,7 @@ _USAGE = 'send {"command": "<shell command>"} to run a command, or {"restart": t
 
 
 class ShellSandbox(Protocol):
-    """What runs bash inside a sandbox (see :mod:`orchmode.sandbox`) for one session.
+    """What runs bash inside a sandbox (see :mod:`orchmode.shell.sandbox`) for one session.
 
     ``argv`` is asked anew for every shell started, because the shell's private dir for
     command files (``tmpdir``) must be visible inside; an ``OSError`` it raises becomes
@@ -73,110 +71,6 @@ def _error(message: str, duration: float = 0.0) -> ShellResult:
     return ShellResult(
         output=message, is_error=True, exit_code=None, timed_out=False, duration=duration
     )
-
-
-class _OutputCollector:
-    """Bounded view of one command's output that also spots the end-of-command marker.
-
-    Bytes are held back only while they might be the start of the marker; everything
-    before it is decoded at once, and only the first ``limit`` characters (after leading
-    whitespace) are kept, so a flood costs a counter, not memory.
-    """
-
-    def __init__(self, marker: bytes, limit: int) -> None:
-        self._marker = marker
-        self._limit = limit
-        self._pending = bytearray()
-        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self._head: list[str] = []
-        self._head_len = 0
-        self._seen_text = False  # leading whitespace is dropped until the first other char
-        self._total = 0  # characters after leading whitespace, kept or not
-        self._trailing_ws = 0  # how many of those are (so far) trailing whitespace
-        self.finished = False
-        self.status: int | None = None
-        self.leftover = b""  # bytes after the marker line: output for the next command
-
-    def feed(self, data: bytes) -> bool:
-        """Take a chunk of the pipe; True once the marker line has been seen."""
-        if self.finished:
-            self.leftover += data
-            return True
-        self._pending += data
-        search_from = 0
-        while True:
-            idx = self._pending.find(self._marker, search_from)
-            if idx < 0:
-                break
-            start = idx + len(self._marker)
-            newline = self._pending.find(b"\n", start, start + _STATUS_MAX_BYTES + 1)
-            if newline < 0:
-                if len(self._pending) - start <= _STATUS_MAX_BYTES:
-                    # The status line is incomplete: keep it pending, commit the rest.
-                    self._commit(bytes(self._pending[:idx]))
-                    del self._pending[:idx]
-                    return False
-                search_from = idx + 1  # not our line after all
-                continue
-            digits = bytes(self._pending[start:newline])
-            if not digits.isdigit():
-                search_from = idx + 1
-                continue
-            self._commit(bytes(self._pending[:idx]))
-            self.status = int(digits)
-            self.leftover = bytes(self._pending[newline + 1 :])
-            self._pending.clear()
-            self.finished = True
-            return True
-        keep = len(self._marker) - 1  # a suffix that could be the marker's beginning
-        if len(self._pending) > keep:
-            cut = len(self._pending) - keep
-            self._commit(bytes(self._pending[:cut]))
-            del self._pending[:cut]
-        return False
-
-    def _commit(self, data: bytes, final: bool = False) -> None:
-        """Decode output bytes, keeping the head and counting the rest."""
-        text = self._decoder.decode(data, final)
-        if not self._seen_text:
-            text = text.lstrip()
-            if not text:
-                return
-            self._seen_text = True
-        self._total += len(text)
-        stripped = len(text.rstrip())
-        if stripped == 0:
-            self._trailing_ws += len(text)
-        else:
-            self._trailing_ws = len(text) - stripped
-        room = self._limit - self._head_len
-        if room > 0:
-            piece = text[:room]
-            self._head.append(piece)
-            self._head_len += len(piece)
-
-    def render(self) -> str:
-        """The stripped, possibly truncated output text (``(no output)`` when empty)."""
-        if not self.finished and self._pending:
-            self._commit(bytes(self._pending))
-            self._pending.clear()
-        self._commit(b"", final=True)
-        head = "".join(self._head)
-        length = self._total - self._trailing_ws
-        if length <= self._limit:
-            text = head.rstrip()
-            return text if text else "(no output)"
-        return f"{head}\n… [output truncated: {len(head)} of {length} characters shown]"
-
-    @property
-    def held_bytes(self) -> int:
-        """Bytes not yet decoded (for tests that check memory stays bounded)."""
-        return len(self._pending)
-
-    @property
-    def held_chars(self) -> int:
-        """Characters kept for the result (for tests that check memory stays bounded)."""
-        return self._head_len
 
 
 class _ShellProtocol(asyncio.SubprocessProtocol):
@@ -222,107 +116,6 @@ class _ShellProtocol(asyncio.SubprocessProtocol):
     def process_exited(self) -> None:
         self.exited.set()
         self.wake.set()
-
-
-def _group_members(leader: int) -> list[int]:
-    """PIDs whose process group or session is ``leader`` (empty if /proc is unavailable).
-
-    Catches children that moved to their own process group (``timeout``, ``set -m``)
-    but stayed in the shell's session, which ``killpg`` alone would miss.
-    """
-    members: list[int] = []
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return members
-    # A member was forked after the shell, so its PID is higher, unless PIDs wrapped round
-    # pid_max since the shell started: then the newest PID is lower and we read them all.
-    # (Missing that would take pid_max forks and a wrap back past the shell in its lifetime.)
-    newest = _newest_pid()
-    skip_older = newest is not None and newest >= leader
-    for entry in entries:
-        if not entry.isdigit() or (skip_older and int(entry) < leader):
-            continue
-        try:  # os.open/os.read: this loop runs over every process, keep it cheap
-            fd = os.open(f"/proc/{entry}/stat", os.O_RDONLY)
-            try:
-                stat = os.read(fd, 1024)
-            finally:
-                os.close(fd)
-        except OSError:
-            continue
-        fields = stat[stat.rfind(b")") + 2 :].split()
-        if len(fields) < 4:
-            continue
-        if int(fields[2]) == leader or int(fields[3]) == leader:
-            members.append(int(entry))
-    return members
-
-
-def _newest_pid() -> int | None:
-    """The PID the kernel handed out last (the final field of /proc/loadavg)."""
-    try:
-        with open("/proc/loadavg", "rb") as fh:
-            return int(fh.read().split()[-1])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _kill_tree(leader: int, leader_reaped: bool, *, sweep: bool = True) -> None:
-    """SIGKILL the shell's process group and whatever else is left in its session.
-
-    While the leader is unreaped (or any member is alive) its PID cannot be reused, so
-    ``killpg`` is safe; once it is reaped we only signal processes that still carry its
-    group/session id, and never the bare PID itself.
-    """
-    if not leader_reaped:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(leader, signal.SIGKILL)
-    if not sweep:
-        return
-    for pid in _group_members(leader):
-        if pid == leader and leader_reaped:
-            continue
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
-
-
-_pidfd_watcher: asyncio.AbstractChildWatcher | None = None
-_pidfd_watcher_loop: asyncio.AbstractEventLoop | None = None
-_pidfd_unavailable = False
-
-
-def use_pidfd_child_watcher() -> None:
-    """On Python 3.11, watch children through pidfds instead of one thread per child.
-
-    3.11's default watcher starts a thread for every subprocess, and starting one waits
-    for the GIL: with hundreds of agents that costs milliseconds per shell. A pidfd
-    watcher serves one event loop, so it is attached to whichever loop spawns. 3.12+
-    already uses pidfds (and deprecates this API), so there this does nothing.
-    """
-    global _pidfd_watcher, _pidfd_watcher_loop, _pidfd_unavailable
-    if sys.version_info >= (3, 12) or _pidfd_unavailable:
-        return
-    loop = asyncio.get_running_loop()
-    if _pidfd_watcher is None:
-        try:
-            os.close(os.pidfd_open(os.getpid()))
-        except (OSError, AttributeError):
-            _pidfd_unavailable = True  # an old kernel: keep asyncio's default
-            return
-        _pidfd_watcher = asyncio.PidfdChildWatcher()
-        asyncio.set_child_watcher(_pidfd_watcher)
-    if _pidfd_watcher_loop is not loop:
-        _pidfd_watcher.attach_loop(loop)
-        _pidfd_watcher_loop = loop
-
-
-def _signal_name(number: int) -> str:
-    """``SIGKILL`` for 9, or ``signal 99`` for numbers Python has no name for."""
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
 
 
 async def _wait_event(event: asyncio.Event, timeout: float) -> bool:

@@ -1,4 +1,6 @@
-"""The durable store: SQLite by default, PostgreSQL when several machines share the work.
+"""What lasts: the journal, claims, budget and records (SQLite or PostgreSQL), and result files.
+
+SQLite is the default; PostgreSQL serves several machines sharing the work.
 
 ``open_store`` picks the backend from a URL: ``sqlite:///abs/path.db`` (or
 ``sqlite://relative/path.db``) or ``postgresql://user:password@host:port/dbname``.

@@ -1,16 +1,8 @@
 """Test doubles for orchmode: a scripted Anthropic Messages API server over real HTTP."""
 
 from .faults import MIXED, FaultSchedule
-from .server import (
-    Fault,
-    FaultKind,
-    LoggedRequest,
-    Reply,
-    Responder,
-    ScriptedRequest,
-    ScriptedServer,
-    StopReason,
-)
+from .replies import Fault, FaultKind, LoggedRequest, Reply, Responder, ScriptedRequest, StopReason
+from .server import ScriptedServer
 from .validate import InvalidRequest, validate_request
 
 __all__ = [

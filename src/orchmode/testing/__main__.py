@@ -18,7 +18,8 @@ from collections.abc import Sequence
 from typing import cast
 
 from .faults import FaultSchedule
-from .server import Fault, Reply, Responder, ScriptedRequest, ScriptedServer
+from .replies import Fault, Reply, Responder, ScriptedRequest
+from .server import ScriptedServer
 
 DEFAULT_RESPONDER = "orchmode.testing.scenario:demo_responder"
 

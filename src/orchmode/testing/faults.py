@@ -18,7 +18,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from .server import Fault, Reply, Responder, ScriptedRequest
+from .replies import Fault, Reply, Responder, ScriptedRequest
 
 #: Every way the API fails, once each: what ``mixed`` cycles through.
 MIXED: tuple[Fault, ...] = (

@@ -26,7 +26,7 @@ from typing import Any
 
 from ..core.mode import Notice
 from ..core.prompts import NOTICES, VERIFY_MARKER
-from .server import Reply, ScriptedRequest
+from .replies import Reply, ScriptedRequest
 
 Message = dict[str, Any]
 

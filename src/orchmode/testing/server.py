@@ -3,12 +3,12 @@
 No real model is reachable in tests, so every test drives the official ``anthropic`` SDK
 against this server instead of mocking it: retries, SSE parsing, timeouts and error
 mapping are then exercised exactly as in production. A *responder* decides what the
-"model" says (a :class:`Reply`) or how the API fails (a :class:`Fault`); the server does
-the wire format, strict request validation (see :mod:`.validate`), authentication,
-concurrency limits, a prompt-cache simulation (see :mod:`.cache`), an optional context
-window, ``POST /v1/messages/count_tokens`` and the beta context editing
-(``clear_tool_uses_20250919``). Prompt sizes are the cache module's token estimate
-throughout, so the window, ``count_tokens`` and ``usage`` always agree.
+"model" says (a :class:`.replies.Reply`) or how the API fails (a :class:`.replies.Fault`);
+the server does the wire format (see :mod:`.answer`), strict request validation (see
+:mod:`.validate`), authentication, concurrency limits, a prompt-cache simulation (see
+:mod:`.cache`), an optional context window, ``POST /v1/messages/count_tokens`` and the
+beta context editing (``clear_tool_uses_20250919``). Prompt sizes are the cache module's
+token estimate throughout, so the window, ``count_tokens`` and ``usage`` always agree.
 
 The same scripted model also answers on Amazon Bedrock's and Google Vertex AI's wire
 formats (SigV4 or OAuth, the model in the path, event-stream framing), so the SDK's own
@@ -24,23 +24,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
 import inspect
 import json
 import logging
-import math
 import secrets
 import socket
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Iterator
+from dataclasses import asdict, replace
 from types import TracebackType
-from typing import Any, Literal, get_args
+from typing import Any
 
 from aiohttp import web
 
-from .cache import CacheUsage, EditedPrompt, PromptCache, apply_context_edits, estimate_tokens
+from .answer import _Answer
+from .cache import EditedPrompt, PromptCache, apply_context_edits
 from .providers import (
     GOOGLE_TOKEN_PATH,
     AuthRefused,
@@ -56,36 +55,16 @@ from .providers import (
     messages_body,
     route_of,
 )
+from .replies import Fault, LoggedRequest, Reply, Responder, ScriptedRequest, _new_id
 from .validate import InvalidRequest, check_context_management, validate_request
 
 __all__ = [
     "AwsKeys",
-    "Fault",
-    "FaultKind",
-    "LoggedRequest",
-    "Reply",
-    "Responder",
-    "ScriptedRequest",
     "ScriptedServer",
-    "StopReason",
 ]
 
 log = logging.getLogger(__name__)
 
-StopReason = Literal[
-    "end_turn",
-    "max_tokens",
-    "stop_sequence",
-    "tool_use",
-    "pause_turn",
-    "refusal",
-    "model_context_window_exceeded",
-]
-FaultKind = Literal["overloaded", "rate_limit", "server_error", "drop", "sse_error"]
-
-_STOP_REASONS = frozenset(get_args(StopReason))
-_FAULT_KINDS = frozenset(get_args(FaultKind))
-_BLOCK_TYPES = frozenset({"text", "tool_use", "thinking"})
 _REDACTED_HEADERS = frozenset(
     {"x-api-key", "authorization", "proxy-authorization", "x-amz-security-token"}
 )
@@ -97,376 +76,10 @@ MESSAGES_PATH = "/v1/messages"
 COUNT_TOKENS_PATH = "/v1/messages/count_tokens"
 
 
-def _new_id(prefix: str) -> str:
-    return f"{prefix}_{secrets.token_urlsafe(18).replace('-', 'A').replace('_', 'B')}"
-
-
-# --------------------------------------------------------------------------- script types
-
-
-@dataclass
-class Reply:
-    """What the scripted model answers: API content blocks plus stop reason and pacing.
-
-    ``content`` holds ``text``, ``tool_use`` (``id`` optional) and ``thinking`` blocks.
-    ``delay`` is waited (asynchronously) before the response starts; ``event_delay``
-    between streamed events, to simulate a token rate.
-    """
-
-    content: list[dict[str, Any]]
-    stop_reason: str | None = None
-    delay: float = 0.0
-    output_tokens: int | None = None
-    event_delay: float = 0.0
-
-    def __post_init__(self) -> None:
-        """Reject malformed scripts at construction, where the mistake is."""
-        for i, block in enumerate(self.content):
-            kind = block.get("type") if isinstance(block, dict) else None
-            if kind not in _BLOCK_TYPES:
-                raise ValueError(f"Reply.content[{i}]: type must be one of {sorted(_BLOCK_TYPES)}")
-            if kind == "text" and not isinstance(block.get("text"), str):
-                raise ValueError(f"Reply.content[{i}]: text block needs a str 'text'")
-            if kind == "tool_use" and (
-                not isinstance(block.get("name"), str) or not isinstance(block.get("input"), dict)
-            ):
-                raise ValueError(f"Reply.content[{i}]: tool_use needs str 'name', dict 'input'")
-            if kind == "thinking" and not isinstance(block.get("thinking"), str):
-                raise ValueError(f"Reply.content[{i}]: thinking block needs a str 'thinking'")
-        if self.stop_reason is not None and self.stop_reason not in _STOP_REASONS:
-            raise ValueError(f"Reply.stop_reason must be one of {sorted(_STOP_REASONS)}")
-
-    @classmethod
-    def text(cls, text: str, **kwargs: Any) -> Reply:
-        """A plain text answer."""
-        return cls([{"type": "text", "text": text}], **kwargs)
-
-    @classmethod
-    def tool_use(
-        cls,
-        name: str,
-        input: dict[str, Any],
-        *,
-        id: str | None = None,
-        preamble: str | None = None,
-        **kwargs: Any,
-    ) -> Reply:
-        """A single tool call, optionally preceded by some text."""
-        block: dict[str, Any] = {"type": "tool_use", "name": name, "input": input}
-        if id is not None:
-            block["id"] = id
-        content = [{"type": "text", "text": preamble}] if preamble else []
-        return cls([*content, block], **kwargs)
-
-    @property
-    def effective_stop_reason(self) -> str:
-        """``stop_reason`` or the API's default for this content."""
-        if self.stop_reason is not None:
-            return self.stop_reason
-        has_tool = any(b.get("type") == "tool_use" for b in self.content)
-        return "tool_use" if has_tool else "end_turn"
-
-    def finalised(self) -> Reply:
-        """A deep copy with tool_use ids, stop reason and output tokens filled in."""
-        content: list[dict[str, Any]] = []
-        for block in copy.deepcopy(self.content):
-            if block["type"] == "tool_use":
-                tool_id = block.pop("id", None) or _new_id("toolu")
-                block = {"type": "tool_use", "id": tool_id, **block}
-            elif block["type"] == "thinking":
-                block.setdefault("signature", _new_id("sig"))
-            content.append(block)
-        tokens = self.output_tokens
-        if tokens is None:
-            tokens = max(1, estimate_tokens(content))
-        return replace(
-            self, content=content, stop_reason=self.effective_stop_reason, output_tokens=tokens
-        )
-
-
-@dataclass
-class Fault:
-    """A failure instead of, or part-way through, a reply.
-
-    ``overloaded`` -> 529, ``rate_limit`` -> 429 with ``retry-after``/``retry-after-ms``,
-    ``server_error`` -> 500; ``drop`` streams ``after_events`` events of ``partial`` then
-    aborts the TCP connection; ``sse_error`` streams them then sends an SSE ``error``
-    event. ``after_events`` is capped so ``message_stop`` is never sent. Without
-    streaming, ``drop`` aborts before any response and ``sse_error`` becomes a 529.
-    """
-
-    kind: FaultKind
-    retry_after: float | None = None
-    after_events: int = 3
-    partial: Reply | None = None
-    delay: float = 0.0
-
-    def __post_init__(self) -> None:
-        if self.kind not in _FAULT_KINDS:
-            raise ValueError(f"Fault.kind must be one of {sorted(_FAULT_KINDS)}")
-        if self.after_events < 0:
-            raise ValueError("Fault.after_events must be >= 0")
-
-
 _DEFAULT_PARTIAL = Reply.text(
     "This reply was interrupted part-way through; the rest of it never arrived, "
     "because the scripted server cut the stream on purpose."
 )
-
-
-def _flatten_text(content: Any) -> str:
-    """Text of a content value, with tool_result contents flattened in."""
-    if isinstance(content, str):
-        return content
-    parts: list[str] = []
-    for block in content if isinstance(content, list) else []:
-        if not isinstance(block, dict):
-            continue
-        if block.get("type") == "text":
-            parts.append(str(block.get("text", "")))
-        elif block.get("type") == "tool_result":
-            parts.append(_flatten_text(block.get("content", "")))
-    return "\n".join(p for p in parts if p)
-
-
-@dataclass(frozen=True)
-class ScriptedRequest:
-    """A valid request as the responder sees it.
-
-    ``index`` counts requests handed to the responder (0-based, in arrival order), so a
-    scripted list is not thrown off by requests the server rejected on its own.
-    """
-
-    index: int
-    body: dict[str, Any]
-    headers: dict[str, str]
-
-    @property
-    def model(self) -> str:
-        return str(self.body.get("model", ""))
-
-    @property
-    def stream(self) -> bool:
-        return bool(self.body.get("stream", False))
-
-    @property
-    def system(self) -> str:
-        """The top-level system prompt, text blocks joined by newlines."""
-        return _flatten_text(self.body.get("system", ""))
-
-    @property
-    def messages(self) -> list[dict[str, Any]]:
-        return list(self.body.get("messages", []))
-
-    @property
-    def tools(self) -> list[dict[str, Any]]:
-        return list(self.body.get("tools") or [])
-
-    @property
-    def tool_names(self) -> set[str]:
-        return {str(t.get("name")) for t in self.tools}
-
-    def _last_user(self) -> dict[str, Any] | None:
-        return next((m for m in reversed(self.messages) if m.get("role") == "user"), None)
-
-    @property
-    def last_user_text(self) -> str:
-        """Text of the final user message, tool_result contents included."""
-        message = self._last_user()
-        return _flatten_text(message["content"]) if message else ""
-
-    @property
-    def tool_results(self) -> list[dict[str, Any]]:
-        """The tool_result blocks of the final user message."""
-        message = self._last_user()
-        content = message["content"] if message else []
-        if not isinstance(content, list):
-            return []
-        return [b for b in content if isinstance(b, dict) and b.get("type") == "tool_result"]
-
-
-@dataclass(frozen=True)
-class LoggedRequest:
-    """One HTTP request as the server handled it; immutable, replaced when it finishes.
-
-    ``outcome`` is ``pending``, ``ok``, ``fault:<kind>``, ``invalid:<message>``, ``auth``,
-    ``rate_limited``, ``not_found``, ``disconnected`` (client went away),
-    ``cancelled`` (server stopped) or ``error:<exception>`` (the responder raised); on
-    Bedrock and Vertex a refused signature or token is ``auth:<the platform's error>``.
-    ``path`` tells ``/v1/messages`` from ``/v1/messages/count_tokens`` (and names the
-    platform's model and method); ``provider`` says which front door the request used.
-    ``body`` is what the client sent, before any context edit or translation (the
-    responder sees the edited one, in the Messages API's shape).
-    """
-
-    index: int
-    method: str
-    path: str
-    body: dict[str, Any]
-    headers: dict[str, str]
-    started: float
-    status: int | None = None
-    finished: float | None = None
-    outcome: str = "pending"
-    reply: Reply | None = None
-    message_id: str | None = None
-    #: The input-token accounting of a 200 answer (cache reads, writes, the ideal read).
-    usage: CacheUsage | None = None
-    #: The prompt's size after context edits, once the request validated (count_tokens too).
-    prompt_tokens: int | None = None
-    #: The response's ``context_management`` (``applied_edits``), when the request had one.
-    context_management: dict[str, Any] | None = None
-    #: TCP_NODELAY as read back from the server's side of the connection.
-    tcp_nodelay: bool | None = None
-    #: ``anthropic``, ``bedrock`` or ``vertex``: whose wire format the request used.
-    provider: str = "anthropic"
-
-    @property
-    def duration(self) -> float | None:
-        return None if self.finished is None else self.finished - self.started
-
-
-Responder = Callable[[ScriptedRequest], Reply | Fault | Awaitable[Reply | Fault]]
-
-
-# --------------------------------------------------------------------------- wire helpers
-
-
-def _usage(cache: CacheUsage, output_tokens: int) -> dict[str, Any]:
-    return {
-        "input_tokens": cache.input_tokens,
-        "cache_creation_input_tokens": cache.cache_creation_input_tokens,
-        "cache_read_input_tokens": cache.cache_read_input_tokens,
-        "cache_creation": {
-            "ephemeral_5m_input_tokens": cache.ephemeral_5m_input_tokens,
-            "ephemeral_1h_input_tokens": cache.ephemeral_1h_input_tokens,
-        },
-        "output_tokens": output_tokens,
-        "service_tier": "standard",
-    }
-
-
-def _stop_fields(stop_reason: str) -> dict[str, Any]:
-    fields: dict[str, Any] = {"stop_reason": stop_reason, "stop_sequence": None}
-    if stop_reason == "refusal":
-        fields["stop_details"] = {"type": "refusal", "category": None, "explanation": None}
-    return fields
-
-
-def _chunks(text: str, size: int) -> list[str]:
-    return [text[i : i + size] for i in range(0, len(text), size)]
-
-
-@dataclass(frozen=True)
-class _Answer:
-    """Everything needed to render one reply, streamed or not."""
-
-    message_id: str
-    model: str
-    reply: Reply  # finalised
-    cache: CacheUsage
-    diagnostics: dict[str, Any] | None
-    context_management: dict[str, Any] | None
-
-    def logged(self) -> dict[str, Any]:
-        """What the request log keeps of this answer."""
-        return {
-            "reply": self.reply,
-            "message_id": self.message_id,
-            "usage": self.cache,
-            "context_management": copy.deepcopy(self.context_management),
-        }
-
-    def message(self) -> dict[str, Any]:
-        """The non-streaming ``Message`` body."""
-        assert self.reply.output_tokens is not None and self.reply.stop_reason is not None
-        body: dict[str, Any] = {
-            "id": self.message_id,
-            "type": "message",
-            "role": "assistant",
-            "model": self.model,
-            "content": self.reply.content,
-            **_stop_fields(self.reply.stop_reason),
-            "usage": _usage(self.cache, self.reply.output_tokens),
-        }
-        if self.diagnostics is not None:
-            body["diagnostics"] = self.diagnostics
-        if self.context_management is not None:
-            body["context_management"] = self.context_management
-        return body
-
-    def events(self, chunk_size: int) -> list[tuple[str, dict[str, Any]]]:
-        """The SSE events (without pings), in the order the API sends them."""
-        assert self.reply.output_tokens is not None and self.reply.stop_reason is not None
-        start: dict[str, Any] = {
-            "id": self.message_id,
-            "type": "message",
-            "role": "assistant",
-            "model": self.model,
-            "content": [],
-            "stop_reason": None,
-            "stop_sequence": None,
-            "usage": _usage(self.cache, 1),
-        }
-        if self.diagnostics is not None:
-            # Delta has no diagnostics field; the SDK keeps message_start's message.
-            start["diagnostics"] = self.diagnostics
-        events: list[tuple[str, dict[str, Any]]] = [
-            ("message_start", {"type": "message_start", "message": start})
-        ]
-        for index, block in enumerate(self.reply.content):
-            events.extend(_block_events(index, block, chunk_size))
-        usage = {
-            "input_tokens": self.cache.input_tokens,
-            "cache_creation_input_tokens": self.cache.cache_creation_input_tokens,
-            "cache_read_input_tokens": self.cache.cache_read_input_tokens,
-            "output_tokens": self.reply.output_tokens,
-        }
-        delta: dict[str, Any] = {
-            "type": "message_delta",
-            "delta": _stop_fields(self.reply.stop_reason),
-            "usage": usage,
-        }
-        if self.context_management is not None:
-            # The API reports applied edits on the final delta, not on message_start.
-            delta["context_management"] = self.context_management
-        events.append(("message_delta", delta))
-        events.append(("message_stop", {"type": "message_stop"}))
-        return events
-
-
-def _block_events(
-    index: int, block: dict[str, Any], chunk_size: int
-) -> list[tuple[str, dict[str, Any]]]:
-    def delta(payload: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-        body = {"type": "content_block_delta", "index": index, "delta": payload}
-        return ("content_block_delta", body)
-
-    kind = block["type"]
-    deltas: list[tuple[str, dict[str, Any]]]
-    if kind == "text":
-        opening: dict[str, Any] = {"type": "text", "text": ""}
-        deltas = [
-            delta({"type": "text_delta", "text": c}) for c in _chunks(block["text"], chunk_size)
-        ]
-    elif kind == "tool_use":
-        opening = {"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}
-        encoded = json.dumps(block["input"], ensure_ascii=False)
-        # Short inputs still arrive in several pieces, as they do from the API.
-        size = max(1, min(chunk_size, math.ceil(len(encoded) / 3)))
-        deltas = [
-            delta({"type": "input_json_delta", "partial_json": c}) for c in _chunks(encoded, size)
-        ]
-    else:  # thinking
-        opening = {"type": "thinking", "thinking": "", "signature": ""}
-        deltas = [
-            delta({"type": "thinking_delta", "thinking": c})
-            for c in _chunks(block["thinking"], chunk_size)
-        ]
-        deltas.append(delta({"type": "signature_delta", "signature": block["signature"]}))
-    start = {"type": "content_block_start", "index": index, "content_block": opening}
-    stop = {"type": "content_block_stop", "index": index}
-    return [("content_block_start", start), *deltas, ("content_block_stop", stop)]
 
 
 def _sse(name: str, data: dict[str, Any]) -> bytes:

@@ -29,7 +29,7 @@ from typing import IO, Any
 
 from ..core.events import EventBus, McpCallDone, McpCallStarted, McpServerFailed, Role
 from ..core.settings import Settings
-from ..shell.bash import use_pidfd_child_watcher
+from ..shell.processes import use_pidfd_child_watcher
 from .calls import Block, tool_result
 from .mcpconfig import HttpServer, McpConfig, StdioServer, load, tool_name
 

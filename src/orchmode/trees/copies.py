@@ -26,18 +26,17 @@ import contextlib
 import logging
 import os
 import shutil
-import socket
-import subprocess
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import Literal
 
-from ..core.errors import OrchmodeError
 from ..core.results import Change
+from .git import TreeError, _Work, git, on_thread
 from .patches import FileChange, PatchSummary, refusals, summary_of
+from .runs import remove_tree, run_name, sweep_dead_runs
 
 log = logging.getLogger("orchmode")
 
@@ -47,47 +46,8 @@ MAX_SHOWN = 200
 #: Megabytes of untracked, unignored files a snapshot takes at most: each copy holds them
 #: all, so a forgotten data directory would be copied once per agent.
 MAX_UNTRACKED_MB = 200
-#: Fixed names and dates: a snapshot's commit id depends on its tree alone.
-_IDENTITY = {
-    "GIT_AUTHOR_NAME": "orchmode",
-    "GIT_AUTHOR_EMAIL": "orchmode@localhost",
-    "GIT_AUTHOR_DATE": "2000-01-01T00:00:00+0000",
-    "GIT_COMMITTER_NAME": "orchmode",
-    "GIT_COMMITTER_EMAIL": "orchmode@localhost",
-    "GIT_COMMITTER_DATE": "2000-01-01T00:00:00+0000",
-}
-#: Settings that keep plumbing from starting anything: no fsmonitor, no hooks, no gc.
-_QUIET = (
-    "-c",
-    "core.fsmonitor=false",
-    "-c",
-    "core.hooksPath=/dev/null",
-    "-c",
-    "gc.auto=0",
-    "-c",
-    "maintenance.auto=false",
-    "-c",
-    "core.autocrlf=false",
-    "-c",
-    "advice.detachedHead=false",
-)
-#: The caller's git variables would point our commands at the wrong repository.
-_DROPPED = (
-    "GIT_DIR",
-    "GIT_WORK_TREE",
-    "GIT_INDEX_FILE",
-    "GIT_OBJECT_DIRECTORY",
-    "GIT_ALTERNATE_OBJECT_DIRECTORIES",
-    "GIT_COMMON_DIR",
-    "GIT_NAMESPACE",
-    "GIT_PREFIX",
-)
 
 Fate = Literal["merged", "conflict", "refused", "no change"]
-
-
-class TreeError(OrchmodeError):
-    """A git step of isolation failed; the message says which and why."""
 
 
 @dataclass(frozen=True)
@@ -130,95 +90,6 @@ class _Repo:
     toplevel: Path
     #: The working directory's path inside the repository, ``""`` or ``"sub/dir/"``.
     prefix: str
-
-
-def _environment(extra: Mapping[str, str]) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in _DROPPED}
-    env.update({"LC_ALL": "C", "GIT_TERMINAL_PROMPT": "0", **_IDENTITY})
-    env.update(extra)
-    return env
-
-
-async def git(
-    *args: str,
-    env: Mapping[str, str],
-    cwd: Path,
-    data: bytes | None = None,
-    ok: Sequence[int] = (0,),
-) -> tuple[int, bytes]:
-    """Run one git command; its exit code and output, or :class:`TreeError` naming it."""
-    return await on_thread(lambda work: work.git(*args, env=env, cwd=cwd, data=data, ok=ok))
-
-
-T = TypeVar("T")
-
-
-class _Work:
-    """Git commands on a worker thread, which a cancellation stops: its git is killed, and
-    no later command of it starts.
-
-    A plain fork and exec there costs the process about half of what an asyncio subprocess
-    costs the event loop (its transports, pipes and child watcher). Each hop to a thread
-    has a cost too, so the two commands that read a change share one.
-    """
-
-    def __init__(self) -> None:
-        self.processes: list[subprocess.Popen[bytes]] = []
-        self.stopped = False
-
-    def git(
-        self,
-        *args: str,
-        env: Mapping[str, str],
-        cwd: Path,
-        data: bytes | None = None,
-        ok: Sequence[int] = (0,),
-    ) -> tuple[int, bytes]:
-        if self.stopped:
-            raise TreeError(f"git {args[0]} was not started: the work was cancelled")
-        try:
-            process = subprocess.Popen(
-                ("git", *_QUIET, *args),
-                cwd=cwd,
-                env=_environment(env),
-                stdin=subprocess.PIPE if data is not None else subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-            )
-        except FileNotFoundError:
-            raise TreeError("isolation needs git, which is not installed") from None
-        with process:
-            self.processes.append(process)
-            out, err = process.communicate(data)
-        code = process.returncode
-        if code not in ok:
-            message = err.decode(errors="replace").strip().splitlines()
-            raise TreeError(f"git {args[0]} failed: {message[-1] if message else f'exit {code}'}")
-        return code, out
-
-    def stop(self) -> None:
-        self.stopped = True
-        for process in self.processes:
-            with contextlib.suppress(ProcessLookupError):
-                process.kill()
-
-
-async def on_thread(function: Callable[[_Work], T]) -> T:
-    """``function`` run on a worker thread; cancelled, it is stopped and waited for, so no
-    git is left running and nothing is left writing."""
-    work = _Work()
-    task = asyncio.ensure_future(asyncio.to_thread(function, work))
-    try:
-        return await asyncio.shield(task)
-    except asyncio.CancelledError:
-        work.stop()
-        with contextlib.suppress(Exception):
-            await task
-        raise
-
-
-def run_name() -> str:
-    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
 class Trees:
@@ -889,46 +760,3 @@ def ignore_state(state: Path) -> None:
 
 def _safe(stem: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "-" for c in stem)[:40] or "agent"
-
-
-def remove_tree(path: Path) -> None:
-    """Remove a copy, even one whose agent made files read-only."""
-
-    def writable(function: object, name: str, _exc: object) -> None:
-        with contextlib.suppress(OSError):
-            os.chmod(os.path.dirname(name), 0o700)
-            os.chmod(name, 0o700)
-            if os.path.isdir(name) and not os.path.islink(name):
-                shutil.rmtree(name, ignore_errors=True)
-            else:
-                os.unlink(name)
-
-    if path.exists() or path.is_symlink():
-        shutil.rmtree(path, onerror=writable)
-
-
-def sweep_dead_runs(runs: Path) -> list[Path]:
-    """Remove the copies of orchmode processes on this host that are gone; which ones."""
-    removed: list[Path] = []
-    host = socket.gethostname()
-    with contextlib.suppress(OSError):
-        for entry in runs.iterdir():
-            owner, _, rest = entry.name.rpartition("-")  # <host>-<pid>-<id>
-            owner_host, _, pid = owner.rpartition("-")
-            if owner_host != host or not pid.isdigit() or not rest:
-                continue
-            if int(pid) == os.getpid() or _alive(int(pid)):
-                continue
-            remove_tree(entry)
-            removed.append(entry)
-    return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return True

@@ -1,6 +1,6 @@
 """How a run shows its progress on stderr: a Rich live view, plain lines, or JSON lines.
 
-Kept apart from :mod:`orchmode.live` so choosing a mode, and the plain and JSON outputs,
+Kept apart from :mod:`orchmode.views.live` so choosing a mode, and the plain and JSON outputs,
 never import Rich: only the live view pays for it, and ``orchmode --help`` stays quick.
 """
 

@@ -3,7 +3,7 @@
 The file must open anywhere, offline, years later, so it carries its own CSS and a few lines
 of JavaScript and loads nothing. Everything in it that came from a user or a model is
 untrusted: it goes through :func:`html.escape`, or — the answers, and the findings' claims,
-evidence and summaries, which are Markdown — through :mod:`orchmode.markdown`, which shows
+evidence and summaries, which are Markdown — through :mod:`orchmode.views.markdown`, which shows
 any HTML as text, keeps only http, https and mailto links and loads no image. A
 Content-Security-Policy allows only the page's own script (by hash) and no fetches at all,
 so even a missed escape could not run injected code or call out. The page is complete
@@ -19,6 +19,8 @@ import math
 from html import escape
 
 from ..core.prompts import SEVERITIES
+from .findings import Finding, severity_rank
+from .formatting import money, seconds, when
 from .history import (
     AGENT_STATES,
     STATE_LABELS,
@@ -27,14 +29,9 @@ from .history import (
     Compaction,
     CondensedResult,
     Fanout,
-    Finding,
     SessionHistory,
     SettledChange,
     Turn,
-    money,
-    seconds,
-    severity_rank,
-    when,
 )
 from .markdown import to_html, to_inline_html
 

@@ -1,7 +1,7 @@
 """What a session has used so far: requests, tokens, the share read from cache, dollars.
 
 Built from ``ModelRequestDone`` events, live (as an event subscriber) or afterwards from the
-records in the store (:func:`orchmode.history.session_totals`), so a running session and
+records in the store (:func:`orchmode.views.recorded.session_totals`), so a running session and
 ``orchmode budget`` agree to the cent.
 """
 

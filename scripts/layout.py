@@ -1,0 +1,114 @@
+"""The README's Layout table, made from the layer contract and the modules' own docstrings.
+
+``python scripts/layout.py`` prints the table; ``--write`` puts it into README.md between
+its markers; ``--check`` exits 1 (saying what differs) when the README's copy is stale. The
+order is the layer order written in pyproject.toml's ``[tool.importlinter]`` contract, so
+the table, the contract and the folders cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import difflib
+import sys
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "src" / "orchmode"
+README = ROOT / "README.md"
+BEGIN = "<!-- layout: made by scripts/layout.py from the layer contract and docstrings -->"
+END = "<!-- /layout -->"
+
+
+def layers() -> list[list[str]]:
+    """The layers, top to bottom, each a list of sibling packages (``cli``, ``views``, …)."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    for contract in config["tool"]["importlinter"]["contracts"]:
+        if contract["type"] == "layers":
+            return [
+                [name.strip().removeprefix("orchmode.") for name in layer.split("|")]
+                for layer in contract["layers"]
+            ]
+    raise SystemExit("pyproject.toml has no layers contract")
+
+
+def summary(path: Path) -> str:
+    """A module's job: its docstring's first paragraph, on one line."""
+    doc = ast.get_docstring(ast.parse(path.read_text(), str(path))) or ""
+    first = doc.strip().split("\n\n")[0]
+    text = " ".join(first.split()).replace("``", "`")
+    if not text:
+        raise SystemExit(f"{path.relative_to(ROOT)} has no docstring to say what it is for")
+    return text.replace("|", "\\|")
+
+
+def package_rows(package: str, layer: str) -> list[str]:
+    folder = PACKAGE / package
+    rows = [f"| {layer} | **`{package}/`** | {summary(folder / '__init__.py')} |"]
+    for module in sorted(folder.glob("*.py")):
+        if module.name != "__init__.py":
+            rows.append(f"| | `{package}/{module.name}` | {summary(module)} |")
+    return rows
+
+
+def table() -> str:
+    rows = ["| layer | module | its one job |", "| --- | --- | --- |"]
+    for name in ("__init__.py", "__main__.py"):
+        rows.append(f"| | `{name}` | {summary(PACKAGE / name)} |")
+    placed: set[str] = set()
+    for number, layer in enumerate(layers(), start=1):
+        for package in layer:
+            rows.extend(package_rows(package, str(number)))
+            placed.add(package)
+    beside = sorted(
+        p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists() and p.name not in placed
+    )
+    for package in beside:
+        rows.extend(package_rows(package, "beside"))
+    loose = sorted(
+        p.name for p in PACKAGE.glob("*.py") if p.name not in ("__init__.py", "__main__.py")
+    )
+    if loose:
+        raise SystemExit(f"modules outside every layer's package: {', '.join(loose)}")
+    return "\n".join(rows)
+
+
+def readme_table(text: str) -> tuple[int, int]:
+    start, end = text.find(BEGIN), text.find(END)
+    if start < 0 or end < start:
+        raise SystemExit(f"README.md lacks the markers {BEGIN!r} … {END!r}")
+    return start + len(BEGIN), end
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--write", action="store_true", help="update README.md in place")
+    group.add_argument("--check", action="store_true", help="exit 1 if README.md is stale")
+    parser.add_argument("--readme", type=Path, default=README, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    made = table()
+    if not (args.write or args.check):
+        print(made)
+        return 0
+    readme: Path = args.readme
+    text = readme.read_text()
+    start, end = readme_table(text)
+    current = text[start:end].strip("\n")
+    if args.check:
+        if current == made:
+            return 0
+        diff = difflib.unified_diff(
+            current.splitlines(), made.splitlines(), "README.md", "scripts/layout.py", lineterm=""
+        )
+        print("README.md's layout table is stale; run scripts/layout.py --write", file=sys.stderr)
+        print("\n".join(diff), file=sys.stderr)
+        return 1
+    readme.write_text(text[:start] + "\n" + made + "\n" + text[end:])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,210 @@
+"""What a sandboxed shell may see and do: the bwrap mounts and the ulimits, built from settings.
+
+Command-line assembly from a frozen policy, kept apart from the probe and the cgroups so
+that what an agent can reach is read in one place.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import pwd
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..core.settings import CONFIG_FILE, SandboxMode, Settings
+
+__all__ = ["STATE_DIR", "SandboxPolicy"]
+
+#: orchmode's own directory in the working directory: journal, records, budget.
+STATE_DIR = ".orchmode"
+_MIB = 1024 * 1024
+# Between the soft CPU limit (SIGXCPU, which bash reports by name) and the hard one (SIGKILL).
+_CPU_GRACE = 5
+
+# Sets the rlimits inside the sandbox, then becomes the persistent shell. RLIMIT_NPROC is
+# set here, after bubblewrap made the user namespace, so that it counts the sandbox's
+# own processes only; set outside, it would count all of the user's.
+_LIMITS_SCRIPT = (
+    '{limits} || {{ echo "orchmode: the sandbox limits could not be set" >&2; exit 126; }}; '
+    'exec "$@"'
+)
+
+
+def _home_dirs(env: Mapping[str, str]) -> list[Path]:
+    """The user's home directories to hide: ``$HOME`` and the account's, resolved."""
+    candidates = [env.get("HOME", "")]
+    with contextlib.suppress(KeyError):
+        candidates.append(pwd.getpwuid(os.getuid()).pw_dir)
+    homes: list[Path] = []
+    for raw in candidates:
+        if raw and os.path.isabs(raw):
+            home = Path(os.path.realpath(raw))
+            if home != Path("/") and home not in homes:
+                homes.append(home)
+    return homes
+
+
+def _depth(path: Path) -> int:
+    return len(path.relative_to("/").parts)
+
+
+@dataclass(frozen=True)
+class SandboxPolicy:
+    """What a sandboxed shell may see and do: everything its bwrap command line is made from."""
+
+    mode: SandboxMode
+    workdir: Path
+    allow_network: bool = False
+    cpu_seconds: int = 300
+    memory_mb: int = 4096
+    processes: int = 512
+    bwrap: str = "bwrap"
+    #: Directories hidden behind empty ones; the first is ``HOME`` inside the sandbox.
+    homes: tuple[Path, ...] = field(default_factory=lambda: tuple(_home_dirs(os.environ)))
+    #: Directories shown read-only even inside the hidden state directory: the session's
+    #: saved results, which agents read and never write.
+    readable: tuple[Path, ...] = ()
+    #: An agent's own copy of the tree (``worktree`` isolation), shown at the working
+    #: directory's path so that every path, and every tool installed for it, still works.
+    tree: Path | None = None
+    #: Whether the copy is writable (a worker's) or read-only (its verifier's).
+    tree_writable: bool = True
+    #: Entries of the working directory that a copy leaves out (ignored ones such as
+    #: ``.venv/`` or ``node_modules/``), shown read-only from the working directory itself.
+    shared: tuple[str, ...] = ()
+    #: Read-only binds (source, destination) inside the hidden state directory: the
+    #: private object store a copy's git borrows from, and the user's objects behind it.
+    views: tuple[tuple[Path, Path], ...] = ()
+
+    @classmethod
+    def from_settings(
+        cls,
+        settings: Settings,
+        workdir: Path,
+        env: Mapping[str, str] | None = None,
+        readable: tuple[Path, ...] = (),
+    ) -> SandboxPolicy:
+        return cls(
+            readable=tuple(Path(os.path.realpath(p)) for p in readable),
+            mode=settings.sandbox,
+            workdir=Path(os.path.realpath(workdir)),
+            allow_network=settings.allow_network,
+            cpu_seconds=settings.sandbox_cpu_seconds,
+            memory_mb=settings.sandbox_memory_mb,
+            processes=settings.sandbox_processes,
+            bwrap=settings.sandbox_bwrap,
+            homes=tuple(_home_dirs(os.environ if env is None else env)),
+        )
+
+    @property
+    def home(self) -> str:
+        """``HOME`` inside the sandbox: the real home's path, now an empty directory."""
+        return str(self.homes[0]) if self.homes else "/tmp"
+
+    def mounts(self, *, sizes: bool = True) -> list[str]:
+        """The filesystem part of the bwrap command line (without the shell's own dir).
+
+        bubblewrap applies mounts in order and a later mount hides what is beneath it, so
+        they are sorted by depth: a mask on /tmp comes before a working directory inside
+        it, and a working directory comes before a home directory inside it.
+        """
+        workdir = self.workdir
+
+        def tmpfs(path: Path, size: int) -> list[str]:
+            return ["--size", str(size), "--tmpfs", str(path)] if sizes else ["--tmpfs", str(path)]
+
+        ops: list[tuple[Path, list[str]]] = [
+            (Path("/dev"), ["--dev", "/dev"]),
+            (Path("/proc"), ["--proc", "/proc"]),
+            # Half the memory: tmpfs pages count against the shell's memory cgroup, and a
+            # full /tmp should say "no space left", not get the shell killed.
+            (Path("/tmp"), tmpfs(Path("/tmp"), self.memory_mb * _MIB // 2)),
+            # The sockets of the host's daemons (Docker, D-Bus, systemd) can be connected
+            # to through a read-only mount, and a network namespace does not stop that.
+            (Path("/run"), tmpfs(Path("/run"), _MIB)),
+        ]
+        if os.path.isdir("/var/run") and not os.path.islink("/var/run"):
+            ops.append((Path("/var/run"), tmpfs(Path("/var/run"), _MIB)))
+        if self.allow_network:
+            resolver = Path(os.path.realpath("/etc/resolv.conf")).parent
+            if resolver.is_relative_to("/run") and resolver != Path("/run"):
+                # Keep name resolution: systemd-resolved's stub file and socket.
+                ops.append((resolver, ["--ro-bind", str(resolver), str(resolver)]))
+        for home in self.homes:
+            if home == workdir:
+                ops.extend(_dot_entry_masks(home))
+            else:
+                ops.append((home, tmpfs(home, 16 * _MIB)))
+        writable = self.mode == "workspace-write" and (self.tree is None or self.tree_writable)
+        bind = "--bind" if writable else "--ro-bind"
+        source = self.tree if self.tree is not None else workdir
+        ops.append((workdir, [bind, str(source), str(workdir)]))
+        config = source / CONFIG_FILE
+        if writable and config.is_file():
+            # Settings for the next run, such as `sandbox = "off"`.
+            ops.append(
+                (workdir / CONFIG_FILE, ["--ro-bind", str(config), str(workdir / CONFIG_FILE)])
+            )
+        dot_git = workdir / ".git"
+        if self.tree is None and writable and os.path.lexists(dot_git):
+            # The repository itself (its hooks, its config, its refs) is never the agents'.
+            ops.append((dot_git, ["--ro-bind", str(dot_git), str(dot_git)]))
+        if self.tree is not None:
+            # Sources are read from the host's own tree, beneath the copy that covers it.
+            for name in self.shared:
+                entry = workdir / name.rstrip("/")
+                if os.path.lexists(entry) and not os.path.islink(entry):
+                    ops.append((entry, ["--ro-bind", str(entry), str(entry)]))
+        state = workdir / STATE_DIR
+        shown = [p for p in self.readable if p.is_dir()]
+        inside = [p for p in shown if p.is_relative_to(state)]
+        if state.is_dir():
+            # The results are bound into the empty tmpfs before it turns read-only: bwrap
+            # makes their mount points in it, which it could not do afterwards.
+            binds = [arg for p in inside for arg in ("--ro-bind", str(p), str(p))]
+            binds += [
+                arg
+                for src, dest in self.views
+                if src.is_dir() and dest.is_relative_to(state)
+                for arg in ("--ro-bind", str(src), str(dest))
+            ]
+            ops.append((state, ["--tmpfs", str(state), *binds, "--remount-ro", str(state)]))
+        ops.extend(
+            (dest, ["--ro-bind", str(src), str(dest)])
+            for src, dest in self.views
+            if src.is_dir() and not dest.is_relative_to(state)
+        )
+        ops.extend((p, ["--ro-bind", str(p), str(p)]) for p in shown if p not in inside)
+        ops.sort(key=lambda op: _depth(op[0]))  # stable: equal depths keep their order
+        return ["--ro-bind", "/", "/", *itertools.chain.from_iterable(args for _, args in ops)]
+
+    def limits_script(self, *, cgroup_pids: bool, cgroup_memory: bool) -> str:
+        """The ``ulimit`` calls run inside the sandbox before the shell starts."""
+        limits = [  # soft first: a hard limit below the current soft one is refused
+            f"ulimit -S -t {self.cpu_seconds}",
+            f"ulimit -H -t {self.cpu_seconds + _CPU_GRACE}",
+        ]
+        if not cgroup_memory:
+            limits.append(f"ulimit -d {self.memory_mb * 1024}")
+        if not cgroup_pids:
+            limits.append(f"ulimit -u {self.processes}")
+        return _LIMITS_SCRIPT.format(limits=" && ".join(limits))
+
+
+def _dot_entry_masks(home: Path) -> list[tuple[Path, list[str]]]:
+    """When the home directory is the working directory, hide its dot entries instead."""
+    masks: list[tuple[Path, list[str]]] = []
+    with contextlib.suppress(OSError):
+        for entry in sorted(os.scandir(home), key=lambda e: e.name):
+            if not entry.name.startswith(".") or entry.name == STATE_DIR:
+                continue
+            if entry.is_dir(follow_symlinks=False):
+                masks.append(
+                    (Path(entry.path), ["--tmpfs", entry.path, "--remount-ro", entry.path])
+                )
+            else:
+                masks.append((Path(entry.path), ["--ro-bind", "/dev/null", entry.path]))
+    return masks

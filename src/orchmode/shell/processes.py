@@ -1,0 +1,116 @@
+"""Process plumbing: killing a shell's whole process tree, the pidfd child watcher, signal names.
+
+None of it knows what a command or a marker is: it deals in PIDs, process groups and
+sessions (read from /proc), and in how asyncio learns that a child exited.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+
+__all__ = ["use_pidfd_child_watcher"]
+
+
+def _group_members(leader: int) -> list[int]:
+    """PIDs whose process group or session is ``leader`` (empty if /proc is unavailable).
+
+    Catches children that moved to their own process group (``timeout``, ``set -m``)
+    but stayed in the shell's session, which ``killpg`` alone would miss.
+    """
+    members: list[int] = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return members
+    # A member was forked after the shell, so its PID is higher, unless PIDs wrapped round
+    # pid_max since the shell started: then the newest PID is lower and we read them all.
+    # (Missing that would take pid_max forks and a wrap back past the shell in its lifetime.)
+    newest = _newest_pid()
+    skip_older = newest is not None and newest >= leader
+    for entry in entries:
+        if not entry.isdigit() or (skip_older and int(entry) < leader):
+            continue
+        try:  # os.open/os.read: this loop runs over every process, keep it cheap
+            fd = os.open(f"/proc/{entry}/stat", os.O_RDONLY)
+            try:
+                stat = os.read(fd, 1024)
+            finally:
+                os.close(fd)
+        except OSError:
+            continue
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        if len(fields) < 4:
+            continue
+        if int(fields[2]) == leader or int(fields[3]) == leader:
+            members.append(int(entry))
+    return members
+
+
+def _newest_pid() -> int | None:
+    """The PID the kernel handed out last (the final field of /proc/loadavg)."""
+    try:
+        with open("/proc/loadavg", "rb") as fh:
+            return int(fh.read().split()[-1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _kill_tree(leader: int, leader_reaped: bool, *, sweep: bool = True) -> None:
+    """SIGKILL the shell's process group and whatever else is left in its session.
+
+    While the leader is unreaped (or any member is alive) its PID cannot be reused, so
+    ``killpg`` is safe; once it is reaped we only signal processes that still carry its
+    group/session id, and never the bare PID itself.
+    """
+    if not leader_reaped:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(leader, signal.SIGKILL)
+    if not sweep:
+        return
+    for pid in _group_members(leader):
+        if pid == leader and leader_reaped:
+            continue
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+
+
+_pidfd_watcher: asyncio.AbstractChildWatcher | None = None
+_pidfd_watcher_loop: asyncio.AbstractEventLoop | None = None
+_pidfd_unavailable = False
+
+
+def use_pidfd_child_watcher() -> None:
+    """On Python 3.11, watch children through pidfds instead of one thread per child.
+
+    3.11's default watcher starts a thread for every subprocess, and starting one waits
+    for the GIL: with hundreds of agents that costs milliseconds per shell. A pidfd
+    watcher serves one event loop, so it is attached to whichever loop spawns. 3.12+
+    already uses pidfds (and deprecates this API), so there this does nothing.
+    """
+    global _pidfd_watcher, _pidfd_watcher_loop, _pidfd_unavailable
+    if sys.version_info >= (3, 12) or _pidfd_unavailable:
+        return
+    loop = asyncio.get_running_loop()
+    if _pidfd_watcher is None:
+        try:
+            os.close(os.pidfd_open(os.getpid()))
+        except (OSError, AttributeError):
+            _pidfd_unavailable = True  # an old kernel: keep asyncio's default
+            return
+        _pidfd_watcher = asyncio.PidfdChildWatcher()
+        asyncio.set_child_watcher(_pidfd_watcher)
+    if _pidfd_watcher_loop is not loop:
+        _pidfd_watcher.attach_loop(loop)
+        _pidfd_watcher_loop = loop
+
+
+def _signal_name(number: int) -> str:
+    """``SIGKILL`` for 9, or ``signal 99`` for numbers Python has no name for."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"

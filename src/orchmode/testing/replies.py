@@ -1,0 +1,264 @@
+"""What a responder sees and says: the request, its Reply or Fault, and the request log entries.
+
+These are the scripted server's public vocabulary, the part a test writes against; they
+know nothing of HTTP, so a responder (or :mod:`.faults`, :mod:`.scenario`) can be built
+and checked without a server.
+"""
+
+from __future__ import annotations
+
+import copy
+import secrets
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
+from typing import Any, Literal, get_args
+
+from .cache import CacheUsage, estimate_tokens
+
+__all__ = [
+    "Fault",
+    "FaultKind",
+    "LoggedRequest",
+    "Reply",
+    "Responder",
+    "ScriptedRequest",
+    "StopReason",
+]
+
+StopReason = Literal[
+    "end_turn",
+    "max_tokens",
+    "stop_sequence",
+    "tool_use",
+    "pause_turn",
+    "refusal",
+    "model_context_window_exceeded",
+]
+FaultKind = Literal["overloaded", "rate_limit", "server_error", "drop", "sse_error"]
+
+_STOP_REASONS = frozenset(get_args(StopReason))
+_FAULT_KINDS = frozenset(get_args(FaultKind))
+_BLOCK_TYPES = frozenset({"text", "tool_use", "thinking"})
+
+
+def _new_id(prefix: str) -> str:
+    return f"{prefix}_{secrets.token_urlsafe(18).replace('-', 'A').replace('_', 'B')}"
+
+
+@dataclass
+class Reply:
+    """What the scripted model answers: API content blocks plus stop reason and pacing.
+
+    ``content`` holds ``text``, ``tool_use`` (``id`` optional) and ``thinking`` blocks.
+    ``delay`` is waited (asynchronously) before the response starts; ``event_delay``
+    between streamed events, to simulate a token rate.
+    """
+
+    content: list[dict[str, Any]]
+    stop_reason: str | None = None
+    delay: float = 0.0
+    output_tokens: int | None = None
+    event_delay: float = 0.0
+
+    def __post_init__(self) -> None:
+        """Reject malformed scripts at construction, where the mistake is."""
+        for i, block in enumerate(self.content):
+            kind = block.get("type") if isinstance(block, dict) else None
+            if kind not in _BLOCK_TYPES:
+                raise ValueError(f"Reply.content[{i}]: type must be one of {sorted(_BLOCK_TYPES)}")
+            if kind == "text" and not isinstance(block.get("text"), str):
+                raise ValueError(f"Reply.content[{i}]: text block needs a str 'text'")
+            if kind == "tool_use" and (
+                not isinstance(block.get("name"), str) or not isinstance(block.get("input"), dict)
+            ):
+                raise ValueError(f"Reply.content[{i}]: tool_use needs str 'name', dict 'input'")
+            if kind == "thinking" and not isinstance(block.get("thinking"), str):
+                raise ValueError(f"Reply.content[{i}]: thinking block needs a str 'thinking'")
+        if self.stop_reason is not None and self.stop_reason not in _STOP_REASONS:
+            raise ValueError(f"Reply.stop_reason must be one of {sorted(_STOP_REASONS)}")
+
+    @classmethod
+    def text(cls, text: str, **kwargs: Any) -> Reply:
+        """A plain text answer."""
+        return cls([{"type": "text", "text": text}], **kwargs)
+
+    @classmethod
+    def tool_use(
+        cls,
+        name: str,
+        input: dict[str, Any],
+        *,
+        id: str | None = None,
+        preamble: str | None = None,
+        **kwargs: Any,
+    ) -> Reply:
+        """A single tool call, optionally preceded by some text."""
+        block: dict[str, Any] = {"type": "tool_use", "name": name, "input": input}
+        if id is not None:
+            block["id"] = id
+        content = [{"type": "text", "text": preamble}] if preamble else []
+        return cls([*content, block], **kwargs)
+
+    @property
+    def effective_stop_reason(self) -> str:
+        """``stop_reason`` or the API's default for this content."""
+        if self.stop_reason is not None:
+            return self.stop_reason
+        has_tool = any(b.get("type") == "tool_use" for b in self.content)
+        return "tool_use" if has_tool else "end_turn"
+
+    def finalised(self) -> Reply:
+        """A deep copy with tool_use ids, stop reason and output tokens filled in."""
+        content: list[dict[str, Any]] = []
+        for block in copy.deepcopy(self.content):
+            if block["type"] == "tool_use":
+                tool_id = block.pop("id", None) or _new_id("toolu")
+                block = {"type": "tool_use", "id": tool_id, **block}
+            elif block["type"] == "thinking":
+                block.setdefault("signature", _new_id("sig"))
+            content.append(block)
+        tokens = self.output_tokens
+        if tokens is None:
+            tokens = max(1, estimate_tokens(content))
+        return replace(
+            self, content=content, stop_reason=self.effective_stop_reason, output_tokens=tokens
+        )
+
+
+@dataclass
+class Fault:
+    """A failure instead of, or part-way through, a reply.
+
+    ``overloaded`` -> 529, ``rate_limit`` -> 429 with ``retry-after``/``retry-after-ms``,
+    ``server_error`` -> 500; ``drop`` streams ``after_events`` events of ``partial`` then
+    aborts the TCP connection; ``sse_error`` streams them then sends an SSE ``error``
+    event. ``after_events`` is capped so ``message_stop`` is never sent. Without
+    streaming, ``drop`` aborts before any response and ``sse_error`` becomes a 529.
+    """
+
+    kind: FaultKind
+    retry_after: float | None = None
+    after_events: int = 3
+    partial: Reply | None = None
+    delay: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.kind not in _FAULT_KINDS:
+            raise ValueError(f"Fault.kind must be one of {sorted(_FAULT_KINDS)}")
+        if self.after_events < 0:
+            raise ValueError("Fault.after_events must be >= 0")
+
+
+def _flatten_text(content: Any) -> str:
+    """Text of a content value, with tool_result contents flattened in."""
+    if isinstance(content, str):
+        return content
+    parts: list[str] = []
+    for block in content if isinstance(content, list) else []:
+        if not isinstance(block, dict):
+            continue
+        if block.get("type") == "text":
+            parts.append(str(block.get("text", "")))
+        elif block.get("type") == "tool_result":
+            parts.append(_flatten_text(block.get("content", "")))
+    return "\n".join(p for p in parts if p)
+
+
+@dataclass(frozen=True)
+class ScriptedRequest:
+    """A valid request as the responder sees it.
+
+    ``index`` counts requests handed to the responder (0-based, in arrival order), so a
+    scripted list is not thrown off by requests the server rejected on its own.
+    """
+
+    index: int
+    body: dict[str, Any]
+    headers: dict[str, str]
+
+    @property
+    def model(self) -> str:
+        return str(self.body.get("model", ""))
+
+    @property
+    def stream(self) -> bool:
+        return bool(self.body.get("stream", False))
+
+    @property
+    def system(self) -> str:
+        """The top-level system prompt, text blocks joined by newlines."""
+        return _flatten_text(self.body.get("system", ""))
+
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        return list(self.body.get("messages", []))
+
+    @property
+    def tools(self) -> list[dict[str, Any]]:
+        return list(self.body.get("tools") or [])
+
+    @property
+    def tool_names(self) -> set[str]:
+        return {str(t.get("name")) for t in self.tools}
+
+    def _last_user(self) -> dict[str, Any] | None:
+        return next((m for m in reversed(self.messages) if m.get("role") == "user"), None)
+
+    @property
+    def last_user_text(self) -> str:
+        """Text of the final user message, tool_result contents included."""
+        message = self._last_user()
+        return _flatten_text(message["content"]) if message else ""
+
+    @property
+    def tool_results(self) -> list[dict[str, Any]]:
+        """The tool_result blocks of the final user message."""
+        message = self._last_user()
+        content = message["content"] if message else []
+        if not isinstance(content, list):
+            return []
+        return [b for b in content if isinstance(b, dict) and b.get("type") == "tool_result"]
+
+
+@dataclass(frozen=True)
+class LoggedRequest:
+    """One HTTP request as the server handled it; immutable, replaced when it finishes.
+
+    ``outcome`` is ``pending``, ``ok``, ``fault:<kind>``, ``invalid:<message>``, ``auth``,
+    ``rate_limited``, ``not_found``, ``disconnected`` (client went away),
+    ``cancelled`` (server stopped) or ``error:<exception>`` (the responder raised); on
+    Bedrock and Vertex a refused signature or token is ``auth:<the platform's error>``.
+    ``path`` tells ``/v1/messages`` from ``/v1/messages/count_tokens`` (and names the
+    platform's model and method); ``provider`` says which front door the request used.
+    ``body`` is what the client sent, before any context edit or translation (the
+    responder sees the edited one, in the Messages API's shape).
+    """
+
+    index: int
+    method: str
+    path: str
+    body: dict[str, Any]
+    headers: dict[str, str]
+    started: float
+    status: int | None = None
+    finished: float | None = None
+    outcome: str = "pending"
+    reply: Reply | None = None
+    message_id: str | None = None
+    #: The input-token accounting of a 200 answer (cache reads, writes, the ideal read).
+    usage: CacheUsage | None = None
+    #: The prompt's size after context edits, once the request validated (count_tokens too).
+    prompt_tokens: int | None = None
+    #: The response's ``context_management`` (``applied_edits``), when the request had one.
+    context_management: dict[str, Any] | None = None
+    #: TCP_NODELAY as read back from the server's side of the connection.
+    tcp_nodelay: bool | None = None
+    #: ``anthropic``, ``bedrock`` or ``vertex``: whose wire format the request used.
+    provider: str = "anthropic"
+
+    @property
+    def duration(self) -> float | None:
+        return None if self.finished is None else self.finished - self.started
+
+
+Responder = Callable[[ScriptedRequest], Reply | Fault | Awaitable[Reply | Fault]]

@@ -1,0 +1,61 @@
+"""The per-process run directories of copies: their names, removing them, sweeping dead ones.
+
+A run's directory is named ``<host>-<pid>-<id>``, so that a later start can tell, without
+any record, which ones belong to processes on this host that died (``kill -9``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import uuid
+from pathlib import Path
+
+
+def run_name() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def remove_tree(path: Path) -> None:
+    """Remove a copy, even one whose agent made files read-only."""
+
+    def writable(function: object, name: str, _exc: object) -> None:
+        with contextlib.suppress(OSError):
+            os.chmod(os.path.dirname(name), 0o700)
+            os.chmod(name, 0o700)
+            if os.path.isdir(name) and not os.path.islink(name):
+                shutil.rmtree(name, ignore_errors=True)
+            else:
+                os.unlink(name)
+
+    if path.exists() or path.is_symlink():
+        shutil.rmtree(path, onerror=writable)
+
+
+def sweep_dead_runs(runs: Path) -> list[Path]:
+    """Remove the copies of orchmode processes on this host that are gone; which ones."""
+    removed: list[Path] = []
+    host = socket.gethostname()
+    with contextlib.suppress(OSError):
+        for entry in runs.iterdir():
+            owner, _, rest = entry.name.rpartition("-")  # <host>-<pid>-<id>
+            owner_host, _, pid = owner.rpartition("-")
+            if owner_host != host or not pid.isdigit() or not rest:
+                continue
+            if int(pid) == os.getpid() or _alive(int(pid)):
+                continue
+            remove_tree(entry)
+            removed.append(entry)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True

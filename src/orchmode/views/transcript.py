@@ -1,0 +1,210 @@
+"""One session's transcript as styled lines: turns, commands, fan-outs, findings, totals.
+
+``orchmode show`` prints it; the lines carry Rich styles that plain text drops, so a pipe
+or a test reads the same words a terminal does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import IO
+
+from .findings import severity_rank
+from .formatting import clip, money, plural, seconds, when
+from .history import (
+    STATE_LABELS,
+    AgentRecord,
+    Command,
+    Compaction,
+    CondensedResult,
+    SessionHistory,
+)
+from .progress import CHANGE_STYLES
+
+NOTICE_LABELS = {
+    "enter": "orchestration mode ON",
+    "refresh": "orchestration mode still ON (reminder)",
+    "exit": "orchestration mode OFF",
+}
+
+
+#: A line of output: (text, style) pieces; the style is a Rich style, ignored in plain text.
+Line = tuple[tuple[str, str], ...]
+
+_STATE_STYLES = {
+    "done": "green",
+    "journal": "cyan",
+    "skipped": "yellow",
+    "failed": "red",
+    "interrupted": "magenta",
+    "finished": "green",
+    "confirmed": "green",
+    "refuted": "red",
+    "unclear": "yellow",
+}
+_SEVERITY_STYLES = {"high": "bold red", "medium": "yellow", "low": "cyan", "info": "dim"}
+
+
+def _line(*pieces: tuple[str, str] | str) -> Line:
+    return tuple(p if isinstance(p, tuple) else (p, "") for p in pieces)
+
+
+def _block(label: str, text: str, indent: str, style: str = "") -> list[Line]:
+    """``label`` then ``text``, its later lines indented under the first."""
+    lines = text.splitlines() or [""]
+    label = label.ljust(7)
+    pad = " " * (len(label) + 1)
+    out = [_line(indent, (label, "bold"), " ", (lines[0], style))]
+    out.extend(_line(indent, pad, (line, style)) for line in lines[1:])
+    return out
+
+
+def _usage_text(agent: AgentRecord) -> str:
+    return (
+        f"{plural(agent.turns, 'turn')} · {plural(agent.tokens, 'token')} · "
+        f"{money(agent.cost)} · {seconds(agent.duration)}"
+    )
+
+
+def _agent_lines(agent: AgentRecord, indent: str) -> list[Line]:
+    state = agent.state
+    head: list[tuple[str, str] | str] = [indent, (agent.name, "bold")]
+    if agent.title and agent.role == "worker":  # a verifier's title is its stock opening
+        head += [" · ", clip(agent.title, 80)]
+    if agent.verdict:
+        head += [" · ", (agent.verdict, _STATE_STYLES.get(agent.verdict, ""))]
+    label = f"failed ({agent.status})" if state == "failed" else STATE_LABELS[state]
+    head += [" · ", (label, _STATE_STYLES[state])]
+    if agent.node:  # only runs on a cluster have nodes: a local run reads as it always has
+        head += [" · ", (f"node {agent.node}", "blue")]
+    if agent.status is not None and not agent.from_journal:
+        head += [f" · {_usage_text(agent)}"]
+    lines = [_line(*head)]
+    inner = indent + "  "
+    for step in agent.activity:  # commands and compactions, as they happened
+        if isinstance(step, Command):
+            lines.append(_command_line(step, inner))
+        else:
+            lines.append(_compaction_line(step, inner, named=False))
+    report = agent.report
+    if report is not None:
+        lines.extend(_block("summary", report.summary, inner))
+        for finding in sorted(report.findings, key=lambda f: severity_rank(f.severity)):
+            label = f"[{finding.severity}]"
+            lines.extend(
+                _block(label, finding.claim, inner, _SEVERITY_STYLES.get(finding.severity, ""))
+            )
+            if finding.evidence:
+                lines.extend(_block("evidence", finding.evidence, inner + " " * 8, "dim"))
+    elif agent.result:
+        lines.extend(_block("result", agent.result, inner))
+    if agent.report_path:  # the whole of it, whatever the model was shown
+        lines.append(_line(inner, ("full result ", "bold"), agent.report_path))
+    if agent.change is not None:  # only a worker with its own copy of the tree has one
+        style = CHANGE_STYLES.get(agent.change.fate, "")
+        lines.append(_line(inner, ("change ", "bold"), (agent.change.describe(), style)))
+        if agent.change.path:
+            lines.append(_line(inner, ("patch ", "bold"), agent.change.path))
+    return lines
+
+
+def _compaction_line(compaction: Compaction, indent: str, *, named: bool) -> Line:
+    """``named`` for a line that is not already under the agent it happened to."""
+    who = f"{compaction.agent}: " if named else ""
+    return _line(indent, ("context ", "bold"), (who + compaction.describe(), "yellow"))
+
+
+def _condensed_line(condensed: CondensedResult, indent: str) -> Line:
+    return _line(indent, (condensed.describe(), "yellow"))  # it reads "result condensed to …"
+
+
+def _command_line(command: Command, indent: str) -> Line:
+    style = "green" if command.ok else "red"
+    return _line(
+        indent,
+        ("$ " if command.kind == "bash" else "", "bold"),
+        clip(command.command, 100),
+        "  ",
+        (command.outcome, style),
+        f" · {seconds(command.duration)}",
+    )
+
+
+def transcript(history: SessionHistory) -> list[Line]:
+    """The session as a reader wants it: turns, commands, fan-outs, findings, verdicts, totals."""
+    lines: list[Line] = [
+        _line(("session ", "bold"), (history.id, "bold"),
+              f" · {history.workdir or 'workdir not recorded'} · "
+              f"{plural(len(history.turns), 'turn')}"),
+    ]  # fmt: skip
+    for turn in history.turns:
+        lines.append(_line())
+        lines.append(
+            _line(
+                (f"turn {turn.number}", "bold underline"),
+                f" · {when(turn.started_at)} · ",
+                (turn.status_text, _STATE_STYLES.get(turn.status, "")),
+                f" · {plural(turn.requests, 'model request')} · "
+                f"{plural(len(turn.agents), 'agent')} · {money(turn.cost)}",
+            )
+        )
+        lines.extend(_block("user", turn.text, "  ", "bold"))
+        for notice in turn.notices:
+            label = NOTICE_LABELS.get(notice, notice)
+            lines.append(_line("  ", ("mode   ", "bold"), " ", (f"{notice}: {label}", "cyan")))
+        for step in turn.steps:
+            if isinstance(step, Command):
+                lines.append(_command_line(step, "  "))
+                continue
+            if isinstance(step, Compaction):
+                lines.append(_compaction_line(step, "  ", named=True))
+                continue
+            lines.append(_line("  ", (step.describe(), "bold")))
+            if step.script_error:
+                lines.append(_line("    ", ("script error: ", "red"), step.script_error))
+            for agent in step.agents:
+                lines.extend(_agent_lines(agent, "    "))
+            if step.condensed is not None:  # the model got this call's result condensed
+                lines.append(_condensed_line(step.condensed, "    "))
+        if turn.answer:
+            lines.extend(_block("answer", turn.answer, "  "))
+    if history.turns and history.turns[-1].status == "interrupted":
+        lines.append(_line())
+        lines.append(
+            _line(
+                ("interrupted", _STATE_STYLES["interrupted"]),
+                f" — continue it from its last recorded step with `orchmode resume {history.id}`",
+            )
+        )
+    lines.append(_line())
+    lines.append(_line(("totals", "bold"), " ", totals_text(history)))
+    if history.skipped:
+        lines.append(_line((f"{history.skipped} unreadable event rows were left out", "yellow")))
+    return lines
+
+
+def totals_text(history: SessionHistory) -> str:
+    total = history.totals.all
+    return (
+        f"{plural(total.requests, 'model request')} · {total.usage.total_input:,} input tokens "
+        f"({total.usage.cache_hit:.0%} read from cache) · {total.usage.output_tokens:,} output "
+        f"· {money(total.cost)} · {plural(len(history.agents), 'agent')} · "
+        f"{seconds(history.elapsed)} elapsed"
+    )
+
+
+def plain(lines: Iterable[Line]) -> str:
+    return "\n".join("".join(text for text, _ in line).rstrip() for line in lines)
+
+
+def print_lines(lines: Iterable[Line], stream: IO[str]) -> None:
+    """Styled through Rich on a terminal; plain text into a pipe or a file."""
+    if not stream.isatty():
+        print(plain(lines), file=stream)
+        return
+    from rich.console import Console
+    from rich.text import Text
+
+    console = Console(file=stream, highlight=False)
+    for line in lines:
+        console.print(Text.assemble(*line), soft_wrap=True)
