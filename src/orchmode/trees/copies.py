@@ -1,4 +1,4 @@
-"""Copies of the working tree for agents that change code: snapshots, copies, patches, merges.
+"""``Trees``: the working tree snapshotted, copied for each agent, and its changes merged back.
 
 With ``isolation = "worktree"`` every agent of a Workflow call works in a copy of the
 working directory as it was when the call started, and its change comes back as a patch.
