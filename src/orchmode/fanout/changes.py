@@ -21,7 +21,7 @@ from ..core.results import Change
 from ..core.settings import MergePolicy
 from ..store.result_files import ResultFiles
 from ..trees.copies import Merge, Trees
-from ..trees.patches import PatchSummary, describe_change, summary_of
+from ..trees.patches import PatchSummary, describe_summary, summary_of
 
 
 @dataclass(frozen=True)
@@ -98,7 +98,7 @@ def _settle(
     """The subtask's line (its change kept as a file), and its event."""
     i = candidate.index
     summary = summary_of(change)
-    files = describe_change(change)
+    files = describe_summary(summary)
     added = summary.added if isinstance(summary, PatchSummary) else 0
     removed = summary.removed if isinstance(summary, PatchSummary) else 0
     path = results.write_patch(candidate.key, change.patch) if results is not None else ""

@@ -131,7 +131,11 @@ def summary_of(change: Change) -> PatchSummary | str:
 
 def describe_change(change: Change) -> str:
     """One line: "2 files (+10 −2): a.py (+8 −2), …", or that the patch cannot be read."""
-    summary = summary_of(change)
+    return describe_summary(summary_of(change))
+
+
+def describe_summary(summary: PatchSummary | str) -> str:
+    """:func:`describe_change` for a summary already read, so a patch is parsed once."""
     if isinstance(summary, PatchSummary):
         return summary.describe()
     return f"an unreadable patch ({summary})"
