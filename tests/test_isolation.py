@@ -120,14 +120,14 @@ def nothing_left(workdir: Path) -> None:
 # -------------------------------------------------------------------------- the issue's case
 
 
-async def test_seven_workers_each_in_its_own_copy_and_the_refuted_one_is_kept_out(
+async def test_seven_workers_append_to_one_file_and_all_six_confirmed_changes_are_merged(
     serve: StartServer, tmp_path: Path
 ) -> None:
-    """The report's case: 7 workers each write a file of their own and append to one shared
-    file; the seventh is refuted. The first append is merged; the later ones collide with it
-    at the same place, as they would in git, so each of those changes is a conflict and is
-    applied not at all (its own file neither); the refuted change is nowhere. Same outcome
-    every run, whatever order the workers finished in."""
+    """The issue's case: 7 workers each write a file of their own and append a line to one
+    shared file; the seventh is refuted. The first append merges cleanly; each later one
+    collides with those merged before it, goes to a resolver (which keeps both sides), is
+    verified again and merged. All six confirmed changes land, their own files too; the
+    refuted one is nowhere; the repository itself is as it was."""
     workdir = repo(tmp_path / "work", {"shared.txt": "head\n", "README": "x\n"})
     before = repo_state(workdir)
     subtasks = [
@@ -137,17 +137,21 @@ async def test_seven_workers_each_in_its_own_copy_and_the_refuted_one_is_kept_ou
     ]
     server = await serve(editing(subtasks, delay=0.05))
     settled, _ = await run(server, tmp_path, workdir)
-    fates = [(e.index, e.fate) for e in settled]
-    assert fates == [(1, "merged")] + [(i, "conflict") for i in range(2, 7)] + [(7, "not merged")]
-    assert all("shared.txt" in e.detail for e in settled[1:6])
-    assert (workdir / "shared.txt").read_text() == "head\nfrom-1\n"
-    assert (workdir / "part1.txt").read_text() == "part1\n"
-    for i in range(2, 8):
-        assert not (workdir / f"part{i}.txt").exists()  # never applied in part
+    assert [(e.index, e.fate) for e in settled] == [(i, "merged") for i in range(1, 7)] + [
+        (7, "not merged")
+    ]
+    lines = (workdir / "shared.txt").read_text().splitlines()
+    assert lines[0] == "head" and sorted(lines[1:]) == [f"from-{i}" for i in range(1, 7)]
+    for i in range(1, 7):
+        assert (workdir / f"part{i}.txt").read_text() == f"part{i}\n"
+    assert not (workdir / "part7.txt").exists()
+    assert "from-7" not in (workdir / "shared.txt").read_text()
     result = tool_result_text(server)
-    assert "[change 7] not merged (refuted)" in result
     assert "[change 1] merged: 2 files (+2 −0)" in result
-    assert all(Path(e.path).is_file() for e in settled[1:])
+    assert "[change 2] merged after resolving a conflict with change 1: " in result
+    assert "[change 3] merged after resolving a conflict with changes 1 and 2: " in result
+    assert "[change 7] not merged (refuted)" in result
+    assert len(started(server, "resolver")) == 5
     assert repo_state(workdir) == before
     nothing_left(workdir)
 
@@ -170,7 +174,7 @@ async def test_seven_workers_on_files_of_their_own_all_land_but_the_refuted_one(
     nothing_left(workdir)
 
 
-async def test_two_workers_on_the_same_lines_one_merged_one_conflict_kept_readable(
+async def test_with_resolve_keep_a_conflict_is_kept_whole_and_readable(
     serve: StartServer, tmp_path: Path
 ) -> None:
     workdir = repo(tmp_path / "work", {"config.py": "LIMIT = 1\nNAME = 'a'\n"})
@@ -179,7 +183,7 @@ async def test_two_workers_on_the_same_lines_one_merged_one_conflict_kept_readab
         "Raise the limit to 3 $ sed -i 's/LIMIT = 1/LIMIT = 3/' config.py",
     ]
     server = await serve(editing(subtasks))
-    settled, session = await run(server, tmp_path, workdir)
+    settled, session = await run(server, tmp_path, workdir, resolve="keep")
     assert [e.fate for e in settled] == ["merged", "conflict"]
     assert (workdir / "config.py").read_text() == "LIMIT = 2\nNAME = 'a'\n"
     conflict = settled[1]
@@ -187,8 +191,8 @@ async def test_two_workers_on_the_same_lines_one_merged_one_conflict_kept_readab
     patch = Path(conflict.path)
     assert patch.is_file() and "+LIMIT = 3" in patch.read_text()
     result = tool_result_text(server)
-    assert "[change 2] conflict in config.py: not applied" in result
-    assert str(patch) in result
+    assert f"[change 2] conflict in config.py (kept as {patch}): not applied" in result
+    assert started(server, "resolver") == []
     # The main agent reads the kept patch from its own sandbox, and cannot change it.
     shell = session.make_shell()
     try:
@@ -316,7 +320,8 @@ async def test_a_user_edit_made_during_the_call_is_merged_with_not_overwritten(
     serve: StartServer, tmp_path: Path
 ) -> None:
     """The user edits one file while the workers run: a worker's change to another part of
-    it merges around the edit; a worker's change to the same line is a conflict."""
+    it merges around the edit; a worker's change to the same line conflicts with the edit,
+    and goes to a resolver, whose resolution keeps both."""
     lines = "".join(f"line {i}\n" for i in range(1, 21))
     workdir = repo(tmp_path / "work", {"doc.txt": lines})
     edit = f"sed -i 's/^line 1$/line 1 (user)/' {workdir}/doc.txt"
@@ -335,7 +340,13 @@ async def test_a_user_edit_made_during_the_call_is_merged_with_not_overwritten(
     text = (workdir / "doc.txt").read_text()
     assert "line 1 (user)" in text
     assert "line 20 (worker)" in text
-    assert [e.fate for e in settled] == ["merged", "conflict"]
+    assert "line 1 (worker)" in text
+    assert [e.fate for e in settled] == ["merged", "merged"]
+    assert settled[1].detail == (
+        "after resolving a conflict with change 1 and your edits made since the call began"
+    )
+    (resolver,) = started(server, "resolver")
+    assert "<<<<<<< as-merged\n" in resolver and "line 1 (user)" in resolver
 
 
 async def test_shared_isolation_writes_directly_as_before(

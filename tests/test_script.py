@@ -12,7 +12,7 @@ import pytest
 
 from conftest import StartServer, gateway_for, settings_for, store_for
 from orchmode.core.events import EventBus, ScriptDone, ScriptStarted, SubagentDone, SubagentStarted
-from orchmode.core.prompts import VERIFY_MARKER, WORKFLOW_DESCRIPTION
+from orchmode.core.prompts import RESOLVE_MARKER, VERIFY_MARKER, WORKFLOW_DESCRIPTION
 from orchmode.session.agent import Session, TurnResult
 from orchmode.testing import ScriptedRequest, ScriptedServer
 from orchmode.testing.scenario import OrchestrationScenario, first_user_text
@@ -23,7 +23,9 @@ def role_of(body: dict[str, Any]) -> str:
     if "Workflow" in {t["name"] for t in body.get("tools", [])}:
         return "main"
     first = body["messages"][0]["content"]
-    return "verifier" if first.startswith(VERIFY_MARKER) else "worker"
+    if first.startswith(VERIFY_MARKER):
+        return "verifier"
+    return "resolver" if first.startswith(RESOLVE_MARKER) else "worker"
 
 
 def started(server: ScriptedServer, role: str, since: int = 0) -> list[str]:

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
         TokenUsage,
         TurnDone,
         TurnStarted,
+        WorkspacesChosen,
     )
     from .core.settings import Settings
     from .model.gateway import ModelGateway
@@ -77,6 +78,7 @@ _EVENTS = (
     "TokenUsage",
     "TurnDone",
     "TurnStarted",
+    "WorkspacesChosen",
 )
 
 #: Public name -> the module that defines it, imported when the name is first used.
@@ -130,6 +132,7 @@ __all__ = [
     "TurnDone",
     "TurnResult",
     "TurnStarted",
+    "WorkspacesChosen",
     "__version__",
     "open_session",
 ]

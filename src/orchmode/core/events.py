@@ -14,7 +14,7 @@ from typing import Literal
 
 log = logging.getLogger("orchmode")
 
-Role = Literal["main", "worker", "verifier"]
+Role = Literal["main", "worker", "verifier", "resolver"]
 
 
 @dataclass(frozen=True)
@@ -255,6 +255,16 @@ class ChangeSettled:
     path: str = ""
 
 
+@dataclass(frozen=True)
+class WorkspacesChosen:
+    """What agents' workspaces are here (``worktree`` isolation), said once per session."""
+
+    #: ``overlay`` (copy-on-write layers on one checkout) or ``copy`` (full copies).
+    kind: str
+    #: Why copies: what refused the overlay. Empty for overlays.
+    reason: str = ""
+
+
 Event = (
     ModelRequestDone
     | BashStarted
@@ -274,6 +284,7 @@ Event = (
     | ContextCompacted
     | ResultCondensed
     | ChangeSettled
+    | WorkspacesChosen
 )
 
 Subscriber = Callable[[Event], None]

@@ -258,6 +258,73 @@ summary with `confirmed: <why>` or `refuted: <why>`, citing file:line or command
 and list each claim you checked as a finding."""
 
 
+#: First words of every resolver's prompt; lets logs and scripted tests tell resolvers apart.
+RESOLVE_MARKER = "Resolve a merge conflict."
+
+
+def resolve_prompt(subtask: str, summary: str, before: str, messages: str, hunks: str) -> str:
+    """A resolver's prompt: the subtask as it was given, what its worker said it did, what
+    its change conflicts with, and every conflicted hunk with git's markers."""
+    return f"""{RESOLVE_MARKER}
+
+An agent was given this subtask:
+<subtask>
+{subtask}
+</subtask>
+
+It reported:
+<result>
+{summary}
+</result>
+
+Its change conflicts with the tree as merged so far ({before}). You are in a copy of that \
+tree with the change merged in: where it merged cleanly it is already there, and where it \
+did not, git's conflict markers are in the files. The part between `<<<<<<< as-merged` \
+and `=======` is the tree as merged so far; the part between `=======` and `>>>>>>>` is \
+this agent's change.
+<conflicts>
+{messages}
+{hunks}
+</conflicts>
+
+Edit the files so that both intents hold: keep what the tree as merged so far already has, \
+add what the subtask meant, remove every conflict marker and change nothing else. Check the \
+result with bash (run the tests that cover it). Then call report_findings once: say in the \
+summary how you resolved each conflict."""
+
+
+def verify_resolution_prompt(
+    subtask: str, summary: str, before: str, hunks: str, resolution: str, files: str
+) -> str:
+    """The prompt of a verifier that tries to refute a conflict's resolution, knowing both
+    intents: the change's and that of the tree it conflicted with."""
+    return f"""{VERIFY_MARKER} Try hard to refute it.
+
+The other agent resolved a merge conflict. A change made for this subtask:
+<subtask>
+{subtask}
+</subtask>
+whose agent reported:
+<result>
+{summary}
+</result>
+conflicted with the tree as merged so far ({before}) here:
+<conflicts>
+{hunks}
+</conflicts>
+
+The resolver reported:
+<result>
+{resolution}
+</result>
+Its resolution changed: {files}
+You are in a read-only copy of the working directory as it would be with the resolution \
+in it. Check that both intents hold — nothing the tree as merged so far had is lost, and \
+the subtask's change is there — that no conflict marker is left, and run the tests that \
+cover it. Call report_findings once: begin the summary with `confirmed: <why>` or \
+`refuted: <why>`, citing file:line or command output."""
+
+
 DEFAULT_TASK = (
     "Explore the current directory and review it thoroughly: what it does, its code-quality "
     "issues, and concrete improvements."

@@ -33,6 +33,10 @@ ExecutorKind = Literal["local", "ray"]
 Isolation = Literal["worktree", "shared"]
 #: Which workers' changes are merged into the working directory.
 MergePolicy = Literal["verified", "all", "none"]
+#: What becomes of a change that conflicts: resolved by an agent, or kept as a patch.
+ResolvePolicy = Literal["agent", "keep"]
+#: What an agent's workspace is: an overlay where one can be made, or always a full copy.
+WorkspaceKind = Literal["auto", "copy"]
 #: Who serves the model: Anthropic's Messages API, Amazon Bedrock or Google Vertex AI.
 Provider = Literal["anthropic", "bedrock", "vertex"]
 
@@ -127,6 +131,19 @@ class Settings(BaseModel):
         description="With `worktree` isolation, whose changes are merged into the working "
         "directory: `verified` only those their verifier confirmed, `all` every one that "
         "applies, `none` no one (every patch is kept as a file).",
+    )
+    resolve: ResolvePolicy = Field(
+        default="agent",
+        description="With `worktree` isolation, what becomes of a change to be merged that "
+        "conflicts with those merged before it or with your edits: `agent` gives it to a "
+        "resolver agent, whose resolution is verified again and merged only if confirmed; "
+        "`keep` keeps it as a patch file.",
+    )
+    workspaces: WorkspaceKind = Field(
+        default="auto",
+        description="What each agent's copy of the tree is under `worktree` isolation: "
+        "`auto` a copy-on-write overlay on one checkout of the tree where the kernel allows "
+        "it (else full copies, said once); `copy` always a full copy.",
     )
     notice_delivery: NoticeDelivery = Field(
         default="system",

@@ -21,19 +21,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..core.errors import AuthError, OrchmodeError
-from ..core.events import EventBus
+from ..core.events import EventBus, WorkspacesChosen
 from ..core.prompts import SUBAGENT_SYSTEM, SUBAGENT_TOOLS
-from ..core.results import AgentResult, Change, Status
+from ..core.results import AgentResult, Status
 from ..core.settings import Settings
 from ..model.budget import BudgetExhausted
 from ..model.context import Window
 from ..model.gateway import ModelGateway
 from ..shell.bash import BashSession
+from ..shell.bwrap import overlay_problem
 from ..shell.environment import command_environment
-from ..shell.sandbox import Sandbox
+from ..shell.sandbox import Sandbox, ShellSandboxing
 from ..store import Store
 from ..tools.mcptools import with_mcp_tools
-from ..trees.copies import Copy, Trees
+from ..trees.copies import Trees
+from ..trees.workspaces import Spec, Workspace, Workspaces
 from . import Job, TreeJob
 from .pool import Ready, SandboxPool
 from .subagent import Subagent, describe_failure
@@ -63,16 +65,8 @@ async def keep_claim(store: Store, key: str, holder: str, lease: float) -> None:
             log.warning("could not renew a claim: %s", exc)
 
 
-def _kept_key(tree: TreeJob, base: str, patch: str) -> tuple[str, str, str]:
-    return tree.chain, base, Change(base, patch).digest
-
-
-async def _nothing() -> None:
-    return None
-
-
 def _awaiting(task: asyncio.Task[None]) -> Callable[[], Awaitable[None]]:
-    """The shell's wait for its copy; a copy that failed is an OSError the shell reports."""
+    """The shell's wait for its workspace; one that failed is an OSError the shell reports."""
 
     async def wait() -> None:
         try:
@@ -193,25 +187,30 @@ class ShellFactory:
         self.made.add(shell)
         return shell
 
-    def in_copy(
-        self,
-        trees: Trees,
-        copy: Copy,
-        tree: TreeJob,
-        prepare: Callable[[], Awaitable[None]],
+    def in_workspace(
+        self, workspace: Workspace, prepare: Callable[[], Awaitable[None]]
     ) -> BashSession:
-        """A shell that works in ``copy``: shown at the working directory's path inside the
-        sandbox, with the ignored entries and the objects its git needs shown read-only.
-        Unsandboxed (``--sandbox off``) the shell simply starts in the copy."""
-        sandbox = None
-        cwd = copy.path
-        if self.sandbox is not None:
-            views = [(trees.store_objects, trees.store_objects)]
-            if trees.user_objects is not None:
-                views.append((trees.user_objects, trees.alias))
-            sandbox = self.sandbox.in_copy(
-                copy.path, writable=tree.writable, shared=tree.ignored, views=tuple(views)
-            ).for_shell()
+        """A shell that works in ``workspace``: shown at the working directory's path inside
+        the sandbox (an overlay mounted first, if it is one), with the ignored entries and
+        the objects its git needs shown read-only. Unsandboxed (``--sandbox off``, where
+        workspaces are copies) the shell simply starts in the copy."""
+        base = self.sandbox
+        if base is None:
+            sandbox = None
+            cwd = workspace.view.root
+        else:
+
+            def build() -> Sandbox:  # once the workspace is open: its layers are known then
+                view = workspace.view
+                return base.in_copy(
+                    view.root,
+                    writable=view.writable,
+                    shared=view.shown,
+                    views=view.objects,
+                    overlay=view.overlay,
+                )
+
+            sandbox = ShellSandboxing(build, base.mode)
             cwd = self.workdir
         return self._made(
             BashSession(
@@ -237,10 +236,10 @@ class AgentHost:
     trees: Trees | None = None
     #: The user's MCP servers, shared by every agent this host runs.
     mcp: McpHub | None = None
-    #: Workers' copies kept for their verifiers, by (subtask, snapshot, patch digest): a
-    #: verifier that runs here checks the very copy its worker left, read-only, instead of
-    #: a new one (a worker that changed nothing too: its copy is the snapshot's).
-    _kept: dict[tuple[str, str, str], Copy] = field(default_factory=dict, repr=False)
+    #: The agents' workspaces (``worktree`` isolation), of the kind that works here: chosen
+    #: when the first isolated job comes. Workers' workspaces are kept for their verifiers.
+    workspaces: Workspaces | None = field(default=None, repr=False)
+    _choosing: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
     _spawn_gate: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(SPAWNS))
     _housekeeping: set[asyncio.Task[None]] = field(default_factory=set, repr=False)
     #: Shells started ahead for the agents to come (see :mod:`.pool`).
@@ -254,11 +253,13 @@ class AgentHost:
         heartbeat = asyncio.create_task(
             keep_claim(self.store, job.key, job.holder, self.settings.claim_lease)
         )
+        if self._in_copy(job):
+            await self._choose_workspaces(events)
         kind = self._pool_kind(job)
         ready = self.pool.take(kind) if kind is not None else None
         if ready is None:
-            ready = self._kept_copy(job) or self._fresh(job)
-        shell, copy, made = ready.shell, ready.copy, ready.made
+            ready = self._fresh(job)
+        shell, workspace, made = ready.shell, ready.workspace, ready.made
         # A shell not taken ready from the pool starts while the first model request is in
         # flight, so its start-up is off the critical path (and not ahead of a wave of
         # requests going out); the pool refills then too. Closed in the background, for
@@ -288,15 +289,15 @@ class AgentHost:
         except BaseException:  # cancelled or broken: let the next run take it at once
             self.background(self.store.release(job.key, job.holder))
             if made is not None:
-                made.cancel()  # its copy goes with the run's directory when the session closes
+                made.cancel()  # its workspace goes with the run's directory at the end
                 self.background(shell.close())
             raise
         finally:
             heartbeat.cancel()
-            if copy is None:
+            if workspace is None:
                 self.background(shell.close())
-        if copy is not None and made is not None and self.trees is not None:
-            result = await self._finish_copy(result, job, shell, copy, made)
+        if workspace is not None and made is not None:
+            result = await self._finish_workspace(result, job, shell, workspace, made)
         # Recorded in the background (settle() waits for it), so the chain goes on; the
         # claim is let go in the same write, so an agent waiting on it never finds neither.
         self.background(self.store.record(job.key, job.role, job.prompt, result, holder=job.holder))
@@ -312,10 +313,8 @@ class AgentHost:
         if self.gateway.budget is not None:
             await self.gateway.budget.flush()
         await self.pool.drain()
-        if self.trees is not None:
-            kept, self._kept = list(self._kept.values()), {}
-            for copy in kept:  # their verifiers ran elsewhere, or not at all
-                self.trees.discard(copy)
+        if self.workspaces is not None:
+            self.workspaces.settle()  # kept for verifiers that ran elsewhere, or not at all
 
     def background(self, work: Coroutine[Any, Any, None]) -> None:
         """Housekeeping off the critical path; :meth:`settle` waits for all of it."""
@@ -325,7 +324,7 @@ class AgentHost:
 
     def _pool_kind(self, job: Job) -> Hashable | None:
         """Which pooled shells suit ``job``: any shell for a shared tree, one in a fresh
-        copy of its snapshot for a worker; None for a verifier's copy of a change."""
+        workspace of its snapshot for a worker; None for any other workspace."""
         if not self._in_copy(job):
             return SHARED
         assert job.tree is not None
@@ -340,30 +339,40 @@ class AgentHost:
             and isinstance(self.make_shell, ShellFactory)
         )
 
-    def _kept_copy(self, job: Job) -> Ready | None:
-        """The very copy a verifier's worker left here, shown to it read-only."""
-        if not self._in_copy(job):
-            return None
-        assert job.tree is not None
-        copy = self._kept.pop(_kept_key(job.tree, job.tree.base, job.tree.patch), None)
-        if copy is None:
-            return None
-        return self._ready_in(copy, asyncio.create_task(_nothing()), job.tree)
+    async def _choose_workspaces(self, events: EventBus) -> None:
+        """Overlays where they work, else full copies; said once, with the reason."""
+        async with self._choosing:
+            if self.workspaces is not None:
+                return
+            assert self.trees is not None and isinstance(self.make_shell, ShellFactory)
+            await self.trees.open()
+            reason = await asyncio.to_thread(self._overlay_problem)
+            self.workspaces = Workspaces(self.trees, overlays=reason is None)
+            if reason is not None:
+                log.info("agents' workspaces are full copies: %s", reason)
+            events.emit(WorkspacesChosen("copy" if reason else "overlay", reason or ""))
+
+    def _overlay_problem(self) -> str | None:
+        assert self.trees is not None and isinstance(self.make_shell, ShellFactory)
+        settings = self.settings
+        if settings.workspaces == "copy":
+            return "full copies were asked for (workspaces = copy)"
+        if self.make_shell.sandbox is None:
+            return "the sandbox is off, and overlays are mounted inside it"
+        return overlay_problem(settings.sandbox_bwrap, settings.allow_network, self.trees.run)
 
     def _fresh(self, job: Job, stem: str | None = None) -> Ready:
-        """A new shell for ``job``: in a copy of its tree being made, if it works in one."""
+        """A new shell for ``job``: in a workspace being opened, if it works in one."""
         if not self._in_copy(job):
             return Ready(self.make_shell())
-        assert job.tree is not None and self.trees is not None
+        assert job.tree is not None and self.workspaces is not None
         assert isinstance(self.make_shell, ShellFactory)
-        copy = self.trees.plan_copy(stem or job.name, job.tree.base)
-        # Made while the first model request is in flight; the shell waits for it.
-        return self._ready_in(copy, asyncio.create_task(self._make_copy(copy, job.tree)), job.tree)
-
-    def _ready_in(self, copy: Copy, made: asyncio.Task[None], tree: TreeJob) -> Ready:
-        """A shell that works in ``copy`` once ``made`` has made it."""
-        assert self.trees is not None and isinstance(self.make_shell, ShellFactory)
-        return Ready(self.make_shell.in_copy(self.trees, copy, tree, _awaiting(made)), copy, made)
+        tree = job.tree
+        spec = Spec(tree.base, tree.patch, tree.writable, tree.ignored, tree.chain)
+        workspace = self.workspaces.workspace(stem or job.name, spec)
+        # Opened while the first model request is in flight; the shell waits for it.
+        made = asyncio.create_task(self._open(workspace, tree))
+        return Ready(self.make_shell.in_workspace(workspace, _awaiting(made)), workspace, made)
 
     def _first_request_sent(self, job: Job, kind: Hashable | None, shell: BashSession) -> None:
         if not shell.running:
@@ -372,65 +381,56 @@ class AgentHost:
             self.pool.refill(kind, lambda: self._fresh(job, "ready"))
 
     async def _discard_ready(self, ready: Ready) -> None:
-        """A pooled shell no agent took: closed, and its copy (once made) discarded."""
+        """A pooled shell no agent took: closed, and its workspace (once open) discarded."""
         await ready.shell.close()
-        if ready.copy is None or self.trees is None:
+        if ready.workspace is None:
             return
         if ready.made is not None:
             with contextlib.suppress(Exception):
                 await ready.made
-        self.trees.discard(ready.copy)
+        ready.workspace.discard()
 
-    async def _make_copy(self, copy: Copy, tree: TreeJob) -> None:
+    async def _open(self, workspace: Workspace, tree: TreeJob) -> None:
         assert self.trees is not None
         if tree.bundle is not None and not await self.trees.has(tree.base):
             await self.trees.receive(tree.base, await _fetch(tree.bundle))
-        await self.trees.make_copy(copy, tree.patch, tree.ignored)
+        await workspace.open()
 
-    async def _finish_copy(
+    async def _finish_workspace(
         self,
         result: AgentResult,
         job: Job,
         shell: BashSession,
-        copy: Copy,
+        workspace: Workspace,
         made: asyncio.Task[None],
     ) -> AgentResult:
-        """A worker's change, read from its copy; then the copy goes. A copy that could not
-        be made fails the agent, whatever it said: it never worked on the tree."""
-        assert self.trees is not None and job.tree is not None
-        await shell.close()  # nothing may still be writing in the copy
-        keep = False
+        """The agent's change, read from its workspace as it closes. A workspace that could
+        not be made fails the agent, whatever it said: it never worked on the tree."""
+        assert job.tree is not None
+        await shell.close()  # nothing may still be writing in it
         try:
-            try:
-                await made
-            except (OSError, OrchmodeError) as exc:
-                return AgentResult(
-                    f"error: the agent's copy of the tree could not be made: {exc}",
-                    Status.FAILED,
-                    result.turns,
-                    result.usage,
-                )
-            if not job.tree.writable:
-                return result
-            try:
-                change = await self.trees.change_of(copy)
-            except OrchmodeError as exc:
-                return AgentResult(
-                    f"error: the agent's change could not be read from its copy: {exc}",
-                    Status.FAILED,
-                    result.turns,
-                    result.usage,
-                )
-            if self.settings.verify:
-                kept = _kept_key(job.tree, change.base, change.patch)
-                if kept in self._kept:  # the same subtask again: the older copy goes
-                    self.trees.discard(self._kept.pop(kept))
-                self._kept[kept] = copy
-                keep = True
-            return replace(result, change=change)
-        finally:
-            if not keep:
-                self.trees.discard(copy)
+            await made
+        except (OSError, OrchmodeError) as exc:
+            workspace.discard()
+            return AgentResult(
+                f"error: the agent's copy of the tree could not be made: {exc}",
+                Status.FAILED,
+                result.turns,
+                result.usage,
+            )
+        keep = self.settings.verify and job.tree.writable and not job.tree.patch
+        try:
+            change = await workspace.close(keep_for=job.tree.chain if keep else None)
+        except OrchmodeError as exc:
+            return AgentResult(
+                f"error: the agent's change could not be read from its copy: {exc}",
+                Status.FAILED,
+                result.turns,
+                result.usage,
+            )
+        if change is None:
+            return result
+        return replace(result, change=change)
 
     async def _prewarm(self, shell: BashSession) -> None:
         """Start a shell ahead of need, a few at a time (see :data:`SPAWNS`)."""

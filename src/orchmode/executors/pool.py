@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
 
 from ..shell.bash import BashSession
-from ..trees.copies import Copy
+from ..trees.workspaces import Workspace
 
 #: Shells kept ready before the pool has seen how fast agents start and shells get made.
 FIRST_TARGET = 2
@@ -41,8 +41,8 @@ class Ready:
     """A shell for one agent: started (or being started) in its copy, if it has one."""
 
     shell: BashSession
-    #: Under ``worktree`` isolation: the copy the shell works in, and the task making it.
-    copy: Copy | None = None
+    #: Under ``worktree`` isolation: the workspace the shell works in, and the task opening it.
+    workspace: Workspace | None = None
     made: asyncio.Task[None] | None = None
 
 

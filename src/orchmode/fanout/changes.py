@@ -2,7 +2,10 @@
 
 Every change is saved as a patch file beside the agents' reports (the main agent reads it
 from its sandbox). Then, in subtask order, each change the ``merge`` policy lets through is
-merged into the working directory by :meth:`.Trees.merge` — whole, or not at all — and the
+merged into the working directory by :meth:`.Trees.merge_all` — whole, or not at all. A
+change that conflicts with those merged before it (or with the user's edits) goes, under
+``resolve = "agent"``, to a resolver (:mod:`.resolve`), one after another in subtask order,
+each on the tree as merged so far; a confirmed resolution is merged like any change. The
 tool result says per subtask what became of it.
 """
 
@@ -12,7 +15,7 @@ import asyncio
 import contextlib
 import fcntl
 import os
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from ..core.errors import OrchmodeError
@@ -20,7 +23,7 @@ from ..core.events import ChangeSettled, EventBus
 from ..core.results import Change
 from ..core.settings import MergePolicy
 from ..store.result_files import ResultFiles
-from ..trees.copies import Merge, Trees
+from ..trees.copies import Conflict, Merge, Trees
 from ..trees.patches import PatchSummary, describe_summary, summary_of
 
 
@@ -34,6 +37,33 @@ class Candidate:
     finished: bool
     #: The verifier's verdict; None when there was no verification.
     verdict: str | None
+    #: The subtask as it was given, and the worker's report: what a resolver is told.
+    subtask: str = ""
+    summary: str = ""
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """A resolver's outcome: a change to the tree as merged so far, or why there is none."""
+
+    change: Change | None
+    why: str = ""
+    #: What the change conflicted with, e.g. "change 1" or "your edits".
+    before: str = ""
+
+
+#: Looks for a resolution an earlier run confirmed (a resumed run merges that one).
+Recorded = Callable[[Candidate], Awaitable[Resolution | None]]
+#: Resolves a candidate's conflict: the resolver, its verifier, the record of the outcome.
+Resolve = Callable[[Candidate, Conflict, str], Awaitable[Resolution]]
+
+
+@dataclass(frozen=True)
+class Resolver:
+    """How conflicts are resolved in one call (None of it: they are kept as patches)."""
+
+    recorded: Recorded
+    resolve: Resolve
 
 
 def hold_back(policy: MergePolicy, candidate: Candidate) -> str | None:
@@ -51,6 +81,17 @@ def hold_back(policy: MergePolicy, candidate: Candidate) -> str | None:
     return "its verdict was unclear"
 
 
+@dataclass
+class _Outcome:
+    """What became of one candidate's change, as its line and event say."""
+
+    merge: Merge | None = None
+    #: Set when a resolver took part: what the change conflicted with, and, when the
+    #: resolution was not merged, why.
+    resolved_with: str = ""
+    unresolved: str = ""
+
+
 async def settle_changes(
     trees: Trees,
     results: ResultFiles | None,
@@ -58,31 +99,137 @@ async def settle_changes(
     call: int,
     candidates: Sequence[Candidate],
     events: EventBus,
+    resolver: Resolver | None = None,
 ) -> list[str]:
-    """Merge what may be merged, in order; one ``[change i] …`` line per subtask."""
+    """Merge what may be merged, in order, resolving conflicts when a resolver is given;
+    one ``[change i] …`` line per subtask."""
     held = [hold_back(policy, c) for c in candidates]
-    to_merge = [
-        c.change
+    chosen = [
+        c
         for c, reason in zip(candidates, held, strict=True)
         if c.change is not None and not c.change.empty and reason is None
     ]
-    merges: list[Merge] = []
+    outcomes = {c.index: _Outcome() for c in chosen}
+    # A resolution confirmed by an earlier run of this call stands in for its change.
+    earlier: dict[int, Resolution] = {}
+    if resolver is not None:
+        for candidate in chosen:
+            found = await resolver.recorded(candidate)
+            if found is not None:
+                earlier[candidate.index] = found
+    to_merge = [
+        earlier[c.index].change if c.index in earlier else c.change for c in chosen
+    ]  # fmt: skip
     if to_merge:
         async with _merging(trees):
-            try:
-                merges = await trees.merge_all(to_merge)
-            except OrchmodeError as exc:  # git itself failed: every change is kept
-                merges = [Merge("conflict", (f"merging failed: {exc}",)) for _ in to_merge]
-    outcomes = iter(merges)
+            merges = await _merge_all(trees, [m for m in to_merge if m is not None])
+        for candidate, merge in zip(chosen, merges, strict=True):
+            outcomes[candidate.index].merge = merge
+            if candidate.index in earlier:
+                outcomes[candidate.index].resolved_with = earlier[candidate.index].before
+    if resolver is not None:
+        merged = [
+            (c.index, m)
+            for c, m in zip(chosen, to_merge, strict=True)
+            if m is not None and _merged(outcomes[c.index])
+        ]
+        for candidate in chosen:
+            outcome = outcomes[candidate.index]
+            if _content_conflict(outcome) and candidate.index not in earlier:
+                resolution = await _resolve(trees, resolver, candidate, outcome, merged)
+                if resolution is not None:
+                    merged.append((candidate.index, resolution))
     lines = []
     for candidate, reason in zip(candidates, held, strict=True):
         change = candidate.change
         if change is None or change.empty:
             lines.append(f"[change {candidate.index}] no change")
             continue
-        merge = next(outcomes) if reason is None else None
-        lines.append(_settle(results, policy, call, candidate, change, reason, merge, events))
+        settled = outcomes.get(candidate.index) if reason is None else None
+        lines.append(_settle(results, policy, call, candidate, change, reason, settled, events))
     return lines
+
+
+async def _merge_all(trees: Trees, changes: list[Change]) -> list[Merge]:
+    try:
+        return await trees.merge_all(changes)
+    except OrchmodeError as exc:  # git itself failed: every change is kept
+        return [Merge("conflict", (f"merging failed: {exc}",)) for _ in changes]
+
+
+def _merged(outcome: _Outcome) -> bool:
+    return outcome.merge is not None and outcome.merge.fate == "merged"
+
+
+def _content_conflict(outcome: _Outcome) -> bool:
+    """A conflict git found between two contents: one an agent can edit away."""
+    merge = outcome.merge
+    return (
+        merge is not None
+        and merge.fate == "conflict"
+        and not any(d.startswith("merging failed") for d in merge.detail)
+    )
+
+
+async def _resolve(
+    trees: Trees,
+    resolver: Resolver,
+    candidate: Candidate,
+    outcome: _Outcome,
+    merged: Sequence[tuple[int, Change]],
+) -> Change | None:
+    """Give ``candidate``'s conflict to a resolver; merge its resolution if confirmed (and
+    return it)."""
+    change = candidate.change
+    assert change is not None
+    try:
+        async with _merging(trees):
+            conflict = await trees.conflict_of(change, f"change-{candidate.index}")
+            if conflict is None:
+                return None  # not a conflict of contents (its snapshot is gone, a file moved)
+            touching = [(i, m) for i, m in merged if _touches(m, conflict.files)]
+            edited = await trees.edited_besides(
+                change.base, conflict.files, [m for _, m in touching], conflict.ours
+            )
+    except OrchmodeError as exc:
+        outcome.unresolved = f"its conflict could not be worked out ({exc})"
+        return None
+    before = conflicting_with([i for i, _ in touching], edited=edited)
+    resolution = await resolver.resolve(candidate, conflict, before)
+    outcome.resolved_with = before
+    if resolution.change is None:
+        outcome.unresolved = resolution.why
+        return None
+    async with _merging(trees):
+        (merge,) = await _merge_all(trees, [resolution.change])
+    if merge.fate != "merged":
+        why = "; ".join(merge.detail) or merge.fate
+        outcome.unresolved = f"its confirmed resolution no longer merged: {why}"
+        return None
+    outcome.merge = merge
+    return resolution.change
+
+
+def _touches(change: Change, files: Sequence[str]) -> bool:
+    summary = summary_of(change)
+    wanted = set(files)
+    return isinstance(summary, PatchSummary) and any(
+        f.path in wanted or f.old_path in wanted for f in summary.files
+    )
+
+
+def conflicting_with(numbers: Sequence[int], *, edited: bool) -> str:
+    """Whose changes a conflict is with: "change 1", "changes 1 and 3", the user's edits,
+    or both."""
+    mine = "your edits made since the call began"
+    if not numbers:
+        return mine
+    named = (
+        f"change {numbers[0]}"
+        if len(numbers) == 1
+        else f"changes {', '.join(map(str, numbers[:-1]))} and {numbers[-1]}"
+    )
+    return f"{named} and {mine}" if edited else named
 
 
 def _settle(
@@ -92,7 +239,7 @@ def _settle(
     candidate: Candidate,
     change: Change,
     reason: str | None,
-    merge: Merge | None,
+    outcome: _Outcome | None,
     events: EventBus,
 ) -> str:
     """The subtask's line (its change kept as a file), and its event."""
@@ -103,21 +250,30 @@ def _settle(
     removed = summary.removed if isinstance(summary, PatchSummary) else 0
     path = results.write_patch(candidate.key, change.patch) if results is not None else ""
     kept = f"; its patch is kept at {path}" if path else ""
-    if merge is None:
+    merge = outcome.merge if outcome is not None else None
+    if outcome is None or merge is None:
         fate, detail = ("kept" if policy == "none" else "not merged"), reason or ""
         how = " — apply it yourself with git apply" if path and policy == "none" else ""
         line = f"[change {i}] not merged ({detail}): {files}{kept}{how}"
     else:
         fate, detail = merge.fate, "; ".join(merge.detail)
-        if merge.fate == "merged":
+        if merge.fate == "merged" and outcome.resolved_with:
+            detail = f"after resolving a conflict with {outcome.resolved_with}"
+            line = f"[change {i}] merged {detail}: {files}"
+        elif merge.fate == "merged":
             line = f"[change {i}] merged: {files}"
         elif merge.fate == "no change":
             line = f"[change {i}] no change"
         elif merge.fate == "conflict":
+            where = f" in {detail}" if detail else ""
+            tried = ""
+            if outcome.unresolved:
+                tried = f"; a resolver tried, but {outcome.unresolved}"
+                detail = f"{detail} ({outcome.unresolved})" if detail else outcome.unresolved
             line = (
-                f"[change {i}] conflict in {detail or 'the tree'}: not applied, nothing of it "
-                f"written ({files}){kept} — read it, and apply what still holds with "
-                "git apply"
+                f"[change {i}] conflict{where} (kept as {path or 'no file'}): not applied, "
+                f"nothing of it written ({files}){tried} — read it, and apply what still "
+                "holds with git apply"
             )
         else:
             line = f"[change {i}] refused ({detail}): {files}{kept}"

@@ -40,9 +40,10 @@ from ..store.result_files import ResultFiles
 from ..tools.mcptools import with_mcp_tools
 from ..trees.copies import Trees
 from ..trees.patches import describe_change
-from .changes import Candidate, settle_changes
+from .changes import Candidate, Resolver, settle_changes
 from .condense import SubtaskEntry, fit_result, full_text
 from .plans import title, verdict_of
+from .resolve import recorded_resolution, resolve
 from .slots import VERIFIER_PRIORITY, PrioritySlots, Relay
 
 if TYPE_CHECKING:
@@ -136,7 +137,7 @@ class FanoutEngine:
 
     async def _list_tools(self) -> None:
         """Learn the subagents' tools before any key is made: MCP tools are part of them."""
-        roles: tuple[Role, ...] = ("worker", "verifier")
+        roles: tuple[Role, ...] = ("worker", "verifier", "resolver")
         for role in roles:
             if role not in self._tools:
                 self._tools[role] = await with_mcp_tools(SUBAGENT_TOOLS, self.mcp, role)
@@ -191,37 +192,59 @@ class FanoutEngine:
         return replace(tree, base=change.base, patch=change.patch, writable=False)
 
     async def settle_changes(
-        self, call: int, done: list[tuple[int, str, AgentResult, AgentResult | None]]
+        self,
+        call: int,
+        tree: TreeJob,
+        done: list[tuple[int, str, str, AgentResult, AgentResult | None]],
     ) -> list[str]:
         """Merge the workers' changes in order (see :mod:`.changes`); a line per subtask."""
         return await self.settle_verdicts(
             call,
+            tree,
             [
                 (
                     index,
                     key,
+                    subtask,
                     worker,
                     verdict_of(verifier.text)
                     if verifier is not None and verifier.finished
                     else None,
                 )
-                for index, key, worker, verifier in done
+                for index, key, subtask, worker, verifier in done
             ],
         )
 
     async def settle_verdicts(
-        self, call: int, done: list[tuple[int, str, AgentResult, str | None]]
+        self,
+        call: int,
+        tree: TreeJob,
+        done: list[tuple[int, str, str, AgentResult, str | None]],
     ) -> list[str]:
         """The same, given each worker's verdict (None: not verified)."""
         if self.trees is None:
             return []
         candidates = [
-            Candidate(index, key, worker.change, worker.finished, verdict)
-            for index, key, worker, verdict in done
+            Candidate(index, key, worker.change, worker.finished, verdict, subtask, worker.text)
+            for index, key, subtask, worker, verdict in done
         ]
+        resolver = None
+        if self.settings.resolve == "agent":
+            resolver = Resolver(
+                lambda candidate: recorded_resolution(self, candidate),
+                lambda candidate, conflict, before: resolve(
+                    self, call, candidate, conflict, before, tree
+                ),
+            )
         try:
             return await settle_changes(
-                self.trees, self.results, self.settings.merge, call, candidates, self.events
+                self.trees,
+                self.results,
+                self.settings.merge,
+                call,
+                candidates,
+                self.events,
+                resolver,
             )
         except OrchmodeError as exc:
             log.warning("merging the workers' changes failed: %s", exc)

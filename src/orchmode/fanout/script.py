@@ -538,8 +538,8 @@ class ScriptRun:
         """Merge the isolated workers' changes in the order they were started."""
         if not self.workers:
             return []
-        done = [(w.index, w.key, w.result, w.verdict) for w in self.workers]
-        return await self.engine.settle_verdicts(self.call, done)
+        done = [(w.index, w.key, w.prompt, w.result, w.verdict) for w in self.workers]
+        return await self.engine.settle_verdicts(self.call, self.workers[0].tree, done)
 
     async def _budget(self) -> dict[str, Any]:
         s = self.engine.settings

@@ -88,8 +88,9 @@ class Workflow(FanoutEngine):
         if tree is not None:
             changes = await self.settle_changes(
                 call,
+                tree,
                 [
-                    (i, self.key_of("worker", subtask, isolated), worker, verifier)
+                    (i, self.key_of("worker", subtask, isolated), subtask, worker, verifier)
                     for i, (subtask, (worker, verifier)) in enumerate(
                         zip(plan.subtasks, pairs, strict=True), start=1
                     )

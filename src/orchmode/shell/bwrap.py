@@ -11,15 +11,18 @@ import functools
 import os
 import re
 import shutil
+import stat
 import subprocess
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..core.overlay import Overlay, unsafe_path
 from .cgroups import _cgroups
 from .policy import _MIB
 
-__all__ = ["Probe", "probe"]
+__all__ = ["Probe", "overlay_problem", "probe"]
 
 _PROBE_TIMEOUT = 10.0
 _FIX = "or pass --sandbox off to run commands unsandboxed"
@@ -90,6 +93,68 @@ def probe(bwrap: str = "bwrap", allow_network: bool = False) -> Probe:
         f"the bash sandbox is unavailable: bubblewrap cannot make its namespaces here "
         f"({reason}) — allow unprivileged user namespaces, {_FIX}",
     )
+
+
+def overlay_problem(bwrap: str, allow_network: bool, where: Path) -> str | None:
+    """Why agents' workspaces cannot be overlays with their layers in ``where``, or None.
+
+    Tried for real, once per file system: an overlay mounted in a user namespace of its
+    own, bubblewrap started inside it (as every agent's shell is), a file written and one
+    deleted through it; the write must land in the upper layer and the deletion be a
+    whiteout there, the lower layer untouched.
+    """
+    found = probe(bwrap, allow_network)
+    if found.problem is not None or found.bwrap is None:
+        return found.problem or "bubblewrap is not available"
+    for tool in ("unshare", "mount"):
+        if shutil.which(tool) is None:
+            return f"{tool} (util-linux) is not installed"
+    if unsafe_path(where):
+        return f"the path {where} holds a character overlay mount options cannot carry"
+    try:
+        device = os.stat(where).st_dev
+    except OSError as exc:
+        return f"{where} cannot be read ({exc.strerror})"
+    return _overlay_problem(found.bwrap, found.flags, str(where), device)
+
+
+@functools.cache
+def _overlay_problem(bwrap: str, flags: tuple[str, ...], where: str, _device: int) -> str | None:
+    scratch = Path(tempfile.mkdtemp(prefix=".overlay-probe-", dir=where))
+    try:
+        lower, upper, work, target = (scratch / n for n in ("lower", "upper", "work", "mnt"))
+        for directory in (lower, upper, work, target):
+            directory.mkdir()
+        (lower / "gone").write_text("x")
+        flags = (*flags, *(() if "--unshare-user" in flags else ("--unshare-user",)))
+        sandboxed = [
+            bwrap, *flags, "--uid", str(os.getuid()), "--gid", str(os.getgid()),
+            "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
+            "--bind", str(target), str(target), "--chdir", str(target),
+            "--", "/bin/sh", "-c", "echo new > new && rm gone",
+        ]  # fmt: skip
+        ok, reason = _try(Overlay((lower,), target, upper, work).wrap(sandboxed))
+        if not ok:
+            return f"an overlay in a user namespace could not be made here ({reason})"
+        gone = os.lstat(upper / "gone")
+        if not (upper / "new").is_file() or not (stat.S_ISCHR(gone.st_mode) and gone.st_rdev == 0):
+            return "overlayfs here does not keep writes and deletions in the upper layer"
+        if not (lower / "gone").is_file():
+            return "overlayfs here changed the lower layer"
+        return None
+    except OSError as exc:
+        return f"an overlay could not be tried here ({exc})"
+    finally:
+        _remove(scratch)
+
+
+def _remove(path: Path) -> None:
+    """Remove a probe's directory, overlayfs's mode-0 scratch directory included."""
+    for root, dirs, _ in os.walk(path):
+        for name in dirs:
+            with contextlib.suppress(OSError):
+                os.chmod(os.path.join(root, name), 0o700)
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def _options(bwrap: str) -> set[str]:

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..core.overlay import Overlay
 from ..core.settings import CONFIG_FILE, SandboxMode, Settings
 
 __all__ = ["STATE_DIR", "SandboxPolicy"]
@@ -78,6 +79,9 @@ class SandboxPolicy:
     #: Read-only binds (source, destination) inside the hidden state directory: the
     #: private object store a copy's git borrows from, and the user's objects behind it.
     views: tuple[tuple[Path, Path], ...] = ()
+    #: When the copy is an overlay: mounted on ``tree`` in the shell's own namespaces before
+    #: bubblewrap starts (see :mod:`orchmode.core.overlay`).
+    overlay: Overlay | None = None
 
     @classmethod
     def from_settings(
@@ -142,8 +146,8 @@ class SandboxPolicy:
         bind = "--bind" if writable else "--ro-bind"
         source = self.tree if self.tree is not None else workdir
         ops.append((workdir, [bind, str(source), str(workdir)]))
-        config = source / CONFIG_FILE
-        if writable and config.is_file():
+        config = self._config_file(source)
+        if writable and config is not None:
             # Settings for the next run, such as `sandbox = "off"`.
             ops.append(
                 (workdir / CONFIG_FILE, ["--ro-bind", str(config), str(workdir / CONFIG_FILE)])
@@ -156,7 +160,7 @@ class SandboxPolicy:
             # Sources are read from the host's own tree, beneath the copy that covers it.
             for name in self.shared:
                 entry = workdir / name.rstrip("/")
-                if os.path.lexists(entry) and not os.path.islink(entry):
+                if os.path.lexists(entry) and not os.path.islink(entry) and self._has_stub(name):
                     ops.append((entry, ["--ro-bind", str(entry), str(entry)]))
         state = workdir / STATE_DIR
         shown = [p for p in self.readable if p.is_dir()]
@@ -180,6 +184,23 @@ class SandboxPolicy:
         ops.extend((p, ["--ro-bind", str(p), str(p)]) for p in shown if p not in inside)
         ops.sort(key=lambda op: _depth(op[0]))  # stable: equal depths keep their order
         return ["--ro-bind", "/", "/", *itertools.chain.from_iterable(args for _, args in ops)]
+
+    def _config_file(self, source: Path) -> Path | None:
+        """The tree's ``orchmode.toml``, as the host sees it: in the copy, or in the first
+        layer of the overlay that holds one."""
+        layers = self.overlay.lowers if self.overlay is not None else (source,)
+        for layer in layers:
+            config = layer / CONFIG_FILE
+            if os.path.lexists(config):
+                return config if config.is_file() else None
+        return None
+
+    def _has_stub(self, name: str) -> bool:
+        """Whether the tree has a place to show an ignored entry: a read-only overlay cannot
+        make a mount point that its layers lack."""
+        if self.overlay is None or self.overlay.writable:
+            return True
+        return any(os.path.lexists(layer / name.rstrip("/")) for layer in self.overlay.lowers)
 
     def limits_script(self, *, cgroup_pids: bool, cgroup_memory: bool) -> str:
         """The ``ulimit`` calls run inside the sandbox before the shell starts."""

@@ -31,10 +31,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 
+from ..core.overlay import Overlay
 from ..core.settings import Settings
 from .bwrap import Probe, probe
 from .cgroups import SandboxUnavailable, _cgroups, _make_shell_cgroups, _remove_cgroups
@@ -85,10 +86,19 @@ class Sandbox:
         writable: bool,
         shared: tuple[str, ...] = (),
         views: tuple[tuple[Path, Path], ...] = (),
+        overlay: Overlay | None = None,
     ) -> Sandbox:
-        """The same sandbox for an agent that works in a copy of the tree."""
+        """The same sandbox for an agent that works in a copy of the tree: a directory, or
+        an ``overlay`` mounted on ``tree`` first."""
         return Sandbox(
-            replace(self.policy, tree=tree, tree_writable=writable, shared=shared, views=views)
+            replace(
+                self.policy,
+                tree=tree,
+                tree_writable=writable,
+                shared=shared,
+                views=views,
+                overlay=overlay,
+            )
         )
 
     def probe(self) -> Probe:
@@ -104,7 +114,14 @@ class Sandbox:
             raise SandboxUnavailable(found.problem)
         policy = self.policy
         if self._prefix is None or self._suffix is None:
-            self._prefix = [found.bwrap, *found.flags, *policy.mounts(sizes=found.sizes)]
+            flags = list(found.flags)
+            if policy.overlay is not None:
+                # Inside the overlay's namespace the shell is that namespace's root: map it
+                # back to the user, as a sandbox without an overlay shows it.
+                if "--unshare-user" not in flags:
+                    flags.append("--unshare-user")
+                flags += ["--uid", str(os.getuid()), "--gid", str(os.getgid())]
+            self._prefix = [found.bwrap, *flags, *policy.mounts(sizes=found.sizes)]
             self._suffix = [
                 *["--chdir", str(policy.workdir)],
                 *["--setenv", "HOME", policy.home, "--setenv", "TMPDIR", "/tmp"],
@@ -128,25 +145,40 @@ class Sandbox:
                 inner = []
             wrapper = ["/bin/sh", "-c", joins, "orchmode-cgroup"]
             wrapper += [str(len(cgroup_dirs)), *map(str, cgroup_dirs)]
-        return [
-            *wrapper,
+        sandboxed = [
             *self._prefix,
             *["--ro-bind", tmpdir, tmpdir],  # the shell's command files, last: on top
             *self._suffix,
             *inner,
         ]
+        if policy.overlay is not None:
+            sandboxed = policy.overlay.wrap(sandboxed)
+        return [*wrapper, *sandboxed]
 
 
 class ShellSandboxing:
-    """One shell's part of the sandbox: its cgroup, made on first start, kept across restarts."""
+    """One shell's part of the sandbox: its cgroup, made on first start, kept across restarts.
 
-    def __init__(self, sandbox: Sandbox) -> None:
-        self._sandbox = sandbox
+    The sandbox may be given as a function that makes it when the shell first starts: an
+    agent's workspace is only known once it is open.
+    """
+
+    def __init__(self, sandbox: Sandbox | Callable[[], Sandbox], mode: str | None = None) -> None:
+        self._made = sandbox if isinstance(sandbox, Sandbox) else None
+        self._make = None if isinstance(sandbox, Sandbox) else sandbox
+        self._mode = mode if mode is not None else self._sandbox.mode
         self._cgroup_dirs: list[Path] | None = None
 
     @property
+    def _sandbox(self) -> Sandbox:
+        if self._made is None:
+            assert self._make is not None
+            self._made = self._make()
+        return self._made
+
+    @property
     def mode(self) -> str:
-        return self._sandbox.mode
+        return self._mode
 
     def argv(self, tmpdir: str) -> list[str]:
         if self._cgroup_dirs is None and self._sandbox.probe().ok:

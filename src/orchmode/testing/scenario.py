@@ -7,7 +7,9 @@ request alone (so it survives a killed and restarted client):
   when one is set), then summarise;
 - main agent, mode off: answer briefly in text;
 - worker: run one bash command, then report_findings;
-- verifier: report_findings with a ``confirmed:`` (or ``refuted:``) summary.
+- verifier: report_findings with a ``confirmed:`` (or ``refuted:``) summary;
+- resolver (a conflict to resolve): edit the conflicted files with bash — by default, keep
+  both sides of every conflict, as a model adding entries to one list would — then report.
 
 By default reports are tiny. ``report_bytes`` / ``verifier_report_bytes`` make them the
 size real ones are (a few KB of findings with file:line evidence), generated from the
@@ -25,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..core.mode import Notice
-from ..core.prompts import NOTICES, VERIFY_MARKER
+from ..core.prompts import NOTICES, RESOLVE_MARKER, VERIFY_MARKER
 from .replies import Reply, ScriptedRequest
 
 Message = dict[str, Any]
@@ -95,6 +97,25 @@ def last_tool_result_text(messages: list[Message]) -> str:
 
 def confirm_all(_subtask_prompt: str) -> str:
     return "confirmed"
+
+
+_CONFLICTED_FILE = re.compile(r"^--- (.+)$", re.M)
+
+
+def conflicted_files(resolve_prompt: str) -> list[str]:
+    """The files a resolver's prompt shows conflicts in (its ``--- <file>`` lines)."""
+    conflicts = resolve_prompt.split("<conflicts>", 1)[-1].split("</conflicts>", 1)[0]
+    return [m.split(": ", 1)[0] for m in _CONFLICTED_FILE.findall(conflicts)]
+
+
+def keep_both_sides(resolve_prompt: str) -> str | None:
+    """A resolver's command that keeps both sides of every conflict, in order: what an
+    agent does when each change adds an entry to one list (a registry, a changelog)."""
+    files = conflicted_files(resolve_prompt)
+    if not files:
+        return None
+    quoted = " ".join("'" + f.replace("'", "'\\''") + "'" for f in files)
+    return f"sed -i -e '/^<<<<<<< /d' -e '/^=======$/d' -e '/^>>>>>>> /d' {quoted}"
 
 
 #: A verdict in a condensed Workflow result: ``[verify i]`` (possibly more on that line,
@@ -287,6 +308,8 @@ class OrchestrationScenario:
     worker_command: str | Callable[[str], str | None] | None = "pwd"
     #: the verifier's, likewise (a function of its prompt)
     verifier_command: str | Callable[[str], str | None] | None = None
+    #: a resolver's, likewise (by default it keeps both sides of every conflict)
+    resolver_command: str | Callable[[str], str | None] | None = keep_both_sides
     #: a worker's first call when it is not bash: (tool name, input) from the subtask, e.g.
     #: an MCP tool's (None: the worker runs its command, if it has one)
     worker_call: Callable[[str], tuple[str, dict[str, Any]] | None] | None = None
@@ -317,6 +340,8 @@ class OrchestrationScenario:
             role, reply = "main", self.main(request)
         elif first_user_text(request).startswith(VERIFY_MARKER):
             role, reply = "verifier", self.verifier(request)
+        elif first_user_text(request).startswith(RESOLVE_MARKER):
+            role, reply = "resolver", self.resolver(request)
         else:
             role, reply = "worker", self.worker(request)
         self.stats[role] = self.stats.get(role, 0) + 1
@@ -384,6 +409,25 @@ class OrchestrationScenario:
         return report(
             f"{verdict}: re-checked the claim",
             [{"claim": "the result was re-derived", "evidence": "scripted", "severity": "info"}],
+        )
+
+    def resolver(self, request: ScriptedRequest) -> Reply:
+        prompt = first_user_text(request)
+        steps = sum(1 for m in request.messages if m.get("role") == "assistant")
+        command = _command(self.resolver_command, prompt)
+        if steps == 0 and command:
+            return tool_call("bash", {"command": command})
+        files = ", ".join(conflicted_files(prompt)) or "the conflicted files"
+        evidence = last_tool_result_text(request.messages) or "no command was needed"
+        return report(
+            f"Resolved the conflicts in {files}: kept both sides, in order.",
+            [
+                {
+                    "claim": f"{files} hold both changes",
+                    "evidence": evidence[:200],
+                    "severity": "info",
+                }
+            ],
         )
 
 

@@ -22,7 +22,7 @@ from ..core.errors import ConfigError
 from ..core.events import Role
 
 #: The roles a server's tools can be offered to.
-ROLES: tuple[Role, ...] = ("main", "worker", "verifier")
+ROLES: tuple[Role, ...] = ("main", "worker", "verifier", "resolver")
 #: Server names are part of tool names, which the API restricts to these characters.
 SERVER_NAME = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
 #: The API takes up to 128; 64 is the stricter limit other clients keep to.

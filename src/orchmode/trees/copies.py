@@ -35,8 +35,10 @@ from typing import Literal
 
 from ..core.results import Change
 from .git import TreeError, _Work, git, on_thread
+from .layers import PATCH_FLAGS, PATCH_FORM, read_layer
 from .patches import FileChange, PatchSummary, refusals, summary_of
 from .runs import remove_tree, run_name, sweep_dead_runs
+from .snapshots import Lowers, Stack
 
 log = logging.getLogger("orchmode")
 
@@ -82,6 +84,35 @@ class Merge:
 
 
 @dataclass(frozen=True)
+class Conflict:
+    """A change that conflicts with the tree as merged so far, merged into it anyway, with
+    git's conflict markers where the two disagree: what a resolver starts from."""
+
+    #: The tree as merged so far (the working directory now), as a child of the change's base.
+    ours: str
+    #: That tree with the change merged in, markers and all, and its commit (a child of the
+    #: change's base, so that the same conflict is the same commit everywhere).
+    tree: str
+    commit: str
+    #: From the change's base to ``tree``: what the resolver's workspace shows over the
+    #: call's snapshot.
+    patch: str
+    files: tuple[str, ...]
+    #: git's own lines: ``CONFLICT (content): Merge conflict in a.py``, ….
+    messages: tuple[str, ...]
+    #: Every conflicted hunk, its marker lines and a few lines around it, file by file.
+    hunks: str
+    #: The marker labels: the tree as merged so far, and the change.
+    labels: tuple[str, str]
+
+
+#: Lines of context shown around a conflicted hunk.
+HUNK_CONTEXT = 3
+#: A conflicted file's text shown at most (a bigger one is cut, and says so).
+MAX_HUNKS_CHARS = 40_000
+
+
+@dataclass(frozen=True)
 class _Repo:
     """The user's repository, as far as a snapshot needs it."""
 
@@ -113,6 +144,11 @@ class Trees:
         #: The tree each change makes of its snapshot, worked out ahead (see :meth:`prepare`).
         self._theirs: dict[tuple[str, str], asyncio.Task[str | None]] = {}
         self._deleter: ThreadPoolExecutor | None = None
+        #: The checkouts overlays are layered on, and the layers made over them.
+        self.lowers = Lowers(self.run, self.home / "plain.git", self.store, self._name)
+        self._trees: dict[str, str] = {}
+        self._patch_layers: dict[tuple[tuple[Path, ...], str], Path] = {}
+        self._derived: dict[Path, tuple[str, str]] = {}
 
     # ----------------------------------------------------------------- set-up, clean-up
 
@@ -131,7 +167,7 @@ class Trees:
                 )
             self._repo = await self._find_repo()
             self._link_user_objects()
-            self._write_excludes()
+            self.lowers.prepare_plain(self._write_excludes())
             self.run.mkdir(parents=True, exist_ok=True)
             self._opened = True
 
@@ -148,6 +184,9 @@ class Trees:
         for task in self._theirs.values():
             task.cancel()
         self._theirs.clear()
+        self.lowers.close()
+        self._patch_layers.clear()
+        self._derived.clear()
         remove_tree(self.home if self._private else self.run)
 
     @property
@@ -198,7 +237,7 @@ class Trees:
             os.replace(temporary, self.alias)
         alternates.write_text(f"{self.alias}\n")
 
-    def _write_excludes(self) -> None:
+    def _write_excludes(self) -> str:
         """The user's own excludes, so copies and patches ignore what the user ignores."""
         lines = ["/.orchmode/"]
         if self._repo is not None:
@@ -206,7 +245,9 @@ class Trees:
                 lines.append((self._repo.git_dir / "info" / "exclude").read_text())
         info = self.store / "info"
         info.mkdir(exist_ok=True)
-        (info / "exclude").write_text("\n".join(lines) + "\n")
+        text = "\n".join(lines) + "\n"
+        (info / "exclude").write_text(text)
+        return text
 
     def _name(self, stem: str) -> str:
         self._serial += 1
@@ -251,6 +292,10 @@ class Trees:
         if index is not None:
             env["GIT_INDEX_FILE"] = str(index)
         return env
+
+    def store_env(self) -> dict[str, str]:
+        """Git variables that work on the private store alone."""
+        return self._store_env()
 
     async def _tree_of_workdir(self, index: Path) -> str:
         repo = self._repo
@@ -377,6 +422,76 @@ class Trees:
         if not await self.has(commit):
             raise TreeError(f"the snapshot {commit[:12]} did not arrive whole")
 
+    # ---------------------------------------------------------------------------- layers
+
+    def plan_directory(self, stem: str) -> Path:
+        """Where an agent's workspace will be (known before it exists)."""
+        return self.run / self._name(_safe(stem))
+
+    async def tree_of(self, commit: str) -> str:
+        tree = self._trees.get(commit)
+        if tree is None:
+            _, out = await git(
+                "rev-parse", f"{commit}^{{tree}}", env=self._store_env(), cwd=self.home
+            )
+            tree = self._trees[commit] = out.decode().strip()
+        return tree
+
+    async def patch_layer(self, stack: Stack, patch: str) -> Path:
+        """A layer with ``patch`` applied over ``stack`` (made once per stack and patch)."""
+        key = (stack.layers, Change(stack.commit, patch).digest)
+        layer = self._patch_layers.get(key)
+        if layer is None:
+            data = patch.encode(errors="surrogateescape")
+            layer = await self.lowers.layer_from_patch(stack.layers, data)
+            self._patch_layers[key] = layer
+        return layer
+
+    async def derive(self, base: str, layer: Path) -> tuple[str, str]:
+        """The commit (and its tree) that ``layer`` makes of ``base``: a child of ``base``,
+        so that the same layer gives the same commit on every machine."""
+        derived = self._derived.get(layer)
+        if derived is None:
+            base_tree = await self.tree_of(base)
+            env = self._store_env()
+            tree, _ = await on_thread(
+                lambda work: read_layer(work, layer, base_tree, env, self.home, _nothing_ignored)
+            )
+            derived = self._derived[layer] = (await self._commit(tree, base), tree)
+        return derived
+
+    async def derive_from_patch(self, base: str, patch: str) -> str:
+        """The commit ``patch`` makes of ``base`` (a child of it), worked out in the store."""
+        index = self.run / f"{self._name('derive')}.index"
+        try:
+            tree = await self._applied(f"{base}^{{tree}}", patch, index)
+        finally:
+            with contextlib.suppress(OSError):
+                index.unlink()
+        if tree is None:
+            raise TreeError("the patch does not apply to its snapshot")
+        return await self._commit(tree, base)
+
+    def know(self, change: Change, tree: str) -> None:
+        """The tree ``change`` makes of its base, already known (read from its layer): its
+        merge need not work it out again."""
+        key = (change.base, change.digest)
+        if key not in self._theirs:
+            done: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+            done.set_result(tree)
+            self._theirs[key] = asyncio.ensure_future(done)
+
+    def throw_away(self, path: Path) -> None:
+        """Remove a workspace's directory off the critical path (see :meth:`discard`)."""
+        trash = self.run / f".trash-{path.name}"
+        try:
+            os.rename(path, trash)
+        except OSError:
+            trash = path
+        if self._deleter is None:
+            self._deleter = ThreadPoolExecutor(1, thread_name_prefix="orchmode-trash")
+        self._deleter.submit(remove_tree, trash)
+
     # ---------------------------------------------------------------------------- copies
 
     def plan_copy(self, stem: str, commit: str) -> Copy:
@@ -469,16 +584,9 @@ class Trees:
     def discard(self, copy: Copy) -> None:
         """Remove a copy off the critical path: moved aside at once, deleted by a thread of
         its own (a copy of a large tree takes a while to delete); :meth:`close` waits."""
-        trash = self.run / f".trash-{copy.path.name}"
-        try:
-            os.rename(copy.path, trash)
-        except OSError:
-            trash = copy.path
         with contextlib.suppress(OSError):
             copy.index.unlink()
-        if self._deleter is None:
-            self._deleter = ThreadPoolExecutor(1, thread_name_prefix="orchmode-trash")
-        self._deleter.submit(remove_tree, trash)
+        self.throw_away(copy.path)
 
     # ---------------------------------------------------------------------------- merging
 
@@ -601,6 +709,147 @@ class Trees:
                 return Merge("conflict", conflicts)
             merged = lines[0].strip()
         return Merge("merged", tree=merged)
+
+    # -------------------------------------------------------------------------- conflicts
+
+    async def conflict_of(self, change: Change, label: str) -> Conflict | None:
+        """``change`` merged into the working directory as it is now, conflict markers and
+        all (``label`` names the change in them); None when it merges cleanly, or when its
+        conflict is not one of content that an agent can edit (its snapshot is gone, it
+        does not apply to it, or the working directory changed under the merge)."""
+        await self.open()
+        if not await self.has(change.base):
+            return None
+        theirs = await asyncio.shield(self.prepare(change))
+        if theirs is None:
+            return None
+        stem = self._name("conflict")
+        index = self.run / f"{stem}.index"
+        ours_ref, theirs_ref = "refs/heads/as-merged", f"refs/heads/{label}"
+        env = self._store_env()
+        try:
+            ours_tree = await self._tree_of_workdir(index)
+            ours = await self._commit(ours_tree, change.base)
+            other = await self._commit(theirs, change.base)
+            await git("update-ref", ours_ref, ours, env=env, cwd=self.home)
+            await git("update-ref", theirs_ref, other, env=env, cwd=self.home)
+            code, out = await git(
+                "-c", "merge.conflictStyle=merge", "merge-tree", "--write-tree",
+                "--name-only", "as-merged", label, env=env, cwd=self.home, ok=(0, 1),
+            )  # fmt: skip
+        finally:
+            for ref in (ours_ref, theirs_ref):
+                with contextlib.suppress(TreeError):
+                    await git("update-ref", "-d", ref, env=env, cwd=self.home)
+            with contextlib.suppress(OSError):
+                index.unlink()
+        if code == 0:
+            return None
+        head, _, messages = out.decode(errors="surrogateescape").partition("\n\n")
+        lines = head.splitlines()
+        tree, files = lines[0].strip(), tuple(dict.fromkeys(f for f in lines[1:] if f))
+        commit = await self._commit(tree, change.base)
+        patch = await self.diff(change.base, tree)
+        hunks = await self._hunks(tree, files, ("as-merged", label))
+        said = tuple(line for line in messages.splitlines() if line.startswith("CONFLICT"))
+        return Conflict(ours, tree, commit, patch, files, said, hunks, ("as-merged", label))
+
+    async def edited_besides(
+        self, base: str, files: Sequence[str], changes: Sequence[Change], ours: str
+    ) -> bool:
+        """Whether ``files`` in ``ours`` (the working directory as merged so far) are more
+        than ``changes`` made of them in ``base``: the user edited them meanwhile. Worked
+        out on an index that holds these files alone."""
+        env = self._store_env(self.run / f"{self._name('edited')}.index")
+        try:
+            _, listed = await git("ls-tree", "-z", base, "--", *files, env=env, cwd=self.home)
+            info = listed.replace(b"\0", b"\n")
+            await git("update-index", "--index-info", env=env, cwd=self.home, data=info)
+            include = [f"--include={name}" for name in files]
+            for change in changes:
+                code, _ = await git(
+                    "apply", "--cached", "--binary", *include, "-", env=env, cwd=self.home,
+                    data=change.patch.encode(errors="surrogateescape"), ok=(0, 1),
+                )  # fmt: skip
+                if code != 0:
+                    return True
+            _, mine = await git("ls-files", "-s", "-z", env=env, cwd=self.home)
+            _, theirs = await git("ls-tree", "-z", ours, "--", *files, env=env, cwd=self.home)
+        finally:
+            with contextlib.suppress(OSError):
+                Path(env["GIT_INDEX_FILE"]).unlink()
+
+        def blobs(listing: bytes, at: int) -> dict[bytes, bytes]:
+            entries = (e.partition(b"\t") for e in listing.split(b"\0") if e)
+            return {name: meta.split()[at] for meta, _, name in entries}
+
+        return blobs(mine, 1) != blobs(theirs, 2)
+
+    async def diff(self, before: str, after: str) -> str:
+        """The patch from ``before`` to ``after`` (commits or trees), in the pinned form."""
+        _, out = await on_thread(
+            lambda work: work.git(
+                *PATCH_FORM, "diff-tree", "-p", *PATCH_FLAGS, before, after,
+                env=self._store_env(), cwd=self.home,
+            )
+        )  # fmt: skip
+        return out.decode(errors="surrogateescape")
+
+    async def tree_with(self, tree: str, patch: str) -> str | None:
+        """The tree ``patch`` makes of ``tree``, or None when it does not apply to it."""
+        if not patch.strip():
+            return tree
+        index = self.run / f"{self._name('with')}.index"
+        try:
+            return await self._applied(tree, patch, index)
+        finally:
+            with contextlib.suppress(OSError):
+                index.unlink()
+
+    async def markers_left(self, tree: str, conflict: Conflict) -> list[str]:
+        """The conflicted files of ``tree`` that still hold the conflict's marker lines."""
+        starts = tuple(f"{mark} {label}".encode() for mark, label in zip(
+            ("<<<<<<<", ">>>>>>>"), conflict.labels, strict=True
+        ))  # fmt: skip
+        left = []
+        for name in conflict.files:
+            blob = await self._blob(tree, name)
+            if blob is not None and any(
+                line.rstrip(b"\r").startswith(starts) for line in blob.split(b"\n")
+            ):
+                left.append(name)
+        return left
+
+    async def _blob(self, tree: str, name: str) -> bytes | None:
+        code, out = await git(
+            "cat-file", "blob", f"{tree}:{name}", env=self._store_env(), cwd=self.home,
+            ok=(0, 128),
+        )  # fmt: skip
+        return out if code == 0 else None
+
+    async def _hunks(self, tree: str, files: Sequence[str], labels: tuple[str, str]) -> str:
+        """The conflicted parts of ``files`` in ``tree``, with a little context."""
+        parts: list[str] = []
+        for name in files:
+            blob = await self._blob(tree, name)
+            if blob is None:
+                parts.append(f"--- {name}: removed on one side (see git's message above)")
+                continue
+            if b"\0" in blob[:8000]:
+                parts.append(
+                    f"--- {name}: a binary file; the tree as merged so far keeps its version"
+                )
+                continue
+            text = blob.decode(errors="replace")
+            shown = conflicted_hunks(text, labels)
+            if not shown:
+                parts.append(f"--- {name}: no markers (see git's message above)")
+                continue
+            parts.append(f"--- {name}\n{shown}")
+        text = "\n".join(parts)
+        if len(text) > MAX_HUNKS_CHARS:
+            text = text[:MAX_HUNKS_CHARS] + "\n[orchmode: cut here; read the files themselves]"
+        return text
 
     async def _link_refusals(self, before: str, after: str) -> list[str]:
         """Refusals for the symbolic links the change leaves, judged on the trees: a link
@@ -747,6 +996,35 @@ class Trees:
                 directory.rmdir()
             except OSError:
                 break
+
+
+def conflicted_hunks(text: str, labels: tuple[str, str]) -> str:
+    """Each marked hunk of ``text`` with :data:`HUNK_CONTEXT` lines around it, numbered."""
+    lines = text.split("\n")
+    start, end = f"<<<<<<< {labels[0]}", f">>>>>>> {labels[1]}"
+    spans: list[tuple[int, int]] = []
+    opened: int | None = None
+    for n, line in enumerate(lines):
+        if line.startswith(start):
+            opened = n
+        elif line.startswith(end) and opened is not None:
+            spans.append((max(0, opened - HUNK_CONTEXT), min(len(lines), n + 1 + HUNK_CONTEXT)))
+            opened = None
+    merged: list[tuple[int, int]] = []
+    for first, last in spans:
+        if merged and first <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], last))
+        else:
+            merged.append((first, last))
+    blocks = [
+        "\n".join(f"{n + 1:>5}: {lines[n]}" for n in range(first, last)) for first, last in merged
+    ]
+    return "\n   ...\n".join(blocks)
+
+
+def _nothing_ignored(_work: _Work, _paths: list[bytes], _exact: bool) -> set[bytes]:
+    """A layer orchmode made holds what it holds: nothing of it is ignored."""
+    return set()
 
 
 def ignore_state(state: Path) -> None:

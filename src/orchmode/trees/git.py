@@ -78,6 +78,16 @@ async def git(
 T = TypeVar("T")
 
 
+def _name(argv: Sequence[str]) -> str:
+    """``git add`` for a git command line (past its ``-c`` settings), else the program."""
+    if "git" in argv:
+        rest = list(argv[argv.index("git") + 1 :])
+        while rest and rest[0] == "-c":
+            rest = rest[2:]
+        return f"git {rest[0]}" if rest else "git"
+    return os.path.basename(argv[0]) if argv else "a command"
+
+
 class _Work:
     """Git commands on a worker thread, which a cancellation stops: its git is killed, and
     no later command of it starts.
@@ -99,27 +109,56 @@ class _Work:
         data: bytes | None = None,
         ok: Sequence[int] = (0,),
     ) -> tuple[int, bytes]:
-        if self.stopped:
-            raise TreeError(f"git {args[0]} was not started: the work was cancelled")
-        try:
-            process = subprocess.Popen(
-                ("git", *_QUIET, *args),
-                cwd=cwd,
-                env=_environment(env),
-                stdin=subprocess.PIPE if data is not None else subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-            )
-        except FileNotFoundError:
-            raise TreeError("isolation needs git, which is not installed") from None
+        return self.run(("git", *_QUIET, *args), env=env, cwd=cwd, data=data, ok=ok)
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str],
+        cwd: Path,
+        data: bytes | None = None,
+        ok: Sequence[int] = (0,),
+    ) -> tuple[int, bytes]:
+        """Run ``argv`` (git, or git behind an overlay's mount); its exit code and output."""
+        name = _name(argv)
+        process = self._popen(argv, env, cwd, stdin=data is not None)
         with process:
-            self.processes.append(process)
             out, err = process.communicate(data)
         code = process.returncode
         if code not in ok:
             message = err.decode(errors="replace").strip().splitlines()
-            raise TreeError(f"git {args[0]} failed: {message[-1] if message else f'exit {code}'}")
+            raise TreeError(f"{name} failed: {message[-1] if message else f'exit {code}'}")
         return code, out
+
+    def start(self, *args: str, env: Mapping[str, str], cwd: Path) -> subprocess.Popen[bytes]:
+        """A git that this work talks to through its pipes (``cat-file --batch``)."""
+        return self._popen(("git", *_QUIET, *args), env, cwd, stdin=True, stderr=False)
+
+    def _popen(
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        cwd: Path,
+        *,
+        stdin: bool,
+        stderr: bool = True,
+    ) -> subprocess.Popen[bytes]:
+        if self.stopped:
+            raise TreeError(f"{_name(argv)} was not started: the work was cancelled")
+        try:
+            process = subprocess.Popen(
+                argv,
+                cwd=cwd,
+                env=_environment(env),
+                stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE if stderr else subprocess.DEVNULL,
+            )
+        except FileNotFoundError:
+            raise TreeError(f"isolation needs {argv[0]}, which is not installed") from None
+        self.processes.append(process)
+        return process
 
     def stop(self) -> None:
         self.stopped = True

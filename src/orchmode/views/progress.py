@@ -20,6 +20,7 @@ from ..core.events import (
     ScriptStarted,
     SubagentDone,
     TokenUsage,
+    WorkspacesChosen,
 )
 from ..store.result_files import RESULTS_DIR
 
@@ -79,6 +80,13 @@ def condensed_text(event: ResultCondensed) -> str:
     if event.path:
         line += f"; full result: {event.path}"
     return line
+
+
+def workspaces_text(event: WorkspacesChosen) -> str:
+    """The one line that says what the agents' workspaces are, and why."""
+    if event.kind == "overlay":
+        return "each agent works in an overlay on one checkout of the tree"
+    return f"each agent works in a full copy of the tree: {_one_line(event.reason)}"
 
 
 def change_fate(event: ChangeSettled) -> str:
@@ -165,6 +173,8 @@ class StderrProgress:
             case ChangeSettled(call=call, index=i):
                 line = f"[workflow {call}] change {call}.{i} {change_text(event, whole=False)}"
                 return " ".join(line.split())  # one line, whatever the file names hold
+            case WorkspacesChosen():
+                return f"[isolation] {workspaces_text(event)}"
             case ModelRequestDone(agent=agent, cache_miss=str(reason), cache_missed_tokens=n):
                 return f"[{agent}] prompt cache miss: {reason} ({n:,} tokens not read from cache)"
         return None

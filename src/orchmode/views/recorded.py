@@ -33,6 +33,7 @@ from ..core.events import (
     TokenUsage,
     TurnDone,
     TurnStarted,
+    WorkspacesChosen,
 )
 from ..store import EventRow
 from .totals import SessionTotals
@@ -109,6 +110,8 @@ def _role(data: Mapping[str, Any]) -> Role:
         return "worker"
     if value == "verifier":
         return "verifier"
+    if value == "resolver":
+        return "resolver"
     raise _Bad("role")
 
 
@@ -211,6 +214,9 @@ _PARSERS: dict[str, Callable[[Mapping[str, Any]], Event]] = {
         removed=_int(d, "removed", 0),
         detail=_str(d, "detail", ""),
         path=_str(d, "path", ""),
+    ),
+    "WorkspacesChosen": lambda d: WorkspacesChosen(
+        kind=_str(d, "kind"), reason=_str(d, "reason", "")
     ),
 }
 

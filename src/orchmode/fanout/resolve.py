@@ -1,0 +1,173 @@
+"""Conflicts resolved by an agent: a resolver edits the conflict away, a verifier checks it.
+
+A change to be merged that conflicts with the tree as merged so far (the changes merged
+before it, and the user's edits since the call began) is given to a **resolver**: a
+subagent in a fresh workspace on that tree, with the change merged in and git's conflict
+markers where the two disagree. Its first message gives the subtask as it was given, the
+worker's report, what the change conflicts with, and every conflicted hunk. Its result is
+verified again, by a verifier that knows both intents; only a confirmed resolution is
+merged. Resolvers go through the one path every agent takes (journal, claim, budget, slot,
+executor), so a resumed run finds a finished resolution in the journal.
+
+Once confirmed, the resolution is recorded in the journal as a change to the tree as merged
+so far, before it is written: a run killed at any point after that merges that same
+resolution when resumed (a three-way merge, so a resolution already written is not
+written twice) instead of resolving again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING, Protocol
+
+from ..core.events import Role
+from ..core.prompts import (
+    SUBAGENT_SYSTEM,
+    resolve_prompt,
+    verify_resolution_prompt,
+)
+from ..core.results import AgentResult, Change, Status
+from ..core.settings import Settings
+from ..store import Store, content_key
+from ..trees.copies import Conflict, Trees
+from ..trees.patches import describe_change
+from .changes import Candidate, Resolution
+from .plans import verdict_of
+from .slots import VERIFIER_PRIORITY, WORKER_PRIORITY
+
+if TYPE_CHECKING:
+    from ..executors import TreeJob
+
+
+class Engine(Protocol):
+    """What resolving needs of the fan-out engine: the one path agents take, and the store."""
+
+    settings: Settings
+
+    @property
+    def trees(self) -> Trees | None: ...
+
+    @property
+    def store(self) -> Store: ...
+
+    async def run_subagent(
+        self,
+        call: int,
+        index: int,
+        role: Role,
+        prompt: str,
+        priority: int,
+        *,
+        tree: TreeJob | None = None,
+    ) -> AgentResult: ...
+
+
+def resolution_key(engine: Engine, candidate: Candidate) -> str:
+    """Where a confirmed resolution of ``candidate``'s change is recorded in the journal."""
+    assert candidate.change is not None
+    return content_key(
+        role="resolver",
+        model=engine.settings.model,
+        effort=engine.settings.effort,
+        system=SUBAGENT_SYSTEM,
+        tools=[],
+        prompt=f"resolution of {candidate.key} {candidate.change.digest}",
+        isolation="worktree",
+    )
+
+
+async def recorded_resolution(engine: Engine, candidate: Candidate) -> Resolution | None:
+    """A resolution confirmed by an earlier run (killed before it finished merging)."""
+    recorded = await engine.store.lookup(resolution_key(engine, candidate))
+    if recorded is None or recorded.change is None:
+        return None
+    return Resolution(recorded.change, before=recorded.text)
+
+
+async def resolve(
+    engine: Engine,
+    call: int,
+    candidate: Candidate,
+    conflict: Conflict,
+    before: str,
+    tree: TreeJob,
+) -> Resolution:
+    """Run the resolver and its verifier; the confirmed resolution, recorded, or why not."""
+    trees = engine.trees
+    change = candidate.change
+    assert trees is not None and change is not None
+    messages = "\n".join(conflict.messages)
+    prompt = resolve_prompt(candidate.subtask, candidate.summary, before, messages, conflict.hunks)
+    workspace = replace(tree, base=change.base, patch=conflict.patch, writable=True, chain="")
+    index = candidate.index
+    resolver = await engine.run_subagent(
+        call, index, "resolver", prompt, WORKER_PRIORITY, tree=workspace.for_subtask(call, index)
+    )
+    failed = _failure(resolver)
+    if failed:
+        return Resolution(None, failed, before)
+    ours = resolver.change
+    assert ours is not None
+    resolved: str | None = conflict.tree
+    if not ours.empty:
+        # Known already when the resolver ran here (read from its layer); else applied.
+        known = ours.base == conflict.commit
+        resolved = await trees.prepare(ours) if known else None
+        if resolved is None:
+            resolved = await trees.tree_with(conflict.tree, ours.patch)
+    if resolved is None:
+        return Resolution(None, "the resolver's change does not apply to the conflict", before)
+    left = await trees.markers_left(resolved, conflict)
+    if left:
+        return Resolution(None, f"conflict markers are left in {', '.join(left)}", before)
+    whole = Change(change.base, await trees.diff(change.base, resolved))
+    if engine.settings.verify:
+        check = verify_resolution_prompt(
+            candidate.subtask,
+            candidate.summary,
+            before,
+            conflict.hunks,
+            resolver.text,
+            describe_change(Change(conflict.ours, await trees.diff(conflict.ours, resolved))),
+        )
+        view = replace(tree, base=whole.base, patch=whole.patch, writable=False, chain="")
+        verifier = await engine.run_subagent(
+            call, index, "verifier", check, VERIFIER_PRIORITY, tree=view
+        )
+        verdict = verdict_of(verifier.text) if verifier.finished else None
+        if verdict != "confirmed":
+            why = f"its resolution was {verdict or 'not verified'}"
+            if verifier.finished:
+                why += f": {_first_line(verifier.text)}"
+            return Resolution(None, why, before)
+    resolution = Change(conflict.ours, await trees.diff(conflict.ours, resolved))
+    # Recorded before it is written: a run killed from here on merges this very resolution.
+    await engine.store.record(
+        resolution_key(engine, candidate),
+        "resolver",
+        f"resolution of change {index} of call {call}",
+        AgentResult(before, Status.FINISHED, change=resolution),
+    )
+    return Resolution(resolution, before=before)
+
+
+def _failure(resolver: AgentResult) -> str:
+    if resolver.status is Status.SKIPPED:
+        return "no resolver was run: the session's budget is used up"
+    if not resolver.finished:
+        return f"the resolver did not finish ({resolver.status.value})"
+    if resolver.change is None:
+        return "the resolver did not work in a copy of the tree"
+    return ""
+
+
+def _first_line(text: str) -> str:
+    """A verifier's summary, in short (its report is JSON, or plain text)."""
+    import json
+
+    try:
+        summary = json.loads(text).get("summary", text)
+    except (ValueError, AttributeError):
+        summary = text
+    line = str(summary).strip().splitlines()[0] if str(summary).strip() else ""
+    return line[:200]
