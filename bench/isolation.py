@@ -1,34 +1,39 @@
 """What ``worktree`` isolation costs per agent, and what it adds to a fan-out's makespan.
 
-Both parts run on git repositories built in a temporary directory, of 1,000 and 10,000
-committed files (``--sizes``): source-like text of 2-4 KB each, ten to a directory, two
-levels deep; on top of the last commit a few uncommitted edits and untracked files, and
-an ignored ``.venv/``. The user's index is fresh, as a working repository's is.
+Both parts run on git repositories built in a temporary directory, of 1,000, 10,000 and
+100,000 committed files (``--sizes``): source-like text of 2-4 KB each, ten to a
+directory, two levels deep; on top of the last commit a few uncommitted edits and
+untracked files, and an ignored ``.venv/``. The user's index is fresh, as a working
+repository's is.
 
-1. **Per agent, the git steps** of :mod:`orchmode.trees` on the real module, ``--repeats``
-   times each (medians, in ms): the call's snapshot of the working directory; the worker's
-   copy of it (``make_copy``), against a plain ``cp -r`` of the same files (the baseline,
-   in the same run); the worker edits three files, then its patch is read (``change_of``);
-   the verifier's copy, with that patch applied; the merge of the patch into the working
-   directory; and the removal of the copies.
-2. **The makespan of a fan-out**: one orchestrated turn against the scripted server, 1 s
-   per model request, in which the main agent scouts, fans out 8 subtasks (8 in flight)
-   and sums up; each worker appends a line to a file of its own, then reports, and each
-   verifier confirms it. The turn's wall time with ``isolation = "worktree"`` (every
-   agent in its own copy, the changes merged at the end) against ``"shared"`` (every
-   worker writes the working directory), in the bubblewrap sandbox (target <= 1.10x), and
-   each against its lower bound: six requests one after the other (scout, Workflow,
-   worker's two, verifier's, synthesis). Where the turn went: before the fan-out (the
-   scout's and the Workflow call's requests, and the snapshot), the fan-out (the copies
-   are made while each agent's first request is in flight), merging (from the fan-out's
-   end to the last change merged, one after another) and after (the synthesis). Every
-   worker's line must be in the working directory after either.
+1. **One agent's workspace**, through :mod:`orchmode.trees.workspaces`, ``--repeats``
+   times each (medians), as a copy-on-write overlay and as a full copy (the fallback), in
+   the same run: the call's snapshot; the session's one checkout (overlays: the first
+   workspace pays it); a worker's workspace opened; the worker edits three files (through
+   its overlay, in its own namespace), then its change is read as the workspace closes
+   (target for overlays: open + change <= 20 ms at every size); the disk the workspace
+   takes beyond the files the worker wrote (target <= 1 MB); its verifier's view (the
+   worker's kept layer, and one made anew from the patch, as on Ray or after a resume);
+   the merge into the working directory.
+2. **The makespan of a fan-out**: a session of two orchestrated turns against the
+   scripted server, 1 s per model request; in each, the main agent scouts, fans out 8
+   subtasks (8 in flight) and sums up; each worker appends a line to a file of its own,
+   then reports, and each verifier confirms it. Each call's wall time with
+   ``isolation = "worktree"`` (``overlay``: copy-on-write workspaces; ``copy``: full
+   copies) against ``"shared"`` (every worker writes the working directory), in the
+   bubblewrap sandbox (target <= 1.10x), and each against its lower bound: six requests
+   one after the other (scout, Workflow, worker's two, verifier's, synthesis). The first
+   call of a session pays the session's checkout of the tree; later calls only what
+   changed. Where a turn went: before the fan-out (the scout's and the Workflow call's
+   requests, and the snapshot), the fan-out, merging (from the fan-out's end to the last
+   change merged) and after (the synthesis). Every worker's lines must be in the working
+   directory at the end.
 
-    .venv/bin/python bench/isolation.py [--sizes 1000,10000] [--repeats 5] [--runs 2]
-        [--parts 1,2] [--tmp DIR]
+    .venv/bin/python bench/isolation.py [--sizes 1000,10000,100000] [--repeats 5]
+        [--runs 2] [--parts 1,2] [--kinds shared,overlay,copy] [--tmp DIR]
 
-Copies cost what creating files costs on the filesystem the repositories are on (the
-script prints its type): ``--tmp /dev/shm`` puts them on a tmpfs.
+Checkouts and copies cost what creating files costs on the filesystem the repositories
+are on (the script prints its type): ``--tmp /dev/shm`` puts them on a tmpfs.
 """
 
 from __future__ import annotations
@@ -45,11 +50,11 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from orchmode.core.events import ChangeSettled, Event, EventBus, FanoutDone, FanoutStarted
-from orchmode.core.settings import Isolation, Settings
+from orchmode.core.settings import Settings
 from orchmode.model.gateway import ModelGateway
 from orchmode.model.providers import Credentials
 from orchmode.session.agent import Session
@@ -57,11 +62,11 @@ from orchmode.store.sqlite import SQLiteStore
 from orchmode.testing import ScriptedServer
 from orchmode.testing.scenario import OrchestrationScenario
 from orchmode.trees.copies import Trees
+from orchmode.trees.workspaces import OverlayWorkspace, Spec, Workspace, Workspaces
 
 KEY = "test-key"
-SIZES = (1_000, 10_000)
+SIZES = (1_000, 10_000, 100_000)
 PARTS = (1, 2)
-ISOLATIONS: tuple[Isolation, ...] = ("shared", "worktree")
 #: Part 1: files the worker edits in its copy.
 EDITED = 3
 #: The repository's state on top of its last commit.
@@ -75,7 +80,7 @@ DELAY = 1.0
 #: Model requests one after the other: scout, Workflow, worker (bash, report), verifier,
 #: synthesis.
 SERIAL_REQUESTS = 6
-TARGET = 1.10
+TARGET = 1.05
 #: Seconds one turn may take before the benchmark gives up on it.
 TURN_DEADLINE = 120.0
 #: An hour ago: the committed files were written long before the index (none racy).
@@ -225,126 +230,162 @@ def clone(template: Path, where: Path) -> None:
     )
 
 
-# ------------------------------------------------------------------- 1. the git steps
+# ------------------------------------------------------------- 1. one agent's workspace
 
 
 @dataclass
 class Steps:
-    """Seconds of each step, one entry per repetition."""
+    """Seconds of each step of one kind of workspace, one entry per repetition."""
 
+    kind: str
     snapshot: list[float] = field(default_factory=list)
-    copy: list[float] = field(default_factory=list)
-    cp: list[float] = field(default_factory=list)
-    patch: list[float] = field(default_factory=list)
-    verifier_copy: list[float] = field(default_factory=list)
+    #: the first workspace of the session (overlays: the session's one checkout of the
+    #: tree), and of each later call (the checkout brought up to date)
+    checkout: float = 0.0
+    update: list[float] = field(default_factory=list)
+    open: list[float] = field(default_factory=list)
+    change: list[float] = field(default_factory=list)
+    verifier_kept: list[float] = field(default_factory=list)
+    verifier_anew: list[float] = field(default_factory=list)
     merge: list[float] = field(default_factory=list)
-    remove: list[float] = field(default_factory=list)
+    #: bytes on disk of the worker's workspace, and of the files it wrote (whole)
+    disk: list[int] = field(default_factory=list)
+    written: list[int] = field(default_factory=list)
     patch_bytes: int = 0
-    copied_files: int = 0
 
 
-def timed_cp(workdir: Path, destination: Path) -> float:
-    """``cp -r`` of everything a copy holds (the tree as git sees it: no ``.git``, no
-    ignored ``.venv``, no ``.orchmode``); its seconds. The copy is removed untimed."""
-    skip = {".git", ".venv", ".orchmode"}
-    entries = sorted(str(p) for p in workdir.iterdir() if p.name not in skip)
-    destination.mkdir()
-    started = time.perf_counter()
-    subprocess.run(["cp", "-r", *entries, str(destination)], check=True)
-    elapsed = time.perf_counter() - started
-    shutil.rmtree(destination)
-    return elapsed
+def disk_bytes(path: Path) -> int:
+    """What ``path`` takes on disk (``du -sb``: apparent sizes of everything in it)."""
+    done = subprocess.run(["du", "-sb", str(path)], capture_output=True, text=True, check=True)
+    return int(done.stdout.split()[0])
 
 
-async def git_steps(workdir: Path, names: list[str], repeats: int) -> Steps:
-    steps = Steps()
+def edit_in(workspace: Workspace, names: list[str], n: int) -> int:
+    """The worker's edit, made as its shell would make it (through the overlay, in its
+    namespace; in a copy, in the copy); the bytes of the files it wrote."""
+    lines = [
+        f"sed -i 's/^import os$/import os  # edited/' {name} && "
+        f"echo '# edited by worker {n}' >> {name}"
+        for name in names
+    ]
+    script = " && ".join(lines)
+    view = workspace.view
+    argv = ["/bin/sh", "-c", script]
+    if view.overlay is not None:
+        subprocess.run(view.overlay.wrap(argv), check=True)
+        root = view.overlay.upper
+        assert root is not None
+    else:
+        subprocess.run(argv, cwd=view.root, check=True)
+        root = view.root
+    return sum((root / name).stat().st_size for name in names)
+
+
+async def workspace_steps(workdir: Path, names: list[str], repeats: int, overlays: bool) -> Steps:
+    steps = Steps("overlay" if overlays else "copy")
     trees = Trees(workdir)
+    workspaces = Workspaces(trees, overlays=overlays)
     try:
         for n in range(repeats):
             started = time.perf_counter()
             snapshot = await trees.snapshot()
             steps.snapshot.append(time.perf_counter() - started)
-
-            copy = trees.plan_copy(f"worker-{n}", snapshot.commit)
+            spec = Spec(snapshot.commit, ignored=snapshot.ignored, chain=f"1.{n}")
+            # The call's first workspace brings the session's checkout up to date (the
+            # first call's checks the tree out): once per call, timed on its own.
+            first = workspaces.workspace(f"first-{n}", spec)
             started = time.perf_counter()
-            await trees.make_copy(copy, ignored=snapshot.ignored)
-            steps.copy.append(time.perf_counter() - started)
-            steps.cp.append(timed_cp(workdir, workdir.parent / f"cp-{n}"))
+            await first.open()
+            elapsed = time.perf_counter() - started
             if n == 0:
-                steps.copied_files = sum(
-                    1 for p in copy.path.rglob("*") if p.is_file() and ".git" not in p.parts
-                )
-
-            for name in names[n * EDITED : (n + 1) * EDITED]:  # the worker's edit
-                path = copy.path / name
-                path.write_text(path.read_text().replace("import os", "import os  # edited", 1))
-                with path.open("a") as handle:
-                    handle.write(f"# edited by worker {n}\n")
+                steps.checkout = elapsed
+            else:
+                steps.update.append(elapsed)
+            first.discard()
+            worker = workspaces.workspace(f"worker-{n}", spec)
             started = time.perf_counter()
-            change = await trees.change_of(copy)
-            steps.patch.append(time.perf_counter() - started)
+            await worker.open()
+            elapsed = time.perf_counter() - started
+            steps.open.append(elapsed)
+            steps.written.append(edit_in(worker, names[n * EDITED : (n + 1) * EDITED], n))
+            started = time.perf_counter()
+            change = await worker.close(keep_for=spec.chain)
+            steps.change.append(time.perf_counter() - started)
+            assert change is not None
             steps.patch_bytes = len(change.patch.encode())
+            home = worker.home if isinstance(worker, OverlayWorkspace) else worker.view.root
+            steps.disk.append(disk_bytes(home))
 
-            check = trees.plan_copy(f"verifier-{n}", change.base)
+            check = Spec(change.base, change.patch, writable=False, chain=spec.chain)
             started = time.perf_counter()
-            await trees.make_copy(check, change.patch, snapshot.ignored)
-            steps.verifier_copy.append(time.perf_counter() - started)
+            kept = workspaces.workspace(f"verifier-{n}", check)
+            await kept.open()
+            steps.verifier_kept.append(time.perf_counter() - started)
+            anew = workspaces.workspace(f"verifier-{n}", replace(check, chain="elsewhere"))
+            started = time.perf_counter()
+            await anew.open()
+            steps.verifier_anew.append(time.perf_counter() - started)
 
             started = time.perf_counter()
             merged = await trees.merge(change)
             steps.merge.append(time.perf_counter() - started)
             if merged.fate != "merged":
                 raise SystemExit(f"the worker's change was not merged: {merged}")
-
-            started = time.perf_counter()
-            await asyncio.to_thread(trees.remove, copy)
-            await asyncio.to_thread(trees.remove, check)
-            steps.remove.append(time.perf_counter() - started)
+            await kept.close()
+            await anew.close()
         for name in names[: repeats * EDITED]:
             if "# edited by worker" not in (workdir / name).read_text():
                 raise SystemExit(f"{name}: the merged edit is not in the working directory")
     finally:
+        workspaces.settle()
         trees.close()
     return steps
 
 
-def report_steps(results: dict[int, Steps]) -> None:
-    """One table: a row per step, a column per repository size (medians)."""
+def report_steps(results: dict[int, list[Steps]]) -> dict[int, tuple[float, int]]:
+    """One table: a row per step, a column per repository size and kind (medians); the
+    overlays' per-agent time and extra disk, by size."""
 
     def med(values: list[float]) -> float:
         return statistics.median(values)
 
-    sizes = list(results)
+    def extra(s: Steps) -> int:
+        return int(statistics.median(d - w for d, w in zip(s.disk, s.written, strict=True)))
+
+    columns = [(n, s) for n, kinds in results.items() for s in kinds]
     rows: list[tuple[str, Callable[[Steps], str]]] = [
-        ("files in a copy", lambda s: f"{s.copied_files:,}"),
         ("snapshot (once per Workflow call)", lambda s: ms(med(s.snapshot))),
-        ("worker's copy (make_copy)", lambda s: ms(med(s.copy))),
-        ("  baseline: cp -r of the same files", lambda s: ms(med(s.cp))),
-        ("  make_copy / cp -r", lambda s: f"{med(s.copy) / med(s.cp):.2f}x"),
-        (f"patch of {EDITED} edited files (change_of)", lambda s: ms(med(s.patch))),
-        ("verifier's copy, patch applied", lambda s: ms(med(s.verifier_copy))),
+        ("session's first workspace (checkout)", lambda s: ms(s.checkout)),
+        ("a later call's first (brought up to date)", lambda s: ms(med(s.update))),
+        ("worker's workspace: open", lambda s: ms(med(s.open))),
+        (f"  its change read ({EDITED} files edited)", lambda s: ms(med(s.change))),
+        ("  open + change (target <= 20 ms)", lambda s: ms(med(s.open) + med(s.change))),
+        ("  disk beyond its writes (<= 1 MB)", lambda s: f"{extra(s) / 1e3:,.0f} KB"),
+        ("verifier's view of it, kept", lambda s: ms(med(s.verifier_kept))),
+        ("verifier's view, anew (Ray, resume)", lambda s: ms(med(s.verifier_anew))),
         ("merge into the working directory", lambda s: ms(med(s.merge))),
-        ("remove both copies", lambda s: ms(med(s.remove))),
-        (
-            "per agent: copy + patch + merge",
-            lambda s: ms(med(s.copy) + med(s.patch) + med(s.merge)),
-        ),
-        (
-            "  with the verifier's copy, removals",
-            lambda s: ms(
-                med(s.copy) + med(s.patch) + med(s.merge) + med(s.verifier_copy) + med(s.remove)
-            ),
-        ),
     ]
-    print(f"  {'median per step':<40}" + "".join(f"{f'{n:,} files':>15}" for n in sizes))
+    head = "".join(f"{f'{n:,} {s.kind}':>17}" for n, s in columns)
+    print(f"  {'median per step':<40}{head}")
     for label, cell in rows:
-        print(f"  {label:<40}" + "".join(f"{cell(results[n]):>15}" for n in sizes))
-    spread = "; ".join(
-        f"{n:,}: make_copy {ms(min(s.copy))}-{ms(max(s.copy))}, cp -r {ms(min(s.cp))}-"
-        f"{ms(max(s.cp))}"
-        for n, s in results.items()
-    )
-    print(f"  (min-max: {spread})")
+        print(f"  {label:<40}" + "".join(f"{cell(s):>17}" for _, s in columns))
+    return {
+        n: (med(s.open) + med(s.change), extra(s))
+        for n, kinds in results.items()
+        for s in kinds
+        if s.kind == "overlay"
+    }
+
+
+def report_step_targets(figures: dict[int, tuple[float, int]]) -> None:
+    for files, (seconds, extra) in figures.items():
+        time_ok = "met" if seconds <= 0.020 else "MISSED"
+        disk_ok = "met" if extra <= 1_000_000 else "MISSED"
+        print(
+            f"  {files:,} files: an overlay workspace's open + change read {ms(seconds)} "
+            f"(target <= 20 ms) {time_ok}; disk beyond its writes {extra / 1e3:,.0f} KB "
+            f"(target <= 1 MB) {disk_ok}"
+        )
 
 
 # ----------------------------------------------------------------------- 2. the makespan
@@ -365,9 +406,9 @@ def edit_command(names: list[str]) -> Callable[[str], str | None]:
 
 @dataclass
 class Makespan:
-    """One turn: its wall time, and where it went (seconds from the turn's start)."""
+    """One Workflow call's turn: its wall time, and where it went (seconds)."""
 
-    isolation: str
+    kind: str
     turn: float
     #: the scout's and the Workflow call's requests, and the snapshot
     before: float
@@ -375,12 +416,11 @@ class Makespan:
     #: from the fan-out's end to the last change settled (merged or kept)
     merging: float
     fates: list[str]
-    requests: int
 
 
 @dataclass
 class Tally:
-    """When the fan-out started and ended, and when each change settled."""
+    """When each turn's fan-out started and ended, and when each change settled."""
 
     started: float = 0.0
     fanout_started: float | None = None
@@ -398,40 +438,65 @@ class Tally:
             self.settled.append(now)
             self.fates.append(event.fate)
 
+    def span(self, kind: str, wall: float) -> Makespan:
+        if self.fanout_started is None or self.fanout_done is None:
+            raise SystemExit(f"{kind}: the turn made no fan-out")
+        last = max(self.settled, default=self.fanout_done)
+        return Makespan(
+            kind,
+            wall,
+            self.fanout_started - self.started,
+            self.fanout_done - self.fanout_started,
+            last - self.fanout_done,
+            self.fates,
+        )
 
-async def one_turn(
-    url: str, workdir: Path, store_path: Path, isolation: Isolation
-) -> tuple[float, Tally, int]:
+
+#: What each kind of run sets: the agents' isolation, and what their workspaces are.
+KINDS: dict[str, dict[str, str]] = {
+    "shared": {"isolation": "shared"},
+    "overlay": {"isolation": "worktree", "workspaces": "auto"},
+    "copy": {"isolation": "worktree", "workspaces": "copy"},
+}
+
+
+async def two_turns(url: str, workdir: Path, store_path: Path, kind: str) -> list[Makespan]:
+    """Two orchestrated turns in one session: the first pays the session's checkout of
+    the tree (under overlays), the second only what changed since."""
     settings = Settings(
         base_url=url,
         workdir=workdir,
         max_retries=0,
         max_concurrent=CONCURRENT,
         max_subtasks=SUBTASKS,
-        max_subagents=2 * SUBTASKS + 10,
-        isolation=isolation,
+        max_subagents=4 * SUBTASKS + 10,
         merge="verified",
+        fresh=True,  # the second turn's agents run too, rather than come from the journal
+        **KINDS[kind],  # type: ignore[arg-type]
     )
     events = EventBus()
-    tally = Tally()
-    events.subscribe(tally)
     store = SQLiteStore.open(store_path)
     gateway = ModelGateway(settings, Credentials(api_key=KEY), events)
     session = Session(settings, gateway, workdir=workdir, store=store, events=events)
+    spans: list[Makespan] = []
     try:
-        tally.started = started = time.perf_counter()
-        result = await asyncio.wait_for(session.turn("Fan out the edits."), TURN_DEADLINE)
-        wall = time.perf_counter() - started
+        for _ in range(2):
+            tally = Tally()
+            events.subscribers = [tally]
+            tally.started = started = time.perf_counter()
+            result = await asyncio.wait_for(session.turn("Fan out the edits."), TURN_DEADLINE)
+            wall = time.perf_counter() - started
+            if result.error is not None:
+                raise SystemExit(f"{kind}: the turn failed: {result.error}")
+            spans.append(tally.span(kind, wall))
     finally:
         await session.close()
         await gateway.close()
         await store.close()
-    if result.error is not None:
-        raise SystemExit(f"{isolation}: the turn failed: {result.error}")
-    return wall, tally, gateway.requests
+    return spans
 
 
-def makespan(template: Path, names: list[str], isolation: Isolation, where: Path) -> Makespan:
+def makespan(template: Path, names: list[str], kind: str, where: Path) -> list[Makespan]:
     scenario = OrchestrationScenario(
         subtasks=SUBTASKS, delay=DELAY, scout_command="ls", worker_command=edit_command(names)
     )
@@ -440,71 +505,66 @@ def makespan(template: Path, names: list[str], isolation: Isolation, where: Path
     workdir = where / "repo"
     clone(template, workdir)
     with server.in_thread():
-        wall, tally, requests = asyncio.run(
-            one_turn(server.url, workdir, where / "store.db", isolation)
-        )
+        spans = asyncio.run(two_turns(server.url, workdir, where / "store.db", kind))
     for i, name in enumerate(names[:SUBTASKS], start=1):
-        if f"# edited by worker {i}\n" not in (workdir / name).read_text():
-            raise SystemExit(f"{isolation}: worker {i}'s edit is not in the working directory")
+        if (workdir / name).read_text().count(f"# edited by worker {i}\n") != 2:
+            raise SystemExit(f"{kind}: worker {i}'s two edits are not in the working directory")
     shutil.rmtree(where, ignore_errors=True)
-    if tally.fanout_started is None or tally.fanout_done is None:
-        raise SystemExit(f"{isolation}: the turn made no fan-out")
-    last = max(tally.settled, default=tally.fanout_done)
-    return Makespan(
-        isolation,
-        wall,
-        tally.fanout_started - tally.started,
-        tally.fanout_done - tally.fanout_started,
-        last - tally.fanout_done,
-        tally.fates,
-        requests,
-    )
+    return spans
 
 
 def makespan_header() -> None:
     print(
-        f"  {'files':>6}  {'isolation':<9} {'turn s':>7} {'/ bound':>7} {'before':>7} "
+        f"  {'files':>7}  {'kind':<7} {'call':<5} {'turn s':>7} {'/ bound':>7} {'before':>7} "
         f"{'fan-out':>7} {'merging':>7} {'after':>6}  runs (turn s)"
     )
 
 
-def report_makespans(files: int, runs: dict[str, list[Makespan]]) -> float:
-    """A row per isolation (medians of the runs); the ratio worktree / shared."""
+def report_makespans(files: int, runs: dict[str, list[list[Makespan]]]) -> dict[str, float]:
+    """A row per kind and call (medians of the runs); each kind's ratio to ``shared``, by
+    call (``first``, ``later``)."""
     ideal = SERIAL_REQUESTS * DELAY
-    medians: dict[str, float] = {}
-    for isolation, spans in runs.items():
+    medians: dict[tuple[str, int], float] = {}
 
-        def med(values: list[float]) -> float:
-            return statistics.median(values)
+    def med(values: list[float]) -> float:
+        return statistics.median(values)
 
-        turn = med([s.turn for s in spans])
-        before = med([s.before for s in spans])
-        fanout = med([s.fanout for s in spans])
-        merging = med([s.merging for s in spans])
-        after = med([s.turn - s.before - s.fanout - s.merging for s in spans])
-        medians[isolation] = turn
-        print(
-            f"  {files:>6,}  {isolation:<9} {turn:7.3f} {turn / ideal:6.3f}x {before:7.3f} "
-            f"{fanout:7.3f} {merging:7.3f} {after:6.3f}  "
-            f"{', '.join(f'{s.turn:.3f}' for s in spans)}"
-        )
-    for isolation, spans in runs.items():
-        fates = Counter(f for s in spans for f in s.fates)
-        expected = SUBTASKS * len(spans) if isolation == "worktree" else 0
-        if fates.get("merged", 0) != expected or any(
-            s.requests != spans[0].requests for s in spans
-        ):
-            print(f"  WARNING: {isolation}: changes {dict(fates)}, expected {expected} merged")
-    return medians["worktree"] / medians["shared"]
+    for kind, sessions in runs.items():
+        for call, label in enumerate(("first", "later")):
+            spans = [turns[call] for turns in sessions]
+            turn = med([s.turn for s in spans])
+            before = med([s.before for s in spans])
+            fanout = med([s.fanout for s in spans])
+            merging = med([s.merging for s in spans])
+            after = med([s.turn - s.before - s.fanout - s.merging for s in spans])
+            medians[kind, call] = turn
+            print(
+                f"  {files:>7,}  {kind:<7} {label:<5} {turn:7.3f} {turn / ideal:6.3f}x "
+                f"{before:7.3f} {fanout:7.3f} {merging:7.3f} {after:6.3f}  "
+                f"{', '.join(f'{s.turn:.3f}' for s in spans)}"
+            )
+        fates = Counter(f for turns in sessions for s in turns for f in s.fates)
+        expected = 2 * SUBTASKS * len(sessions) if kind != "shared" else 0
+        if fates.get("merged", 0) != expected:
+            print(f"  WARNING: {kind}: changes {dict(fates)}, expected {expected} merged")
+    return {
+        f"{kind} {label}": medians[kind, call] / medians["shared", call]
+        for kind in runs
+        if kind != "shared"
+        for call, label in enumerate(("first", "later"))
+    }
 
 
-def report_ratios(ratios: dict[int, float]) -> None:
-    for files, ratio in ratios.items():
-        verdict = "met" if ratio <= TARGET else "MISSED"
-        print(
-            f"  {files:,} files: makespan worktree / shared {ratio:.3f}x  "
-            f"(target <= {TARGET:.2f}x) {verdict}"
-        )
+def report_ratios(ratios: dict[int, dict[str, float]]) -> None:
+    for files, by_kind in ratios.items():
+        for name, ratio in by_kind.items():
+            kind, call = name.split()
+            verdict = "met" if ratio <= TARGET else "MISSED"
+            what = "the session's first call" if call == "first" else "a later call"
+            print(
+                f"  {files:,} files, {kind} workspaces, {what}: makespan / shared "
+                f"{ratio:.3f}x (target <= {TARGET:.2f}x) {verdict}"
+            )
 
 
 # ----------------------------------------------------------------------------------- main
@@ -514,8 +574,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default=",".join(str(s) for s in SIZES), help="files")
     parser.add_argument("--repeats", type=int, default=5, help="part 1: times each step runs")
-    parser.add_argument("--runs", type=int, default=2, help="part 2: turns per isolation")
+    parser.add_argument("--runs", type=int, default=2, help="part 2: sessions per kind")
     parser.add_argument("--parts", default="1,2", help="which parts to run")
+    parser.add_argument(
+        "--kinds",
+        default="shared,overlay",
+        help="part 2: kinds of run (shared, overlay, copy); part 1 always times both "
+        "kinds of workspace",
+    )
     parser.add_argument(
         "--tmp", default=None, help="where the repositories go (default: the system's temp dir)"
     )
@@ -525,12 +591,15 @@ def main() -> None:
         parts = {int(p) for p in args.parts.split(",") if p.strip()}
     except ValueError:
         parser.error("--sizes and --parts are comma-separated numbers")
+    kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
     if parts - set(PARTS) or not parts:
         parser.error("--parts is a comma-separated list of 1 and 2")
+    if set(kinds) - set(KINDS) or "shared" not in kinds:
+        parser.error(f"--kinds is a comma-separated list of {', '.join(KINDS)}, with shared")
     if any(s < SUBTASKS + EDITED * args.repeats + UNCOMMITTED + 3 for s in sizes):
         parser.error("a repository needs more files than the edits take")
-    if args.repeats < 1 or args.runs < 1:
-        parser.error("--repeats and --runs must be >= 1")
+    if args.repeats < 2 or args.runs < 1:
+        parser.error("--repeats must be >= 2 and --runs >= 1")
     began = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="orchmode-bench-", dir=args.tmp) as tmp:
         root = Path(tmp)
@@ -542,33 +611,37 @@ def main() -> None:
             templates[files] = (template, build_repo(template, files))
             print(f"built a {files:,}-file repository in {time.perf_counter() - started:.1f} s")
         if 1 in parts:
-            print(f"1. per agent, the git steps of worktree isolation ({args.repeats} times each; "
+            print(f"1. one agent's workspace, overlay and full copy ({args.repeats} times each; "
                   f"{load()})", flush=True)  # fmt: skip
-            results: dict[int, Steps] = {}
+            results: dict[int, list[Steps]] = {}
             for files in sizes:
                 template, names = templates[files]
-                workdir = root / f"steps-{files}" / "repo"
-                workdir.parent.mkdir()
-                clone(template, workdir)
-                results[files] = asyncio.run(git_steps(workdir, names, args.repeats))
-                shutil.rmtree(workdir.parent, ignore_errors=True)
-            report_steps(results)
+                results[files] = []
+                for overlays in (True, False):
+                    workdir = root / f"steps-{files}-{overlays}" / "repo"
+                    workdir.parent.mkdir()
+                    clone(template, workdir)
+                    steps = asyncio.run(workspace_steps(workdir, names, args.repeats, overlays))
+                    results[files].append(steps)
+                    shutil.rmtree(workdir.parent, ignore_errors=True)
+            report_step_targets(report_steps(results))
         if 2 in parts:
             print(
                 f"2. fan-out makespan: {SUBTASKS} subtasks, {CONCURRENT} in flight, {DELAY:g} s "
                 f"per model request, each worker edits one file, bubblewrap sandbox, merge = "
-                f"verified; median of {args.runs} turns each ({load()})",
+                f"verified; two calls per session, median of {args.runs} sessions each "
+                f"({load()})",
                 flush=True,
             )
             makespan_header()
-            ratios: dict[int, float] = {}
+            ratios: dict[int, dict[str, float]] = {}
             for files in sizes:
                 template, names = templates[files]
-                runs: dict[str, list[Makespan]] = {"shared": [], "worktree": []}
+                runs: dict[str, list[list[Makespan]]] = {kind: [] for kind in kinds}
                 for n in range(args.runs):
-                    for isolation in ISOLATIONS:
-                        where = root / f"turn-{files}-{isolation}-{n}"
-                        runs[isolation].append(makespan(template, names, isolation, where))
+                    for kind in kinds:
+                        where = root / f"turn-{files}-{kind}-{n}"
+                        runs[kind].append(makespan(template, names, kind, where))
                 ratios[files] = report_makespans(files, runs)
             report_ratios(ratios)
     print(f"({time.perf_counter() - began:.1f} s in all)")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sqlite3
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -15,6 +16,7 @@ import pytest
 
 from conftest import StartServer, gateway_for, settings_for, store_for
 from orchmode.core.events import ChangeSettled, Event, EventBus
+from orchmode.core.prompts import RESOLVE_MARKER
 from orchmode.session.agent import Session
 from orchmode.shell.bwrap import probe
 from orchmode.testing import ScriptedServer
@@ -406,6 +408,110 @@ def test_kill_9_mid_fanout_leaves_nothing_after_the_next_start_and_resume_merges
     assert len(workers_asked) < 6  # the finished ones came from the journal
 
 
+def journal_rows(journal: Path, role: str) -> list[str]:
+    """The prompts of the ``role`` rows recorded in a SQLite journal so far."""
+    if not journal.exists():
+        return []
+    try:
+        db = sqlite3.connect(f"file:{journal}?mode=ro", uri=True, timeout=5)
+        try:
+            query = "SELECT prompt FROM results WHERE role = ?"
+            return [row[0] for row in db.execute(query, (role,))]
+        finally:
+            db.close()
+    except sqlite3.OperationalError:  # not created yet
+        return []
+
+
+def test_kill_9_after_a_confirmed_resolution_and_resume_merges_every_change_once(
+    scripted: Callable[..., ScriptedServer], tmp_path: Path
+) -> None:
+    """Killed once a resolution is confirmed (recorded, written or not): the resume merges
+    every confirmed change exactly once, runs no finished resolver again, and leaves no
+    workspace behind."""
+    workdir = repo(tmp_path / "work", {"shared.txt": "head\n"})
+    before = repo_state(workdir)
+    subtasks = [
+        f"Write part {i} $ echo part{i} > part{i}.txt && echo from-{i} >> shared.txt"
+        for i in range(1, 5)
+    ]
+    scenario = editing(subtasks, delay=0.2)
+    server = scripted(scenario)
+    journal = workdir / ".orchmode" / "journal.db"
+
+    def a_resolution_is_confirmed() -> bool:
+        return any(p.startswith("resolution of change") for p in journal_rows(journal, "resolver"))
+
+    flags = ("--base-url", server.url, "--claim-lease", "2")
+    kill_run_when(a_resolution_is_confirmed, "write the parts", *flags, cwd=workdir)
+    finished = [p for p in journal_rows(journal, "resolver") if p.startswith(RESOLVE_MARKER)]
+    assert finished  # the confirmed resolution's resolver, at least
+    scenario.delay = 0.0
+    since = len(server.log)
+    done = orchmode("resume", *flags, cwd=workdir)
+    assert done.returncode == 0, done.stderr
+    lines = (workdir / "shared.txt").read_text().splitlines()
+    assert lines[0] == "head" and sorted(lines[1:]) == [f"from-{i}" for i in range(1, 5)]
+    for i in range(1, 5):
+        assert (workdir / f"part{i}.txt").read_text() == f"part{i}\n"
+    asked_again = started(server, "resolver", since)
+    assert not set(asked_again) & set(finished)  # no finished resolution is redone
+    assert repo_state(workdir) == before
+    nothing_left(workdir)
+
+
+async def test_a_resolution_its_verifier_refutes_stays_out_and_the_change_is_kept(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    workdir = repo(tmp_path / "work", {"config.py": "LIMIT = 1\nNAME = 'a'\n"})
+    subtasks = [
+        "Raise the limit to 2 $ sed -i 's/LIMIT = 1/LIMIT = 2/' config.py",
+        "Raise the limit to 3 $ sed -i 's/LIMIT = 1/LIMIT = 3/' config.py",
+    ]
+
+    def refute_resolutions(prompt: str) -> str:
+        return "refuted" if "resolved a merge conflict" in prompt else "confirmed"
+
+    server = await serve(editing(subtasks, verdict=refute_resolutions))
+    settled, _ = await run(server, tmp_path, workdir)
+    assert [e.fate for e in settled] == ["merged", "conflict"]
+    assert (workdir / "config.py").read_text() == "LIMIT = 2\nNAME = 'a'\n"
+    assert "its resolution was refuted" in settled[1].detail
+    patch = Path(settled[1].path)
+    assert patch.is_file() and "+LIMIT = 3" in patch.read_text()
+    result = tool_result_text(server)
+    assert "[change 2] conflict in config.py (kept as " in result
+    assert "a resolver tried, but its resolution was refuted" in result
+    (resolver,) = started(server, "resolver")
+    assert "<<<<<<< as-merged\n" in resolver and ">>>>>>> change-2" in resolver
+    assert "Raise the limit to 3" in resolver  # the subtask as it was given
+    verifiers = started(server, "verifier")
+    assert len(verifiers) == 3 and "LIMIT = 3" in verifiers[-1]  # both intents, shown
+
+
+async def test_a_resolver_that_leaves_markers_is_not_verified_and_the_change_is_kept(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    workdir = repo(tmp_path / "work", {"config.py": "LIMIT = 1\n"})
+    subtasks = [f"Limit {n} $ sed -i 's/LIMIT = 1/LIMIT = {n}/' config.py" for n in (2, 3)]
+    server = await serve(editing(subtasks, resolver_command="cat config.py"))
+    settled, _ = await run(server, tmp_path, workdir)
+    assert [e.fate for e in settled] == ["merged", "conflict"]
+    assert "conflict markers are left in config.py" in settled[1].detail
+    assert len(started(server, "verifier")) == 2  # no verifier for a resolution left undone
+    assert (workdir / "config.py").read_text() == "LIMIT = 2\n"
+
+
+async def test_resolvers_count_against_the_budget(serve: StartServer, tmp_path: Path) -> None:
+    workdir = repo(tmp_path / "work", {"config.py": "LIMIT = 1\n"})
+    subtasks = [f"Limit {n} $ sed -i 's/LIMIT = 1/LIMIT = {n}/' config.py" for n in (2, 3)]
+    server = await serve(editing(subtasks))
+    settled, _ = await run(server, tmp_path, workdir, max_subagents=4)
+    assert [e.fate for e in settled] == ["merged", "conflict"]
+    assert "the session's budget is used up" in settled[1].detail
+    assert started(server, "resolver") == []
+
+
 async def test_a_call_chooses_worktree_in_a_shared_session_and_a_bad_value_is_an_error(
     serve: StartServer, tmp_path: Path
 ) -> None:
@@ -465,3 +571,23 @@ async def test_a_verifier_checks_the_copy_its_worker_left_even_when_nothing_chan
         mine = next(i for i in range(1, 7) if f"Look at {i} " in prompt)
         assert f"copy-of-pair-{mine}" in output, output
     nothing_left(workdir)
+
+
+APPENDING_SCRIPT = """
+entries = ["Entry A $ echo a >> list.txt", "Entry B $ echo b >> list.txt"]
+done = parallel(entries, isolation="worktree")
+[verify(p, r)["verdict"] for p, r in zip(entries, done)]
+"""
+
+
+async def test_a_script_s_conflicting_changes_are_resolved_too(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    workdir = repo(tmp_path / "work", {"list.txt": "head\n"})
+    server = await serve(editing([], script=APPENDING_SCRIPT))
+    settled, _ = await run(server, tmp_path, workdir, isolation="shared")
+    assert [(e.index, e.fate) for e in settled] == [(1, "merged"), (2, "merged")]
+    assert settled[1].detail == "after resolving a conflict with change 1"
+    assert (workdir / "list.txt").read_text() == "head\na\nb\n"
+    text = str(workflow_block(server)["content"])
+    assert "[change 2] merged after resolving a conflict with change 1" in text

@@ -64,11 +64,15 @@ class Clock:
         return self.now
 
 
+#: The role column's words: a resolution's verifier is told from its subtask's verifier.
+ROLES = r"verifier \(resolution\)|worker|verifier|resolver"
+
+
 def rows_of(text: str) -> dict[tuple[int, str], str]:
-    """The agent rows of a rendered table: (number, role) -> the whole line."""
+    """The agent rows of a rendered table: (number, role as shown) -> the whole line."""
     rows = {}
     for line in text.splitlines():
-        match = re.match(r"^\S?\s*(\d+)\s+\S?\s*(.+?)\s+\S?\s*(worker|verifier)\b", line)
+        match = re.match(rf"^\S?\s*(\d+)\s+\S?\s*(.+?)\s+\S?\s*({ROLES})(?!\w| \()", line)
         if match:
             rows[(int(match.group(1)), match.group(3))] = line
     return rows
@@ -163,6 +167,7 @@ def test_run_json_puts_one_event_per_line_on_stderr(scripted: Any, tmp_path: Pat
     expected = {
         "TurnStarted", "TurnDone", "ModelRequestDone", "BashStarted", "BashDone", "BudgetStatus",
         "FanoutStarted", "FanoutDone", "SubagentStarted", "SubagentDone", "Notice",
+        "WorkspacesChosen",
     }  # fmt: skip
     assert kinds == expected
     verdicts = [r["verdict"] for r in records if r["kind"] == "SubagentDone"]
@@ -170,6 +175,8 @@ def test_run_json_puts_one_event_per_line_on_stderr(scripted: Any, tmp_path: Pat
     request = next(r for r in records if r["kind"] == "ModelRequestDone")
     assert request["usage"]["input_tokens"] >= 0 and "cost" in request
     assert [r["kind"] for r in records].count("TurnStarted") == 2
+    (chosen,) = [r for r in records if r["kind"] == "WorkspacesChosen"]
+    assert chosen["overlays"] is True and chosen["reason"] == ""
 
 
 def test_run_plain_and_piped_stderr_give_the_plain_lines(scripted: Any, tmp_path: Path) -> None:

@@ -259,9 +259,9 @@ class ChangeSettled:
 class WorkspacesChosen:
     """What agents' workspaces are here (``worktree`` isolation), said once per session."""
 
-    #: ``overlay`` (copy-on-write layers on one checkout) or ``copy`` (full copies).
-    kind: str
-    #: Why copies: what refused the overlay. Empty for overlays.
+    #: True: copy-on-write overlays on one checkout of the tree; False: full copies.
+    overlays: bool
+    #: Why full copies: what refused the overlays. Empty for overlays.
     reason: str = ""
 
 

@@ -350,7 +350,7 @@ class AgentHost:
             self.workspaces = Workspaces(self.trees, overlays=reason is None)
             if reason is not None:
                 log.info("agents' workspaces are full copies: %s", reason)
-            events.emit(WorkspacesChosen("copy" if reason else "overlay", reason or ""))
+            events.emit(WorkspacesChosen(reason is None, reason or ""))
 
     def _overlay_problem(self) -> str | None:
         assert self.trees is not None and isinstance(self.make_shell, ShellFactory)

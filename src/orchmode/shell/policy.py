@@ -43,7 +43,8 @@ def _home_dirs(env: Mapping[str, str]) -> list[Path]:
     for raw in candidates:
         if raw and os.path.isabs(raw):
             home = Path(os.path.realpath(raw))
-            if home != Path("/") and home not in homes:
+            # One that does not exist holds nothing to hide (and could not be mounted on).
+            if home != Path("/") and home not in homes and home.is_dir():
                 homes.append(home)
     return homes
 

@@ -266,6 +266,7 @@ class Trees:
                 "commit-tree", tree, "-m", "orchmode snapshot", env=self._store_env(), cwd=self.home
             )
             commit = out.decode().strip()
+            self._trees[commit] = tree
             ignored = await self._ignored(index)
         finally:
             with contextlib.suppress(OSError):
@@ -895,6 +896,11 @@ class Trees:
         return first == second
 
     async def _commit(self, tree: str, parent: str) -> str:
+        commit = await self._commit_of(tree, parent)
+        self._trees[commit] = tree
+        return commit
+
+    async def _commit_of(self, tree: str, parent: str) -> str:
         _, out = await git(
             "commit-tree",
             tree,

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -128,8 +129,10 @@ class Lowers:
     def release(self, lower: Lower) -> None:
         lower.users = max(0, lower.users - 1)
 
-    def stubs(self, ignored: Sequence[str]) -> Path:
-        """The layer of mount points for ``.orchmode/`` and ``ignored`` entries."""
+    def stubs(self, workdir: Path, ignored: Sequence[str]) -> Path:
+        """The layer of mount points for ``.orchmode/`` and the ``ignored`` entries that
+        ``workdir`` has (a Ray node has none of the user's ignored files to show)."""
+        ignored = [n for n in ignored if os.path.lexists(workdir / n.rstrip("/"))]
         key = tuple(ignored)
         layer = self._stubs.get(key)
         if layer is None:

@@ -169,7 +169,7 @@ class OverlayWorkspace(Workspace):
             if spec.patch.strip():
                 patched = await trees.patch_layer(stack, spec.patch)
                 layers = (patched, *layers)
-            self.layers = (lowers.stubs(spec.ignored), *layers)
+            self.layers = (lowers.stubs(trees.workdir, spec.ignored), *layers)
             self.home.mkdir(parents=True)
             self.target.mkdir()
             overlay = Overlay(self.layers, self.target)

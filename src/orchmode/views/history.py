@@ -36,7 +36,7 @@ from ..core.events import (
 from ..store import EventRow
 from .findings import Report, parse_report
 from .formatting import seconds
-from .progress import change_fate, compaction_text, condensed_text
+from .progress import Resolving, change_fate, compaction_text, condensed_text
 from .recorded import parse_row
 from .totals import SessionTotals
 
@@ -152,13 +152,21 @@ STATE_LABELS = {
 AGENT_STATES = tuple(STATE_LABELS)
 
 
+#: Where each kind of agent of a subtask is listed: its worker, the worker's verifier, then
+#: a resolver of its change's conflict and the verifier of that resolution.
+_RANKS = {"worker": 0, "verifier": 1, "resolver": 2, "main": 4}
+_RESOLUTION_RANK = 3
+
+
 @dataclass
 class AgentRecord:
-    """A worker or verifier: what it was asked, what it did, what it cost and found."""
+    """A worker, verifier or resolver: what it was asked, did, cost and found."""
 
     call: int
     index: int
     role: Role
+    #: set on the verifier that checked a resolver's resolution, not the worker's change
+    resolution: bool = False
     title: str = ""
     prompt: str = ""
     started_at: float | None = None
@@ -191,6 +199,16 @@ class AgentRecord:
     def name(self) -> str:
         """The name its requests and commands are recorded under (see ``workflow.py``)."""
         return f"{self.role} {self.call}.{self.index}"
+
+    @property
+    def label(self) -> str:
+        """Its name as shown: a resolution's verifier is told from the worker's verifier."""
+        return self.name + (" (resolution)" if self.resolution else "")
+
+    @property
+    def rank(self) -> int:
+        """Its place among its subtask's agents (see ``_RANKS``)."""
+        return _RESOLUTION_RANK if self.resolution else _RANKS[self.role]
 
     @property
     def state(self) -> str:
@@ -229,16 +247,24 @@ class Fanout:
     condensed: CondensedResult | None = None
     #: its agents' compactions, in the order they happened
     compactions: list[Compaction] = field(default_factory=list)
-    _by_key: dict[tuple[int, Role], AgentRecord] = field(default_factory=dict, repr=False)
+    _by_key: dict[tuple[int, Role, bool], AgentRecord] = field(default_factory=dict, repr=False)
 
-    def agent(self, index: int, role: Role) -> AgentRecord:
-        """The agent at ``index`` in ``role``, created when first heard of."""
-        agent = self._by_key.get((index, role))
+    def agent(self, index: int, role: Role, resolution: bool = False) -> AgentRecord:
+        """The agent at ``index`` in ``role`` (``resolution``: the verifier of a resolution),
+        created when first heard of."""
+        key = (index, role, resolution)
+        agent = self._by_key.get(key)
         if agent is None:
-            agent = self._by_key[index, role] = AgentRecord(self.call, index, role)
-            self.agents.append(agent)  # kept in index order, each worker before its verifier
-            self.agents.sort(key=lambda a: (a.index, a.role != "worker"))
+            agent = self._by_key[key] = AgentRecord(self.call, index, role, resolution)
+            self.agents.append(agent)  # kept in index order, then worker, verifier, resolver
+            self.agents.sort(key=lambda a: (a.index, a.rank))
         return agent
+
+    def resolution_verifier(self, agent: AgentRecord) -> AgentRecord | None:
+        """The verifier that checked ``agent``'s resolution, if it is a resolver and one did."""
+        if agent.role != "resolver":
+            return None
+        return self._by_key.get((agent.index, "verifier", True))
 
     def verifier_of(self, worker: AgentRecord) -> AgentRecord | None:
         """The verifier that checked ``worker``, if one did.
@@ -248,7 +274,7 @@ class Fanout:
         worker's subtask and its result (a verification prompt carries both).
         """
         for agent in self.agents:
-            if agent.role != "verifier":
+            if agent.role != "verifier" or agent.resolution:  # that one judged a resolution
                 continue
             if self.script_lines is None:
                 paired = agent.index == worker.index
@@ -300,6 +326,8 @@ class Turn:
     compactions: list[Compaction] = field(default_factory=list)
     #: every Workflow result the model saw condensed, in order
     condensed: list[CondensedResult] = field(default_factory=list)
+    #: which subtasks' changes have gone to a resolver so far, as the events are read
+    resolving: Resolving = field(default_factory=Resolving, repr=False)
 
     @property
     def status(self) -> str:
@@ -320,6 +348,12 @@ class Turn:
     @property
     def fanouts(self) -> list[Fanout]:
         return [step for step in self.steps if isinstance(step, Fanout)]
+
+    def subagent(self, call: int, index: int, role: Role, at: float) -> AgentRecord:
+        """The subagent ``role call.index`` heard of now: a verifier heard of after its
+        subtask's resolver is the one that checks the resolution (see :class:`Resolving`)."""
+        resolution = self.resolving.checks_resolution(call, index, role)
+        return self.fanout(call, at).agent(index, role, resolution)
 
     @property
     def agents(self) -> list[AgentRecord]:
@@ -356,7 +390,8 @@ class SessionHistory:
         return max(0.0, self.last_at - self.first_at)
 
 
-_AGENT_NAME = re.compile(r"(worker|verifier) (\d+)\.(\d+)")
+_AGENT_NAME = re.compile(r"(worker|verifier|resolver) (\d+)\.(\d+)")
+_NAMED_ROLES: dict[str, Role] = {"worker": "worker", "verifier": "verifier", "resolver": "resolver"}
 
 
 def read_session(
@@ -392,6 +427,7 @@ def read_session(
 def _apply(turn: Turn, event: Event, at: float) -> None:
     """Fold one event into the turn it happened in."""
     turn.last_at = max(turn.last_at, at)
+    turn.resolving.follow(event)
     match event:
         case TurnDone():
             turn.stop, turn.model_calls, turn.ended_at = event.stop, event.model_calls, at
@@ -451,12 +487,12 @@ def _apply(turn: Turn, event: Event, at: float) -> None:
             fanout = turn.fanout(event.call, at)
             fanout.duration, fanout.script_error = event.duration, event.error
         case SubagentStarted():
-            agent = turn.fanout(event.call, at).agent(event.index, event.role)
+            agent = turn.subagent(event.call, event.index, event.role, at)
             agent.started_at, agent.title, agent.prompt = at, event.title, event.prompt
             if event.node:  # a rerun after a lost node starts again elsewhere
                 agent.node = event.node
         case SubagentDone():
-            agent = turn.fanout(event.call, at).agent(event.index, event.role)
+            agent = turn.subagent(event.call, event.index, event.role, at)
             agent.done_at = at
             if agent.started_at is None:  # a journal hit or a budget skip never started
                 agent.started_at = at - max(0.0, event.duration)
@@ -473,8 +509,7 @@ def _agent_named(turn: Turn, name: str, at: float) -> AgentRecord | None:
     match = _AGENT_NAME.fullmatch(name)
     if match is None:
         return None
-    role: Role = "worker" if match[1] == "worker" else "verifier"
-    return turn.fanout(int(match[2]), at).agent(int(match[3]), role)
+    return turn.subagent(int(match[2]), int(match[3]), _NAMED_ROLES[match[1]], at)
 
 
 def answers(state: str, turns: int) -> list[str | None]:

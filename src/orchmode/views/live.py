@@ -41,7 +41,7 @@ from ..core.events import (
     TurnDone,
     TurnStarted,
 )
-from .progress import CHANGE_STYLES, compaction_text, condensed_text
+from .progress import CHANGE_STYLES, Resolving, compaction_text, condensed_text
 from .totals import SessionTotals
 
 QUEUED = "queued"
@@ -53,6 +53,9 @@ SKIPPED = "skipped by budget"
 
 #: Commands kept on screen; a long turn shows its latest ones and how many came before.
 COMMANDS_SHOWN = 12
+
+#: The subagents' names begin with their role: ``worker 2.7``, ``resolver 2.7``.
+_SUBAGENTS = ("worker", "verifier", "resolver")
 
 _STYLES = {
     QUEUED: "dim",
@@ -73,21 +76,34 @@ def _tokens(usage: TokenUsage) -> int:
     return usage.total_input + usage.output_tokens
 
 
-def _change_cell(change: ChangeSettled | None) -> Text | str:
-    """``+10 −2 merged``, ``+3 −1 conflict``, ``+1 −0 not merged (refuted)``."""
+def _change_cell(change: ChangeSettled | None, resolver: bool = False) -> Text | str:
+    """``+10 −2 merged``, ``+3 −1 conflict``, ``+1 −0 not merged (refuted)``; after a
+    resolver (``resolver``), ``+3 −1 merged (resolved)`` or ``+3 −1 conflict (unresolved)``."""
     if change is None:
         return ""
     fate = change.fate
     if fate == "not merged" and change.detail:
         fate += f" ({_short(change.detail, 30)})"
+    elif fate == "merged" and (resolver or change.detail):  # its only detail: what it resolved
+        fate += " (resolved)"
+    elif fate == "conflict" and resolver:
+        fate += " (unresolved)"
     style = CHANGE_STYLES.get(change.fate, "")
     return Text(_short(f"+{change.added} −{change.removed} {fate}", 40), style=style)
+
+
+#: Where each kind of agent of a subtask is listed: its worker, the worker's verifier, then
+#: a resolver of its change's conflict and the verifier of that resolution.
+_ORDER = {"worker": 0, "verifier": 1, "resolver": 2, "main": 4}
+_RESOLUTION_ORDER = 3
 
 
 @dataclass
 class AgentRow:
     index: int
     role: Role
+    #: set on the verifier that checks a resolver's resolution, not the worker's change
+    resolution: bool = False
     title: str = ""
     state: str = QUEUED
     status: str = ""
@@ -109,6 +125,15 @@ class AgentRow:
             return self.duration
         return now - self.started if self.started is not None else None
 
+    @property
+    def label(self) -> str:
+        """Its role as shown: a resolution's verifier is told from the worker's verifier."""
+        return "verifier (resolution)" if self.resolution else self.role
+
+    @property
+    def order(self) -> int:
+        return _RESOLUTION_ORDER if self.resolution else _ORDER[self.role]
+
 
 @dataclass
 class CallView:
@@ -118,23 +143,32 @@ class CallView:
     script: bool = False
     subtasks: int = 0
     not_run: int = 0
-    rows: dict[tuple[int, Role], AgentRow] = field(default_factory=dict)
+    rows: dict[tuple[int, Role, bool], AgentRow] = field(default_factory=dict)
     duration: float | None = None
     error: str | None = None
     #: set when the model got this call's result condensed to fit the result budget
     condensed: ResultCondensed | None = None
 
-    def row(self, index: int, role: Role) -> AgentRow:
-        key = (index, role)
+    def row(self, index: int, role: Role, resolution: bool = False) -> AgentRow:
+        """The row of ``role`` at ``index`` (``resolution``: the verifier of a resolution)."""
+        key = (index, role, resolution)
         if key not in self.rows:
-            self.rows[key] = AgentRow(index, role)
+            self.rows[key] = AgentRow(index, role, resolution)
         return self.rows[key]
 
+    def subtask(self, index: int) -> str:
+        """The title of the worker at ``index``, if there is one (a script's verifier has a
+        number of its own, with no worker at it)."""
+        worker = self.rows.get((index, "worker", False))
+        return worker.title if worker is not None else ""
+
     def wave(self, role: Role) -> tuple[int, int]:
-        """(finished, expected) for one wave; a fan-out expects one of each per subtask."""
-        rows = [r for r in self.rows.values() if r.role == role]
+        """(finished, expected) for one wave; a fan-out expects a worker and a verifier per
+        subtask, and a resolver only for a change that conflicted."""
+        rows = [r for r in self.rows.values() if r.role == role and not r.resolution]
         finished = sum(r.state not in (QUEUED, RUNNING) for r in rows)
-        expected = len(rows) if self.script else max(self.subtasks, len(rows))
+        fixed = self.script or role == "resolver"
+        expected = len(rows) if fixed else max(self.subtasks, len(rows))
         return finished, expected
 
 
@@ -156,6 +190,8 @@ class LiveView:
         #: the turn's latest compaction, and how many there were: why an agent forgot
         self.compaction: ContextCompacted | None = None
         self.compactions = 0
+        #: which subtasks' changes have gone to a resolver: tells a resolution's verifier
+        self.resolving = Resolving()
         self._lock = threading.Lock()  # Rich redraws from its own thread
         self._live: Live | None = None
 
@@ -203,12 +239,14 @@ class LiveView:
             return self.renderable()
 
     def _apply(self, event: Event) -> None:
+        self.resolving.follow(event)
         match event:
             case TurnStarted():
                 self.calls.clear()
                 self.commands.clear()
                 self.commands_before = 0
                 self.compaction, self.compactions = None, 0
+                self.resolving = Resolving()
             case BashStarted(agent=agent, command=command):
                 row = self._row_of(agent)
                 if row is not None:
@@ -234,21 +272,22 @@ class LiveView:
                 self.calls.setdefault(call, CallView(call, script=True))
             case SubagentStarted(call=call, index=index, role=role, title=title):
                 view = self._call(call)
-                row = view.row(index, role)
-                if role == "verifier":  # its prompt is the verify brief: show the subtask
-                    title = view.row(index, "worker").title or title
+                row = view.row(index, role, self.resolving.checks_resolution(call, index, role))
+                if role != "worker":  # its prompt is a stock brief: show the subtask
+                    title = view.subtask(index) or title
                 row.title, row.state, row.started = title, RUNNING, self.clock()
                 if event.node:  # a rerun after a lost node starts again elsewhere
                     row.node = event.node
             case SubagentDone(call=call, index=index, role=role):
-                row = self._call(call).row(index, role)
+                view = self._call(call)
+                row = view.row(index, role, self.resolving.checks_resolution(call, index, role))
                 row.status, row.turns, row.verdict = event.status, event.turns, event.verdict
                 row.usage, row.cost, row.duration = event.usage, event.cost, event.duration
                 row.state = self._state(event)
                 if event.node:
                     row.node = event.node
-                if not row.title and role == "verifier":
-                    row.title = self._call(call).row(index, "worker").title
+                if not row.title and role != "worker":
+                    row.title = view.subtask(index)
             case ModelRequestDone(agent=agent):
                 self._count_request(agent, event.usage, event.cost)
             case BudgetStatus(line=line):
@@ -279,12 +318,14 @@ class LiveView:
 
     def _row_of(self, agent: str) -> AgentRow | None:
         """The row of a subagent named like ``worker 2.7`` (call 2, subtask 7), if shown."""
-        role, _, place = agent.partition(" ")
+        name, _, place = agent.partition(" ")
         call, _, index = place.partition(".")
-        if role not in ("worker", "verifier") or not (call.isdigit() and index.isdigit()):
+        if name not in _SUBAGENTS or not (call.isdigit() and index.isdigit()):
             return None
+        role = cast(Role, name)
         view = self.calls.get(int(call))
-        return view.rows.get((int(index), cast(Role, role))) if view else None
+        resolution = self.resolving.checks_resolution(int(call), int(index), role)
+        return view.rows.get((int(index), role, resolution)) if view else None
 
     def _count_request(self, agent: str, usage: TokenUsage, cost: float) -> None:
         """A running agent's tokens so far, from its requests."""
@@ -343,6 +384,9 @@ class LiveView:
             f"Workflow {view.call} ({kind}) · workers {workers[0]}/{workers[1]} · "
             f"verifiers {verifiers[0]}/{verifiers[1]}"
         )
+        resolvers = view.wave("resolver")
+        if resolvers[1]:  # only a call whose changes conflicted had any
+            title += f" · resolvers {resolvers[0]}/{resolvers[1]}"
         if view.not_run:
             title += f" · {view.not_run} over the per-call limit not run"
         if view.duration is not None:
@@ -364,15 +408,15 @@ class LiveView:
         changes = any(row.change for row in view.rows.values())
         if changes:
             table.add_column("change", max_width=40, no_wrap=True, overflow="ellipsis")
-        order = {"worker": 0, "verifier": 1, "main": 2}
-        for row in sorted(view.rows.values(), key=lambda r: (r.index, order[r.role])):
+        resolved = {row.index for row in view.rows.values() if row.role == "resolver"}
+        for row in sorted(view.rows.values(), key=lambda r: (r.index, r.order)):
             elapsed = row.elapsed(now)
             state = row.state if row.state != FAILED else f"{FAILED} ({row.status})"
             where = [Text(row.node)] if nodes else []
             table.add_row(
                 str(row.index),
                 Text(row.title or "…"),
-                row.role,
+                row.label,
                 *where,
                 Text(state, style=_STYLES[row.state]),
                 str(row.turns) if row.turns else "",
@@ -381,7 +425,7 @@ class LiveView:
                 f"{elapsed:.1f} s" if elapsed is not None else "",
                 Text("$ " + _short(row.running, 60)) if row.running else "",
                 row.verdict or "",
-                *([_change_cell(row.change)] if changes else []),
+                *([_change_cell(row.change, row.index in resolved)] if changes else []),
             )
         return table
 

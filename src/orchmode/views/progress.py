@@ -16,9 +16,11 @@ from ..core.events import (
     McpCallDone,
     ModelRequestDone,
     ResultCondensed,
+    Role,
     ScriptDone,
     ScriptStarted,
     SubagentDone,
+    SubagentStarted,
     TokenUsage,
     WorkspacesChosen,
 )
@@ -84,15 +86,16 @@ def condensed_text(event: ResultCondensed) -> str:
 
 def workspaces_text(event: WorkspacesChosen) -> str:
     """The one line that says what the agents' workspaces are, and why."""
-    if event.kind == "overlay":
+    if event.overlays:
         return "each agent works in an overlay on one checkout of the tree"
     return f"each agent works in a full copy of the tree: {_one_line(event.reason)}"
 
 
 def change_fate(event: ChangeSettled) -> str:
-    """A worker's change's fate, and why: ``conflict in a.py``, ``not merged (refuted)``."""
+    """A worker's change's fate, and why: ``conflict in a.py``, ``not merged (refuted)``,
+    ``merged after resolving a conflict with change 1``."""
     if event.fate == "merged":
-        return "merged"
+        return "merged" + (f" {event.detail}" if event.detail else "")
     if event.fate == "conflict":
         return f"conflict in {event.detail or 'the tree'}"
     return event.fate + (f" ({event.detail})" if event.detail else "")
@@ -119,23 +122,53 @@ def mcp_call_text(event: McpCallDone) -> str:
 
 
 @dataclass
+class Resolving:
+    """The subtasks whose change has gone to a resolver, per call, as the events come.
+
+    A resolution is checked by a second verifier with the same name, ``verifier c.i``, as
+    the one that checked the worker's change; only the order tells them apart: a verifier
+    heard of after its subtask's resolver checks the resolution. Every view that follows
+    the events asks this one rule.
+    """
+
+    seen: set[tuple[int, int]] = field(default_factory=set)
+
+    def follow(self, event: Event) -> None:
+        match event:
+            case SubagentStarted(role="resolver") | SubagentDone(role="resolver"):
+                self.seen.add((event.call, event.index))
+            case FanoutStarted(call=call) | ScriptStarted(call=call):  # a call (re)starts
+                self.seen = {seen for seen in self.seen if seen[0] != call}
+
+    def checks_resolution(self, call: int, index: int, role: Role) -> bool:
+        """Whether the agent ``role c.i`` heard of now is the verifier of a resolution."""
+        return role == "verifier" and (call, index) in self.seen
+
+
+@dataclass
 class StderrProgress:
     stream: TextIO = field(default_factory=lambda: sys.stderr)
+    resolving: Resolving = field(default_factory=Resolving)
 
     def __call__(self, event: Event) -> None:
-        line = self.describe(event)
+        self.resolving.follow(event)
+        resolution = isinstance(event, SubagentDone) and self.resolving.checks_resolution(
+            event.call, event.index, event.role
+        )
+        line = self.describe(event, resolution=resolution)
         if line:
             print(line, file=self.stream, flush=True)
 
     @classmethod
-    def describe(cls, event: Event) -> str | None:
-        line = cls._describe(event)
+    def describe(cls, event: Event, *, resolution: bool = False) -> str | None:
+        """``event``'s line; ``resolution`` when it is the verifier of a resolution."""
+        line = cls._describe(event, resolution)
         if line and isinstance(event, SubagentDone) and event.node:
             line += f" on {event.node}"  # a Ray node; nothing when it ran in this process
         return line
 
     @staticmethod
-    def _describe(event: Event) -> str | None:
+    def _describe(event: Event, resolution: bool) -> str | None:
         match event:
             case BashDone(agent=agent, command=command, exit_code=code, timed_out=timed_out):
                 status = "timed out" if timed_out else f"exit {code}"
@@ -146,10 +179,12 @@ class StderrProgress:
                 extra = f", {not_run} over the per-call limit not run" if not_run else ""
                 return f"[workflow {call}] fanning out {n} subtasks{extra}"
             case SubagentDone(from_journal=True, role=role, call=call, index=i):
-                return f"[workflow {call}] {role} {i}: result taken from the journal"
+                who = "verify resolution" if resolution else role
+                return f"[workflow {call}] {who} {i}: result taken from the journal"
             case SubagentDone(role="verifier", call=call, index=i, verdict=verdict):
+                what = "verify resolution" if resolution else "verify"
                 return (
-                    f"[workflow {call}] verify {i}: {verdict} "
+                    f"[workflow {call}] {what} {i}: {verdict or event.status} "
                     f"({event.duration:.1f} s, {_usage(event.usage, event.cost)})"
                 )
             case SubagentDone(role=role, call=call, index=i, status=status, turns=turns):

@@ -216,7 +216,7 @@ _PARSERS: dict[str, Callable[[Mapping[str, Any]], Event]] = {
         path=_str(d, "path", ""),
     ),
     "WorkspacesChosen": lambda d: WorkspacesChosen(
-        kind=_str(d, "kind"), reason=_str(d, "reason", "")
+        overlays=_bool(d, "overlays"), reason=_str(d, "reason", "")
     ),
 }
 

@@ -60,8 +60,17 @@ def clock(at: float | None) -> str:
 
 
 def agent_id(turn: Turn, agent: AgentRecord) -> str:
-    """A unique anchor: call numbers restart when a session is resumed in a new process."""
-    return f"agent-t{turn.number}-{agent.call}-{agent.index}-{agent.role}"
+    """A unique anchor: call numbers restart when a session is resumed in a new process, and
+    a resolution's verifier has its subtask's verifier's name."""
+    resolution = "-resolution" if agent.resolution else ""
+    return f"agent-t{turn.number}-{agent.call}-{agent.index}-{agent.role}{resolution}"
+
+
+def _role_attributes(agent: AgentRecord) -> str:
+    """``data-agent`` (the name its requests are recorded under), ``data-role``, and
+    ``data-checks="resolution"`` on the verifier of a resolution."""
+    checks = ' data-checks="resolution"' if agent.resolution else ""
+    return f'data-agent="{e(agent.name)}" data-role="{agent.role}"{checks}'
 
 
 def render_report(history: SessionHistory) -> str:
@@ -180,12 +189,12 @@ def _bar(turn: Turn, fanout: Fanout, agent: AgentRecord, start: float, span: flo
     verdict = f" · {agent.verdict}" if agent.verdict else ""
     node = f" · node {agent.node}" if agent.node else ""
     tip = (
-        f"{agent.name} · {STATE_LABELS[state]}{verdict}{node} · "
+        f"{agent.label} · {STATE_LABELS[state]}{verdict}{node} · "
         f"{seconds(max(0.0, ended - began))} · {agent.tokens:,} tokens · {money(agent.cost)}"
     )
     return (
         f'<a class="bar role-{agent.role} state-{state}" href="#{agent_id(turn, agent)}" '
-        f'data-agent="{e(agent.name)}" data-role="{agent.role}" data-state="{state}" '
+        f'{_role_attributes(agent)} data-state="{state}" '
         f'data-turn="{turn.number}" data-call="{fanout.call}" data-index="{agent.index}"'
         f"{_node_attribute(agent)} "
         f'style="left:{left:.3f}%;width:{width:.3f}%" title="{e(tip)}"></a>'
@@ -248,6 +257,8 @@ def _timeline(history: SessionHistory) -> str:
     legend += (
         '<span class="legend-item"><span class="swatch role-verifier state-done"></span>'
         "verifier (striped)</span>"
+        '<span class="legend-item"><span class="swatch role-resolver state-done"></span>'
+        "resolver of a conflict (barred)</span>"
     )
     content = "\n".join(figures) if figures else '<p class="meta">No subagents ran.</p>'
     return (
@@ -363,9 +374,10 @@ def _fanout_step(turn: Turn, fanout: Fanout) -> str:
         else ""
     )
     html = f'<p class="step">{e(fanout.describe())}{error}</p>'
-    owners = {agent.name: agent for agent in fanout.agents}
+    # by the compaction, not the name: a resolution's verifier has its subtask's verifier's
+    owners = {id(c): agent for agent in fanout.agents for c in agent.compactions}
     if fanout.compactions:
-        items = "".join(_compaction(turn, c, owners.get(c.agent)) for c in fanout.compactions)
+        items = "".join(_compaction(turn, c, owners.get(id(c))) for c in fanout.compactions)
         html += f'<ul class="compactions">{items}</ul>'
     if fanout.condensed is not None:
         html += _condensed(fanout.condensed)
@@ -434,15 +446,23 @@ def _change(change: SettledChange) -> str:
     )
 
 
-def _agent_details(turn: Turn, agent: AgentRecord, nodes: bool = False) -> str:
-    """One agent's details; ``nodes`` when the run had agents on cluster nodes."""
+def _verdict_badge(verdict: str | None, label: str = "") -> str:
+    """A verdict as a badge (nothing without one); ``label`` says whose it is."""
+    if not verdict:
+        return ""
+    return f' <span class="badge verdict-{e(verdict)}">{e(label + verdict)}</span>'
+
+
+def _agent_details(
+    turn: Turn, agent: AgentRecord, nodes: bool = False, checked: AgentRecord | None = None
+) -> str:
+    """One agent's details; ``nodes`` when the run had agents on cluster nodes; ``checked``,
+    for a resolver, the verifier of its resolution (its verdict is shown beside it)."""
     usage = agent.usage
     state = agent.state
-    verdict = (
-        f' <span class="badge verdict-{e(agent.verdict)}">{e(agent.verdict)}</span>'
-        if agent.verdict
-        else ""
-    )
+    verdict = _verdict_badge(agent.verdict)
+    if checked is not None:
+        verdict += _verdict_badge(checked.verdict, "resolution ")
     facts = [
         ("status", agent.status or "never finished"),
         *([("node", agent.node or "—")] if nodes else []),
@@ -505,10 +525,10 @@ def _agent_details(turn: Turn, agent: AgentRecord, nodes: bool = False) -> str:
         else ""
     )
     return (
-        f'<details class="agent" id="{agent_id(turn, agent)}" data-agent="{e(agent.name)}" '
-        f'data-role="{agent.role}" data-state="{state}"{_node_attribute(agent)}>'
+        f'<details class="agent" id="{agent_id(turn, agent)}" {_role_attributes(agent)} '
+        f'data-state="{state}"{_node_attribute(agent)}>'
         f'<summary><span class="swatch state-{state} role-{agent.role}"></span>'
-        f"<b>{e(agent.name)}</b> {e(agent.title if agent.role == 'worker' else '')} "
+        f"<b>{e(agent.label)}</b> {e(agent.title if agent.role == 'worker' else '')} "
         f'<span class="badge state-{state}">{e(STATE_LABELS[state])}</span>{verdict}{changed} '
         f'<span class="meta">{node}{agent.tokens:,} tokens · {e(money(agent.cost))} · '
         f"{e(seconds(agent.duration))}</span></summary>"
@@ -523,7 +543,7 @@ def _agent_details(turn: Turn, agent: AgentRecord, nodes: bool = False) -> str:
 def _agents(history: SessionHistory) -> str:
     nodes = any(agent.node for agent in history.agents)  # a run on a cluster shows where
     parts = [
-        _agent_details(turn, agent, nodes)
+        _agent_details(turn, agent, nodes, fanout.resolution_verifier(agent))
         for turn in history.turns
         for fanout in turn.fanouts
         for agent in fanout.agents
@@ -574,6 +594,8 @@ dl.totals { display: grid; grid-template-columns: repeat(auto-fill, minmax(128px
 .state-interrupted.swatch, .bar.state-interrupted { background-color: var(--interrupted); }
 .role-verifier.swatch, .bar.role-verifier { background-image: repeating-linear-gradient(135deg,
   rgba(255,255,255,.45) 0 3px, transparent 3px 7px); }
+.role-resolver.swatch, .bar.role-resolver { background-image: repeating-linear-gradient(90deg,
+  rgba(0,0,0,.3) 0 2px, transparent 2px 5px); }
 figure.fanout { margin: 0 0 18px; background: #fff; border: 1px solid var(--line);
   border-radius: 8px; padding: 8px 12px; }
 figcaption { font-weight: 600; margin-bottom: 6px; }

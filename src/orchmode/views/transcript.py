@@ -66,13 +66,16 @@ def _usage_text(agent: AgentRecord) -> str:
     )
 
 
-def _agent_lines(agent: AgentRecord, indent: str) -> list[Line]:
+def _agent_lines(agent: AgentRecord, indent: str, checked: AgentRecord | None = None) -> list[Line]:
+    """An agent's lines; ``checked``: for a resolver, the verifier of its resolution."""
     state = agent.state
-    head: list[tuple[str, str] | str] = [indent, (agent.name, "bold")]
-    if agent.title and agent.role == "worker":  # a verifier's title is its stock opening
+    head: list[tuple[str, str] | str] = [indent, (agent.label, "bold")]
+    if agent.title and agent.role == "worker":  # the others' titles are their stock openings
         head += [" · ", clip(agent.title, 80)]
     if agent.verdict:
         head += [" · ", (agent.verdict, _STATE_STYLES.get(agent.verdict, ""))]
+    if checked is not None and checked.verdict:  # what became of the resolution
+        head += [" · ", (f"resolution {checked.verdict}", _STATE_STYLES.get(checked.verdict, ""))]
     label = f"failed ({agent.status})" if state == "failed" else STATE_LABELS[state]
     head += [" · ", (label, _STATE_STYLES[state])]
     if agent.node:  # only runs on a cluster have nodes: a local run reads as it always has
@@ -163,7 +166,7 @@ def transcript(history: SessionHistory) -> list[Line]:
             if step.script_error:
                 lines.append(_line("    ", ("script error: ", "red"), step.script_error))
             for agent in step.agents:
-                lines.extend(_agent_lines(agent, "    "))
+                lines.extend(_agent_lines(agent, "    ", step.resolution_verifier(agent)))
             if step.condensed is not None:  # the model got this call's result condensed
                 lines.append(_condensed_line(step.condensed, "    "))
         if turn.answer:
