@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -170,4 +171,66 @@ async def test_tracked_files_never_count_against_the_untracked_limit(
     monkeypatch.setattr("orchmode.trees.copies.MAX_UNTRACKED_MB", 2)
     trees = Trees(root)
     assert (await trees.snapshot()).commit  # 3 MB, but committed
+    trees.close()
+
+
+async def test_a_snapshot_holds_exactly_what_git_add_all_would(tmp_path: Path) -> None:
+    """The snapshot's one walk (``git status``, then only what it names) gives the very tree
+    that adding everything does, whatever the user did to the tree."""
+    files = {f"d{i}/f{j}.txt": f"{i}{j}\n" for i in range(3) for j in range(3)}
+    files.update({".gitignore": "*.log\nbuild/\n", "old.txt": "x\n" * 30, "kept.txt": "k\n"})
+    root = make_repo(tmp_path / "r", files)
+    (root / "d0" / "f0.txt").write_text("edited\n")  # a modification
+    (root / "d0" / "f1.txt").unlink()  # a deletion
+    subprocess.run(["git", "mv", "old.txt", "new.txt"], cwd=root, check=True)  # staged rename
+    (root / "kept.txt").write_text("staged\n")
+    subprocess.run(["git", "add", "kept.txt"], cwd=root, check=True)
+    (root / "kept.txt").write_text("staged, then edited\n")  # staged and edited again
+    shutil.rmtree(root / "d1")
+    (root / "d1").write_text("a directory became a file\n")  # a type change
+    (root / "d2" / "f0.txt").unlink()
+    (root / "d2" / "f0.txt").mkdir()
+    (root / "d2" / "f0.txt" / "inside").write_text("a file became a directory\n")
+    (root / "fresh" / "deep").mkdir(parents=True)
+    (root / "fresh" / "deep" / "new.txt").write_text("untracked\n")  # untracked, nested
+    (root / "noise.log").write_text("ignored\n")
+    (root / "build").mkdir()
+    (root / "build" / "out.o").write_text("ignored too\n")
+    os.chmod(root / "d0" / "f2.txt", 0o755)  # a mode change
+    os.symlink("kept.txt", root / "link")  # a new symlink
+    trees = Trees(root)
+    snapshot = await trees.snapshot()
+    index = trees.run / "check.index"
+    expected = await trees._tree_of_workdir(index)
+    assert await trees.tree_of(snapshot.commit) == expected
+    assert snapshot.ignored == ("build/", "noise.log")
+    assert out(root, "status", "--porcelain").count("\n") > 5  # the user's state untouched
+    trees.close()
+
+
+async def test_a_merge_writes_only_its_files_and_keeps_the_users_edits_elsewhere(
+    tmp_path: Path,
+) -> None:
+    root = make_repo(tmp_path / "r", {"a.txt": "a\n", "b.txt": "b\n"})
+    trees = Trees(root)
+    change = await worker_change(trees, "echo more >> a.txt && echo new > c.txt")
+    (root / "b.txt").write_text("the user's edit, made while the agent worked\n")
+    (merge,) = await trees.merge_all([change])
+    assert merge.fate == "merged"
+    assert (root / "a.txt").read_text() == "a\nmore\n"
+    assert (root / "c.txt").read_text() == "new\n"
+    assert (root / "b.txt").read_text() == "the user's edit, made while the agent worked\n"
+    trees.close()
+
+
+async def test_a_file_the_user_made_where_a_change_adds_one_is_a_conflict(
+    tmp_path: Path,
+) -> None:
+    root = make_repo(tmp_path / "r", {"a.txt": "a\n"})
+    trees = Trees(root)
+    change = await worker_change(trees, "echo agent > c.txt")
+    (root / "c.txt").write_text("the user's own c.txt\n")
+    (merge,) = await trees.merge_all([change])
+    assert merge.fate == "conflict" and "c.txt" in merge.detail
+    assert (root / "c.txt").read_text() == "the user's own c.txt\n"
     trees.close()

@@ -237,7 +237,7 @@ class FanoutEngine:
                 ),
             )
         try:
-            return await settle_changes(
+            lines = await settle_changes(
                 self.trees,
                 self.results,
                 self.settings.merge,
@@ -246,6 +246,8 @@ class FanoutEngine:
                 self.events,
                 resolver,
             )
+            await self.settle()  # the resolvers' results recorded, their shells closed
+            return lines
         except OrchmodeError as exc:
             log.warning("merging the workers' changes failed: %s", exc)
             return [

@@ -74,15 +74,6 @@ class Workflow(FanoutEngine):
             await self.settle()
         self.events.emit(FanoutDone(call, time.monotonic() - started))
         head = [plan.note] if plan.note else []
-        budget = await self.store.budget(self.budget.session)
-        skipped = [i for i, (worker, _) in enumerate(pairs, start=1) if worker.status is SKIPPED]
-        unverified = [
-            i
-            for i, (worker, verifier) in enumerate(pairs, start=1)
-            if verifier is not None and verifier.status is SKIPPED and worker.status is not SKIPPED
-        ]
-        if skipped or unverified:
-            head.append(self._budget_note(skipped, unverified, budget))
         isolated = "worktree" if tree is not None else "shared"
         changes = [""] * len(pairs)
         if tree is not None:
@@ -96,6 +87,15 @@ class Workflow(FanoutEngine):
                     )
                 ],
             )
+        budget = await self.store.budget(self.budget.session)  # resolvers counted too
+        skipped = [i for i, (worker, _) in enumerate(pairs, start=1) if worker.status is SKIPPED]
+        unverified = [
+            i
+            for i, (worker, verifier) in enumerate(pairs, start=1)
+            if verifier is not None and verifier.status is SKIPPED and worker.status is not SKIPPED
+        ]
+        if skipped or unverified:
+            head.append(self._budget_note(skipped, unverified, budget))
         entries = [
             SubtaskEntry(
                 title(subtask),

@@ -1,22 +1,24 @@
-"""``Trees``: the working tree snapshotted, copied for each agent, and its changes merged back.
+"""``Trees``: the working tree snapshotted, shown to each agent, and its changes merged back.
 
-With ``isolation = "worktree"`` every agent of a Workflow call works in a copy of the
-working directory as it was when the call started, and its change comes back as a patch.
-All of it is git plumbing on a **private** object store, ``.orchmode/trees/store.git``:
+With ``isolation = "worktree"`` every agent of a Workflow call works in a workspace of the
+working directory as it was when the call started (:mod:`.workspaces`: an overlay on one
+checkout, or a full copy made here), and its change comes back as a patch. All of it is
+git plumbing on a **private** object store, ``.orchmode/trees/store.git``:
 
 - the user's repository is only read. A snapshot hashes the working tree with a private
   index (a copy of the user's, for its stat cache) and writes its objects into the private
   store, which borrows the user's objects through ``alternates``; no index, HEAD, branch,
   stash, config or worktree list of the user's is touched. A directory that is not a
   repository gets the same from the private store alone.
-- every git command orchmode runs on a copy uses the private store as its git dir, never
-  the copy's own ``.git``: that one is the agent's, and a config it wrote there (a
-  ``core.fsmonitor`` or a filter command) would otherwise run outside the sandbox.
-- copies live in ``.orchmode/trees/runs/<host>-<pid>-<id>/``; each is removed when its
+- every git command orchmode runs on a workspace uses the private store as its git dir,
+  never the workspace's own ``.git``: that one is the agent's, and a config it wrote there
+  (a ``core.fsmonitor`` or a filter command) would otherwise run outside the sandbox.
+- workspaces live in ``.orchmode/trees/runs/<host>-<pid>-<id>/``; each is removed when its
   agent ends, the run's directory when the session closes, and one whose process died
   (``kill -9``) by the next start in this directory.
 - a patch is merged with a three-way merge against its snapshot (``git merge-tree``), then
-  written into the working directory all at once or not at all.
+  written into the working directory all at once or not at all; one that conflicts can be
+  merged anyway, markers and all (:meth:`Trees.conflict_of`), for a resolver to finish.
 """
 
 from __future__ import annotations
@@ -149,6 +151,9 @@ class Trees:
         self._trees: dict[str, str] = {}
         self._patch_layers: dict[tuple[tuple[Path, ...], str], Path] = {}
         self._derived: dict[Path, tuple[str, str]] = {}
+        #: The tree the working directory is taken to hold, until a merge finds otherwise:
+        #: the last snapshot's, then each merge's (see :meth:`merge_all`).
+        self._presumed: str | None = None
 
     # ----------------------------------------------------------------- set-up, clean-up
 
@@ -256,22 +261,57 @@ class Trees:
     # -------------------------------------------------------------------------- snapshot
 
     async def snapshot(self) -> Snapshot:
-        """The working directory now: tracked, untracked-but-not-ignored, uncommitted."""
+        """The working directory now: tracked, untracked-but-not-ignored, uncommitted.
+
+        One walk of the tree (``git status``, with the user's index for its stat cache),
+        then only the files it names as changed or new are hashed.
+        """
         await self.open()
         index = self.run / f"{self._name('snapshot')}.index"
         try:
-            await self._check_untracked(index)
-            tree = await self._tree_of_workdir(index)
+            tree, ignored = await on_thread(lambda work: self._walk(work, index))
             _, out = await git(
                 "commit-tree", tree, "-m", "orchmode snapshot", env=self._store_env(), cwd=self.home
             )
             commit = out.decode().strip()
-            self._trees[commit] = tree
-            ignored = await self._ignored(index)
         finally:
             with contextlib.suppress(OSError):
                 index.unlink()
+        self._trees[commit] = tree
+        self._presumed = tree
         return Snapshot(commit, ignored)
+
+    def _walk(self, work: _Work, index: Path) -> tuple[str, tuple[str, ...]]:
+        """The working directory's tree, and its ignored entries."""
+        repo = self._repo
+        env = self._workdir_env(index)
+        top = repo.toplevel if repo is not None else self.workdir
+        status = (
+            "status", "--porcelain=v2", "-z", "--no-renames", "--untracked-files=all",
+            "--ignored=matching", "--ignore-submodules=all", "--", ".",
+        )  # fmt: skip
+        if repo is not None and (repo.git_dir / "index").is_file():
+            with contextlib.suppress(OSError):
+                shutil.copyfile(repo.git_dir / "index", index)  # its stat cache saves hashing
+        code, out = work.git(*status, env=env, cwd=self.workdir, ok=(0, 128))
+        if code != 0:
+            # A copied index git cannot read here (split index, a newer version): start
+            # from nothing, and hash every file.
+            with contextlib.suppress(OSError):
+                index.unlink()
+            _, out = work.git(*status, env=env, cwd=self.workdir)
+        changed, untracked, ignored = _parse_status(out)
+        self._check_untracked(top, untracked)
+        paths = [*changed, *untracked]
+        if paths:
+            listing = b"\0".join(p.encode(errors="surrogateescape") for p in paths) + b"\0"
+            work.git(
+                "update-index", "--add", "--remove", "-z", "--stdin",
+                env=env, cwd=top, data=listing,
+            )  # fmt: skip
+        prefix = ["--prefix", repo.prefix] if repo is not None and repo.prefix else []
+        _, tree = work.git("write-tree", *prefix, env=env, cwd=self.workdir)
+        return tree.decode().strip(), self._shown(ignored, repo.prefix if repo else "")
 
     def _workdir_env(self, index: Path) -> dict[str, str]:
         """Git variables that read the working directory as the user's git sees it, with a
@@ -316,24 +356,13 @@ class Trees:
         _, out = await git("write-tree", *prefix, env=env, cwd=self.workdir)
         return out.decode().strip()
 
-    async def _check_untracked(self, index: Path) -> None:
-        """Refuse a snapshot that would copy a heap of files git does not track.
-
-        In a repository, the user's own index says what is tracked (only read); outside
-        one, nothing is.
-        """
-        env = self._workdir_env(index)
-        if self._repo is not None:
-            env.pop("GIT_INDEX_FILE")
-        _, out = await git(
-            "ls-files", "-z", "--others", "--exclude-standard", "--", ".", env=env, cwd=self.workdir
-        )
+    def _check_untracked(self, top: Path, untracked: list[str]) -> None:
+        """Refuse a snapshot that would copy a heap of files git does not track (in a
+        repository the user's own index says what is tracked; outside one, nothing is)."""
         sizes: list[tuple[int, str]] = []
-        for raw in out.split(b"\0"):
-            name = raw.decode(errors="surrogateescape")
+        for name in untracked:
             with contextlib.suppress(OSError):
-                if name:
-                    sizes.append((os.lstat(self.workdir / name).st_size, name))
+                sizes.append((os.lstat(top / name).st_size, name))
         total = sum(size for size, _ in sizes)
         if total > MAX_UNTRACKED_MB * 1_000_000:
             largest = ", ".join(f"{n} ({z / 1e6:.0f} MB)" for z, n in sorted(sizes)[-3:][::-1])
@@ -343,22 +372,14 @@ class Trees:
                 f'(largest: {largest}) — add them to .gitignore, or use isolation "shared"'
             )
 
-    async def _ignored(self, index: Path) -> tuple[str, ...]:
-        _, out = await git(
-            "ls-files",
-            "-z",
-            "--others",
-            "--ignored",
-            "--exclude-standard",
-            "--directory",
-            "--",
-            ".",
-            env=self._workdir_env(index),
-            cwd=self.workdir,
-        )
+    def _shown(self, ignored: list[str], prefix: str) -> tuple[str, ...]:
+        """The ignored entries a workspace shows from the working directory (relative to
+        it, directories first), at most :data:`MAX_SHOWN`."""
         shown: list[str] = []
-        for raw in out.split(b"\0"):
-            name = raw.decode(errors="surrogateescape")
+        for raw in ignored:
+            if prefix and not raw.startswith(prefix):
+                continue
+            name = raw[len(prefix) :]
             if not name or name.split("/")[0] == ".orchmode":
                 continue
             path = self.workdir / name.rstrip("/")
@@ -599,33 +620,53 @@ class Trees:
     async def merge_all(self, changes: Sequence[Change]) -> list[Merge]:
         """Merge ``changes`` in order into the working directory, each all or nothing.
 
-        Each is merged three-way into the tree the ones before it made (and the edits the
-        user made since the call began), in the private store; the directory is written
-        once, at the end. If a file to be written changed on disk meanwhile, nothing is
+        Each is merged three-way into the tree the ones before it made, in the private
+        store; the directory is written once, at the end. The merges start from the tree
+        the directory is taken to hold (the last snapshot's, or the last merge's), and the
+        files to be written are checked on disk first: when the user edited none of them,
+        that is all it costs, whatever the tree's size. When one was edited, the merges
+        are done again from the directory as it is (the user's edits merged with, not
+        overwritten); and if a file to be written changes on disk even then, nothing is
         written and every change that would have been is a conflict.
         """
         await self.open()
         stem = self._name("merge")
         index = self.run / f"{stem}.index"
         try:
+            if self._presumed is not None:
+                merges, moved = await self._merge_from(self._presumed, changes, index)
+                if not moved:
+                    return merges
             start = await self._tree_of_workdir(index)
-            current = start
-            merges: list[Merge] = []
-            for change in changes:
-                merge = await self._combine(change, current, index)
-                merges.append(merge)
-                if merge.fate == "merged":
-                    current = merge.tree
-            if current == start:
+            self._presumed = start
+            merges, moved = await self._merge_from(start, changes, index)
+            if not moved:
                 return merges
-            written = await self._write_out(start, current, index)
-            if written.fate == "merged":
-                return merges
-            return [Merge("conflict", written.detail) if m.fate == "merged" else m for m in merges]
+            detail = tuple(f"{p} (changed while merging)" for p in moved)
+            return [Merge("conflict", detail) if m.fate == "merged" else m for m in merges]
         finally:
             for leftover in self.run.glob(f"{stem}*"):
                 with contextlib.suppress(OSError):
                     leftover.unlink()
+
+    async def _merge_from(
+        self, start: str, changes: Sequence[Change], index: Path
+    ) -> tuple[list[Merge], list[str]]:
+        """The merges from the tree ``start``, written out; or the files that turned out
+        to differ on disk from ``start`` (then nothing was written)."""
+        current = start
+        merges: list[Merge] = []
+        for change in changes:
+            merge = await self._combine(change, current, index)
+            merges.append(merge)
+            if merge.fate == "merged":
+                current = merge.tree
+        if current != start:
+            moved = await self._write_out(start, current, index)
+            if moved:
+                return merges, moved
+            self._presumed = current
+        return merges, []
 
     async def _combine(self, change: Change, ours: str, index: Path) -> Merge:
         """``change`` merged into the tree ``ours``, in the store only; its tree if merged."""
@@ -913,50 +954,59 @@ class Trees:
         )
         return out.decode().strip()
 
-    async def _write_out(self, ours: str, merged: str, index: Path) -> Merge:
+    async def _write_out(self, ours: str, merged: str, index: Path) -> list[str]:
         """Write the files that differ between the tree as it was and the merged one, after
-        checking that none of them changed meanwhile."""
+        checking that none of them changed on disk; the ones that did (nothing written)."""
         store = self._store_env(index)
         _, out = await git(
-            "diff-tree",
-            "-r",
-            "-z",
-            "--no-renames",
-            "--name-status",
-            ours,
-            merged,
-            env=store,
-            cwd=self.home,
-        )
+            "diff-tree", "-r", "-z", "--no-renames", "--name-status", ours, merged,
+            env=store, cwd=self.home,
+        )  # fmt: skip
         fields = out.split(b"\0")
         changed: list[tuple[str, str]] = []
         for code, raw in zip(fields[::2], fields[1::2], strict=False):
             if code:
                 changed.append((code.decode(), raw.decode(errors="surrogateescape")))
         if not changed:
-            return Merge("merged", tree=merged)
+            return []
         prefix = self._repo.prefix if self._repo is not None else ""
         moved = await self._changed_since(ours, [p for _, p in changed], prefix)
         if moved:
-            return Merge("conflict", tuple(f"{p} (changed while merging)" for p in moved))
+            return moved
         writes = [path for status, path in changed if status != "D"]
         for status, path in changed:
             if status == "D":
                 self._delete(path)
         if writes:
+            # An index of these files alone: writing them costs what they are, not the tree.
+            with contextlib.suppress(OSError):
+                index.unlink()
+            listed = await self._ls_tree(merged, writes)
+            await git(
+                "update-index", "-z", "--index-info", env=store, cwd=self.home, data=listed
+            )
             work = {**store, "GIT_WORK_TREE": str(self.workdir)}
-            await git("read-tree", merged, env=work, cwd=self.workdir)
             listing = b"\0".join(p.encode(errors="surrogateescape") for p in writes) + b"\0"
             await git(
                 "checkout-index", "-f", "-z", "--stdin", env=work, cwd=self.workdir, data=listing
             )
-        return Merge("merged", tree=merged)
+        return []
+
+    async def _ls_tree(self, tree: str, paths: Sequence[str]) -> bytes:
+        """``git ls-tree -r -z`` of ``paths`` alone, a few hundred at a time (an argument
+        list has a limit)."""
+        listed = b""
+        for at in range(0, len(paths), 500):
+            _, out = await git(
+                "ls-tree", "-r", "-z", "--full-tree", tree, "--", *paths[at : at + 500],
+                env=self._store_env(), cwd=self.home,
+            )  # fmt: skip
+            listed += out
+        return listed
 
     async def _changed_since(self, ours: str, paths: list[str], prefix: str) -> list[str]:
         """The paths whose content on disk is no longer what the tree ``ours`` says."""
-        _, out = await git(
-            "ls-tree", "-r", "-z", ours, "--", *paths, env=self._store_env(), cwd=self.home
-        )
+        out = await self._ls_tree(ours, paths)
         expected: dict[str, str] = {}
         for entry in out.split(b"\0"):
             if entry:
@@ -1026,6 +1076,32 @@ def conflicted_hunks(text: str, labels: tuple[str, str]) -> str:
         "\n".join(f"{n + 1:>5}: {lines[n]}" for n in range(first, last)) for first, last in merged
     ]
     return "\n   ...\n".join(blocks)
+
+
+def _parse_status(out: bytes) -> tuple[list[str], list[str], list[str]]:
+    """From ``git status --porcelain=v2 -z --no-renames``: the tracked paths whose work
+    tree differs from the index, the untracked files, and the ignored entries (paths from
+    the repository's top)."""
+    changed: list[str] = []
+    untracked: list[str] = []
+    ignored: list[str] = []
+    for record in out.split(b"\0"):
+        if not record:
+            continue
+        kind = record[:1]
+        if kind == b"1":  # 1 XY sub mH mI mW hH hI path
+            fields = record.split(b" ", 8)
+            if len(fields) == 9 and fields[1][1:2] != b".":
+                changed.append(fields[8].decode(errors="surrogateescape"))
+        elif kind == b"u":  # u XY sub m1 m2 m3 mW h1 h2 h3 path: unmerged, take the file
+            fields = record.split(b" ", 10)
+            if len(fields) == 11:
+                changed.append(fields[10].decode(errors="surrogateescape"))
+        elif kind == b"?":
+            untracked.append(record[2:].decode(errors="surrogateescape"))
+        elif kind == b"!":
+            ignored.append(record[2:].decode(errors="surrogateescape"))
+    return changed, untracked, ignored
 
 
 def _nothing_ignored(_work: _Work, _paths: list[bytes], _exact: bool) -> set[bytes]:
