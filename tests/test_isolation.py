@@ -591,3 +591,24 @@ async def test_a_script_s_conflicting_changes_are_resolved_too(
     assert (workdir / "list.txt").read_text() == "head\na\nb\n"
     text = str(workflow_block(server)["content"])
     assert "[change 2] merged after resolving a conflict with change 1" in text
+
+
+async def test_a_snapshot_that_cannot_be_taken_stops_the_call_with_a_clear_error(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    """The snapshot is taken while the workers' first requests are in flight; when it is
+    refused (here, 250 MB of untracked files nobody ignored), the call's agents are stopped,
+    nothing is merged, and the model is told why and what to do."""
+    workdir = repo(tmp_path / "work", {"a.txt": "a\n"})
+    with open(workdir / "dump.bin", "wb") as handle:
+        handle.truncate(250_000_000)  # sparse: large to git, cheap to make
+    server = await serve(editing(["Write $ echo b > b.txt"], delay=0.2))
+    settled, _ = await run(server, tmp_path, workdir)
+    assert settled == []
+    block = workflow_block(server)
+    assert block.get("is_error")
+    text = str(block["content"])
+    assert "250 MB of untracked files" in text and "dump.bin" in text
+    assert '"isolation": "shared"' in text
+    assert not (workdir / "b.txt").exists()
+    nothing_left(workdir)

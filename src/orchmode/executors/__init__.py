@@ -10,8 +10,9 @@ and reports the agent's events back here as they happen.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -60,10 +61,20 @@ class TreeJob:
     #: The subtask it belongs to (``1.3``): a verifier that runs where its worker ran
     #: checks that very copy, found by it.
     chain: str = ""
+    #: Set while the call's snapshot is still being taken (here, as its workers' first
+    #: requests are in flight): it gives the snapshot's job, and ``base`` is "" until then.
+    pending: asyncio.Future[TreeJob] | None = field(default=None, compare=False, repr=False)
 
     def for_subtask(self, call: int, index: int) -> TreeJob:
         """The same copy, named for subtask ``index`` of call ``call``."""
         return replace(self, chain=f"{call}.{index}")
+
+    async def settled(self) -> TreeJob:
+        """This job once its snapshot is taken (itself when it already was)."""
+        if self.pending is None:
+            return self
+        taken = await asyncio.shield(self.pending)
+        return replace(taken, patch=self.patch, writable=self.writable, chain=self.chain)
 
 
 class WorkerLost(Exception):

@@ -329,6 +329,8 @@ class AgentHost:
             return SHARED
         assert job.tree is not None
         if job.tree.writable and not job.tree.patch:
+            if job.tree.pending is not None:
+                return job.tree.pending  # the call's snapshot, still being taken
             return (job.tree.base, job.tree.ignored)
         return None
 
@@ -392,6 +394,9 @@ class AgentHost:
 
     async def _open(self, workspace: Workspace, tree: TreeJob) -> None:
         assert self.trees is not None
+        if tree.pending is not None:  # the snapshot is taken now
+            tree = await tree.settled()
+            workspace.spec = replace(workspace.spec, base=tree.base, ignored=tree.ignored)
         if tree.bundle is not None and not await self.trees.has(tree.base):
             await self.trees.receive(tree.base, await _fetch(tree.bundle))
         await workspace.open()

@@ -172,12 +172,25 @@ class FanoutEngine:
             note = change_note(describe_change(change), change.digest[:12], change.base)
         return verify_prompt(subtask, quote_result(worker.text, limit, path), note)
 
-    async def tree_for(self, isolation: str) -> TreeJob | None:
+    async def tree_for(self, isolation: str, *, ahead: bool = False) -> TreeJob | None:
         """The copy a call's workers start from: a snapshot of the tree now; None when the
         agents share the working directory (``shared``, or a read-only sandbox, where no
-        agent can change it)."""
+        agent can change it).
+
+        ``ahead``: where agents run in this process, the snapshot is taken while the
+        workers' first model requests are in flight (none of them needs the tree before
+        its first reply): the job says so, and the caller awaits :meth:`TreeJob.settled`.
+        """
         if isolation != "worktree" or self.trees is None or self.settings.sandbox == "read-only":
             return None
+        if ahead and isinstance(self.executor, LocalExecutor):
+            taking = asyncio.ensure_future(self._take_snapshot())
+            taking.add_done_callback(lambda t: t.cancelled() or t.exception())
+            return TreeJob("", pending=taking)
+        return await self._take_snapshot()
+
+    async def _take_snapshot(self) -> TreeJob:
+        assert self.trees is not None
         snapshot = await self.trees.snapshot()
         bundle = await self.executor.share_tree(self.trees, snapshot.commit)
         return TreeJob(snapshot.commit, ignored=snapshot.ignored, bundle=bundle)

@@ -54,7 +54,7 @@ class Workflow(FanoutEngine):
         if isinstance(plan, str):
             return plan, True
         try:
-            tree = await self.tree_for(isolation)
+            tree = await self.tree_for(isolation, ahead=True)
         except OrchmodeError as exc:
             return _no_copies(exc), True
         self.calls += 1
@@ -66,7 +66,11 @@ class Workflow(FanoutEngine):
             for i, subtask in enumerate(plan.subtasks, start=1)
         ]
         try:
+            if tree is not None:
+                tree = await tree.settled()  # taken while the first requests are in flight
             pairs = await asyncio.gather(*chains)
+        except OrchmodeError as exc:  # the snapshot could not be taken: nothing is kept
+            return _no_copies(exc, started=True), True
         finally:
             for chain in chains:
                 chain.cancel()
@@ -151,6 +155,8 @@ class Workflow(FanoutEngine):
                     "[orchmode: not verified, because it was not run]", SKIPPED
                 )
             isolation = "worktree" if tree is not None else "shared"
+            if tree is not None:
+                tree = await tree.settled()
             if self.trees is not None and worker.change is not None and not worker.change.empty:
                 self.trees.prepare(worker.change)  # its merge, ahead, while it is verified
             prompt = self.verify_prompt(subtask, worker, isolation)
@@ -169,9 +175,10 @@ class Workflow(FanoutEngine):
                 relay.drop()
 
 
-def _no_copies(exc: Exception) -> str:
+def _no_copies(exc: Exception, *, started: bool = False) -> str:
+    ran = "the agents were stopped and nothing was kept" if started else "nothing ran"
     return (
-        f"error: the agents' copies of the tree could not be made ({exc}); nothing ran. Call "
+        f"error: the agents' copies of the tree could not be made ({exc}); {ran}. Call "
         'Workflow again with "isolation": "shared" to let the agents write the working '
         "directory directly."
     )

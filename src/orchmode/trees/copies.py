@@ -154,6 +154,7 @@ class Trees:
         #: The tree the working directory is taken to hold, until a merge finds otherwise:
         #: the last snapshot's, then each merge's (see :meth:`merge_all`).
         self._presumed: str | None = None
+        self._commits: dict[tuple[str, str], str] = {}
 
     # ----------------------------------------------------------------- set-up, clean-up
 
@@ -398,6 +399,8 @@ class Trees:
 
     async def has(self, commit: str) -> bool:
         await self.open()
+        if commit in self._trees:
+            return True  # made or read here: the store keeps every object it is given
         code, _ = await git(
             "cat-file",
             "-e",
@@ -499,9 +502,13 @@ class Trees:
         merge need not work it out again."""
         key = (change.base, change.digest)
         if key not in self._theirs:
-            done: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
-            done.set_result(tree)
-            self._theirs[key] = asyncio.ensure_future(done)
+            task = asyncio.create_task(self._known_tree(tree, change.base))
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
+            self._theirs[key] = task
+
+    async def _known_tree(self, tree: str, base: str) -> str | None:
+        await self._commit(tree, base)  # its merge's commit, made ahead
+        return tree
 
     def throw_away(self, path: Path) -> None:
         """Remove a workspace's directory off the critical path (see :meth:`discard`)."""
@@ -703,10 +710,13 @@ class Trees:
             return None
         index = self.run / f"{self._name('theirs')}.index"
         try:
-            return await self._applied(f"{change.base}^{{tree}}", change.patch, index)
+            tree = await self._applied(await self.tree_of(change.base), change.patch, index)
         finally:
             with contextlib.suppress(OSError):
                 index.unlink()
+        if tree is not None:
+            await self._commit(tree, change.base)  # its merge's commit, made ahead too
+        return tree
 
     async def _applied(self, tree: str, patch: str, index: Path) -> str | None:
         """The tree ``patch`` makes of ``tree``, or None when it does not apply to it."""
@@ -723,7 +733,7 @@ class Trees:
 
     async def _merge(self, change: Change, index: Path, ours: str, *, check_links: bool) -> Merge:
         based = await self.has(change.base)
-        base_tree = f"{change.base}^{{tree}}" if based else ours
+        base_tree = await self.tree_of(change.base) if based else ours
         if based:
             theirs = await asyncio.shield(self.prepare(change))
             if theirs is None:
@@ -736,7 +746,7 @@ class Trees:
         links = await self._link_refusals(base_tree, theirs) if check_links else []
         if links:
             return Merge("refused", tuple(links))
-        if not based or await self._same_tree(ours, base_tree):
+        if not based or ours == base_tree:
             merged = theirs
         else:
             mine = await self._commit(ours, change.base)
@@ -931,14 +941,13 @@ class Trees:
             )
         return refusals(PatchSummary(tuple(links))) if links else []
 
-    async def _same_tree(self, tree: str, other: str) -> bool:
-        _, out = await git("rev-parse", tree, other, env=self._store_env(), cwd=self.home)
-        first, second = out.decode().split()
-        return first == second
-
     async def _commit(self, tree: str, parent: str) -> str:
-        commit = await self._commit_of(tree, parent)
-        self._trees[commit] = tree
+        """The commit of ``tree`` with ``parent``: the same one for the same two, anywhere."""
+        commit = self._commits.get((tree, parent))
+        if commit is None:
+            commit = await self._commit_of(tree, parent)
+            self._commits[tree, parent] = commit
+            self._trees[commit] = tree
         return commit
 
     async def _commit_of(self, tree: str, parent: str) -> str:
@@ -959,59 +968,48 @@ class Trees:
         checking that none of them changed on disk; the ones that did (nothing written)."""
         store = self._store_env(index)
         _, out = await git(
-            "diff-tree", "-r", "-z", "--no-renames", "--name-status", ours, merged,
-            env=store, cwd=self.home,
-        )  # fmt: skip
+            "diff-tree", "-r", "-z", "--no-renames", ours, merged, env=store, cwd=self.home
+        )
         fields = out.split(b"\0")
-        changed: list[tuple[str, str]] = []
-        for code, raw in zip(fields[::2], fields[1::2], strict=False):
-            if code:
-                changed.append((code.decode(), raw.decode(errors="surrogateescape")))
-        if not changed:
+        before: dict[str, str | None] = {}
+        after: dict[str, tuple[str, str]] = {}
+        for meta, raw in zip(fields[::2], fields[1::2], strict=False):
+            parts = meta.decode().lstrip(":").split()
+            if len(parts) < 5:
+                continue
+            path = raw.decode(errors="surrogateescape")
+            _, new_mode, old, new, status = parts[:5]
+            before[path] = None if status == "A" else old
+            if status != "D":
+                after[path] = (new_mode, new)
+        if not before:
             return []
-        prefix = self._repo.prefix if self._repo is not None else ""
-        moved = await self._changed_since(ours, [p for _, p in changed], prefix)
+        moved = await self._changed_since(before)
         if moved:
             return moved
-        writes = [path for status, path in changed if status != "D"]
-        for status, path in changed:
-            if status == "D":
+        for path in before:
+            if path not in after:
                 self._delete(path)
-        if writes:
+        if after:
             # An index of these files alone: writing them costs what they are, not the tree.
             with contextlib.suppress(OSError):
                 index.unlink()
-            listed = await self._ls_tree(merged, writes)
-            await git(
-                "update-index", "-z", "--index-info", env=store, cwd=self.home, data=listed
+            info = b"".join(
+                f"{mode} {oid}\t".encode() + path.encode(errors="surrogateescape") + b"\0"
+                for path, (mode, oid) in after.items()
             )
+            await git("update-index", "-z", "--index-info", env=store, cwd=self.home, data=info)
             work = {**store, "GIT_WORK_TREE": str(self.workdir)}
-            listing = b"\0".join(p.encode(errors="surrogateescape") for p in writes) + b"\0"
+            listing = b"\0".join(p.encode(errors="surrogateescape") for p in after) + b"\0"
             await git(
                 "checkout-index", "-f", "-z", "--stdin", env=work, cwd=self.workdir, data=listing
             )
         return []
 
-    async def _ls_tree(self, tree: str, paths: Sequence[str]) -> bytes:
-        """``git ls-tree -r -z`` of ``paths`` alone, a few hundred at a time (an argument
-        list has a limit)."""
-        listed = b""
-        for at in range(0, len(paths), 500):
-            _, out = await git(
-                "ls-tree", "-r", "-z", "--full-tree", tree, "--", *paths[at : at + 500],
-                env=self._store_env(), cwd=self.home,
-            )  # fmt: skip
-            listed += out
-        return listed
-
-    async def _changed_since(self, ours: str, paths: list[str], prefix: str) -> list[str]:
-        """The paths whose content on disk is no longer what the tree ``ours`` says."""
-        out = await self._ls_tree(ours, paths)
-        expected: dict[str, str] = {}
-        for entry in out.split(b"\0"):
-            if entry:
-                meta, _, name = entry.partition(b"\t")
-                expected[name.decode(errors="surrogateescape")] = meta.split()[2].decode()
+    async def _changed_since(self, expected: dict[str, str | None]) -> list[str]:
+        """The paths whose content on disk is no longer the blob ``expected`` says (None:
+        no file at all)."""
+        paths = list(expected)
         present = [p for p in paths if os.path.lexists(self.workdir / p)]
         actual: dict[str, str] = {}
         regular = [
@@ -1023,20 +1021,16 @@ class Trees:
             names = "\n".join(str(self.workdir / p) for p in regular)
             listing = names.encode(errors="surrogateescape") + b"\n"
             _, out = await git(
-                "hash-object",
-                "--no-filters",
-                "--stdin-paths",
-                env={},
-                cwd=self.workdir,
+                "hash-object", "--no-filters", "--stdin-paths", env={}, cwd=self.workdir,
                 data=listing,
-            )
+            )  # fmt: skip
             actual.update(zip(regular, out.decode().split(), strict=True))
         for p in present:
             if os.path.islink(self.workdir / p):
                 target = os.readlink(self.workdir / p).encode(errors="surrogateescape")
                 _, out = await git("hash-object", "--stdin", env={}, cwd=self.workdir, data=target)
                 actual[p] = out.decode().strip()
-        return [p for p in paths if expected.get(p) != actual.get(p)]
+        return [p for p in paths if expected[p] != actual.get(p)]
 
     def _delete(self, relative: str) -> None:
         path = self.workdir / relative

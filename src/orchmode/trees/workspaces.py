@@ -310,6 +310,7 @@ class CopyWorkspace(Workspace):
             self.copy = Copy(self.copy.path, start, self.copy.index)
             await self.trees.make_copy(self.copy, "", spec.ignored)
         else:
+            self.copy = Copy(self.copy.path, spec.base, self.copy.index)
             await self.trees.make_copy(self.copy, spec.patch, spec.ignored)
         self._made = True
 
