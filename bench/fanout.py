@@ -221,9 +221,11 @@ def run_one(
         measured = server_chain_times(url)
         server_cpu = process_cpu(server.pid) - server_cpu_at_start
         chains = list(per_chain.values())
+        server_cpu_before_bare = process_cpu(server.pid)
         bare_time, bare_cpu = (
             asyncio.run(bare_sdk_fanout(url, concurrent, chains)) if bare else (0.0, 0.0)
         )
+        bare_server_cpu = process_cpu(server.pid) - server_cpu_before_bare
     finally:
         server.terminate()
         server.wait()
@@ -244,6 +246,7 @@ def run_one(
         "agents": pooled[1],
         "bare": bare_time,
         "bare_cpu_ms": bare_cpu,
+        "bare_server_cpu_ms": bare_server_cpu / max(sum(chains), 1) * 1000,
         "children_cpu_ms": children / requests * 1000,
         "peak_mb": peak_mb,
         "cpu_ms": cpu / requests * 1000,
@@ -272,6 +275,18 @@ def report(r: dict[str, float], target: float | None) -> None:
             f"  a bare SDK loop sending the same requests: {r['bare']:.3f} s "
             f"(ratio {r['bare'] / r['bound']:.3f}); "
             f"orchmode over it {r['makespan'] / r['bare']:.3f}"
+        )
+    if r["bare"]:
+        mine = r["cpu_ms"] + r["children_cpu_ms"]
+        served = mine + r["server_cpu_ms"]
+        bare_served = r["bare_cpu_ms"] + r["bare_server_cpu_ms"]
+        print(
+            f"  against the bare SDK loop, in the same run: makespan "
+            f"{r['makespan'] / r['bare']:.3f}x (target <= 1.10); CPU per request, the "
+            f"process and its children, {mine:.2f} ms against {r['bare_cpu_ms']:.2f} ms "
+            f"({mine / r['bare_cpu_ms']:.2f}x); with the scripted server's on both sides, "
+            f"{served:.2f} ms against {bare_served:.2f} ms ({served / bare_served:.2f}x, "
+            f"target <= 1.5)"
         )
     print(f"  peak memory of the harness (RSS) {r['peak_mb']:.0f} MB")
     if r["agents"]:

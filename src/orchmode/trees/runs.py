@@ -1,4 +1,5 @@
-"""The per-process run directories of copies: their names, removing them, sweeping dead ones.
+"""The per-process run directories of workspaces: their names, removing them, sweeping dead
+ones.
 
 A run's directory is named ``<host>-<pid>-<id>``, so that a later start can tell, without
 any record, which ones belong to processes on this host that died (``kill -9``).
