@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from conftest import StartServer, gateway_for, settings_for, store_for
-from orchmode.core.events import ChangeSettled, Event, EventBus
+from orchmode.core.events import ChangeSettled, Event, EventBus, WorkspacesChosen
 from orchmode.core.prompts import RESOLVE_MARKER
 from orchmode.session.agent import Session
 from orchmode.shell.bwrap import probe
@@ -611,4 +611,28 @@ async def test_a_snapshot_that_cannot_be_taken_stops_the_call_with_a_clear_error
     assert "250 MB of untracked files" in text and "dump.bin" in text
     assert '"isolation": "shared"' in text
     assert not (workdir / "b.txt").exists()
+    nothing_left(workdir)
+
+
+async def test_where_overlays_are_refused_the_run_says_so_once_and_copies_still_merge(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    workdir = repo(tmp_path / "a,b", {"a.txt": "a\n"})  # a comma: mount options cannot say it
+    events = EventBus()
+    chosen: list[WorkspacesChosen] = []
+    events.subscribe(lambda e: chosen.append(e) if isinstance(e, WorkspacesChosen) else None)
+    subtasks = [f"Write {i} $ echo {i} > f{i}.txt" for i in range(1, 4)]
+    server = await serve(editing(subtasks))
+    settings = settings_for(server, tmp_path, workdir=workdir)
+    session = Session(
+        settings, gateway_for(settings, events), workdir=workdir, store=store_for(tmp_path)
+    )
+    try:
+        await session.turn("do the work")
+    finally:
+        await session.close()
+    (said,) = chosen
+    assert not said.overlays and "cannot carry" in said.reason
+    for i in range(1, 4):
+        assert (workdir / f"f{i}.txt").read_text() == f"{i}\n"
     nothing_left(workdir)

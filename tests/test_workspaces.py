@@ -434,3 +434,25 @@ def test_an_upper_layer_with_nothing_in_it_is_no_change(tmp_path: Path) -> None:
     (upper / ".git" / "index").write_text("the agent's own git wrote this")
     (upper / "dir").mkdir()  # a directory copied up on the way, nothing changed in it
     assert scan_upper(upper).children == {}
+
+
+async def test_a_verifier_of_a_worker_that_wrote_nothing_reads_the_checkout_itself(
+    tmp_path: Path, agents_in: type[Agents]
+) -> None:
+    """A read-only review costs no overlay for its verifier: the checkout is shown as it
+    is, read-only, with the ignored entries still shown from the working directory."""
+    workdir = repo(tmp_path / "r", {"a.txt": "a\n", ".gitignore": ".venv/\n"})
+    (workdir / ".venv").mkdir()
+    (workdir / ".venv" / "tool").write_text("the venv's tool\n")
+    agents = agents_in(workdir)
+    spec = await agents.snapshot()
+    _, change, _ = await agents.run(spec, "cat a.txt", keep=True)
+    assert change is not None and change.empty
+    command = "cat a.txt .venv/tool; touch b.txt; git status --short"
+    for chain in (spec.chain, "elsewhere"):  # its worker's kept workspace, and one anew
+        check = Spec(change.base, change.patch, writable=False, ignored=spec.ignored, chain=chain)
+        result, _, workspace = await agents.run(check, command)
+        assert workspace.view.overlay is None
+        assert "a\nthe venv's tool" in result.output
+        assert "Read-only file system" in result.output
+        assert "??" not in result.output  # the mount points it holds are no change

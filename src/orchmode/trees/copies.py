@@ -39,7 +39,7 @@ from ..core.results import Change
 from .git import TreeError, _Work, git, on_thread
 from .layers import PATCH_FLAGS, PATCH_FORM, read_layer
 from .patches import FileChange, PatchSummary, refusals, summary_of
-from .runs import remove_tree, run_name, sweep_dead_runs
+from .runs import remove_tree, remove_workspace, run_name, sweep_dead_runs
 from .snapshots import Lowers, Stack
 
 log = logging.getLogger("orchmode")
@@ -510,8 +510,9 @@ class Trees:
         await self._commit(tree, base)  # its merge's commit, made ahead
         return tree
 
-    def throw_away(self, path: Path) -> None:
-        """Remove a workspace's directory off the critical path (see :meth:`discard`)."""
+    def throw_away(self, path: Path, *, layers: bool = False) -> None:
+        """Remove a workspace's directory off the critical path (see :meth:`discard`);
+        ``layers`` for an overlay's, which is mostly empty directories."""
         trash = self.run / f".trash-{path.name}"
         try:
             os.rename(path, trash)
@@ -519,7 +520,7 @@ class Trees:
             trash = path
         if self._deleter is None:
             self._deleter = ThreadPoolExecutor(1, thread_name_prefix="orchmode-trash")
-        self._deleter.submit(remove_tree, trash)
+        self._deleter.submit(remove_workspace if layers else remove_tree, trash)
 
     # ---------------------------------------------------------------------------- copies
 

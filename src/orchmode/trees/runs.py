@@ -35,6 +35,20 @@ def remove_tree(path: Path) -> None:
         shutil.rmtree(path, onerror=writable)
 
 
+def remove_workspace(home: Path) -> None:
+    """Remove an overlay workspace's directory: most hold nothing but empty directories
+    (overlayfs's scratch one unreadable), removed one by one without a walk."""
+    for name in ("mnt", "check-mnt", "check", "work/work", "work", "upper"):
+        with contextlib.suppress(OSError):
+            os.rmdir(home / name)
+    try:
+        os.rmdir(home)
+    except FileNotFoundError:
+        return
+    except OSError:
+        remove_tree(home)  # an upper layer with the agent's writes in it
+
+
 def sweep_dead_runs(runs: Path) -> list[Path]:
     """Remove the copies of orchmode processes on this host that are gone; which ones."""
     removed: list[Path] = []

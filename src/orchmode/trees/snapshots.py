@@ -23,7 +23,7 @@ import contextlib
 import os
 import shutil
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..core.overlay import Overlay
@@ -45,17 +45,26 @@ class Lower:
     users: int = 0
     #: Layers over it for other commits, by commit (their users count as its users).
     deltas: dict[str, Path] = field(default_factory=dict)
+    #: The mount points it holds itself (made while nobody used it), see :func:`stub`.
+    stubs: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
 class Stack:
-    """The read-only layers of a workspace, top first, and what they show."""
+    """The read-only layers of a workspace, top first, and what they show (the mount
+    points for ``.orchmode/`` and the ignored entries included)."""
 
     layers: tuple[Path, ...]
     #: The commit the layers show.
     commit: str
     #: The checkout at the bottom (released when the workspace closes).
     lower: Lower
+
+    @property
+    def bare(self) -> bool:
+        """Whether the stack is the checkout alone, mount points and all: a view that
+        writes nothing can then be a plain read-only bind of it, with no overlay."""
+        return self.layers == (self.lower.path,)
 
 
 class Lowers:
@@ -74,7 +83,7 @@ class Lowers:
         self.store = store
         self._name = name
         self._lowers: list[Lower] = []
-        self._stubs: dict[tuple[str, ...], Path] = {}
+        self._stubs: dict[frozenset[str], Path] = {}
         self._lock = asyncio.Lock()
 
     def prepare_plain(self, exclude: str) -> None:
@@ -98,11 +107,20 @@ class Lowers:
 
     # ------------------------------------------------------------------------- acquire
 
-    async def acquire(self, commit: str) -> Stack:
-        """Layers that show ``commit``: its own checkout, or a layer over another one.
+    async def acquire(self, commit: str, workdir: Path, ignored: Sequence[str]) -> Stack:
+        """Layers that show ``commit``: its own checkout, or a layer over another one, and
+        the mount points for ``.orchmode/`` and the ``ignored`` entries ``workdir`` has (a
+        Ray node has none of the user's ignored files to show).
 
         The caller must :meth:`release` the stack's lower when its workspace closes.
         """
+        wanted = frozenset((".orchmode/", *(n for n in ignored if _exists(workdir, n))))
+        stack = await self._acquire(commit, wanted)
+        if wanted <= stack.lower.stubs:
+            return stack
+        return replace(stack, layers=(self._stub_layer(wanted), *stack.layers))
+
+    async def _acquire(self, commit: str, wanted: frozenset[str]) -> Stack:
         async with self._lock:
             lower = next((lw for lw in self._lowers if lw.commit == commit), None)
             if lower is None:
@@ -113,6 +131,9 @@ class Lowers:
                 lower = self._lowers[-1]  # in use at another commit: a layer over it
             if lower is None:
                 lower = await self._materialise(commit)
+            if lower.users == 0 and not wanted <= lower.stubs:
+                stub(lower.path, wanted)  # nobody's layers are on it now
+                lower.stubs |= wanted
             lower.users += 1
             try:
                 if lower.commit == commit:
@@ -129,26 +150,15 @@ class Lowers:
     def release(self, lower: Lower) -> None:
         lower.users = max(0, lower.users - 1)
 
-    def stubs(self, workdir: Path, ignored: Sequence[str]) -> Path:
-        """The layer of mount points for ``.orchmode/`` and the ``ignored`` entries that
-        ``workdir`` has (a Ray node has none of the user's ignored files to show)."""
-        ignored = [n for n in ignored if os.path.lexists(workdir / n.rstrip("/"))]
-        key = tuple(ignored)
-        layer = self._stubs.get(key)
+    def _stub_layer(self, wanted: frozenset[str]) -> Path:
+        """A layer of the mount points ``wanted``, for a checkout that lacks some and is in
+        use (nothing may change a lower layer under a mounted overlay)."""
+        layer = self._stubs.get(wanted)
         if layer is None:
             layer = self.run / self._name("stubs")
             layer.mkdir(parents=True)
-            for name in (".orchmode/", *ignored):
-                point = layer / name.rstrip("/")
-                if not point.resolve().is_relative_to(layer.resolve()):
-                    continue
-                with contextlib.suppress(OSError):
-                    if name.endswith("/"):
-                        point.mkdir(parents=True, exist_ok=True)
-                    else:
-                        point.parent.mkdir(parents=True, exist_ok=True)
-                        point.touch()
-            self._stubs[key] = layer
+            stub(layer, wanted)
+            self._stubs[wanted] = layer
         return layer
 
     def close(self) -> None:
@@ -228,3 +238,24 @@ class Lowers:
             with contextlib.suppress(OSError):
                 target.rmdir()
         return layer
+
+
+def stub(layer: Path, names: frozenset[str]) -> None:
+    """Empty stand-ins in ``layer`` (a directory for a name ending in ``/``, else a file)
+    where the sandbox mounts ``.orchmode/`` and shows ignored entries: a read-only view
+    cannot make its own mount points."""
+    root = layer.resolve()
+    for name in names:
+        point = layer / name.rstrip("/")
+        if os.path.lexists(point) or not point.resolve().is_relative_to(root):
+            continue
+        with contextlib.suppress(OSError):
+            if name.endswith("/"):
+                point.mkdir(parents=True)
+            else:
+                point.parent.mkdir(parents=True, exist_ok=True)
+                point.touch()
+
+
+def _exists(workdir: Path, name: str) -> bool:
+    return os.path.lexists(workdir / name.rstrip("/"))

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
@@ -148,6 +149,8 @@ class OverlayWorkspace(Workspace):
         self._lower: Lower | None = None
         #: The read-only layers, top first, once open.
         self.layers: tuple[Path, ...] = ()
+        #: Whether those layers are the session's checkout alone (see :attr:`Stack.bare`).
+        self.bare = False
         #: The commit the layers show (``base``, or ``base`` with its patch) and its tree.
         self._shown: tuple[str, str] | None = None
         self._view: View | None = None
@@ -162,28 +165,31 @@ class OverlayWorkspace(Workspace):
         trees, spec = self.trees, self.spec
         await trees.open()
         lowers = trees.lowers
-        stack = await lowers.acquire(spec.base)
+        stack = await lowers.acquire(spec.base, trees.workdir, spec.ignored)
         self._lower = stack.lower
+        self.bare = stack.bare
         try:
             layers = stack.layers
             if spec.patch.strip():
                 patched = await trees.patch_layer(stack, spec.patch)
                 layers = (patched, *layers)
-            self.layers = (lowers.stubs(trees.workdir, spec.ignored), *layers)
+                self.bare = False
+            self.layers = layers
             self.home.mkdir(parents=True)
             self.target.mkdir()
-            overlay = Overlay(self.layers, self.target)
+            overlay: Overlay | None = Overlay(self.layers, self.target)
+            root = self.target
             if spec.writable:
                 self.upper.mkdir()
                 self._work.mkdir()
                 overlay = Overlay(self.layers, self.target, self.upper, self._work)
+            elif len(self.layers) == 1:  # read-only, one layer: itself, no overlay needed
+                overlay, root = None, self.layers[0]
         except BaseException:
             self._release()
             remove_tree(self.home)
             raise
-        self._view = View(
-            self.target, spec.writable, overlay, spec.ignored, self.workspaces.objects()
-        )
+        self._view = View(root, spec.writable, overlay, spec.ignored, self.workspaces.objects())
 
     async def close(self, *, keep_for: str | None = None) -> Change | None:
         if self._view is None or not self.spec.writable:
@@ -198,7 +204,6 @@ class OverlayWorkspace(Workspace):
         change = Change(base, patch)
         if patch:
             self.trees.know(change, tree)
-        remove_tree(self._work)
         if keep_for is not None and not self.spec.patch:
             self.workspaces.keep(self, keep_for, change)
         else:
@@ -207,7 +212,7 @@ class OverlayWorkspace(Workspace):
 
     def discard(self) -> None:
         self._release()
-        self.trees.throw_away(self.home)
+        self.trees.throw_away(self.home, layers=True)
 
     def _release(self) -> None:
         if self._lower is not None:
@@ -222,13 +227,13 @@ class OverlayWorkspace(Workspace):
                 tree = await self.trees.tree_of(spec.base)
                 self._shown = (spec.base, tree)
             else:
-                patched = self.layers[1]
+                patched = self.layers[0]
                 self._shown = await self.trees.derive(spec.base, patched)
         return self._shown
 
     def _read(self, work: _Work, base_tree: str) -> tuple[str, str]:
         trees = self.trees
-        content = self.layers[1:]  # below the stubs
+        content = self.layers  # mount points hold no ignore rules: they change nothing
 
         def ignored(work: _Work, paths: list[bytes], exact: bool) -> set[bytes]:
             lowers = trees.lowers
@@ -256,7 +261,10 @@ class _Verifying(Workspace):
         self.spec = spec
         view = worker.view
         self._target: Path | None = None
-        if isinstance(worker, OverlayWorkspace):
+        if isinstance(worker, OverlayWorkspace) and worker.bare and _empty(worker.upper):
+            # It wrote nothing at all: the checkout itself, read-only, with no overlay.
+            self._view = View(worker.layers[0], False, None, view.shown, view.objects)
+        elif isinstance(worker, OverlayWorkspace):
             self._target = worker.home / "check-mnt"
             overlay = Overlay((worker.upper, *worker.layers), self._target)
             self._view = View(self._target, False, overlay, view.shown, view.objects)
@@ -331,3 +339,11 @@ class CopyWorkspace(Workspace):
 
     def discard(self) -> None:
         self.trees.discard(self.copy)
+
+
+def _empty(directory: Path) -> bool:
+    try:
+        with os.scandir(directory) as entries:
+            return next(entries, None) is None
+    except OSError:
+        return False
