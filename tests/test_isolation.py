@@ -176,14 +176,18 @@ async def test_seven_workers_on_files_of_their_own_all_land_but_the_refuted_one(
     nothing_left(workdir)
 
 
+#: Two workers that change the same line: a conflict, whichever merges first.
+RAISE_THE_LIMIT = [
+    "Raise the limit to 2 $ sed -i 's/LIMIT = 1/LIMIT = 2/' config.py",
+    "Raise the limit to 3 $ sed -i 's/LIMIT = 1/LIMIT = 3/' config.py",
+]
+
+
 async def test_with_resolve_keep_a_conflict_is_kept_whole_and_readable(
     serve: StartServer, tmp_path: Path
 ) -> None:
     workdir = repo(tmp_path / "work", {"config.py": "LIMIT = 1\nNAME = 'a'\n"})
-    subtasks = [
-        "Raise the limit to 2 $ sed -i 's/LIMIT = 1/LIMIT = 2/' config.py",
-        "Raise the limit to 3 $ sed -i 's/LIMIT = 1/LIMIT = 3/' config.py",
-    ]
+    subtasks = RAISE_THE_LIMIT
     server = await serve(editing(subtasks))
     settled, session = await run(server, tmp_path, workdir, resolve="keep")
     assert [e.fate for e in settled] == ["merged", "conflict"]
@@ -464,10 +468,7 @@ async def test_a_resolution_its_verifier_refutes_stays_out_and_the_change_is_kep
     serve: StartServer, tmp_path: Path
 ) -> None:
     workdir = repo(tmp_path / "work", {"config.py": "LIMIT = 1\nNAME = 'a'\n"})
-    subtasks = [
-        "Raise the limit to 2 $ sed -i 's/LIMIT = 1/LIMIT = 2/' config.py",
-        "Raise the limit to 3 $ sed -i 's/LIMIT = 1/LIMIT = 3/' config.py",
-    ]
+    subtasks = RAISE_THE_LIMIT
 
     def refute_resolutions(prompt: str) -> str:
         return "refuted" if "resolved a merge conflict" in prompt else "confirmed"

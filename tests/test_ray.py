@@ -386,8 +386,9 @@ def test_a_working_directory_over_the_upload_limit_stops_before_anything_is_spen
 def test_changes_made_on_two_nodes_are_merged_into_the_working_directory(
     cluster: LocalCluster, postgres_clean_url: str, tmp_path: Path, server: Any
 ) -> None:
-    """Each node's workers work in copies made from a bundle of the snapshot; their patches
-    come back to the driver, which merges them here — nothing stays on a node."""
+    """Each node's workers work in overlays on its own checkout of a bundle of the
+    snapshot; their patches come back to the driver, which merges them here — nothing stays
+    on a node."""
     project = tmp_path / "repo"
     project.mkdir()
     (project / "notes.txt").write_text("".join(f"line {i}\n" for i in range(1, 13)))
@@ -415,6 +416,8 @@ def test_changes_made_on_two_nodes_are_merged_into_the_working_directory(
     assert [(d["index"], d["fate"]) for d in settled] == [(i, "merged") for i in range(1, 7)]
     workers = [a for a in agents(events) if a["role"] == "worker"]
     assert {a["node"] for a in workers} == {"127.0.0.2", "127.0.0.3"}
+    chosen = [data for kind, data in events if kind == "WorkspacesChosen"]
+    assert len(chosen) == 2 and all(d["overlays"] for d in chosen)  # once by each node
     for i in range(1, 7):
         assert (project / f"part_{i}.txt").read_text() == f"part {i}\n"
     notes = (project / "notes.txt").read_text()

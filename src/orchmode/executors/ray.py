@@ -42,6 +42,7 @@ from ..core.events import (
     McpCallStarted,
     McpServerFailed,
     ModelRequestDone,
+    WorkspacesChosen,
 )
 from ..core.results import AgentResult, Status
 from ..core.settings import Settings
@@ -214,7 +215,8 @@ class AgentPool:
             event, ModelRequestDone | BashStarted | BashDone | McpCallStarted | McpCallDone
         ):
             deliver = self.routes.get(event.agent)
-        elif isinstance(event, McpServerFailed):  # said once: to whichever job is running
+        elif isinstance(event, McpServerFailed | WorkspacesChosen):
+            # Said once on the node: to whichever job is running, so the driver says it too.
             deliver = next(iter(self.routes.values()), None)
         if deliver is not None:
             deliver(event)

@@ -40,7 +40,7 @@ from .git import TreeError, _Work, git, on_thread
 from .layers import PATCH_FLAGS, PATCH_FORM, read_layer
 from .patches import FileChange, PatchSummary, refusals, summary_of
 from .runs import remove_tree, remove_workspace, run_name, sweep_dead_runs
-from .snapshots import Lowers, Stack
+from .snapshots import Lowers, Stack, stub
 
 log = logging.getLogger("orchmode")
 
@@ -560,19 +560,9 @@ class Trees:
 
     def _mount_points(self, path: Path, ignored: Sequence[str]) -> None:
         """Empty stand-ins in the copy where the sandbox shows ``.orchmode/`` and the
-        ignored entries of the working directory."""
-        for name in (".orchmode/", *ignored):
-            point = path / name.rstrip("/")
-            if os.path.lexists(point) or not point.resolve().is_relative_to(path):
-                continue
-            if name != ".orchmode/" and not os.path.lexists(self.workdir / name.rstrip("/")):
-                continue  # nothing to show there (a node has no ignored files)
-            with contextlib.suppress(OSError):
-                if name.endswith("/"):
-                    point.mkdir(parents=True)
-                else:
-                    point.parent.mkdir(parents=True, exist_ok=True)
-                    point.touch()
+        ignored entries of the working directory (a node has no ignored files to show)."""
+        shown = (n for n in ignored if os.path.lexists(self.workdir / n.rstrip("/")))
+        stub(path, frozenset((".orchmode/", *shown)))
 
     def _agent_git_dir(self, path: Path, commit: str, index: Path) -> None:
         """The copy's own ``.git``: HEAD detached at the snapshot, objects borrowed from the

@@ -87,6 +87,17 @@ class Workspace(ABC):
     def discard(self) -> None:
         """Remove it without reading anything (an agent that never ran, or a verifier's)."""
 
+    workspaces: Workspaces
+
+    def _kept_or_gone(self, change: Change, keep_for: str | None) -> Change:
+        """``change``, once the workspace is kept for its verifier, or else removed (a
+        resolver's, which shows a patch, is never kept: its verifier is shown the whole)."""
+        if keep_for is not None and not self.spec.patch:
+            self.workspaces.keep(self, keep_for, change)
+        else:
+            self.discard()
+        return change
+
 
 class Workspaces:
     """Makes the workspaces of one host, of the kind that works here, and keeps workers'
@@ -204,11 +215,7 @@ class OverlayWorkspace(Workspace):
         change = Change(base, patch)
         if patch:
             self.trees.know(change, tree)
-        if keep_for is not None and not self.spec.patch:
-            self.workspaces.keep(self, keep_for, change)
-        else:
-            self.discard()
-        return change
+        return self._kept_or_gone(change, keep_for)
 
     def discard(self) -> None:
         self._release()
@@ -331,11 +338,7 @@ class CopyWorkspace(Workspace):
         except BaseException:
             self.discard()
             raise
-        if keep_for is not None and not self.spec.patch:
-            self.workspaces.keep(self, keep_for, change)
-        else:
-            self.discard()
-        return change
+        return self._kept_or_gone(change, keep_for)
 
     def discard(self) -> None:
         self.trees.discard(self.copy)
