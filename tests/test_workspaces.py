@@ -175,13 +175,21 @@ async def test_a_workspace_on_10000_files_holds_only_what_its_agent_wrote(
     assert not (big / "run.log").exists() and not (big / "build").exists()
 
 
+def checked_out(agents: Agents) -> list[Path]:
+    """Every checkout of the tree there is: the one kept between sessions, and any of the
+    run's own."""
+    kept = agents.trees.home / "checkout"
+    own = [p for p in agents.trees.run.iterdir() if p.name.startswith("lower")]
+    return [*([kept] if kept.is_dir() else []), *own]
+
+
 async def test_the_session_checks_the_tree_out_once_and_later_calls_only_what_changed(
     big: Path, agents_in: type[Agents]
 ) -> None:
     agents = agents_in(big)
     first = await agents.snapshot()
     await agents.run(first, "true")
-    (lower,) = [p for p in agents.trees.run.iterdir() if p.name.startswith("lower")]
+    (lower,) = checked_out(agents)
     untouched = lower / "pkg1/mod1/f1100.py"
     inode = untouched.stat().st_ino
     (big / "pkg2/mod2/f2200.py").write_text("edited by the user\n")
@@ -190,8 +198,58 @@ async def test_the_session_checks_the_tree_out_once_and_later_calls_only_what_ch
     result, _, _ = await agents.run(second, "cat pkg2/mod2/f2200.py")
     assert result.output == "edited by the user"
     # The same checkout, brought up to date: a file that did not change is the same file.
-    assert [p for p in agents.trees.run.iterdir() if p.name.startswith("lower")] == [lower]
+    assert checked_out(agents) == [lower]
     assert untouched.stat().st_ino == inode
+
+
+async def test_the_next_session_brings_the_kept_checkout_up_to_date(
+    big: Path, agents_in: type[Agents]
+) -> None:
+    first = agents_in(big)
+    await first.run(await first.snapshot(), "true")
+    (kept,) = checked_out(first)
+    inode = (kept / "pkg1/mod1/f1100.py").stat().st_ino
+    first.close()
+    (big / "pkg2/mod2/f2200.py").write_text("edited between sessions\n")
+    second = agents_in(big)
+    result, _, _ = await second.run(await second.snapshot(), "cat pkg2/mod2/f2200.py")
+    assert result.output == "edited between sessions"
+    assert checked_out(second) == [kept]  # not checked out again
+    assert (kept / "pkg1/mod1/f1100.py").stat().st_ino == inode
+
+
+async def test_two_sessions_at_once_share_the_kept_checkout_and_neither_changes_it(
+    tmp_path: Path, agents_in: type[Agents]
+) -> None:
+    workdir = repo(tmp_path / "r", {"a.txt": "first\n", "b.txt": "b\n"})
+    first = agents_in(workdir)
+    spec = await first.snapshot()
+    held = first.workspaces.workspace("held", spec)
+    await held.open()  # the first session is still using the checkout
+    (workdir / "a.txt").write_text("second\n")
+    second = agents_in(workdir)
+    result, change, _ = await second.run(await second.snapshot(), "cat a.txt; echo c > c.txt")
+    assert result.output == "second"  # its own snapshot, layered over the other's
+    assert change is not None and changed_files(change) == {"c.txt": "added"}
+    kept = first.trees.home / "checkout"
+    assert (kept / "a.txt").read_text() == "first\n"  # never changed under the first
+    assert checked_out(second) == [kept]
+    held.discard()
+
+
+async def test_a_kept_checkout_left_half_changed_is_checked_out_anew(
+    tmp_path: Path, agents_in: type[Agents]
+) -> None:
+    workdir = repo(tmp_path / "r", {"a.txt": "a\n"})
+    first = agents_in(workdir)
+    await first.run(await first.snapshot(), "true")
+    first.close()
+    kept = workdir / ".orchmode" / "trees" / "checkout"
+    (kept / "a.txt").write_text("half written\n")  # killed while changing it: no commit left
+    (workdir / ".orchmode" / "trees" / "checkout.commit").unlink()
+    second = agents_in(workdir)
+    result, _, _ = await second.run(await second.snapshot(), "cat a.txt")
+    assert result.output == "a"
 
 
 # ---------------------------------------------------------------------- every kind of edit

@@ -40,7 +40,7 @@ from .git import TreeError, _Work, git, on_thread
 from .layers import PATCH_FLAGS, PATCH_FORM, read_layer
 from .patches import FileChange, PatchSummary, refusals, summary_of
 from .runs import remove_tree, remove_workspace, run_name, sweep_dead_runs
-from .snapshots import Lowers, Stack, stub
+from .snapshots import KeptCheckout, Lowers, Stack, stub
 
 log = logging.getLogger("orchmode")
 
@@ -147,9 +147,10 @@ class Trees:
         self._theirs: dict[tuple[str, str], asyncio.Task[str | None]] = {}
         self._deleter: ThreadPoolExecutor | None = None
         #: The checkouts overlays are layered on, and the layers made over them.
-        self.lowers = Lowers(self.run, self.home / "plain.git", self.store, self._name)
+        kept = None if self._private else KeptCheckout(self.home)
+        self.lowers = Lowers(self.run, self.home / "plain.git", self.store, self._name, kept)
         self._trees: dict[str, str] = {}
-        self._patch_layers: dict[tuple[tuple[Path, ...], str], Path] = {}
+        self._patch_layers: dict[tuple[tuple[Path, ...], str, str], Path] = {}
         self._derived: dict[Path, tuple[str, str]] = {}
         #: The tree the working directory is taken to hold, until a merge finds otherwise:
         #: the last snapshot's, then each merge's (see :meth:`merge_all`).
@@ -464,7 +465,8 @@ class Trees:
 
     async def patch_layer(self, stack: Stack, patch: str) -> Path:
         """A layer with ``patch`` applied over ``stack`` (made once per stack and patch)."""
-        key = (stack.layers, Change(stack.commit, patch).digest)
+        # The commit too: the same checkout holds another commit once it is brought up to date.
+        key = (stack.layers, stack.commit, Change(stack.commit, patch).digest)
         layer = self._patch_layers.get(key)
         if layer is None:
             data = patch.encode(errors="surrogateescape")

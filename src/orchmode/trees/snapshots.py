@@ -1,11 +1,16 @@
 """Snapshots on disk, read-only, that the agents' overlays are layered on.
 
-A session checks the tree out once: the first Workflow call's snapshot is materialised in
-full (the one cost that grows with the repository), and each later call's snapshot is the
-same directory brought up to date by git, which rewrites only the files that differ. A
-commit that is not the materialised one (a resolver's tree, with the changes merged so far
-and conflict markers in it) is a thin layer over it: the difference, applied once by
+The tree is checked out once: the first Workflow call's snapshot is materialised in full
+(the one cost that grows with the repository), and each later call's snapshot is the same
+directory brought up to date by git, which rewrites only the files that differ. A commit
+that is not the materialised one (a resolver's tree, with the changes merged so far and
+conflict markers in it) is a thin layer over it: the difference, applied once by
 ``git apply`` inside an overlay, so it costs what differs.
+
+The checkout is kept between sessions, in ``.orchmode/trees/checkout`` (see
+:class:`KeptCheckout`): the next session in this directory brings it up to date instead
+of checking the tree out again. Sessions share it under a lock: it is changed only by a
+session that holds it alone; one that finds it in use by another layers over it.
 
 Each checkout carries a ``.git`` of the agents' own (HEAD detached at the snapshot, objects
 borrowed from the private store, its index the checkout's own). Agents never write it: they
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import os
 import shutil
 from collections.abc import Callable, Sequence
@@ -45,8 +51,75 @@ class Lower:
     users: int = 0
     #: Layers over it for other commits, by commit (their users count as its users).
     deltas: dict[str, Path] = field(default_factory=dict)
-    #: The mount points it holds itself (made while nobody used it), see :func:`stub`.
-    stubs: frozenset[str] = frozenset()
+    #: Set for the checkout kept between sessions: its lock.
+    kept: KeptCheckout | None = None
+
+
+class KeptCheckout:
+    """The checkout kept between sessions, and the lock the sessions share it under.
+
+    Every session that uses it holds a shared lock for as long as it lives; a session
+    changes it only while it holds it alone (an exclusive lock, never waited for), so no
+    overlay is ever mounted on a checkout being changed. Its commit is written beside it
+    only once it is whole: a session killed while changing it leaves none, and the next
+    one checks the tree out again.
+    """
+
+    def __init__(self, home: Path) -> None:
+        self.path = home / "checkout"
+        self._lock = home / "checkout.lock"
+        self._commit = home / "checkout.commit"
+        self._fd: int | None = None
+
+    def own(self) -> bool:
+        """Hold it alone, if no other session holds it now (blocking nothing)."""
+        fd = self._open()
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        return True
+
+    def share(self) -> None:
+        """Hold it with the other sessions (waiting out one that is changing it)."""
+        fcntl.flock(self._open(), fcntl.LOCK_SH)
+
+    def reown(self) -> bool:
+        """From shared to alone, if no other session holds it; shared again if one does
+        (it may have changed meanwhile: read :meth:`commit` again)."""
+        fd = self._open()
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        if self.own():
+            return True
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        return False
+
+    def commit(self) -> str | None:
+        with contextlib.suppress(OSError):
+            text = self._commit.read_text().strip()
+            if len(text) in (40, 64) and all(c in "0123456789abcdef" for c in text):
+                return text
+        return None
+
+    def forget(self) -> None:
+        """About to change it: until :meth:`record`, it is whole at no commit."""
+        with contextlib.suppress(FileNotFoundError):
+            self._commit.unlink()
+
+    def record(self, commit: str) -> None:
+        partial = self._commit.with_suffix(".tmp")
+        partial.write_text(f"{commit}\n")
+        os.replace(partial, self._commit)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing lets the lock go
+            self._fd = None
+
+    def _open(self) -> int:
+        if self._fd is None:
+            self._fd = os.open(self._lock, os.O_RDWR | os.O_CREAT, 0o600)
+        return self._fd
 
 
 @dataclass(frozen=True)
@@ -76,8 +149,12 @@ class Lowers:
         plain: Path,
         store: Path,
         name: Callable[[str], str],
+        kept: KeptCheckout | None = None,
     ) -> None:
         self.run = run
+        #: The checkout kept between sessions, if this store keeps one (a Ray node's does
+        #: not: its home goes with the session).
+        self.kept = kept
         #: A git directory that borrows the store's objects and converts nothing.
         self.plain = plain
         self.store = store
@@ -116,7 +193,7 @@ class Lowers:
         """
         wanted = frozenset((".orchmode/", *(n for n in ignored if _exists(workdir, n))))
         stack = await self._acquire(commit, wanted)
-        if wanted <= stack.lower.stubs:
+        if _stubbed(stack.lower.path, wanted):
             return stack
         return replace(stack, layers=(self._stub_layer(wanted), *stack.layers))
 
@@ -124,16 +201,15 @@ class Lowers:
         async with self._lock:
             lower = next((lw for lw in self._lowers if lw.commit == commit), None)
             if lower is None:
-                lower = next((lw for lw in self._lowers if lw.users == 0), None)
-                if lower is not None:
-                    await self._update(lower, commit)
+                unused = next((lw for lw in self._lowers if lw.users == 0), None)
+                if unused is not None and await self._update(unused, commit, wanted):
+                    lower = unused
             if lower is None and self._lowers:
                 lower = self._lowers[-1]  # in use at another commit: a layer over it
             if lower is None:
-                lower = await self._materialise(commit)
-            if lower.users == 0 and not wanted <= lower.stubs:
+                lower = await self._materialise(commit, wanted)
+            if lower.users == 0 and lower.kept is None and not _stubbed(lower.path, wanted):
                 stub(lower.path, wanted)  # nobody's layers are on it now
-                lower.stubs |= wanted
             lower.users += 1
             try:
                 if lower.commit == commit:
@@ -164,10 +240,20 @@ class Lowers:
     def close(self) -> None:
         self._lowers.clear()
         self._stubs.clear()
+        if self.kept is not None:
+            self.kept.close()
 
     # ---------------------------------------------------------------------------- work
 
-    async def _materialise(self, commit: str) -> Lower:
+    async def _materialise(self, commit: str, wanted: frozenset[str]) -> Lower:
+        """The session's checkout: the one kept between sessions when it can be had (else
+        one of this run's own), at ``commit`` — or at another session's commit, when that
+        session holds it too: then ``commit`` is a layer over it."""
+        if self.kept is not None:
+            kept = await self._adopt(self.kept, commit, wanted)
+            if kept is not None:
+                self._lowers.append(kept)
+                return kept
         path = self.run / self._name("lower")
         lower = Lower(path, commit)
         try:
@@ -178,11 +264,63 @@ class Lowers:
         self._lowers.append(lower)
         return lower
 
-    async def _update(self, lower: Lower, commit: str) -> None:
-        """Bring an unused checkout to ``commit``: only the files that differ are written."""
+    async def _adopt(self, kept: KeptCheckout, commit: str, wanted: frozenset[str]) -> Lower | None:
+        if await asyncio.to_thread(kept.own):
+            before = kept.commit()
+            fresh = before is None or not (kept.path / ".git" / "index").is_file()
+            try:
+                await self._rewrite(kept, commit, wanted, fresh=fresh)
+            except BaseException:
+                kept.close()
+                raise
+        else:
+            await asyncio.to_thread(kept.share)  # another session holds it: layered over
+        theirs = kept.commit()  # ours, unless another session changed it as ours went shared
+        if theirs is None or (theirs != commit and not await self._known(theirs)):
+            kept.close()
+            return None
+        return Lower(kept.path, theirs, kept=kept)
+
+    async def _rewrite(
+        self, kept: KeptCheckout, commit: str, wanted: frozenset[str], *, fresh: bool
+    ) -> None:
+        """Bring the kept checkout to ``commit`` while holding it alone; shared after."""
+        kept.forget()
+        if fresh:
+            await asyncio.to_thread(remove_tree, kept.path)
+        await on_thread(lambda work: self._checkout(work, kept.path, commit, fresh=fresh))
+        stub(kept.path, wanted)
+        kept.record(commit)
+        await asyncio.to_thread(kept.share)  # from alone to shared: never waits
+
+    async def _known(self, commit: str) -> bool:
+        code, _ = await on_thread(
+            lambda work: work.git(
+                "cat-file", "-e", f"{commit}^{{commit}}", env={"GIT_DIR": str(self.store)},
+                cwd=self.run, ok=(0, 1, 128),
+            )
+        )  # fmt: skip
+        return code == 0
+
+    async def _update(self, lower: Lower, commit: str, wanted: frozenset[str]) -> bool:
+        """Bring an unused checkout to ``commit`` (only the files that differ are written);
+        False when it cannot be changed now (another session holds the kept one)."""
         for delta in lower.deltas.values():
             remove_tree(delta)
         lower.deltas.clear()
+        kept = lower.kept
+        if kept is not None:
+            if not await asyncio.to_thread(kept.reown):
+                lower.commit = kept.commit() or lower.commit  # as the other one left it
+                return False
+            try:
+                await self._rewrite(kept, commit, wanted, fresh=False)
+            except BaseException:
+                self._lowers.remove(lower)
+                kept.close()
+                raise
+            lower.commit = kept.commit() or commit
+            return lower.commit == commit
         try:
             await on_thread(lambda work: self._checkout(work, lower.path, commit, fresh=False))
         except BaseException:
@@ -190,6 +328,7 @@ class Lowers:
             remove_tree(lower.path)
             raise
         lower.commit = commit
+        return True
 
     def _checkout(self, work: _Work, path: Path, commit: str, *, fresh: bool) -> None:
         dot_git = path / ".git"
@@ -259,3 +398,8 @@ def stub(layer: Path, names: frozenset[str]) -> None:
 
 def _exists(workdir: Path, name: str) -> bool:
     return os.path.lexists(workdir / name.rstrip("/"))
+
+
+def _stubbed(layer: Path, names: frozenset[str]) -> bool:
+    """Whether ``layer`` holds a mount point for each of ``names`` already."""
+    return all(os.path.lexists(layer / name.rstrip("/")) for name in names)
