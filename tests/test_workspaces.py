@@ -514,3 +514,20 @@ async def test_a_verifier_of_a_worker_that_wrote_nothing_reads_the_checkout_itse
         assert "a\nthe venv's tool" in result.output
         assert "Read-only file system" in result.output
         assert "??" not in result.output  # the mount points it holds are no change
+
+
+async def test_a_tracked_file_where_a_stand_in_was_replaces_it_in_the_checkout(
+    tmp_path: Path, agents_in: type[Agents]
+) -> None:
+    """``build/`` was ignored (the checkout holds an empty stand-in for it); then the user
+    makes ``build`` a tracked file: the checkout, brought up to date, holds the file."""
+    workdir = repo(tmp_path / "r", {"a.txt": "a\n", ".gitignore": "build/\n"})
+    (workdir / "build").mkdir()
+    (workdir / "build" / "out.o").write_text("object\n")
+    agents = agents_in(workdir)
+    await agents.run(await agents.snapshot(), "ls -d build")
+    shutil.rmtree(workdir / "build")
+    (workdir / ".gitignore").write_text("")
+    (workdir / "build").write_text("now a tracked file\n")
+    result, _, _ = await agents.run(await agents.snapshot(), "cat build")
+    assert result.output == "now a tracked file"

@@ -16,9 +16,10 @@ Each checkout carries a ``.git`` of the agents' own (HEAD detached at the snapsh
 borrowed from the private store, its index the checkout's own). Agents never write it: they
 write their upper layers only.
 
-Above every stack lies a layer of *stubs*: the empty directories and files where the sandbox
-shows ``.orchmode/`` and the ignored entries (``.venv/``, ``node_modules/``) of the working
-directory, which a read-only overlay could not create.
+A checkout holds *stubs* too: the empty directories and files where the sandbox shows
+``.orchmode/`` and the ignored entries (``.venv/``, ``node_modules/``) of the working
+directory, which a read-only view could not create. They are made while nobody uses the
+checkout; one in use that lacks some gets a thin layer of them on top instead.
 """
 
 from __future__ import annotations
@@ -285,10 +286,13 @@ class Lowers:
         self, kept: KeptCheckout, commit: str, wanted: frozenset[str], *, fresh: bool
     ) -> None:
         """Bring the kept checkout to ``commit`` while holding it alone; shared after."""
+        before = kept.commit()
         kept.forget()
         if fresh:
             await asyncio.to_thread(remove_tree, kept.path)
-        await on_thread(lambda work: self._checkout(work, kept.path, commit, fresh=fresh))
+        await on_thread(
+            lambda work: self._checkout(work, kept.path, commit, fresh=fresh, before=before)
+        )
         stub(kept.path, wanted)
         kept.record(commit)
         await asyncio.to_thread(kept.share)  # from alone to shared: never waits
@@ -322,7 +326,10 @@ class Lowers:
             lower.commit = kept.commit() or commit
             return lower.commit == commit
         try:
-            await on_thread(lambda work: self._checkout(work, lower.path, commit, fresh=False))
+            old = lower.commit
+            await on_thread(
+                lambda work: self._checkout(work, lower.path, commit, fresh=False, before=old)
+            )
         except BaseException:
             self._lowers.remove(lower)
             remove_tree(lower.path)
@@ -330,7 +337,10 @@ class Lowers:
         lower.commit = commit
         return True
 
-    def _checkout(self, work: _Work, path: Path, commit: str, *, fresh: bool) -> None:
+    def _checkout(
+        self, work: _Work, path: Path, commit: str, *, fresh: bool, before: str | None = None
+    ) -> None:
+        """Check ``commit`` out in ``path``: whole, or from ``before``, which it holds now."""
         dot_git = path / ".git"
         if fresh:
             (dot_git / "objects" / "info").mkdir(parents=True)
@@ -341,7 +351,14 @@ class Lowers:
             )
             (dot_git / "objects" / "info" / "alternates").write_text(f"{self.store / 'objects'}\n")
         env = self.plain_env(GIT_INDEX_FILE=str(dot_git / "index"), GIT_WORK_TREE=str(path))
-        work.git("read-tree", "--reset", "-u", commit, env=env, cwd=path)
+        code = 1
+        if before is not None and not fresh:
+            # From one tree to the other: only the entries that differ are looked at.
+            code, _ = work.git(
+                "read-tree", "-m", "-u", before, commit, env=env, cwd=path, ok=(0, 1, 128)
+            )
+        if code != 0:  # fresh, or a stand-in where a file now goes: every entry is checked
+            work.git("read-tree", "--reset", "-u", commit, env=env, cwd=path)
         shutil.copyfile(self.plain / "info" / "exclude", dot_git / "info" / "exclude")
         (dot_git / "HEAD").write_text(f"{commit}\n")
 

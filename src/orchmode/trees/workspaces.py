@@ -68,6 +68,7 @@ class Workspace(ABC):
     """One agent's view of the tree, and what it changed there."""
 
     spec: Spec
+    workspaces: Workspaces
 
     @property
     @abstractmethod
@@ -86,8 +87,6 @@ class Workspace(ABC):
     @abstractmethod
     def discard(self) -> None:
         """Remove it without reading anything (an agent that never ran, or a verifier's)."""
-
-    workspaces: Workspaces
 
     def _kept_or_gone(self, change: Change, keep_for: str | None) -> Change:
         """``change``, once the workspace is kept for its verifier, or else removed (a
