@@ -5,7 +5,9 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import sqlite3
 import subprocess
+import threading
 from pathlib import Path
 
 import pytest
@@ -234,3 +236,49 @@ async def test_a_file_the_user_made_where_a_change_adds_one_is_a_conflict(
     assert merge.fate == "conflict" and "c.txt" in merge.detail
     assert (root / "c.txt").read_text() == "the user's own c.txt\n"
     trees.close()
+
+
+async def test_a_snapshot_reads_again_past_a_database_being_written_under_it(
+    tmp_path: Path,
+) -> None:
+    """A file cut short while git maps it kills git with SIGBUS (a SQLite log truncated
+    by a checkpoint, say); the snapshot reads the tree again rather than failing the call."""
+    work = tmp_path / "w"
+    work.mkdir()
+    (work / "notes.txt").write_text("kept\n")
+    stop = threading.Event()
+    writes = 0
+
+    def write() -> None:
+        nonlocal writes
+        db = sqlite3.connect(work / "app.db")
+        db.execute("pragma journal_mode=wal")
+        db.execute("create table if not exists t (x)")
+        while not stop.is_set():
+            db.execute("insert into t values (?)", ("x" * 5000,))
+            db.execute("delete from t where rowid < (select max(rowid) - 20 from t)")
+            db.commit()
+            writes += 1
+            if writes % 50 == 0:
+                db.execute("pragma wal_checkpoint(TRUNCATE)")
+        db.close()
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    trees = Trees(work)
+    try:
+        for _ in range(60):
+            snapshot = await trees.snapshot()
+            listing = subprocess.run(
+                ["git", "ls-tree", "--name-only", snapshot.commit],
+                env={**os.environ, **trees.store_env()},
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
+            assert "notes.txt" in listing.split()
+    finally:
+        stop.set()
+        writer.join()
+        trees.close()
+    assert writes > 100  # the database was written throughout

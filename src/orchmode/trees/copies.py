@@ -52,6 +52,18 @@ MAX_SHOWN = 200
 MAX_UNTRACKED_MB = 200
 
 Fate = Literal["merged", "conflict", "refused", "no change"]
+#: Times a snapshot reads the tree before it gives up on files that change as it reads them.
+SNAPSHOT_ATTEMPTS = 5
+
+
+class TooMuchUntracked(TreeError):
+    """The snapshot would hold more untracked files than a workspace may (not retried)."""
+
+
+def _remove_index(index: Path) -> None:
+    for path in (index, index.with_name(index.name + ".lock")):
+        with contextlib.suppress(OSError):
+            path.unlink()
 
 
 @dataclass(frozen=True)
@@ -271,14 +283,25 @@ class Trees:
         await self.open()
         index = self.run / f"{self._name('snapshot')}.index"
         try:
-            tree, ignored = await on_thread(lambda work: self._walk(work, index))
+            for attempt in range(1, SNAPSHOT_ATTEMPTS + 1):
+                _remove_index(index)  # and the lock a git stopped by a signal leaves
+                try:
+                    tree, ignored = await on_thread(lambda work: self._walk(work, index))
+                    break
+                except TooMuchUntracked:
+                    raise
+                except TreeError as exc:
+                    # A file that changed while git read it (a log, a database being
+                    # written): the tree is read again.
+                    if attempt == SNAPSHOT_ATTEMPTS:
+                        raise
+                    log.info("reading the working directory again: %s", exc)
             _, out = await git(
                 "commit-tree", tree, "-m", "orchmode snapshot", env=self._store_env(), cwd=self.home
             )
             commit = out.decode().strip()
         finally:
-            with contextlib.suppress(OSError):
-                index.unlink()
+            _remove_index(index)
         self._trees[commit] = tree
         self._presumed = tree
         return Snapshot(commit, ignored)
@@ -368,7 +391,7 @@ class Trees:
         total = sum(size for size, _ in sizes)
         if total > MAX_UNTRACKED_MB * 1_000_000:
             largest = ", ".join(f"{n} ({z / 1e6:.0f} MB)" for z, n in sorted(sizes)[-3:][::-1])
-            raise TreeError(
+            raise TooMuchUntracked(
                 f"the working directory has {total / 1e6:.0f} MB of untracked files that are "
                 f"not ignored, over the {MAX_UNTRACKED_MB} MB a copy for each agent may hold "
                 f'(largest: {largest}) — add them to .gitignore, or use isolation "shared"'

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -88,6 +89,19 @@ def _name(argv: Sequence[str]) -> str:
     return os.path.basename(argv[0]) if argv else "a command"
 
 
+def _ended(code: int) -> str:
+    """How a process that said nothing ended: its exit code, or the signal that stopped it."""
+    if code >= 0:
+        return f"exit {code}"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
+    if name == "SIGBUS":
+        return "SIGBUS (a file was cut short while git read it)"
+    return name
+
+
 class _Work:
     """Git commands on a worker thread, which a cancellation stops: its git is killed, and
     no later command of it starts.
@@ -128,7 +142,7 @@ class _Work:
         code = process.returncode
         if code not in ok:
             message = err.decode(errors="replace").strip().splitlines()
-            raise TreeError(f"{name} failed: {message[-1] if message else f'exit {code}'}")
+            raise TreeError(f"{name} failed: {message[-1] if message else _ended(code)}")
         return code, out
 
     def start(self, *args: str, env: Mapping[str, str], cwd: Path) -> subprocess.Popen[bytes]:
