@@ -19,6 +19,23 @@ API_KEY = "test-key"
 
 pytest_plugins = ["postgres_fixture", "both_stores"]
 
+#: What a test needs, told by the fixtures it uses: ``scripts/test --quick`` leaves these out.
+_NEEDS = {"postgres_url": "postgres", "postgres_clean_url": "postgres", "chromium": "browser"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark each test with the services it needs (``postgres``, ``ray``, ``browser``), from
+    its fixtures and module, so no test has to remember to say so."""
+    for item in items:
+        needs = {_NEEDS[n] for n in getattr(item, "fixturenames", ()) if n in _NEEDS}
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and callspec.params.get("store_url") == "postgres":
+            needs.add("postgres")
+        if item.path.name.startswith("test_ray"):
+            needs.add("ray")
+        for need in sorted(needs):
+            item.add_marker(need)
+
 StartServer = Callable[..., Awaitable[ScriptedServer]]
 
 
