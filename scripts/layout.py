@@ -13,7 +13,7 @@ import sys
 import tomllib
 from pathlib import Path
 
-import generated
+import page_block
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "src" / "orchmode"
@@ -76,7 +76,7 @@ def table() -> str:
 
 
 def main() -> int:
-    return generated.main(__doc__.split("\n\n")[0], PAGE, BEGIN, END, table(), "scripts/layout.py")
+    return page_block.main(__doc__.split("\n\n")[0], PAGE, BEGIN, END, table(), "scripts/layout.py")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import generated
+import page_block
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = ROOT / "docs" / "configuration.md"
@@ -28,7 +28,7 @@ def table() -> str:
 
 
 def main() -> int:
-    return generated.main(
+    return page_block.main(
         __doc__.split("\n\n")[0], PAGE, BEGIN, END, table(), "scripts/settings_table.py"
     )
 
