@@ -1,23 +1,23 @@
-"""The README's Layout table, made from the layer contract and the modules' own docstrings.
+"""The layout table of docs/architecture.md, made from the layer contract and docstrings.
 
-``python scripts/layout.py`` prints the table; ``--write`` puts it into README.md between
-its markers; ``--check`` exits 1 (saying what differs) when the README's copy is stale. The
-order is the layer order written in pyproject.toml's ``[tool.importlinter]`` contract, so
-the table, the contract and the folders cannot drift apart.
+``python scripts/layout.py`` prints the table; ``--write`` puts it into docs/architecture.md
+between its markers; ``--check`` exits 1 (saying what differs) when the page's copy is
+stale. The order is the layer order written in pyproject.toml's ``[tool.importlinter]``
+contract, so the table, the contract and the folders cannot drift apart.
 """
 
 from __future__ import annotations
 
-import argparse
 import ast
-import difflib
 import sys
 import tomllib
 from pathlib import Path
 
+import page_block
+
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "src" / "orchmode"
-README = ROOT / "README.md"
+PAGE = ROOT / "docs" / "architecture.md"
 BEGIN = "<!-- layout: made by scripts/layout.py from the layer contract and docstrings -->"
 END = "<!-- /layout -->"
 
@@ -75,39 +75,8 @@ def table() -> str:
     return "\n".join(rows)
 
 
-def readme_table(text: str) -> tuple[int, int]:
-    start, end = text.find(BEGIN), text.find(END)
-    if start < 0 or end < start:
-        raise SystemExit(f"README.md lacks the markers {BEGIN!r} … {END!r}")
-    return start + len(BEGIN), end
-
-
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    group = parser.add_mutually_exclusive_group()
-    group.add_argument("--write", action="store_true", help="update README.md in place")
-    group.add_argument("--check", action="store_true", help="exit 1 if README.md is stale")
-    parser.add_argument("--readme", type=Path, default=README, help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    made = table()
-    if not (args.write or args.check):
-        print(made)
-        return 0
-    readme: Path = args.readme
-    text = readme.read_text()
-    start, end = readme_table(text)
-    current = text[start:end].strip("\n")
-    if args.check:
-        if current == made:
-            return 0
-        diff = difflib.unified_diff(
-            current.splitlines(), made.splitlines(), "README.md", "scripts/layout.py", lineterm=""
-        )
-        print("README.md's layout table is stale; run scripts/layout.py --write", file=sys.stderr)
-        print("\n".join(diff), file=sys.stderr)
-        return 1
-    readme.write_text(text[:start] + "\n" + made + "\n" + text[end:])
-    return 0
+    return page_block.main(__doc__.split("\n\n")[0], PAGE, BEGIN, END, table(), "scripts/layout.py")
 
 
 if __name__ == "__main__":

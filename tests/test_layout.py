@@ -1,4 +1,4 @@
-"""The README's Layout table and the layer contract describe the folders as they are."""
+"""The architecture page's layout table and the layer contract describe the folders as they are."""
 
 from __future__ import annotations
 
@@ -18,22 +18,22 @@ def layout(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_the_readme_layout_table_is_the_one_the_code_makes() -> None:
+def test_the_architecture_page_layout_table_is_the_one_the_code_makes() -> None:
     checked = layout("--check")
     assert checked.returncode == 0, checked.stderr
 
 
 def test_a_stale_table_is_caught_and_rewritten(tmp_path: Path) -> None:
-    readme = tmp_path / "README.md"
-    current = (ROOT / "README.md").read_text()
+    page = tmp_path / "architecture.md"
+    current = (ROOT / "docs" / "architecture.md").read_text()
     stale = current.replace("| `core/results.py` |", "| `core/outcomes.py` |")
     assert stale != current
-    readme.write_text(stale)
-    checked = layout("--check", "--readme", str(readme))
+    page.write_text(stale)
+    checked = layout("--check", "--page", str(page))
     assert checked.returncode == 1
     assert "core/outcomes.py" in checked.stderr and "core/results.py" in checked.stderr
-    assert layout("--write", "--readme", str(readme)).returncode == 0
-    assert readme.read_text() == current
+    assert layout("--write", "--page", str(page)).returncode == 0
+    assert page.read_text() == current
 
 
 def test_every_folder_is_a_layer_except_the_test_doubles() -> None:

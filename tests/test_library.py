@@ -1,4 +1,4 @@
-"""The library API, `import orchmode`: the README's example as written, and what it promises.
+"""The library API, `import orchmode`: its page's example as written, and what it promises.
 
 Everything runs the real SDK over real HTTP against the scripted server; the expectations
 come from the server's own request log, not from orchmode's accounting.
@@ -28,27 +28,27 @@ from orchmode.testing.scenario import OrchestrationScenario
 from recorded_runs import base_env
 
 ROOT = Path(__file__).resolve().parents[1]
-SECTION = "## From Python: the library API"
+SECTION = "# The library API"
 #: Where the section is read from; only for trying out a draft of it before it is pasted
-#: into the README (the committed test always reads README.md).
-README = Path(os.environ.get("ORCHMODE_TEST_README") or ROOT / "README.md")
+#: into the page (the committed test always reads docs/library.md).
+PAGE = Path(os.environ.get("ORCHMODE_TEST_LIBRARY_PAGE") or ROOT / "docs" / "library.md")
 
 SYNTHESIS = "Synthesis: 3 agents reported; 3 results were confirmed."
 SUMMARY = "In brief: the workflow ran and every result was checked."
 
 
-def readme_example() -> str:
-    """The first python block of the README's library section, exactly as written."""
-    text = README.read_text(encoding="utf-8")
+def page_example() -> str:
+    """The first python block of the library page's opening section, exactly as written."""
+    text = PAGE.read_text(encoding="utf-8")
     start = text.find(f"\n{SECTION}\n")
     if start < 0 and not text.startswith(f"{SECTION}\n"):
-        pytest.fail(f"{README} has no {SECTION!r} section: the library example is missing")
+        pytest.fail(f"{PAGE} has no {SECTION!r} section: the library example is missing")
     section = text[max(start, 0) + len(SECTION) + 1 :]
     following = re.search(r"^## ", section, flags=re.M)
     section = section[: following.start()] if following else section
     block = re.search(r"^```python\n(.*?)^```", section, flags=re.M | re.S)
     if block is None:
-        pytest.fail(f"the {SECTION!r} section of {README} has no ```python block")
+        pytest.fail(f"the {SECTION!r} section of {PAGE} has no ```python block")
     return block.group(1)
 
 
@@ -99,7 +99,7 @@ def user_turn_notices(body: dict[str, Any]) -> list[list[str]]:
     return turns
 
 
-# --- the README's example -------------------------------------------------------------------
+# --- the library page's example -------------------------------------------------------------
 
 
 @pytest.fixture
@@ -107,11 +107,11 @@ def example_server(scripted: Callable[..., ScriptedServer]) -> ScriptedServer:
     return scripted(OrchestrationScenario(subtasks=3))
 
 
-def test_the_readme_example_runs_as_written_against_the_scripted_server(
+def test_the_library_page_example_runs_as_written_against_the_scripted_server(
     example_server: ScriptedServer, tmp_path: Path
 ) -> None:
     server = example_server
-    (tmp_path / "example.py").write_text(readme_example(), encoding="utf-8")
+    (tmp_path / "example.py").write_text(page_example(), encoding="utf-8")
     result = subprocess.run(
         [sys.executable, "example.py"],
         cwd=tmp_path,
@@ -148,14 +148,14 @@ def test_the_readme_example_runs_as_written_against_the_scripted_server(
     assert (tmp_path / ".orchmode" / "journal.db").is_file()
 
 
-def test_a_readme_without_the_library_section_fails_clearly(
+def test_a_page_without_the_library_section_fails_clearly(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    elsewhere = tmp_path / "README.md"
-    elsewhere.write_text("# orchmode\n\n## Another section\n\n```python\npass\n```\n")
-    monkeypatch.setattr(sys.modules[__name__], "README", elsewhere)
-    with pytest.raises(pytest.fail.Exception, match="has no '## From Python: the library API'"):
-        readme_example()
+    elsewhere = tmp_path / "library.md"
+    elsewhere.write_text("# Another page\n\n## Another section\n\n```python\npass\n```\n")
+    monkeypatch.setattr(sys.modules[__name__], "PAGE", elsewhere)
+    with pytest.raises(pytest.fail.Exception, match="has no '# The library API'"):
+        page_example()
 
 
 # --- the API itself --------------------------------------------------------------------------

@@ -66,5 +66,5 @@ def test_test_mode_has_the_small_limits(tmp_path: Path) -> None:
     assert (s.max_subtasks, s.subagent_turns, s.main_turns) == (2, 1, 1)
 
 
-def test_the_readme_table_is_the_generated_one() -> None:
-    assert settings_table() in (ROOT / "README.md").read_text(encoding="utf-8")
+def test_the_configuration_page_table_is_the_generated_one() -> None:
+    assert settings_table() in (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")

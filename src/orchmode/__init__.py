@@ -7,8 +7,8 @@ From Python::
         result = await s.turn("Review this repository")
 
 :func:`open_session` opens a :class:`Session`; its events are the classes exported here
-(:class:`BashDone`, :class:`SubagentDone`, …) and its totals a :class:`Totals`. See the
-README's "From Python" section. Heavy parts are imported on first use, so the command line
+(:class:`BashDone`, :class:`SubagentDone`, …) and its totals a :class:`Totals`. See
+docs/library.md. Heavy parts are imported on first use, so the command line
 (and ``import orchmode``) starts quickly.
 """
 

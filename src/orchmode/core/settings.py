@@ -1,7 +1,8 @@
 """Every knob with its default, in one definition: flags > environment > orchmode.toml > defaults.
 
-The command-line flags, the ``ORCHMODE_*`` variables, the TOML keys, the README table and
-``--help`` are all derived from the fields of :class:`Settings`, so they cannot drift apart.
+The command-line flags, the ``ORCHMODE_*`` variables, the TOML keys, the settings table of
+docs/configuration.md and ``--help`` are all derived from the fields of :class:`Settings`, so
+they cannot drift apart.
 """
 
 from __future__ import annotations
@@ -409,7 +410,10 @@ def load_settings(
 
 
 def settings_table() -> str:
-    """The README's configuration table, generated so that it always matches the code."""
+    """The settings table of docs/configuration.md, made so that it always matches the code.
+
+    ``scripts/settings_table.py --write`` puts it into the page; the tests check it is there.
+    """
     rows = [
         "| setting | flag | environment | default | meaning |",
         "| --- | --- | --- | --- | --- |",
