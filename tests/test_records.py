@@ -60,7 +60,15 @@ def test_an_event_row_holds_the_event_as_asdict_gives_it(event: events.Event) ->
 def test_every_event_class_is_covered() -> None:
     assert len(EVENT_CLASSES) >= 15
     assert all(dataclasses.is_dataclass(cls) for cls in EVENT_CLASSES)
+
+
+def test_the_public_list_of_events_is_the_declared_union() -> None:
+    import orchmode
+
     assert events.EVENTS == EVENT_CLASSES
+    assert {"Event", "TokenUsage", *(cls.__name__ for cls in EVENT_CLASSES)} <= set(
+        orchmode.__all__
+    )
 
 
 def _finite(value: Any) -> bool:
