@@ -205,6 +205,12 @@ async def test_every_kind_of_event_goes_through_the_store_and_back(store: Store)
     assert history.totals.all.requests == 1
 
 
+def test_a_value_of_no_json_type_is_recorded_as_its_text_as_before() -> None:
+    odd = object()
+    assert json.loads(event_row(1, BashStarted(Path("/w"), "ls")).data)["agent"] == "/w"
+    assert json.loads(event_row(1, BashStarted(odd, "ls")).data)["agent"] == str(odd)  # type: ignore[arg-type]
+
+
 def test_a_field_a_record_leaves_out_reads_as_its_declared_value() -> None:
     assert read_event("BashDone", '{"agent": "main", "command": "ls"}') == BashDone(
         "main", "ls", None, False, 0.0, ""

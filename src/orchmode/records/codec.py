@@ -12,12 +12,14 @@ older or newer orchmode may have written it, and one bad row must not hide the r
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
 from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
+from pydantic_core import PydanticSerializationError
 
 from ..core.errors import OrchmodeError
 from ..core.events import EVENTS, Event
@@ -53,7 +55,11 @@ def adapter(cls: type[Any]) -> TypeAdapter[Any]:
 
 def event_row(seq: int, event: Event) -> EventRow:
     """The row that records ``event``: its kind and its fields as JSON."""
-    data = adapter(type(event)).dump_json(event, warnings=False).decode()
+    written = adapter(type(event))
+    try:
+        data = written.dump_json(event, warnings=False).decode()
+    except PydanticSerializationError:  # a value of no JSON type: recorded as its str()
+        data = json.dumps(written.dump_python(event, warnings=False), default=str)
     return EventRow(seq, time.time(), type(event).__name__, data)
 
 
