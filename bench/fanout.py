@@ -38,8 +38,8 @@ from orchmode.core.settings import Settings
 from orchmode.executors.local import LocalExecutor
 from orchmode.model.gateway import ModelGateway
 from orchmode.model.providers import Credentials
+from orchmode.records.recorder import EventRecorder
 from orchmode.session.agent import Session
-from orchmode.store.records import EventRecorder
 from orchmode.store.sqlite import SQLiteStore
 from orchmode.testing.scenario import OrchestrationScenario
 

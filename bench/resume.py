@@ -466,7 +466,7 @@ def _transport(module):
 
 _patches = {
     "orchmode.store.sqlite": _store,
-    "orchmode.views.history": _history,
+    "orchmode.records.history": _history,
     "orchmode.session.agent": _agent,
     "orchmode.executors.local": _local,
     "orchmode.fanout.engine": _engine,

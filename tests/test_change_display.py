@@ -28,15 +28,14 @@ from orchmode.core.events import (
     TurnDone,
     TurnStarted,
 )
+from orchmode.records.codec import event_row, parse_row
+from orchmode.records.history import read_session
+from orchmode.records.totals import SessionTotals
 from orchmode.store import EventRow
-from orchmode.store.records import event_row
 from orchmode.views.display import PlainDisplay
-from orchmode.views.history import read_session
 from orchmode.views.live import LiveView
 from orchmode.views.progress import StderrProgress, change_text
-from orchmode.views.recorded import parse_row
 from orchmode.views.report import render_report
-from orchmode.views.totals import SessionTotals
 from orchmode.views.transcript import plain, transcript
 from recorded_runs import orchmode
 from test_context_display import SESSION, emit, section

@@ -34,15 +34,15 @@ from orchmode.core.events import (
     TurnDone,
     TurnStarted,
 )
+from orchmode.records.codec import event_row, parse_row
+from orchmode.records.history import Command, SessionHistory, read_session
+from orchmode.records.recorder import EventRecorder
+from orchmode.records.totals import SessionTotals
 from orchmode.store import EventRow
-from orchmode.store.records import EventRecorder, event_row
 from orchmode.store.sqlite import SQLiteStore
 from orchmode.views.display import JsonDisplay, PlainDisplay
-from orchmode.views.history import Command, SessionHistory, read_session
 from orchmode.views.live import LiveView
-from orchmode.views.recorded import parse_row
 from orchmode.views.report import render_report
-from orchmode.views.totals import SessionTotals
 from orchmode.views.transcript import plain, transcript
 from recorded_runs import orchmode
 from test_live import Clock, render, rows_of

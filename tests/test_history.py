@@ -27,11 +27,10 @@ from orchmode.core.events import (
     TurnDone,
     TurnStarted,
 )
+from orchmode.records.codec import event_row, parse_row
+from orchmode.records.findings import parse_report
+from orchmode.records.history import answers, read_session
 from orchmode.store import EventRow
-from orchmode.store.records import event_row
-from orchmode.views.findings import parse_report
-from orchmode.views.history import answers, read_session
-from orchmode.views.recorded import parse_row
 from orchmode.views.run_table import RUN_COLUMNS, format_columns, print_table, run_rows
 from orchmode.views.transcript import print_lines, transcript
 from recorded_runs import (

@@ -24,11 +24,11 @@ from orchmode.core.events import (
     TurnStarted,
 )
 from orchmode.core.settings import Settings
+from orchmode.records.totals import SessionTotals
 from orchmode.session.agent import Session
 from orchmode.testing.scenario import OrchestrationScenario
 from orchmode.views.display import PlainDisplay
 from orchmode.views.live import DONE, JOURNAL, SKIPPED, LiveView
-from orchmode.views.totals import SessionTotals
 from test_cli import orchmode
 
 

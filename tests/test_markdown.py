@@ -16,9 +16,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from orchmode.records.history import read_session
 from orchmode.store import EventRow
 from orchmode.testing.scenario import OrchestrationScenario
-from orchmode.views.history import read_session
 from orchmode.views.markdown import print_answer, safe_url, to_html, to_inline_html
 from orchmode.views.report import render_report
 from recorded_runs import base_env, orchmode

@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
+from orchmode.records.history import read_session
 from orchmode.store import EventRow
 from orchmode.testing import Fault, Reply, ScriptedRequest
 from orchmode.testing.scenario import first_user_text
-from orchmode.views.history import read_session
 from orchmode.views.report import render_report
 from recorded_runs import (
     FindingsScenario,

@@ -38,16 +38,15 @@ from orchmode.core.events import (
     TurnStarted,
 )
 from orchmode.core.prompts import RESOLVE_MARKER, VERIFY_MARKER
+from orchmode.records.codec import event_row
+from orchmode.records.history import AgentRecord, Resolving, SessionHistory, read_session
+from orchmode.records.totals import SessionTotals
 from orchmode.session.agent import Session
 from orchmode.shell.bwrap import probe
-from orchmode.store.records import event_row
 from orchmode.testing.scenario import OrchestrationScenario
 from orchmode.views.display import PlainDisplay
-from orchmode.views.history import AgentRecord, SessionHistory, read_session
 from orchmode.views.live import DONE, RUNNING, LiveView
-from orchmode.views.progress import Resolving
 from orchmode.views.report import render_report
-from orchmode.views.totals import SessionTotals
 from orchmode.views.transcript import plain, transcript
 from recorded_runs import orchmode
 from test_context_display import SESSION, emit, section

@@ -16,34 +16,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .core import events as _events
 from .core.errors import AuthError, ConfigError, EndpointError, OrchmodeError
 
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from .core.events import (
-        BashDone,
-        BashStarted,
-        BudgetStatus,
-        ChangeSettled,
-        ContextCompacted,
-        Event,
-        FanoutDone,
-        FanoutStarted,
-        McpCallDone,
-        McpCallStarted,
-        McpServerFailed,
-        ModelRequestDone,
-        ResultCondensed,
-        ScriptDone,
-        ScriptStarted,
-        SubagentDone,
-        SubagentStarted,
-        TokenUsage,
-        TurnDone,
-        TurnStarted,
-        WorkspacesChosen,
-    )
+    from .core.events import *  # noqa: F403  (every event class, Event and TokenUsage)
     from .core.settings import Settings
     from .model.gateway import ModelGateway
     from .model.providers import Credentials
@@ -57,29 +36,9 @@ if TYPE_CHECKING:
         open_session,
     )
 
-_EVENTS = (
-    "BashDone",
-    "BashStarted",
-    "BudgetStatus",
-    "ChangeSettled",
-    "ContextCompacted",
-    "Event",
-    "FanoutDone",
-    "FanoutStarted",
-    "McpCallDone",
-    "McpCallStarted",
-    "McpServerFailed",
-    "ModelRequestDone",
-    "ResultCondensed",
-    "ScriptDone",
-    "ScriptStarted",
-    "SubagentDone",
-    "SubagentStarted",
-    "TokenUsage",
-    "TurnDone",
-    "TurnStarted",
-    "WorkspacesChosen",
-)
+#: The events' public names, derived from their one declaration (``core/events.py`` is small:
+#: dataclasses only, no SDK and no pydantic).
+_EVENTS = ("Event", "TokenUsage", *(cls.__name__ for cls in _events.EVENTS))
 
 #: Public name -> the module that defines it, imported when the name is first used.
 _LAZY = {
@@ -99,43 +58,23 @@ _LAZY = {
 
 __all__ = [
     "AuthError",
-    "BashDone",
-    "BashStarted",
-    "BudgetStatus",
-    "ChangeSettled",
     "ConfigError",
-    "ContextCompacted",
     "Credentials",
     "EndpointError",
-    "Event",
     "EventStream",
-    "FanoutDone",
-    "FanoutStarted",
-    "McpCallDone",
-    "McpCallStarted",
-    "McpServerFailed",
     "ModelGateway",
-    "ModelRequestDone",
     "OrchmodeError",
     "RequestTotals",
-    "ResultCondensed",
-    "ScriptDone",
-    "ScriptStarted",
     "Session",
     "SessionBusy",
     "SessionClosed",
     "Settings",
-    "SubagentDone",
-    "SubagentStarted",
-    "TokenUsage",
     "Totals",
-    "TurnDone",
     "TurnResult",
-    "TurnStarted",
-    "WorkspacesChosen",
     "__version__",
     "open_session",
 ]
+__all__ += _EVENTS
 
 
 def __getattr__(name: str) -> Any:

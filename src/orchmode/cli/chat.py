@@ -24,14 +24,13 @@ from ..core.errors import AuthError, OrchmodeError
 from ..core.events import EventBus
 from ..core.settings import Settings
 from ..model.providers import Credentials
+from ..records.recorder import EventRecorder
+from ..records.totals import SessionTotals, session_totals
 from ..session.agent import Session, TurnResult, open_session
 from ..session.resume import interrupted
 from ..store import Store
-from ..store.records import EventRecorder
 from ..views.display import Display, DisplayMode, make_display
 from ..views.markdown import print_answer
-from ..views.recorded import session_totals
-from ..views.totals import SessionTotals
 
 PROMPT = "you> "
 

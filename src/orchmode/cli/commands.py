@@ -24,8 +24,8 @@ from ..core.settings import Settings, env_var, flag, flag_names, load_settings
 
 if typing.TYPE_CHECKING:
     from ..model.providers import Credentials
+    from ..records.history import SessionHistory
     from ..views.display import DisplayMode
-    from ..views.history import SessionHistory
 
 log = logging.getLogger("orchmode")
 
@@ -250,11 +250,11 @@ async def _run(
     from ..core.events import EventBus
     from ..core.prompts import SUMMARY_TASK
     from ..model.providers import Credentials
+    from ..records.recorder import EventRecorder
+    from ..records.totals import SessionTotals
     from ..session.agent import open_session
     from ..shell.sandbox import preflight
-    from ..store.records import EventRecorder
     from ..views.display import make_display
-    from ..views.totals import SessionTotals
 
     totals = SessionTotals()
     display = make_display(display_mode, totals)
@@ -336,12 +336,12 @@ async def _resume(
     from ..core.events import EventBus
     from ..core.prompts import SUMMARY_TASK
     from ..model.providers import Credentials
+    from ..records.recorder import EventRecorder
+    from ..records.totals import SessionTotals
     from ..session.agent import open_session
     from ..session.resume import CannotResume, choose, interrupted
     from ..store import open_store
-    from ..store.records import EventRecorder
     from ..views.display import make_display
-    from ..views.totals import SessionTotals
 
     store = await open_store(settings.store_url(workdir))
     try:
@@ -454,8 +454,8 @@ async def _interrupted_run(settings: Settings, workdir: Path, task: str) -> str 
 
 
 async def _budget(settings: Settings, workdir: Path) -> None:
+    from ..records.totals import session_totals
     from ..store import open_store
-    from ..views.recorded import session_totals
 
     store = await open_store(settings.store_url(workdir))
     try:
@@ -498,8 +498,8 @@ async def _histories(
     --session), else the newest, which must exist. A SQLite store that does not exist is
     not created just to be looked at.
     """
+    from ..records.history import read_session
     from ..store import open_store
-    from ..views.history import read_session
 
     url = settings.store_url(workdir)
     path = url.removeprefix("sqlite://") if url.startswith("sqlite://") else None

@@ -1,8 +1,14 @@
 """Typed events: what happened, emitted in one place and consumed by progress output and tests.
 
-Events are small frozen dataclasses. Subscribers are plain callables run synchronously in
-the event loop, so they must be quick and must not raise (a raising subscriber is logged
-and ignored: a display bug never stops a run).
+Events are small frozen dataclasses, declared once here: the store records them and reads
+them back by these declarations (:mod:`orchmode.records.codec`), and the public list of events
+is :data:`EVENTS`. A field's type says what a record must hold; a field with a default, or
+marked :class:`Absent` (``Count``, ``Seconds``, ``Text``, ``Flag``), may be left out of a
+record (one written before the field existed) and reads back as that value.
+
+Subscribers are plain callables run synchronously in the event loop, so they must be quick
+and must not raise (a raising subscriber is logged and ignored: a display bug never stops a
+run).
 """
 
 from __future__ import annotations
@@ -10,11 +16,37 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args
+
+if TYPE_CHECKING:
+    from pydantic import GetCoreSchemaHandler
 
 log = logging.getLogger("orchmode")
 
 Role = Literal["main", "worker", "verifier", "resolver"]
+
+
+@dataclass(frozen=True)
+class Absent:
+    """What a record that leaves a field out reads it as (older records, hand-written rows).
+
+    The field is still required when an event is made; only reading a record back fills it.
+    """
+
+    value: object
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> Any:
+        """The field's schema, with this value when a record leaves it out (see records)."""
+        from pydantic_core import core_schema  # only reading records needs pydantic
+
+        return core_schema.with_default_schema(handler(source), default=self.value)
+
+
+#: A count, duration, text or flag that a record may leave out: it reads back as zero.
+Count = Annotated[int, Absent(0)]
+Seconds = Annotated[float, Absent(0.0)]
+Text = Annotated[str, Absent("")]
+Flag = Annotated[bool, Absent(False)]
 
 
 @dataclass(frozen=True)
@@ -50,10 +82,10 @@ class ModelRequestDone:
     """One model request finished: whose, what it used and cost, and any cache miss."""
 
     agent: str
-    message_id: str
-    stop_reason: str | None
+    message_id: Text
+    stop_reason: Annotated[str | None, Absent(None)]
     usage: TokenUsage
-    duration: float
+    duration: Seconds
     cost: float = 0.0
     #: Why the prompt cache could not reuse the previous request's prefix (the API's
     #: diagnostics: messages_changed, system_changed, …), and how many tokens it missed.
@@ -75,11 +107,11 @@ class BashDone:
 
     agent: str
     command: str
-    exit_code: int | None
-    timed_out: bool
-    duration: float
+    exit_code: Annotated[int | None, Absent(None)]
+    timed_out: Flag
+    duration: Seconds
     #: The sandbox the command ran in: ``workspace-write``, ``read-only`` or ``off``.
-    sandbox: str
+    sandbox: Text
 
 
 @dataclass(frozen=True)
@@ -98,8 +130,8 @@ class McpCallDone:
     agent: str
     server: str
     tool: str
-    duration: float
-    ok: bool
+    duration: Seconds
+    ok: Flag
     #: The error in a few words (secrets masked) when it failed.
     error: str = ""
 
@@ -117,8 +149,8 @@ class FanoutStarted:
     """A Workflow call fanned out ``subtasks``; ``not_run`` were over the per-call limit."""
 
     call: int
-    subtasks: int
-    not_run: int
+    subtasks: Count
+    not_run: Count
 
 
 @dataclass(frozen=True)
@@ -128,7 +160,7 @@ class SubagentStarted:
     call: int
     index: int
     role: Role
-    title: str
+    title: Text
     prompt: str = ""
     #: The Ray node it runs on; empty when it runs in the user's own process.
     node: str = ""
@@ -142,9 +174,9 @@ class SubagentDone:
     index: int
     role: Role
     status: str
-    turns: int
-    usage: TokenUsage
-    duration: float
+    turns: Count
+    usage: Annotated[TokenUsage, Absent(TokenUsage())]
+    duration: Seconds
     from_journal: bool = False
     verdict: str | None = None
     result: str = ""
@@ -161,7 +193,7 @@ class FanoutDone:
     """A Workflow call's fan-out ended, verifications included."""
 
     call: int
-    duration: float
+    duration: Seconds
 
 
 @dataclass(frozen=True)
@@ -169,7 +201,7 @@ class BudgetStatus:
     """The session's budget as a Workflow call ended it (the line its tool result ends with)."""
 
     line: str
-    subagents_left: int
+    subagents_left: Count
 
 
 @dataclass(frozen=True)
@@ -177,7 +209,7 @@ class TurnStarted:
     """A user turn, with the mode notices that went out with it."""
 
     text: str
-    notices: tuple[str, ...]
+    notices: Annotated[tuple[str, ...], Absent(())]
 
 
 @dataclass(frozen=True)
@@ -185,7 +217,7 @@ class TurnDone:
     """A user turn ended: why (``stop``) and after how many model calls."""
 
     stop: str
-    model_calls: int
+    model_calls: Count
 
 
 @dataclass(frozen=True)
@@ -193,15 +225,17 @@ class ScriptStarted:
     """A Workflow call ran an orchestration script; its agents follow as Subagent events."""
 
     call: int
-    lines: int
+    lines: Count
 
 
 @dataclass(frozen=True)
 class ScriptDone:
+    """A Workflow call's script ended: how long it took, how many agents, and any error."""
+
     call: int
-    duration: float
+    duration: Seconds
     #: agents the script asked for, journal hits included
-    agents: int
+    agents: Count
     #: the first line of the error the model was shown, if the script failed
     error: str | None = None
 
@@ -215,8 +249,8 @@ class ContextCompacted:
     #: copies; ``api``: the API's context editing cleared old tool results itself;
     #: ``dropped``: nothing more could be stubbed, so the turn's unfittable part was let go.
     how: str
-    tokens_before: int
-    tokens_after: int
+    tokens_before: Count
+    tokens_after: Count
     #: What was condensed or stubbed, in a few words ("14 tool results, 61,200 tokens").
     detail: str = ""
     #: Set when a request refused as too long caused it (the request is then retried).
@@ -228,13 +262,13 @@ class ResultCondensed:
     """A Workflow result over its token budget reached the model condensed."""
 
     call: int
-    tokens_full: int
-    tokens_shown: int
-    budget: int
+    tokens_full: Count
+    tokens_shown: Count
+    budget: Count
     #: What was left out, e.g. "31 low and 12 info findings not shown".
-    omitted: str
+    omitted: Text
     #: Where the whole result is saved (every agent's report is a file beside it).
-    path: str
+    path: Text
 
 
 @dataclass(frozen=True)
@@ -246,9 +280,9 @@ class ChangeSettled:
     #: ``merged``, ``conflict``, ``refused``, ``not merged`` or ``kept`` (``merge = none``).
     fate: str
     #: e.g. "2 files (+10 −2): src/a.py (+8 −2), b.py (+2 −0)".
-    files: str
-    added: int
-    removed: int
+    files: Text
+    added: Count
+    removed: Count
     #: The conflicting files, the refusal's reasons, or why it was not merged.
     detail: str = ""
     #: Where the patch is kept ("" when none was saved).
@@ -260,7 +294,7 @@ class WorkspacesChosen:
     """What agents' workspaces are here (``worktree`` isolation), said once per session."""
 
     #: True: copy-on-write overlays on one checkout of the tree; False: full copies.
-    overlays: bool
+    overlays: Flag
     #: Why full copies: what refused the overlays. Empty for overlays.
     reason: str = ""
 
@@ -286,6 +320,10 @@ Event = (
     | ChangeSettled
     | WorkspacesChosen
 )
+
+#: Every kind of event, in the order of :data:`Event`: what the store records and reads back,
+#: and what ``orchmode`` exports.
+EVENTS: tuple[type[Event], ...] = get_args(Event)
 
 Subscriber = Callable[[Event], None]
 

@@ -24,10 +24,9 @@ from ..core.errors import ConfigError, OrchmodeError
 from ..core.events import Event, EventBus, TokenUsage
 from ..core.settings import Settings
 from ..model.providers import Credentials
+from ..records.recorder import EventRecorder
+from ..records.totals import SessionTotals, UsageTotals, session_totals
 from ..shell.sandbox import preflight
-from ..store.records import EventRecorder
-from ..views.recorded import session_totals
-from ..views.totals import SessionTotals, UsageTotals
 from . import agent
 from .agent import TurnResult
 

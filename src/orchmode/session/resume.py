@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import OrchmodeError
+from ..records.history import read_session
 from ..store import Store
-from ..views.history import read_session
 
 #: Recorded sessions looked through for the latest interrupted one, newest first.
 LOOK_BACK = 50

@@ -12,8 +12,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Protocol, TextIO
 
 from ..core.events import Event
+from ..records.totals import SessionTotals
 from .progress import StderrProgress
-from .totals import SessionTotals
 
 DisplayMode = Literal["live", "plain", "json"]
 

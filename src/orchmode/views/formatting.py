@@ -8,19 +8,12 @@ from __future__ import annotations
 
 import time
 
+from ..records.wording import seconds as seconds  # the read model describes durations too
+
 
 def money(dollars: float) -> str:
     """Cents for real spend, more digits below a dollar so small runs do not read $0.00."""
     return f"${dollars:,.2f}" if dollars >= 1 else f"${dollars:.4f}"
-
-
-def seconds(value: float) -> str:
-    if value < 60:
-        return f"{value:.1f} s"
-    minutes, rest = divmod(round(value), 60)
-    if minutes < 60:
-        return f"{minutes} min {rest:02d} s"
-    return f"{minutes // 60} h {minutes % 60:02d} min"
 
 
 def when(at: float | None, form: str = "%Y-%m-%d %H:%M") -> str:

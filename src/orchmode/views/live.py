@@ -41,8 +41,10 @@ from ..core.events import (
     TurnDone,
     TurnStarted,
 )
-from .progress import CHANGE_STYLES, Resolving, compaction_text, condensed_text
-from .totals import SessionTotals
+from ..records.history import Resolving
+from ..records.totals import SessionTotals
+from ..records.wording import compaction_text, condensed_text
+from .progress import CHANGE_STYLES
 
 QUEUED = "queued"
 RUNNING = "running"

@@ -16,15 +16,14 @@ from ..core.events import (
     McpCallDone,
     ModelRequestDone,
     ResultCondensed,
-    Role,
     ScriptDone,
     ScriptStarted,
     SubagentDone,
-    SubagentStarted,
     TokenUsage,
     WorkspacesChosen,
 )
-from ..store.result_files import RESULTS_DIR
+from ..records.history import Resolving
+from ..records.wording import change_fate, compaction_text, condensed_text
 
 #: A settled change's fate, coloured: merged is good news, a conflict or a refusal is not.
 CHANGE_STYLES = {
@@ -48,57 +47,11 @@ def _usage(usage: TokenUsage, cost: float) -> str:
     )
 
 
-def compaction_text(event: ContextCompacted) -> str:
-    """What a compaction did, in words: one wording for the progress lines, show and the report.
-
-    It says why the conversation shrank, so a reader who sees an agent forget a tool result
-    knows where its saved copy is, or that it is gone.
-    """
-    sizes = f"{event.tokens_before:,} → {event.tokens_after:,} tokens"
-    detail = event.detail or "old tool results"
-    match event.how:
-        case "stubbed":
-            what = f"stubbed {detail} (saved copies under {RESULTS_DIR}/)"
-        case "api":
-            what = "the API's context editing cleared old tool results"
-            what += f" ({event.detail})" if event.detail else ""
-        case "dropped":
-            what = "nothing more could be stubbed, so the part of the turn that could not fit "
-            what += "was let go" + (f" ({event.detail})" if event.detail else "")
-        case how:  # a kind this orchmode does not know: say what the record says
-            what = how + (f": {event.detail}" if event.detail else "")
-    refused = "; the API refused the request as too long, and it is being retried"
-    return f"{sizes} — {what}{refused if event.refused else ''}"
-
-
-def condensed_text(event: ResultCondensed) -> str:
-    """How much of a Workflow result the model saw, what it missed, and where the rest is."""
-    line = (
-        f"result condensed to {event.tokens_shown:,} of {event.tokens_full:,} tokens "
-        f"(budget {event.budget:,})"
-    )
-    if event.omitted:
-        line += f": {event.omitted}"
-    if event.path:
-        line += f"; full result: {event.path}"
-    return line
-
-
 def workspaces_text(event: WorkspacesChosen) -> str:
     """The one line that says what the agents' workspaces are, and why."""
     if event.overlays:
         return "each agent works in an overlay on one checkout of the tree"
     return f"each agent works in a full copy of the tree: {_one_line(event.reason)}"
-
-
-def change_fate(event: ChangeSettled) -> str:
-    """A worker's change's fate, and why: ``conflict in a.py``, ``not merged (refuted)``,
-    ``merged after resolving a conflict with change 1``."""
-    if event.fate == "merged":
-        return "merged" + (f" {event.detail}" if event.detail else "")
-    if event.fate == "conflict":
-        return f"conflict in {event.detail or 'the tree'}"
-    return event.fate + (f" ({event.detail})" if event.detail else "")
 
 
 def change_count(event: ChangeSettled) -> str:
@@ -119,30 +72,6 @@ def mcp_call_text(event: McpCallDone) -> str:
     """``mcp github/search  (0.4 s, ok)``: an MCP call as a plain line shows it."""
     status = "ok" if event.ok else f"error: {_one_line(event.error) or 'failed'}"
     return f"mcp {event.server}/{event.tool}  ({event.duration:.1f} s, {status})"
-
-
-@dataclass
-class Resolving:
-    """The subtasks whose change has gone to a resolver, per call, as the events come.
-
-    A resolution is checked by a second verifier with the same name, ``verifier c.i``, as
-    the one that checked the worker's change; only the order tells them apart: a verifier
-    heard of after its subtask's resolver checks the resolution. Every view that follows
-    the events asks this one rule.
-    """
-
-    seen: set[tuple[int, int]] = field(default_factory=set)
-
-    def follow(self, event: Event) -> None:
-        match event:
-            case SubagentStarted(role="resolver") | SubagentDone(role="resolver"):
-                self.seen.add((event.call, event.index))
-            case FanoutStarted(call=call) | ScriptStarted(call=call):  # a call (re)starts
-                self.seen = {seen for seen in self.seen if seen[0] != call}
-
-    def checks_resolution(self, call: int, index: int, role: Role) -> bool:
-        """Whether the agent ``role c.i`` heard of now is the verifier of a resolution."""
-        return role == "verifier" and (call, index) in self.seen
 
 
 @dataclass

@@ -19,9 +19,8 @@ import math
 from html import escape
 
 from ..core.prompts import SEVERITIES
-from .findings import Finding, severity_rank
-from .formatting import money, seconds, when
-from .history import (
+from ..records.findings import Finding, severity_rank
+from ..records.history import (
     AGENT_STATES,
     STATE_LABELS,
     AgentRecord,
@@ -33,6 +32,7 @@ from .history import (
     SettledChange,
     Turn,
 )
+from .formatting import money, seconds, when
 from .markdown import to_html, to_inline_html
 
 

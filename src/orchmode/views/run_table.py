@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import IO
 
+from ..records.history import SessionHistory
 from .formatting import clip, money, when
-from .history import SessionHistory
 from .transcript import _STATE_STYLES
 
 RUN_COLUMNS = ("RUN", "WHEN", "TURN", "TASK", "AGENTS", "COST", "STATUS")

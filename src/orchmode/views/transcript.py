@@ -9,9 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import IO
 
-from .findings import severity_rank
-from .formatting import clip, money, plural, seconds, when
-from .history import (
+from ..records.findings import severity_rank
+from ..records.history import (
     STATE_LABELS,
     AgentRecord,
     Command,
@@ -19,6 +18,7 @@ from .history import (
     CondensedResult,
     SessionHistory,
 )
+from .formatting import clip, money, plural, seconds, when
 from .progress import CHANGE_STYLES
 
 NOTICE_LABELS = {

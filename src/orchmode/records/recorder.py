@@ -1,46 +1,21 @@
 """Run records: every event goes into the store, so a run can be inspected and resumed.
 
-The recorder is an event subscriber. It numbers events in order and writes them in
-batches from a background task, so recording never sits on an agent's critical path;
-``flush`` waits for everything written so far.
+The recorder is an event subscriber. It numbers events in order, encodes each by its
+declaration (:mod:`.codec`) and writes them in batches from a background task, so recording
+never sits on an agent's critical path; ``flush`` waits for everything written so far.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import functools
-import json
 import logging
-import time
 
 from ..core.errors import OrchmodeError
 from ..core.events import Event
-from . import EventRow, Store
+from ..store import EventRow, Store
+from .codec import event_row
 
 log = logging.getLogger("orchmode")
-
-
-def event_row(seq: int, event: Event) -> EventRow:
-    data = json.dumps(_plain(event), ensure_ascii=False, default=str)
-    return EventRow(seq, time.time(), type(event).__name__, data)
-
-
-@functools.cache
-def _field_names(cls: type) -> tuple[str, ...]:
-    return tuple(f.name for f in dataclasses.fields(cls))
-
-
-def _plain(value: object) -> object:
-    """``dataclasses.asdict`` without its deep copies of every value (the same JSON, at a
-    third of the cost: a fan-out records a dozen events per subtask)."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {name: _plain(getattr(value, name)) for name in _field_names(type(value))}
-    if isinstance(value, list | tuple):
-        return [_plain(item) for item in value]
-    if isinstance(value, dict):
-        return {key: _plain(item) for key, item in value.items()}
-    return value
 
 
 class EventRecorder:

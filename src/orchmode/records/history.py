@@ -1,10 +1,10 @@
 """Run history read back from recorded events: turns, their agents, commands and findings.
 
-``orchmode runs``, ``orchmode show`` and the HTML report all draw from here. Everything is a
-pure function of the store's rows, so a crashed or still-running session reads the same way
-as a finished one. Rows that cannot be understood are skipped and counted (see
-``recorded.py``); drawing the history is left to ``transcript.py``, ``run_table.py`` and
-``report.py``.
+``orchmode runs``, ``orchmode show``, the HTML report and ``orchmode resume`` all read from
+here. Everything is a pure function of the store's rows, so a crashed or still-running session
+reads the same way as a finished one. Rows that cannot be understood are skipped and counted
+(see :mod:`.codec`); drawing the history is left to the views (``transcript.py``,
+``run_table.py`` and ``report.py``).
 """
 
 from __future__ import annotations
@@ -34,14 +34,37 @@ from ..core.events import (
     TurnStarted,
 )
 from ..store import EventRow
+from .codec import parse_row
 from .findings import Report, parse_report
-from .formatting import seconds
-from .progress import Resolving, change_fate, compaction_text, condensed_text
-from .recorded import parse_row
 from .totals import SessionTotals
+from .wording import change_fate, compaction_text, condensed_text, seconds
 
 #: Where an MCP call ran, in the report's sandbox column: not in the bash sandbox.
 MCP_SANDBOX = "none: an MCP server, with your rights"
+
+
+@dataclass
+class Resolving:
+    """The subtasks whose change has gone to a resolver, per call, as the events come.
+
+    A resolution is checked by a second verifier with the same name, ``verifier c.i``, as
+    the one that checked the worker's change; only the order tells them apart: a verifier
+    heard of after its subtask's resolver checks the resolution. Every view that follows
+    the events asks this one rule.
+    """
+
+    seen: set[tuple[int, int]] = field(default_factory=set)
+
+    def follow(self, event: Event) -> None:
+        match event:
+            case SubagentStarted(role="resolver") | SubagentDone(role="resolver"):
+                self.seen.add((event.call, event.index))
+            case FanoutStarted(call=call) | ScriptStarted(call=call):  # a call (re)starts
+                self.seen = {seen for seen in self.seen if seen[0] != call}
+
+    def checks_resolution(self, call: int, index: int, role: Role) -> bool:
+        """Whether the agent ``role c.i`` heard of now is the verifier of a resolution."""
+        return role == "verifier" and (call, index) in self.seen
 
 
 @dataclass(frozen=True)

@@ -1,15 +1,18 @@
 """What a session has used so far: requests, tokens, the share read from cache, dollars.
 
 Built from ``ModelRequestDone`` events, live (as an event subscriber) or afterwards from the
-records in the store (:func:`orchmode.views.recorded.session_totals`), so a running session and
-``orchmode budget`` agree to the cent.
+records in the store (:func:`session_totals`), so a running session and ``orchmode budget``
+agree to the cent.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from ..core.events import Event, ModelRequestDone, TokenUsage
+from ..store import EventRow
+from .codec import parse_row
 
 
 @dataclass
@@ -68,3 +71,13 @@ class SessionTotals:
         misses = f"; {self.cache_misses} reported cache misses" if self.cache_misses else ""
         share = self.all.usage.cache_hit
         return f"{share:.0%} of input read from cache ({', '.join(parts)}){misses}"
+
+
+def session_totals(rows: Iterable[EventRow]) -> SessionTotals:
+    """A session's totals rebuilt from its records (rows that cannot be read are skipped)."""
+    totals = SessionTotals()
+    for row in rows:
+        event = parse_row(row)
+        if event is not None:
+            totals(event)
+    return totals
