@@ -38,7 +38,7 @@ from orchmode.core.events import (
     TurnStarted,
 )
 from orchmode.core.prompts import RESOLVE_MARKER, VERIFY_MARKER
-from orchmode.session.agent import Session
+from orchmode.session.agent import Conversation as Session
 from orchmode.shell.bwrap import probe
 from orchmode.store.records import event_row
 from orchmode.testing.scenario import OrchestrationScenario
