@@ -22,7 +22,7 @@ from orchmode.core.events import EventBus
 from orchmode.core.settings import Settings
 from orchmode.model.gateway import ModelGateway
 from orchmode.model.providers import Credentials
-from orchmode.session.agent import Session
+from orchmode.session.agent import Conversation
 from orchmode.store.sqlite import SQLiteStore
 from orchmode.testing import LoggedRequest, ScriptedServer
 from orchmode.testing.scenario import OrchestrationScenario
@@ -41,7 +41,7 @@ async def session(url: str, workdir: Path, turns: int) -> None:
     events = EventBus()
     store = SQLiteStore.open(workdir / "store.db")
     gateway = ModelGateway(settings, Credentials(api_key="test-key"), events)
-    agent = Session(settings, gateway, workdir=workdir, store=store, events=events)
+    agent = Conversation(settings, gateway, workdir=workdir, store=store, events=events)
     try:
         for n in range(turns):
             agent.set_mode(n == 0)

@@ -35,7 +35,7 @@ from orchmode.core.events import EventBus
 from orchmode.core.settings import Settings
 from orchmode.model.gateway import ModelGateway
 from orchmode.model.providers import Credentials
-from orchmode.session.agent import Session
+from orchmode.session.agent import Conversation
 from orchmode.store import open_store
 from orchmode.testing.postgres import postgres_server
 from orchmode.testing.raycluster import LocalCluster, local_ray_cluster, session_members
@@ -108,7 +108,7 @@ async def measure_ray(
     gateway = ModelGateway(settings, credentials, events)
     executor = RayExecutor(settings, credentials, workdir)
     await executor.start()
-    session = Session(
+    session = Conversation(
         settings, gateway, workdir=workdir, store=store, events=events, executor=executor
     )
     sessions = [node.pid for node in cluster.nodes]

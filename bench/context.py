@@ -29,7 +29,7 @@ from orchmode.core.events import ContextCompacted, EventBus, ResultCondensed, Su
 from orchmode.core.settings import Settings
 from orchmode.model.gateway import ModelGateway
 from orchmode.model.providers import Credentials
-from orchmode.session.agent import Session
+from orchmode.session.agent import Conversation
 from orchmode.store.sqlite import SQLiteStore
 from orchmode.testing import LoggedRequest, Reply, ScriptedRequest, ScriptedServer
 from orchmode.testing.scenario import OrchestrationScenario, tool_call, turn_messages
@@ -58,7 +58,7 @@ async def run_turns(
     events.subscribe(seen.append)
     store = SQLiteStore.open(workdir / "store.db")
     gateway = ModelGateway(config, Credentials(api_key=KEY), events)
-    session = Session(config, gateway, workdir=workdir, store=store, events=events)
+    session = Conversation(config, gateway, workdir=workdir, store=store, events=events)
     try:
         for text in turns:
             result = await session.turn(text)

@@ -39,7 +39,7 @@ from orchmode.executors.local import LocalExecutor
 from orchmode.model.gateway import ModelGateway
 from orchmode.model.providers import Credentials
 from orchmode.records.recorder import EventRecorder
-from orchmode.session.agent import Session
+from orchmode.session.agent import Conversation
 from orchmode.store.sqlite import SQLiteStore
 from orchmode.testing.scenario import OrchestrationScenario
 
@@ -124,7 +124,7 @@ async def one_turn(
     recorded; its gateway, and how many agents were handed a started shell (of all)."""
     store = SQLiteStore.open(workdir / "store.db")
     gateway = ModelGateway(settings, Credentials(api_key="test-key"), events)
-    session = Session(settings, gateway, workdir=workdir, store=store, events=events)
+    session = Conversation(settings, gateway, workdir=workdir, store=store, events=events)
     # Every event recorded in the store, as `orchmode run` does.
     recorder = await EventRecorder.start(store, session.session_id)
     events.subscribe(recorder)

@@ -58,7 +58,7 @@ from orchmode.core.events import ChangeSettled, Event, EventBus, FanoutDone, Fan
 from orchmode.core.settings import Settings
 from orchmode.model.gateway import ModelGateway
 from orchmode.model.providers import Credentials
-from orchmode.session.agent import Session
+from orchmode.session.agent import Conversation
 from orchmode.store.sqlite import SQLiteStore
 from orchmode.testing import ScriptedServer
 from orchmode.testing.scenario import OrchestrationScenario
@@ -485,7 +485,7 @@ async def three_turns(url: str, workdir: Path, store_path: Path, kind: str) -> l
         events = EventBus()
         store = SQLiteStore.open(store_path)
         gateway = ModelGateway(settings, Credentials(api_key=KEY), events)
-        session = Session(settings, gateway, workdir=workdir, store=store, events=events)
+        session = Conversation(settings, gateway, workdir=workdir, store=store, events=events)
         try:
             for _ in range(turns):
                 tally = Tally()

@@ -15,7 +15,7 @@ The checkpoint is awaited before the run moves on. Three parts, each printed as 
    (WAL, ``synchronous=FULL``), PostgreSQL on a throw-away local server
    (:func:`orchmode.testing.postgres.postgres_server`, fsync on), skipped with the reason
    printed when it cannot be started.
-2. **Its share of a real turn**: one orchestrated turn in this process (``Session``, the
+2. **Its share of a real turn**: one orchestrated turn in this process (``Conversation``, the
    scripted server in a thread, the store in a temporary directory) of 200 subtasks, 0.2 s
    per model request, 50 in flight, with the store's ``record_messages`` wrapped to time
    every checkpoint the session makes: their number, total time, the turn's wall time and
@@ -70,7 +70,7 @@ from orchmode.core.prompts import VERIFY_MARKER
 from orchmode.core.settings import Settings
 from orchmode.model.gateway import ModelGateway
 from orchmode.model.providers import Credentials
-from orchmode.session.agent import Session
+from orchmode.session.agent import Conversation
 from orchmode.store import Store, open_store
 from orchmode.testing import Reply, ScriptedRequest, ScriptedServer
 from orchmode.testing.scenario import OrchestrationScenario, first_user_text
@@ -316,7 +316,7 @@ async def real_turn(name: str, store: Store, url: str, workdir: Path) -> TurnSha
     )
     events = EventBus()
     gateway = ModelGateway(settings, Credentials(api_key=API_KEY), events)
-    session = Session(settings, gateway, workdir=workdir, store=store, events=events)
+    session = Conversation(settings, gateway, workdir=workdir, store=store, events=events)
     try:
         started = time.perf_counter()
         result = await asyncio.wait_for(
@@ -438,8 +438,8 @@ def _history(module):
 
 
 def _agent(module):
-    module.Session.restore = _timed("restore", module.Session.restore)
-    module.Session.resume_turn = _entered("resume_turn", module.Session.resume_turn)
+    module.Conversation.restore = _timed("restore", module.Conversation.restore)
+    module.Conversation.resume_turn = _entered("resume_turn", module.Conversation.resume_turn)
 
 
 def _local(module):

@@ -36,6 +36,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         for need in sorted(needs):
             item.add_marker(need)
 
+
 StartServer = Callable[..., Awaitable[ScriptedServer]]
 
 

@@ -12,7 +12,7 @@ from orchmode.core.errors import AuthError
 from orchmode.core.events import EventBus, TurnDone
 from orchmode.core.mode import Notice
 from orchmode.core.prompts import NOTICES
-from orchmode.session.agent import Session
+from orchmode.session.agent import Conversation as Session
 from orchmode.testing import Fault, Reply, ScriptedRequest, ScriptedServer
 
 

@@ -11,7 +11,7 @@ from orchmode.core.events import TokenUsage
 from orchmode.core.pricing import ModelPrice, default_prices
 from orchmode.core.prompts import MAIN_SYSTEM, MAIN_TOOLS
 from orchmode.model.budget import BudgetExhausted, SessionBudget, estimate_input_tokens
-from orchmode.session.agent import Session
+from orchmode.session.agent import Conversation as Session
 from orchmode.testing import Reply
 from orchmode.testing.scenario import OrchestrationScenario
 

@@ -20,7 +20,7 @@ from conftest import StartServer, gateway_for, settings_for, store_for
 from orchmode.core.events import ContextCompacted, EventBus, ResultCondensed, SubagentDone
 from orchmode.core.prompts import VERIFY_MARKER
 from orchmode.model.context import estimate_tokens
-from orchmode.session.agent import Session
+from orchmode.session.agent import Conversation as Session
 from orchmode.testing import Reply, ScriptedRequest, ScriptedServer
 from orchmode.testing.cache import prompt_tokens as prompt_tokens_of
 from orchmode.testing.scenario import (

@@ -17,7 +17,7 @@ import pytest
 from conftest import StartServer, gateway_for, settings_for, store_for
 from orchmode.core.events import ChangeSettled, Event, EventBus, WorkspacesChosen
 from orchmode.core.prompts import RESOLVE_MARKER
-from orchmode.session.agent import Session
+from orchmode.session.agent import Conversation as Session
 from orchmode.shell.bwrap import probe
 from orchmode.testing import ScriptedServer
 from orchmode.testing.scenario import OrchestrationScenario

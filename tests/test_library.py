@@ -7,6 +7,8 @@ come from the server's own request log, not from orchmode's accounting.
 from __future__ import annotations
 
 import asyncio
+import io
+import json
 import os
 import re
 import subprocess
@@ -396,3 +398,64 @@ def test_import_orchmode_loads_no_sdk_until_the_api_is_used() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+# --- the command line is the API's first user ------------------------------------------------
+
+
+async def _an_unfinished_run(server: ScriptedServer, tmp_path: Path) -> str:
+    """A session `orchmode run` left between its two turns: `orchmode resume` finishes it."""
+    async with opened(tmp_path, server, session="cut") as session:
+        session.conversation.meta = {"command": "run", "task": "Review this", "phase": 1}
+        assert (await session.turn("Review this")).ok
+    return "cut"
+
+
+@pytest.mark.parametrize("command", ["run", "resume", "chat"])
+async def test_every_command_starts_its_session_with_the_library_open_session(
+    serve: StartServer,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    command: str,
+) -> None:
+    """A subscriber added to ``orchmode.open_session`` sees exactly what the command's own
+    view printed (its --json lines): the command's views are subscribers of that session,
+    so a start-up of its own would leave the subscriber empty."""
+    from orchmode.cli import chat, commands
+    from orchmode.core.settings import Settings
+    from orchmode.session import api
+    from orchmode.views.display import event_record
+
+    server = await serve(OrchestrationScenario(subtasks=2, scout_command=None))
+    settings = Settings(base_url=server.url, max_retries=0)
+    credentials = orchmode.Credentials(api_key=API_KEY)
+    wanted = await _an_unfinished_run(server, tmp_path) if command == "resume" else None
+    capsys.readouterr()
+    real = api.open_session
+    seen: list[orchmode.Event] = []
+    opened_with: list[str | None] = []
+
+    def spy(*args: Any, subscribers: Any = (), **kwargs: Any) -> Any:
+        opened_with.append(kwargs.get("session"))
+        return real(*args, subscribers=[*subscribers, seen.append], **kwargs)
+
+    monkeypatch.setattr(api, "open_session", spy)
+    assert chat.open_session is real  # the public one, bound when the chat was imported
+    monkeypatch.setattr(chat, "open_session", spy)
+    if command == "run":
+        await commands._run(settings, "Review this", tmp_path, credentials, display_mode="json")
+    elif command == "resume":
+        await commands._resume(settings, tmp_path, wanted, credentials=credentials,
+                               display_mode="json")  # fmt: skip
+    else:
+        lines = io.StringIO("Review this\n/exit\n")
+        await chat.run_chat(settings, tmp_path, credentials, display_mode="json", stdin=lines)
+    out = capsys.readouterr()
+    printed = [json.loads(line) for line in out.err.splitlines()]
+    assert opened_with == [wanted]
+    assert seen and [r for r in printed if r["kind"] != "Notice"] == [
+        json.loads(json.dumps(event_record(e), ensure_ascii=False, default=str)) for e in seen
+    ]
+    assert "Synthesis: 2 agents reported; 2 results were confirmed." in out.out
+    assert [type(e).__name__ for e in seen].count("TurnDone") == (1 if command == "chat" else 2)

@@ -25,7 +25,7 @@ from orchmode.core.events import (
 )
 from orchmode.core.settings import Settings
 from orchmode.records.totals import SessionTotals
-from orchmode.session.agent import Session
+from orchmode.session.agent import Conversation as Session
 from orchmode.testing.scenario import OrchestrationScenario
 from orchmode.views.display import PlainDisplay
 from orchmode.views.live import DONE, JOURNAL, SKIPPED, LiveView

@@ -18,7 +18,7 @@ from conftest import StartServer, gateway_for, settings_for, store_for
 from mcp_servers import http_server, value_of
 from orchmode.core.errors import ConfigError
 from orchmode.core.events import Event, EventBus, McpCallDone, McpServerFailed, SubagentDone
-from orchmode.session.agent import Session
+from orchmode.session.agent import Conversation as Session
 from orchmode.testing import ScriptedServer
 from orchmode.testing.scenario import OrchestrationScenario
 from orchmode.tools.mcpconfig import MAX_TOOL_NAME, expand, parse, tool_name

@@ -17,7 +17,7 @@ from conftest import StartServer, gateway_for, settings_for
 from orchmode.executors.host import AgentHost
 from orchmode.executors.local import LocalExecutor
 from orchmode.executors.pool import Pace, Ready, SandboxPool
-from orchmode.session.agent import Session
+from orchmode.session.agent import Conversation as Session
 from orchmode.shell.bash import BashSession
 from orchmode.shell.bwrap import probe
 from orchmode.store.sqlite import SQLiteStore

@@ -41,7 +41,7 @@ from orchmode.core.prompts import RESOLVE_MARKER, VERIFY_MARKER
 from orchmode.records.codec import event_row
 from orchmode.records.history import AgentRecord, Resolving, SessionHistory, read_session
 from orchmode.records.totals import SessionTotals
-from orchmode.session.agent import Session
+from orchmode.session.agent import Conversation as Session
 from orchmode.shell.bwrap import probe
 from orchmode.testing.scenario import OrchestrationScenario
 from orchmode.views.display import PlainDisplay

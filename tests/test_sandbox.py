@@ -24,7 +24,7 @@ import pytest
 
 from conftest import gateway_for, store_for
 from orchmode.core.settings import SandboxMode, Settings
-from orchmode.session.agent import Session
+from orchmode.session.agent import Conversation as Session
 from orchmode.shell.bash import BashSession, ShellResult
 from orchmode.shell.bwrap import probe
 from orchmode.shell.environment import command_environment

@@ -13,7 +13,8 @@ import pytest
 from conftest import StartServer, gateway_for, settings_for, store_for
 from orchmode.core.events import EventBus, ScriptDone, ScriptStarted, SubagentDone, SubagentStarted
 from orchmode.core.prompts import RESOLVE_MARKER, VERIFY_MARKER, WORKFLOW_DESCRIPTION
-from orchmode.session.agent import Session, TurnResult
+from orchmode.session.agent import Conversation as Session
+from orchmode.session.agent import TurnResult
 from orchmode.testing import ScriptedRequest, ScriptedServer
 from orchmode.testing.scenario import OrchestrationScenario, first_user_text
 from recorded_runs import kill_run_when, orchmode, worker_prompts

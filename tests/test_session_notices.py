@@ -15,7 +15,7 @@ from orchmode.core.prompts import NOTICES
 from orchmode.core.settings import Settings
 from orchmode.model.gateway import ModelGateway
 from orchmode.model.providers import Credentials
-from orchmode.session.agent import Session
+from orchmode.session.agent import Conversation as Session
 from orchmode.store.sqlite import SQLiteStore
 from orchmode.testing import Reply, ScriptedServer
 from test_mode import events, reference

@@ -11,7 +11,7 @@ import pytest
 from conftest import StartServer, gateway_for, settings_for, store_for
 from orchmode.core.events import EventBus, SubagentDone
 from orchmode.core.prompts import VERIFY_MARKER
-from orchmode.session.agent import Session
+from orchmode.session.agent import Conversation as Session
 from orchmode.store.sqlite import SQLiteStore
 from orchmode.testing import MIXED, Fault, Reply, ScriptedRequest, ScriptedServer
 from orchmode.testing.scenario import OrchestrationScenario, first_user_text

@@ -2,8 +2,8 @@
 
 Lines come from prompt_toolkit (history, editing) on a terminal, and from plain stdin lines
 otherwise, so the same loop runs under a test with its input piped in. A cancelled turn
-leaves the conversation valid — :meth:`Session.turn` answers every tool call and saves the
-history even when cancelled — and the subagents that finished stay in the journal.
+leaves the conversation valid — :meth:`orchmode.Session.turn` answers every tool call and
+saves the history even when cancelled — and the subagents that finished stay in the journal.
 
 An answer is printed once its turn has ended: as rendered Markdown when stdout is a terminal
 (a half-written answer could not be drawn), exactly as the model wrote it otherwise.
@@ -21,14 +21,11 @@ from pathlib import Path
 from typing import Any, Protocol, TextIO
 
 from ..core.errors import AuthError, OrchmodeError
-from ..core.events import EventBus
 from ..core.settings import Settings
 from ..model.providers import Credentials
-from ..records.recorder import EventRecorder
-from ..records.totals import SessionTotals, session_totals
-from ..session.agent import Session, TurnResult, open_session
+from ..records.totals import SessionTotals
+from ..session.api import Session, TurnResult, open_session
 from ..session.resume import interrupted
-from ..store import Store
 from ..views.display import Display, DisplayMode, make_display
 from ..views.markdown import print_answer
 
@@ -94,7 +91,6 @@ class PipeLines:
 @dataclass
 class Chat:
     session: Session
-    store: Store
     totals: SessionTotals
     display: Display
     lines: Lines
@@ -198,12 +194,12 @@ class Chat:
                 self.say(f"[chat] mode is {self._mode()}; /mode on or /mode off to switch")
             case "/status":
                 self.say(
-                    f"[chat] mode {self._mode()} · session {self.session.session_id} · "
-                    f"{self.turns()} turns"
+                    f"[chat] mode {self._mode()} · session {self.session.id} · {self.turns()} turns"
                 )
             case "/budget":
-                state = await self.store.budget(self.session.session_id)
-                self.say(f"[chat] {self.session.budget.describe(state)}")
+                conversation = self.session.conversation
+                state = await conversation.store.budget(self.session.id)
+                self.say(f"[chat] {conversation.budget.describe(state)}")
             case "/cost":
                 self.say(f"[chat] {self.totals.describe()}")
             case "/resume" if self.unfinished:
@@ -218,13 +214,13 @@ class Chat:
         return True
 
     def _mode(self) -> str:
-        return "on" if self.session.mode.mode_on else "off"
+        return "on" if self.session.mode else "off"
 
     def turns(self) -> int:
         """User turns in the conversation, resumed ones included (tool results are not turns)."""
         return sum(
             1
-            for m in self.session.history
+            for m in self.session.conversation.history
             if m.get("role") == "user" and isinstance(m.get("content"), str)
         )
 
@@ -253,51 +249,44 @@ async def run_chat(
 ) -> None:
     """The ``chat`` command: open the session (resumed if recorded), then talk until /exit."""
     stdin = stdin or sys.stdin
-    events = EventBus()
-    async with open_session(settings, workdir, credentials, events) as session:
-        store = session.store
-        recorder: EventRecorder | None = None
+    warnings: list[str] = []  # shown once the display is made: it draws the session's totals
+    async with open_session(
+        settings, workdir=workdir, credentials=credentials, on_warning=warnings.append
+    ) as session:
         display: Display | None = None
         undo: Callable[[], None] = lambda: None  # noqa: E731
         try:
-            resumed = await session.restore()
             # a resumed session's totals so far, so /cost speaks for all of it
-            totals = (
-                session_totals(await store.events(session.session_id))
-                if resumed
-                else SessionTotals()
-            )
+            totals = session.running_totals
             display = make_display(display_mode, totals)
-            events.subscribe(totals)
-            events.subscribe(display)
-            cut_off = resumed and await interrupted(store, session.session_id) is not None
-            if resumed:
-                state = "on" if session.mode.mode_on else "off"
-                display.notice(f"[session] resuming {session.session_id} (mode {state})")
+            for warning in warnings:
+                display.notice(f"orchmode: warning: {warning}")
+            session.subscribe(display)
+            store = session.conversation.store
+            cut_off = session.resumed and await interrupted(store, session.id) is not None
+            if session.resumed:
+                state = "on" if session.mode else "off"
+                display.notice(f"[session] resuming {session.id} (mode {state})")
             if cut_off:
                 display.notice(
                     "[session] its last turn was interrupted; /resume finishes it from the "
                     "step where it stopped, without a new plan"
                 )
-            recorder = await EventRecorder.start(store, session.session_id)
-            events.subscribe(recorder)
             if stdin.isatty():
                 history = workdir / ".orchmode" / "chat_history"
                 history.parent.mkdir(parents=True, exist_ok=True)
                 lines: Lines = PromptLines(history)
             else:
                 lines = PipeLines(stdin)
-            chat = Chat(session, store, totals, display, lines)
+            chat = Chat(session, totals, display, lines)
             chat.unfinished = cut_off
             undo = _install_interrupt(chat.interrupt)
             await chat.run()
             display.notice(
                 f"[session] {totals.describe()}; continue it with "
-                f"orchmode chat --session {session.session_id}"
+                f"orchmode chat --session {session.id}"
             )
         finally:
             undo()
             if display is not None:
                 display.stop()
-            if recorder is not None:
-                await recorder.flush()

@@ -14,7 +14,7 @@ import shutil
 import sys
 import tempfile
 import typing
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -25,7 +25,7 @@ from ..core.settings import Settings, env_var, flag, flag_names, load_settings
 if typing.TYPE_CHECKING:
     from ..model.providers import Credentials
     from ..records.history import SessionHistory
-    from ..views.display import DisplayMode
+    from ..views.display import Display, DisplayMode
 
 log = logging.getLogger("orchmode")
 
@@ -247,13 +247,10 @@ async def _run(
     Progress and orchmode's own notices (``opening`` first) go to stderr in
     ``display_mode``; the answers go to stdout.
     """
-    from ..core.events import EventBus
     from ..core.prompts import SUMMARY_TASK
     from ..model.providers import Credentials
-    from ..records.recorder import EventRecorder
     from ..records.totals import SessionTotals
-    from ..session.agent import open_session
-    from ..shell.sandbox import preflight
+    from ..session.api import open_session
     from ..views.display import make_display
 
     totals = SessionTotals()
@@ -261,50 +258,56 @@ async def _run(
     for line in opening:
         display.notice(line)
     credentials = credentials or Credentials.from_env(os.environ, settings.provider)
-    if settings.max_cost is not None and settings.price() is None:
-        raise ConfigError(
-            f"--max-cost needs a price for {settings.model} — add it under "
-            f'[prices."{settings.model}"] in orchmode.toml'
-        )
-    for warning in preflight(settings):  # before anything is spent
-        display.notice(f"orchmode: warning: {warning}")
-    events = EventBus()
-    events.subscribe(totals)  # first, so the live view's footer sees each request counted
-    events.subscribe(display)
-    async with open_session(settings, workdir, credentials, events) as session:
+    _check_price(settings)
+    # totals first, so the live view's footer sees each request counted
+    async with open_session(
+        settings,
+        workdir=workdir,
+        credentials=credentials,
+        subscribers=[totals, display],
+        on_warning=_warn_on(display),
+    ) as session:
         if kept:
-            _driving[:] = [session.session_id]
-        recorder: EventRecorder | None = None
+            _driving[:] = [session.id]
+        conversation = session.conversation
         try:
-            resumed = await session.restore()
-            recorder = await EventRecorder.start(session.store, session.session_id)
-            events.subscribe(recorder)
-            if resumed:
-                display.notice(f"[session] resuming {session.session_id}")
-            session.meta = {"command": "run", "task": task, "phase": 1}
+            if session.resumed:
+                display.notice(f"[session] resuming {session.id}")
+            conversation.meta = {"command": "run", "task": task, "phase": 1}
             session.set_mode(True)
             first = await session.turn(task)
             if first.error is not None:
                 raise first.error
             _print_answer(first.text)
-            session.meta["phase"] = 2
+            conversation.meta["phase"] = 2
             session.set_mode(False)
             second = await session.turn(SUMMARY_TASK)
             if second.error is not None:
                 raise second.error
             _print_answer(f"\n---\n\n{second.text}")
-            session.meta["phase"] = "done"
-            await session.save()
+            conversation.meta["phase"] = "done"
+            await conversation.save()
             display.notice(f"[session] {totals.describe()}")
             if kept:
                 display.notice(
-                    f"[session] recorded as {session.session_id}; continue it with "
-                    f"--session {session.session_id}"
+                    f"[session] recorded as {session.id}; continue it with --session {session.id}"
                 )
         finally:
             display.stop()
-            if recorder is not None:
-                await recorder.flush()
+
+
+def _check_price(settings: Settings) -> None:
+    """A cost cap needs the model's price: said in the command line's terms, before a start."""
+    if settings.max_cost is not None and settings.price() is None:
+        raise ConfigError(
+            f"--max-cost needs a price for {settings.model} — add it under "
+            f'[prices."{settings.model}"] in orchmode.toml'
+        )
+
+
+def _warn_on(display: Display) -> Callable[[str], None]:
+    """The start-up's warnings, as the display's notices."""
+    return lambda warning: display.notice(f"orchmode: warning: {warning}")
 
 
 #: The session the command was driving when it was interrupted, for the line naming how to
@@ -333,12 +336,10 @@ async def _resume(
     credentials: Credentials | None = None,
 ) -> None:
     """``orchmode resume``: the interrupted session, continued from its last step."""
-    from ..core.events import EventBus
     from ..core.prompts import SUMMARY_TASK
     from ..model.providers import Credentials
-    from ..records.recorder import EventRecorder
     from ..records.totals import SessionTotals
-    from ..session.agent import open_session
+    from ..session.api import open_session
     from ..session.resume import CannotResume, choose, interrupted
     from ..store import open_store
     from ..views.display import make_display
@@ -349,31 +350,32 @@ async def _resume(
     finally:
         await store.close()
     credentials = credentials or Credentials.from_env(os.environ, settings.provider)
-    settings = settings.model_copy(update={"session": found.id})
-    totals = SessionTotals()
+    _check_price(settings)
+    totals = SessionTotals()  # what this process adds, as `run` counts it
     display = make_display(display_mode, totals)
-    events = EventBus()
-    events.subscribe(totals)
-    events.subscribe(display)
-    async with open_session(settings, workdir, credentials, events) as session:
-        _driving[:] = [session.session_id]
-        recorder: EventRecorder | None = None
+    async with open_session(
+        settings,
+        workdir=workdir,
+        credentials=credentials,
+        session=found.id,
+        subscribers=[totals, display],
+        on_warning=_warn_on(display),
+    ) as session:
+        _driving[:] = [session.id]
+        conversation = session.conversation
         try:
-            if await interrupted(session.store, found.id) is None:  # looked at again, held
+            if await interrupted(conversation.store, found.id) is None:  # looked at again, held
                 raise CannotResume(
                     f"session {found.id!r} was finished by another orchmode process meanwhile "
                     f"— `orchmode show {found.id}` prints it"
                 )
-            await session.restore()
-            recorder = await EventRecorder.start(session.store, session.session_id)
-            events.subscribe(recorder)
-            display.notice(f"[session] resuming {session.session_id} from its last recorded step")
-            meta = session.meta
+            display.notice(f"[session] resuming {session.id} from its last recorded step")
+            meta = conversation.meta
             result = await session.resume_turn()
             if result.error is not None:
                 raise result.error
             if meta.get("command") == "run" and meta.get("phase") == 2:
-                _print_run_answers(session.answer_of_turn(1) or "", result.text)
+                _print_run_answers(conversation.answer_of_turn(1) or "", result.text)
             elif meta.get("command") == "run":
                 _print_answer(result.text)
                 meta["phase"] = 2
@@ -386,12 +388,10 @@ async def _resume(
                 _print_answer(result.text)
             if meta.get("command") == "run":
                 meta["phase"] = "done"
-                await session.save()
+                await conversation.save()
             display.notice(f"[session] {totals.describe()}")
         finally:
             display.stop()
-            if recorder is not None:
-                await recorder.flush()
     _driving.clear()
 
 
@@ -604,6 +604,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
     if not workdir.is_dir():
         raise ConfigError(f"the working directory {workdir} does not exist")
     credentials = Credentials.from_env(os.environ, settings.provider)
+    _check_price(settings)
     asyncio.run(run_chat(settings, workdir, credentials, display_mode=_display_mode(args)))
     return 0
 

@@ -24,6 +24,8 @@ if TYPE_CHECKING:
     from ..core.settings import Settings
     from ..model.providers import Credentials
     from ..trees.copies import Trees
+    from .host import AgentHost
+    from .ray import RayExecutor
 
 
 @dataclass(frozen=True)
@@ -116,14 +118,32 @@ class Executor(Protocol):
         """Stop whatever :meth:`start` began."""
 
 
-def open_executor(settings: Settings, credentials: Credentials, workdir: Path) -> Executor | None:
-    """The executor ``settings`` ask for, not yet started; None for the local one.
+def open_executor(
+    settings: Settings, credentials: Credentials, workdir: Path, host: AgentHost
+) -> Executor:
+    """The executor ``settings`` ask for, not yet started.
 
-    Checked before anything is spent: the Ray executor needs a store that every node can
-    reach, and Ray itself.
+    ``host`` is this process's: the local executor runs every job through it, while a
+    cluster's actors each build their own on their node. Raises as :func:`check_executor`.
     """
     if settings.executor == "local":
-        return None
+        from .local import LocalExecutor
+
+        return LocalExecutor(host)
+    return _cluster_executor(settings, workdir)(settings, credentials, workdir)
+
+
+def check_executor(settings: Settings, workdir: Path) -> None:
+    """Raise if the executor ``settings`` ask for cannot run here.
+
+    Called before anything is opened or spent: the Ray executor needs a store that every
+    node can reach, and Ray itself.
+    """
+    if settings.executor != "local":
+        _cluster_executor(settings, workdir)
+
+
+def _cluster_executor(settings: Settings, workdir: Path) -> type[RayExecutor]:
     if not settings.store_url(workdir).startswith(("postgresql://", "postgres://")):
         raise ConfigError(
             "--executor ray needs a PostgreSQL store that every node reaches (--store "
@@ -136,4 +156,4 @@ def open_executor(settings: Settings, credentials: Credentials, workdir: Path) -
         raise ClusterError(
             "--executor ray needs Ray, which is not installed — pip install 'orchmode[ray]'"
         ) from None
-    return RayExecutor(settings, credentials, workdir)
+    return RayExecutor

@@ -12,8 +12,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import socket
-import uuid
 import weakref
 from collections.abc import Awaitable, Callable, Coroutine, Hashable
 from dataclasses import dataclass, field, replace
@@ -33,6 +31,7 @@ from ..shell.bwrap import overlay_problem
 from ..shell.environment import command_environment
 from ..shell.sandbox import Sandbox, ShellSandboxing
 from ..store import Store
+from ..store.claims import keep_claim
 from ..tools.mcptools import with_mcp_tools
 from ..trees.copies import Trees
 from ..trees.workspaces import Spec, Workspace, Workspaces
@@ -51,18 +50,6 @@ log = logging.getLogger("orchmode")
 SPAWNS = 2
 #: The pool's kind for shells that work in the working directory itself.
 SHARED = "shared"
-
-
-async def keep_claim(store: Store, key: str, holder: str, lease: float) -> None:
-    """Renew a claim a third of the lease at a time, until cancelled."""
-    while True:
-        await asyncio.sleep(lease / 3)
-        try:
-            if not await store.renew(key, holder, lease):
-                log.warning("lost the claim on a running subtask; it may run twice")
-                return
-        except OrchmodeError as exc:
-            log.warning("could not renew a claim: %s", exc)
 
 
 def _awaiting(task: asyncio.Task[None]) -> Callable[[], Awaitable[None]]:
@@ -85,51 +72,6 @@ async def _fetch(bundle: object) -> bytes:
     if not isinstance(data, bytes):
         raise OSError("the snapshot's bundle did not arrive")
     return data
-
-
-def holder_name(*, renewed_here: bool = True) -> str:
-    """A claim holder's name: this host and process, and a part of its own so that two
-    claims of one process are told apart.
-
-    ``renewed_here=False`` for a claim that another process renews (a Ray actor on some
-    node): its name then carries no process id, so it is never taken for a dead one's.
-    """
-    pid = str(os.getpid()) if renewed_here else "remote"
-    return f"{socket.gethostname()}:{pid}:{uuid.uuid4().hex[:12]}"
-
-
-def holder_is_dead(holder: str) -> bool:
-    """True only for a holder on this host whose process is gone (killed, crashed).
-
-    A holder elsewhere, or one whose name does not say, is taken to be alive: its claim
-    is left to lapse. A process id reused since is taken to be alive too — safe, just slow.
-    """
-    host, _, rest = holder.partition(":")
-    pid = rest.partition(":")[0]
-    if host != socket.gethostname() or not pid.isdigit():
-        return False
-    if int(pid) == os.getpid():
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
-    except OSError:  # someone else's process: alive
-        return False
-    return False
-
-
-async def claim_or_take_over(store: Store, key: str, holder: str, lease: float) -> bool:
-    """Claim ``key``; if a process on this host that died holds it, take it over at once
-    rather than wait out its lease (after ``kill -9`` the resume starts straight away)."""
-    if await store.claim(key, holder, lease):
-        return True
-    current = await store.holder(key)
-    if current is None or not holder_is_dead(current):
-        return False
-    log.info("taking over a claim from %s, a process that is gone", current)
-    await store.release(key, current)
-    return await store.claim(key, holder, lease)
 
 
 @dataclass

@@ -30,12 +30,12 @@ from ..core.prompts import SUBAGENT_SYSTEM, SUBAGENT_TOOLS, change_note, quote_r
 from ..core.results import AgentResult, Status
 from ..core.settings import Settings
 from ..executors import Executor, Job, TreeJob, WorkerLost
-from ..executors.host import claim_or_take_over, holder_name, keep_claim
 from ..executors.local import HERE, LocalExecutor
 from ..model.budget import SessionBudget
 from ..model.context import Window
 from ..model.gateway import ModelGateway
 from ..store import BudgetState, Store, content_key
+from ..store.claims import claim_or_take_over, holder_name, keep_claim
 from ..store.result_files import ResultFiles
 from ..tools.mcptools import with_mcp_tools
 from ..trees.copies import Trees

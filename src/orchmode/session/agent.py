@@ -1,4 +1,4 @@
-"""A session: the conversation, its mode notices, and the main agent loop with Workflow and bash.
+"""The conversation: its history, its mode notices, and the main agent loop with Workflow and bash.
 
 The history is append-only (a truncated or refused reply is the one thing ever dropped) so
 every request extends the previous one and the prompt cache keeps hitting. Whatever
@@ -8,15 +8,12 @@ is left valid for the next turn: every ``tool_use`` gets its ``tool_result``.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import logging
 import os
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,8 +31,7 @@ from ..core.prompts import (
 )
 from ..core.settings import Settings
 from ..executors import Executor, open_executor
-from ..executors.host import AgentHost, ShellFactory, claim_or_take_over, holder_name, keep_claim
-from ..executors.local import LocalExecutor
+from ..executors.host import AgentHost, ShellFactory
 from ..fanout.workflow import Workflow
 from ..model.budget import SessionBudget
 from ..model.context import (
@@ -49,8 +45,8 @@ from ..model.context import (
     turn_starts,
 )
 from ..model.gateway import Message, ModelGateway, ModelReply
-from ..model.providers import Credentials
-from ..store import Store, open_store
+from ..store import Store
+from ..store.claims import holder_name
 from ..store.result_files import ResultFiles, results_dir
 from ..tools.calls import Block, run_bash, tool_result, unknown_tool
 from ..tools.mcptools import McpHub, with_mcp_tools
@@ -100,8 +96,12 @@ class SessionBusy(OrchmodeError):
     """Another process drives this session now."""
 
 
-class Session:
-    """One conversation with the main agent."""
+class Conversation:
+    """One conversation with the main agent: what a session runs its turns in.
+
+    Opened, claimed and closed by :func:`orchmode.open_session`, the one start-up; built
+    directly only by tests and benchmarks that bring their own gateway and store.
+    """
 
     def __init__(
         self,
@@ -156,14 +156,17 @@ class Session:
         self.tools: list[Block] = MAIN_TOOLS
         self.budget = SessionBudget(store, self.session_id, settings)
         gateway.budget = self.budget
-        #: Where subagents run: here unless the caller brought another executor (Ray),
-        #: which the caller then closes.
+        #: Where subagents run: the one ``settings`` ask for, opened (and closed) here,
+        #: unless the caller brought its own, which the caller then closes.
         self._owns_executor = executor is None
         #: The tree's private store and this process's copies of it (``worktree``).
         self.trees = Trees(workdir)
         self.trees.sweep()  # copies left by a run that was killed
-        self.executor = executor or LocalExecutor(
-            AgentHost(settings, gateway, store, self.make_shell, self.trees, self.mcp)
+        self.executor = executor or open_executor(
+            settings,
+            gateway.credentials,
+            workdir,
+            AgentHost(settings, gateway, store, self.make_shell, self.trees, self.mcp),
         )
         self.workflow = Workflow(
             settings,
@@ -627,62 +630,3 @@ def _second_turn_start(history: list[Message]) -> int | None:
     """Where the conversation's second user turn begins: cutting there lets go of the first
     turn and keeps the rest valid (it starts at a user text, never at a tool result)."""
     return next((i for i in turn_starts(history) if i > 0), None)
-
-
-@asynccontextmanager
-async def open_session(
-    settings: Settings,
-    workdir: Path,
-    credentials: Credentials,
-    events: EventBus,
-) -> AsyncIterator[Session]:
-    """A session with its executor (started), store and gateway; all closed on the way out.
-
-    The session is claimed in the store for as long as it is open, so no two processes
-    drive one conversation at once. A process that died leaves a claim that lapses within
-    ``claim_lease``: it is waited for that long (and a little), then the session is busy.
-    """
-    claim_wait = settings.claim_lease * 1.2
-    executor = open_executor(settings, credentials, workdir)
-    store = await open_store(settings.store_url(workdir))
-    gateway = ModelGateway(settings, credentials, events)
-    session = Session(
-        settings, gateway, workdir=workdir, store=store, events=events, executor=executor
-    )
-    holding: asyncio.Task[None] | None = None
-    try:
-        holding = await hold_session(session, claim_wait)
-        if executor is not None:
-            await executor.start()
-        yield session
-    finally:
-        if holding is not None:
-            holding.cancel()
-            with contextlib.suppress(OrchmodeError):
-                await store.release(session_key(session.session_id), session.holder)
-        await session.close()
-        if executor is not None:
-            await executor.close()
-        await gateway.close()
-        await store.close()
-
-
-def session_key(session_id: str) -> str:
-    """The claim that says which process drives a session (journal keys are hex digests)."""
-    return f"session:{session_id}"
-
-
-async def hold_session(session: Session, wait: float) -> asyncio.Task[None]:
-    """Claim the session and keep the claim renewed; raise if another process holds it."""
-    lease = session.settings.claim_lease
-    key = session_key(session.session_id)
-    deadline = time.monotonic() + wait
-    while not await claim_or_take_over(session.store, key, session.holder, lease):
-        if time.monotonic() >= deadline:
-            raise SessionBusy(
-                f"session {session.session_id!r} is in use by another orchmode process (or "
-                f"one stopped less than {lease:g} s ago, --claim-lease) — wait for it to "
-                f"finish, or try again in {lease:g} s"
-            )
-        await asyncio.sleep(min(1.0, lease / 10))
-    return asyncio.create_task(keep_claim(session.store, key, session.holder, lease))

@@ -1,11 +1,12 @@
 """The library API: open a session from Python, run turns, switch the mode, see events, totals.
 
-A small typed layer over :mod:`orchmode.session.agent` for programs that drive orchmode themselves.
-Settings are built in code and credentials passed in, so no command line, environment
-variable or ``orchmode.toml`` is needed. Around the session it does what ``orchmode run``
-and ``orchmode chat`` do — the sandbox is checked before anything is spent, every event is
-recorded in the store, a recorded session is taken up again by its name — so a session
-opened here is listed, shown, reported and resumed by the CLI like any other.
+:func:`open_session` is the one way a session starts — ``orchmode run``, ``resume`` and
+``chat`` use it too, with their views as subscribers — so a session opened here is listed,
+shown, reported and resumed by the CLI like any other. Settings are built in code and
+credentials passed in, so no command line, environment variable or ``orchmode.toml`` is
+needed. The start-up, in order: the settings checked, the sandbox checked before anything
+is spent, the store, gateway and executor opened, the session claimed so no two processes
+drive it, a recorded conversation taken up again by its name, and every event recorded.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,12 +24,26 @@ from typing import Any, Generic, TypeVar, cast, overload
 from ..core.errors import ConfigError, OrchmodeError
 from ..core.events import Event, EventBus, TokenUsage
 from ..core.settings import Settings
+from ..executors import check_executor
+from ..model.gateway import ModelGateway
 from ..model.providers import Credentials
 from ..records.recorder import EventRecorder
 from ..records.totals import SessionTotals, UsageTotals, session_totals
 from ..shell.sandbox import preflight
-from . import agent
-from .agent import TurnResult
+from ..store import open_store
+from ..store.claims import claim_within, holding
+from .agent import Conversation, SessionBusy, TurnResult
+
+__all__ = [
+    "EventStream",
+    "RequestTotals",
+    "Session",
+    "SessionBusy",
+    "SessionClosed",
+    "Totals",
+    "TurnResult",
+    "open_session",
+]
 
 log = logging.getLogger("orchmode")
 
@@ -172,7 +187,7 @@ class Session:
 
     def __init__(
         self,
-        engine: agent.Session,
+        engine: Conversation,
         totals: SessionTotals,
         recorder: EventRecorder,
         *,
@@ -218,6 +233,21 @@ class Session:
         """True once the ``async with`` block has ended: no more turns."""
         return self._closed
 
+    @property
+    def conversation(self) -> Conversation:
+        """The conversation underneath: its history, store, budget ledger and saved state.
+
+        For a caller that needs more than turns, as the command line does (it records a
+        run's task and phase in ``conversation.meta``). Change it only between turns.
+        """
+        return self._engine
+
+    @property
+    def running_totals(self) -> SessionTotals:
+        """The tally :meth:`totals` is read from, counted before any subscriber sees an
+        event: for a view that draws it as it changes (the live view's footer)."""
+        return self._totals
+
     def set_mode(self, on: bool) -> None:
         """Switch orchestration mode on or off; the model is told with the next turn, not before.
 
@@ -236,6 +266,21 @@ class Session:
         rejected key, and :class:`~orchmode.OrchmodeError` for an empty text or a turn
         started while another one runs.
         """
+        return await self._one_turn(lambda: self._engine.turn(text))
+
+    async def resume_turn(self) -> TurnResult:
+        """Finish a resumed session's interrupted turn from its last recorded step.
+
+        No new plan is asked for: a Workflow call that was cut off runs again from its
+        recorded input (finished agents come from the journal), a bash command that was
+        cut off is not run again (its result says so). A turn whose answer was recorded
+        is returned as it was. Raises as :meth:`turn` does, and
+        :class:`~orchmode.OrchmodeError` for a session with no turn.
+        """
+        return await self._one_turn(self._engine.resume_turn)
+
+    async def _one_turn(self, work: Callable[[], Awaitable[TurnResult]]) -> TurnResult:
+        """Run ``work`` as the session's one running turn."""
         self._check_open("run a turn")
         if self._turning:
             raise OrchmodeError(
@@ -243,7 +288,7 @@ class Session:
             )
         self._turning = True
         try:
-            return await self._engine.turn(text)
+            return await work()
         finally:
             self._turning = False
 
@@ -363,6 +408,8 @@ async def open_session(
     workdir: str | os.PathLike[str] | None = None,
     credentials: Credentials | None = None,
     session: str | None = None,
+    subscribers: Iterable[Callable[[Event], object]] = (),
+    on_warning: Callable[[str], object] | None = None,
 ) -> AsyncIterator[Session]:
     """Open a session for ``async with``; everything it started is closed on the way out.
 
@@ -376,6 +423,10 @@ async def open_session(
     - ``session``: a name. A session recorded under it is taken up again — its history
       and mode — and one that is not starts under that name. Left out: a new session, under
       ``settings.session`` if that is set.
+    - ``subscribers``: callbacks for every event, in this order, as if passed to
+      :meth:`Session.subscribe` as soon as the session is open.
+    - ``on_warning``: where the start-up's warnings go (the sandbox is off, a limit cannot
+      be enforced); the ``orchmode`` logger when left out.
 
     Raises :class:`~orchmode.ConfigError` for a missing directory or a cost cap without a
     price, a ``SandboxError`` when bash cannot be sandboxed as configured (before anything
@@ -383,21 +434,70 @@ async def open_session(
     """
     settings, where = _prepared(settings or Settings(), workdir, session)
     credentials = credentials or Credentials.from_env(os.environ, settings.provider)
-    for warning in preflight(settings):
-        log.warning("%s", warning)
+    for warning in preflight(settings):  # before anything is spent
+        (on_warning or _log_warning)(warning)
     bus = EventBus()
-    async with agent.open_session(settings, where, credentials, bus) as engine:
+    async with _claimed(settings, where, credentials, bus) as engine:
         resumed = await engine.restore()
         store = engine.store
         # a resumed session's totals so far, as `orchmode budget` counts them
         totals = session_totals(await store.events(engine.session_id)) if resumed else None
         recorder = await EventRecorder.start(store, engine.session_id)
         opened = Session(engine, totals or SessionTotals(), recorder, resumed=resumed)
+        for subscriber in subscribers:
+            opened.subscribe(subscriber)
         bus.subscribe(opened._deliver)
         try:
             yield opened
         finally:
             await opened._close()
+
+
+def _log_warning(warning: str) -> None:
+    log.warning("%s", warning)
+
+
+@asynccontextmanager
+async def _claimed(
+    settings: Settings, workdir: Path, credentials: Credentials, events: EventBus
+) -> AsyncIterator[Conversation]:
+    """The conversation with its store, gateway and executor (started); all closed on the
+    way out.
+
+    The session is claimed in the store for as long as it is open, so no two processes
+    drive one conversation at once. A process that died leaves a claim that lapses within
+    ``claim_lease``: it is waited for that long (and a little), then the session is busy.
+    """
+    check_executor(settings, workdir)  # before the store is opened, or anything spent
+    store = await open_store(settings.store_url(workdir))
+    gateway = ModelGateway(settings, credentials, events)
+    try:
+        engine = Conversation(settings, gateway, workdir=workdir, store=store, events=events)
+        try:
+            key, lease = session_key(engine.session_id), settings.claim_lease
+            if not await claim_within(store, key, engine.holder, lease, lease * 1.2):
+                raise _busy(engine.session_id, lease)
+            async with holding(store, key, engine.holder, lease):
+                await engine.executor.start()
+                yield engine
+        finally:
+            await engine.close()
+    finally:
+        await gateway.close()
+        await store.close()
+
+
+def session_key(session_id: str) -> str:
+    """The claim that says which process drives a session (journal keys are hex digests)."""
+    return f"session:{session_id}"
+
+
+def _busy(session_id: str, lease: float) -> SessionBusy:
+    return SessionBusy(
+        f"session {session_id!r} is in use by another orchmode process (or one stopped "
+        f"less than {lease:g} s ago, --claim-lease) — wait for it to finish, or try again "
+        f"in {lease:g} s"
+    )
 
 
 def _prepared(
