@@ -338,7 +338,7 @@ async def workspace_steps(workdir: Path, names: list[str], repeats: int, overlay
             if "# edited by worker" not in (workdir / name).read_text():
                 raise SystemExit(f"{name}: the merged edit is not in the working directory")
     finally:
-        workspaces.settle()
+        workspaces.discard_kept()
         trees.close()
     return steps
 

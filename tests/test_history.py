@@ -28,7 +28,7 @@ from orchmode.core.events import (
     TurnStarted,
 )
 from orchmode.records.codec import event_row, parse_row
-from orchmode.records.findings import parse_report
+from orchmode.records.findings import read_report
 from orchmode.records.history import answers, read_session
 from orchmode.store import EventRow
 from orchmode.views.run_table import RUN_COLUMNS, format_columns, print_table, run_rows
@@ -231,11 +231,11 @@ def test_no_sequence_of_rows_crashes_the_reader(rows: list[tuple[str, Any, float
 def test_a_report_with_junk_findings_keeps_what_it_can() -> None:
     text = json.dumps({"summary": "s", "findings": [1, {"claim": "c", "severity": "HIGH "},
                                                      {"evidence": "no claim"}]})  # fmt: skip
-    report = parse_report(text)
+    report = read_report(text)
     assert report is not None and [(f.claim, f.severity) for f in report.findings] == [
         ("c", "high")
     ]
-    assert parse_report("[orchmode: stopped]") is None and parse_report("[1]") is None
+    assert read_report("[orchmode: stopped]") is None and read_report("[1]") is None
 
 
 def test_answers_pair_with_user_turns_only_when_the_count_matches() -> None:

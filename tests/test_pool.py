@@ -128,7 +128,7 @@ async def test_a_shell_that_died_while_it_waited_is_not_handed_out(tmp_path: Pat
 
     pool = SandboxPool(width=4, gate=asyncio.Semaphore(2), discard=discard)
     pool.refill("shell", lambda: Ready(BashSession(tmp_path)))
-    await pool.settled()
+    await pool.wait_for_starts()
     assert pool.idle == 2  # the first target, before any pace is known
 
     first = pool._ready["shell"][0].shell
@@ -143,7 +143,7 @@ async def test_a_shell_that_died_while_it_waited_is_not_handed_out(tmp_path: Pat
     result = await taken.shell.run("echo ok")
     assert result.output.strip() == "ok"
     assert pool.take("shell") is None
-    await pool.settled()
+    await pool.wait_for_starts()
     assert closed == [first]
     assert (pool.hits, pool.misses) == (1, 1)
     await taken.shell.close()
@@ -157,7 +157,7 @@ async def test_drain_closes_the_shells_that_no_agent_took(tmp_path: Path) -> Non
     pool = SandboxPool(width=3, gate=asyncio.Semaphore(1), discard=discard)
     pool.refill("shell", lambda: Ready(BashSession(tmp_path)))
     pids = []
-    await pool.settled()
+    await pool.wait_for_starts()
     for queue in pool._ready.values():
         pids += [ready.shell.pid for ready in queue]
     assert len(pids) == 2 and all(pids)
@@ -168,7 +168,7 @@ async def test_drain_closes_the_shells_that_no_agent_took(tmp_path: Path) -> Non
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
     pool.refill("shell", lambda: Ready(BashSession(tmp_path)))  # usable again afterwards
-    await pool.settled()
+    await pool.wait_for_starts()
     assert pool.idle == 2
     await pool.drain()
 
@@ -215,7 +215,7 @@ async def test_the_first_waves_burst_does_not_size_the_pool(tmp_path: Path) -> N
         assert pool.take("shell") is None
     assert pool.arrivals.mean is None and pool.target() == 2
     pool.refill("shell", lambda: Ready(BashSession(tmp_path)))
-    await pool.settled()
+    await pool.wait_for_starts()
     assert pool.idle == 2 and pool.spawns.mean is not None
     taken = []
     for _ in range(2):  # later agents, 50 ms apart: now they set the pace

@@ -107,7 +107,7 @@ async def test_reservations_stop_exactly_at_each_cap(store: Store) -> None:
     tokens = BudgetCaps(max_subagents=100, max_tokens=1000)
     assert await store.reserve("t", tokens, subagents=1, tokens=600, cost=0.0)
     assert not await store.reserve("t", tokens, subagents=1, tokens=600, cost=0.0)
-    await store.settle("t", tokens=-500, cost=0.0)  # it used less than reserved
+    await store.adjust_budget("t", tokens=-500, cost=0.0)  # it used less than reserved
     assert await store.reserve("t", tokens, subagents=1, tokens=600, cost=0.0)
     dollars = BudgetCaps(max_subagents=100, max_cost=1.0)
     assert await store.reserve("d", dollars, subagents=1, tokens=0, cost=0.75)
@@ -297,7 +297,7 @@ async def test_sessions_are_listed_newest_first_with_those_known_only_by_events(
 
 
 async def test_settling_a_new_session_creates_its_ledger(store: Store) -> None:
-    await store.settle("fresh", tokens=1234, cost=0.5)
+    await store.adjust_budget("fresh", tokens=1234, cost=0.5)
     state = await store.budget("fresh")
     assert (state.subagents, state.tokens, state.cost) == (0, 1234, 0.5)
 

@@ -106,7 +106,7 @@ class Agents:
         return change
 
     def close(self) -> None:
-        self.workspaces.settle()
+        self.workspaces.discard_kept()
         self.trees.close()
 
 

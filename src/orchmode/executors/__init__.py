@@ -71,7 +71,7 @@ class TreeJob:
         """The same copy, named for subtask ``index`` of call ``call``."""
         return replace(self, chain=f"{call}.{index}")
 
-    async def settled(self) -> TreeJob:
+    async def with_snapshot(self) -> TreeJob:
         """This job once its snapshot is taken (itself when it already was)."""
         if self.pending is None:
             return self
@@ -111,7 +111,7 @@ class Executor(Protocol):
         """Make a snapshot reachable where jobs run: None here (they share the store), a
         reference to its bundle on a cluster; it goes into each job's :class:`TreeJob`."""
 
-    async def settle(self) -> None:
+    async def finish_housekeeping(self) -> None:
         """Wait until every result run so far is recorded and its claim let go."""
 
     async def close(self) -> None:

@@ -240,12 +240,12 @@ class AgentHost:
                 self.background(shell.close())
         if workspace is not None and made is not None:
             result = await self._finish_workspace(result, job, shell, workspace, made)
-        # Recorded in the background (settle() waits for it), so the chain goes on; the
+        # Recorded in the background (finish_housekeeping() waits for it), so the chain goes on; the
         # claim is let go in the same write, so an agent waiting on it never finds neither.
         self.background(self.store.record(job.key, job.role, job.prompt, result, holder=job.holder))
         return result
 
-    async def settle(self) -> None:
+    async def finish_housekeeping(self) -> None:
         """Wait for the housekeeping so far: results recorded, claims let go, shells closed,
         the requests' use in the budget ledger."""
         while self._housekeeping:
@@ -256,10 +256,10 @@ class AgentHost:
             await self.gateway.budget.flush()
         await self.pool.drain()
         if self.workspaces is not None:
-            self.workspaces.settle()  # kept for verifiers that ran elsewhere, or not at all
+            self.workspaces.discard_kept()  # kept for verifiers that ran elsewhere, or not at all
 
     def background(self, work: Coroutine[Any, Any, None]) -> None:
-        """Housekeeping off the critical path; :meth:`settle` waits for all of it."""
+        """Housekeeping off the critical path; :meth:`finish_housekeeping` waits for all of it."""
         task = asyncio.create_task(work)
         self._housekeeping.add(task)
         task.add_done_callback(self._housekeeping.discard)
@@ -337,7 +337,7 @@ class AgentHost:
     async def _open(self, workspace: Workspace, tree: TreeJob) -> None:
         assert self.trees is not None
         if tree.pending is not None:  # the snapshot is taken now
-            tree = await tree.settled()
+            tree = await tree.with_snapshot()
             workspace.spec = replace(workspace.spec, base=tree.base, ignored=tree.ignored)
         if tree.bundle is not None and not await self.trees.has(tree.base):
             await self.trees.receive(tree.base, await _fetch(tree.bundle))

@@ -32,8 +32,8 @@ class LocalExecutor:
     async def share_tree(self, trees: Trees, commit: str) -> None:
         return None  # this process's agents read the session's own store
 
-    async def settle(self) -> None:
-        await self.host.settle()
+    async def finish_housekeeping(self) -> None:
+        await self.host.finish_housekeeping()
 
     async def close(self) -> None:
-        await self.host.settle()
+        await self.host.finish_housekeeping()

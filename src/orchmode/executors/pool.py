@@ -121,7 +121,7 @@ class SandboxPool:
         """Shells started and waiting for an agent."""
         return sum(len(queue) for queue in self._ready.values())
 
-    async def settled(self) -> None:
+    async def wait_for_starts(self) -> None:
         """Wait until no shell is being started (or closed) by the pool."""
         while self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -131,7 +131,7 @@ class SandboxPool:
         fan-out is over, and the next one (another snapshot, perhaps) fills it anew."""
         self._draining = True
         try:
-            await self.settled()
+            await self.wait_for_starts()
             leftovers = [ready for queue in self._ready.values() for ready in queue]
             self._ready.clear()
             await asyncio.gather(*(self.discard(r) for r in leftovers), return_exceptions=True)

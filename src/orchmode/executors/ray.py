@@ -172,10 +172,10 @@ class AgentPool:
             if not task.done():
                 task.cancel()  # the caller went away: its claim is let go for a rerun
 
-    async def settle(self) -> None:
+    async def finish_housekeeping(self) -> None:
         """Wait until this actor's results are recorded and its claims let go."""
         for host in list(self.hosts.values()):
-            await host.settle()
+            await host.finish_housekeeping()
 
     async def stats(self) -> ActorStats:
         usage = resource.getrusage(resource.RUSAGE_SELF)
@@ -184,7 +184,7 @@ class AgentPool:
 
     async def shutdown(self) -> None:
         for host in self.hosts.values():
-            await host.settle()
+            await host.finish_housekeeping()
         for gateway in self.gateways:
             await gateway.close()
         if self.mcp is not None:
@@ -335,10 +335,10 @@ class RayExecutor:
             self._bundles[commit] = ref
         return ref
 
-    async def settle(self) -> None:
+    async def finish_housekeeping(self) -> None:
         live = [m for m in self.members if m.alive]
         answers = await asyncio.gather(
-            *(m.actor.settle.remote() for m in live), return_exceptions=True
+            *(m.actor.finish_housekeeping.remote() for m in live), return_exceptions=True
         )
         for member, answer in zip(live, answers, strict=True):
             if isinstance(answer, Exception):  # a lost node's results are rerun, not lost

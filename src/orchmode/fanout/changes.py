@@ -92,7 +92,7 @@ class _Outcome:
     unresolved: str = ""
 
 
-async def settle_changes(
+async def merge_changes(
     trees: Trees,
     results: ResultFiles | None,
     policy: MergePolicy,

@@ -40,7 +40,7 @@ from ..store.result_files import ResultFiles
 from ..tools.mcptools import with_mcp_tools
 from ..trees.copies import Trees
 from ..trees.patches import describe_change
-from .changes import Candidate, Resolver, settle_changes
+from .changes import Candidate, Resolver, merge_changes
 from .condense import SubtaskEntry, fit_result, full_text
 from .plans import title, verdict_of
 from .resolve import recorded_resolution, resolve
@@ -179,7 +179,7 @@ class FanoutEngine:
 
         ``ahead``: where agents run in this process, the snapshot is taken while the
         workers' first model requests are in flight (none of them needs the tree before
-        its first reply): the job says so, and the caller awaits :meth:`TreeJob.settled`.
+        its first reply): the job says so, and the caller awaits :meth:`TreeJob.with_snapshot`.
         """
         if isolation != "worktree" or self.trees is None or self.settings.sandbox == "read-only":
             return None
@@ -204,14 +204,14 @@ class FanoutEngine:
             return replace(tree, writable=False)
         return replace(tree, base=change.base, patch=change.patch, writable=False)
 
-    async def settle_changes(
+    async def merge_changes(
         self,
         call: int,
         tree: TreeJob,
         done: list[tuple[int, str, str, AgentResult, AgentResult | None]],
     ) -> list[str]:
         """Merge the workers' changes in order (see :mod:`.changes`); a line per subtask."""
-        return await self.settle_verdicts(
+        return await self.merge_verdicts(
             call,
             tree,
             [
@@ -228,7 +228,7 @@ class FanoutEngine:
             ],
         )
 
-    async def settle_verdicts(
+    async def merge_verdicts(
         self,
         call: int,
         tree: TreeJob,
@@ -250,7 +250,7 @@ class FanoutEngine:
                 ),
             )
         try:
-            lines = await settle_changes(
+            lines = await merge_changes(
                 self.trees,
                 self.results,
                 self.settings.merge,
@@ -259,7 +259,7 @@ class FanoutEngine:
                 self.events,
                 resolver,
             )
-            await self.settle()  # the resolvers' results recorded, their shells closed
+            await self.finish_housekeeping()  # the resolvers' results recorded, their shells closed
             return lines
         except OrchmodeError as exc:
             log.warning("merging the workers' changes failed: %s", exc)
@@ -270,12 +270,12 @@ class FanoutEngine:
                 for c in candidates
             ]
 
-    async def settle(self) -> None:
+    async def finish_housekeeping(self) -> None:
         """Wait for the agents' housekeeping: results recorded, claims let go, use counted."""
         for failure in await asyncio.gather(*self._housekeeping, return_exceptions=True):
             if isinstance(failure, Exception):
                 log.warning("housekeeping after the fan-out failed: %s", failure)
-        await self.executor.settle()
+        await self.executor.finish_housekeeping()
         await self.budget.flush()
 
     def budget_status(self, budget: BudgetState) -> str:
@@ -301,7 +301,7 @@ class FanoutEngine:
 
         The one path every agent takes, a flat fan-out's or a script's: journal lookup,
         claim, budget reservation, slot, executor. Its housekeeping finishes in the
-        background, so whoever calls it must :meth:`settle` before reporting. ``relay``
+        background, so whoever calls it must :meth:`finish_housekeeping` before reporting. ``relay``
         may hold a slot handed on by the previous agent of the chain; ``hand_on`` is where
         this agent queues for the next one's before it lets its own slot go.
         """
@@ -467,7 +467,7 @@ class FanoutEngine:
         return recorded
 
     def _background(self, work: Coroutine[Any, Any, None]) -> None:
-        """Housekeeping off the critical path; settle() waits for all of it."""
+        """Housekeeping off the critical path; finish_housekeeping() waits for all of it."""
         task = asyncio.create_task(work)
         self._housekeeping.add(task)
         task.add_done_callback(self._housekeeping.discard)
@@ -542,7 +542,8 @@ class FanoutEngine:
                 "patch": self.results.write_patch(key, change.patch),
             }
         # Written on a worker thread (a temp file, a write, a rename: kernel time), off the
-        # chain's path; settle() waits for it, so the file is there when the call returns.
+        # chain's path; finish_housekeeping() waits for it, so the file is there when the
+        # call returns.
         self._background(self._write_record(role, key, record))
         return str(self.results.agent_path(role, key))
 

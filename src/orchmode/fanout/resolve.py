@@ -112,7 +112,7 @@ async def resolve(
     if not ours.empty:
         # Known already when the resolver ran here (read from its layer); else applied.
         known = ours.base == conflict.commit
-        resolved = await trees.prepare(ours) if known else None
+        resolved = await trees.merge_ahead(ours) if known else None
         if resolved is None:
             resolved = await trees.tree_with(conflict.tree, ours.patch)
     if resolved is None:

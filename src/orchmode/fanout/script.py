@@ -284,8 +284,8 @@ class ScriptRun:
         except ScriptError as exc:
             error = exc
         finally:
-            await self.engine.settle()
-        changes = await self._settle_changes()
+            await self.engine.finish_housekeeping()
+        changes = await self._merge_changes()
         text = await self._tool_result(output, error, changes)
         first_line = text.splitlines()[0] if error is not None else None
         events.emit(ScriptDone(self.call, time.monotonic() - started, self.agents, first_line))
@@ -534,12 +534,12 @@ class ScriptRun:
                 return worker
         return None
 
-    async def _settle_changes(self) -> list[str]:
+    async def _merge_changes(self) -> list[str]:
         """Merge the isolated workers' changes in the order they were started."""
         if not self.workers:
             return []
         done = [(w.index, w.key, w.prompt, w.result, w.verdict) for w in self.workers]
-        return await self.engine.settle_verdicts(self.call, self.workers[0].tree, done)
+        return await self.engine.merge_verdicts(self.call, self.workers[0].tree, done)
 
     async def _budget(self) -> dict[str, Any]:
         s = self.engine.settings

@@ -67,7 +67,7 @@ class Workflow(FanoutEngine):
         ]
         try:
             if tree is not None:
-                tree = await tree.settled()  # taken while the first requests are in flight
+                tree = await tree.with_snapshot()  # taken while the first requests are in flight
             pairs = await asyncio.gather(*chains)
         except OrchmodeError as exc:  # the snapshot could not be taken: nothing is kept
             return _no_copies(exc, started=True), True
@@ -75,13 +75,13 @@ class Workflow(FanoutEngine):
             for chain in chains:
                 chain.cancel()
             await asyncio.gather(*chains, return_exceptions=True)
-            await self.settle()
+            await self.finish_housekeeping()
         self.events.emit(FanoutDone(call, time.monotonic() - started))
         head = [plan.note] if plan.note else []
         isolated = "worktree" if tree is not None else "shared"
         changes = [""] * len(pairs)
         if tree is not None:
-            changes = await self.settle_changes(
+            changes = await self.merge_changes(
                 call,
                 tree,
                 [
@@ -156,9 +156,9 @@ class Workflow(FanoutEngine):
                 )
             isolation = "worktree" if tree is not None else "shared"
             if tree is not None:
-                tree = await tree.settled()
+                tree = await tree.with_snapshot()
             if self.trees is not None and worker.change is not None and not worker.change.empty:
-                self.trees.prepare(worker.change)  # its merge, ahead, while it is verified
+                self.trees.merge_ahead(worker.change)  # its merge, ahead, while it is verified
             prompt = self.verify_prompt(subtask, worker, isolation)
             verifier = await self.run_subagent(
                 call,

@@ -101,7 +101,7 @@ class SessionBudget:
         if not (tokens or cost):
             return
         if self.metered:  # a cap counts on the ledger being exact now
-            await self.store.settle(self.session, tokens=tokens, cost=cost)
+            await self.store.adjust_budget(self.session, tokens=tokens, cost=cost)
             return
         self._unsettled_tokens += tokens
         self._unsettled_cost += cost
@@ -160,7 +160,7 @@ class SessionBudget:
             tokens, cost = self._unsettled_tokens, self._unsettled_cost
             self._unsettled_tokens, self._unsettled_cost = 0, 0.0
             try:
-                await self.store.settle(self.session, tokens=tokens, cost=cost)
+                await self.store.adjust_budget(self.session, tokens=tokens, cost=cost)
             except OrchmodeError as exc:  # the ledger is short by this much; the run goes on
                 log.warning("could not add %d tokens to the budget ledger: %s", tokens, exc)
 

@@ -16,21 +16,21 @@ from ..core.prompts import SEVERITIES  # the order a reader wants; anything else
 
 
 @dataclass(frozen=True)
-class Finding:
+class RecordedFinding:
     claim: str
     evidence: str
     severity: str
 
 
 @dataclass(frozen=True)
-class Report:
+class RecordedReport:
     """What a subagent handed in through report_findings."""
 
     summary: str
-    findings: tuple[Finding, ...]
+    findings: tuple[RecordedFinding, ...]
 
 
-def parse_report(result: str) -> Report | None:
+def read_report(result: str) -> RecordedReport | None:
     """A subagent's ``report_findings`` JSON; None for anything else (an error, a limit note)."""
     try:
         data = json.loads(result)
@@ -49,13 +49,13 @@ def parse_report(result: str) -> Report | None:
         evidence = item.get("evidence")
         severity = item.get("severity")
         findings.append(
-            Finding(
+            RecordedFinding(
                 claim=item["claim"],
                 evidence=evidence if isinstance(evidence, str) else "",
                 severity=severity.strip().lower() if isinstance(severity, str) else "info",
             )
         )
-    return Report(summary if isinstance(summary, str) else "", tuple(findings))
+    return RecordedReport(summary if isinstance(summary, str) else "", tuple(findings))
 
 
 def severity_rank(severity: str) -> int:

@@ -35,7 +35,7 @@ from ..core.events import (
 )
 from ..store import EventRow
 from .codec import parse_row
-from .findings import Report, parse_report
+from .findings import RecordedReport, read_report
 from .totals import SessionTotals
 from .wording import change_fate, compaction_text, condensed_text, seconds
 
@@ -245,8 +245,8 @@ class AgentRecord:
         return "failed"
 
     @property
-    def report(self) -> Report | None:
-        return parse_report(self.result) if self.status == "finished" else None
+    def report(self) -> RecordedReport | None:
+        return read_report(self.result) if self.status == "finished" else None
 
     @property
     def tokens(self) -> int:

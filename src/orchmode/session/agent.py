@@ -146,7 +146,7 @@ class Conversation:
             keys += self.mcp.secrets
         #: Every agent's full result, and every tool result a compaction took out.
         self.results = ResultFiles(results_dir(workdir, self.session_id), keys)
-        readable = (self.results.directory,) if self.results.prepare() else ()
+        readable = (self.results.directory,) if self.results.make_directory() else ()
         self.make_shell = ShellFactory.build(settings, workdir, keys, readable)
         self.shell = self.make_shell()
         self.window = Window.from_settings(settings)

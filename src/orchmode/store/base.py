@@ -129,7 +129,7 @@ class Store(Protocol):
     ) -> bool:
         """Atomically add to the session's ledger if every cap still holds; false if not."""
 
-    async def settle(self, session: str, *, tokens: int, cost: float) -> None:
+    async def adjust_budget(self, session: str, *, tokens: int, cost: float) -> None:
         """Adjust the ledger by a (possibly negative) difference between reserved and real."""
 
     async def budget(self, session: str) -> BudgetState:

@@ -264,7 +264,7 @@ class PostgresStore:
 
         return await self._guarded(add, "reserve budget")
 
-    async def settle(self, session: str, *, tokens: int, cost: float) -> None:
+    async def adjust_budget(self, session: str, *, tokens: int, cost: float) -> None:
         async def adjust(conn: Conn) -> None:
             await conn.execute(ENSURE_BUDGET, (session,))
             await conn.execute(SETTLE, (tokens, cost, session))

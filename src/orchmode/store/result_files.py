@@ -40,7 +40,7 @@ class ResultFiles:
         self.directory = directory
         self._secrets = sorted({s for s in secrets if len(s) >= 8}, key=len, reverse=True)
 
-    def prepare(self) -> bool:
+    def make_directory(self) -> bool:
         """Make the directory (before any sandbox mounts it); False if it cannot be made."""
         try:
             self.directory.mkdir(parents=True, exist_ok=True)

@@ -157,7 +157,7 @@ class SQLiteStore:
 
         return await self._guarded(add, "reserve budget")
 
-    async def settle(self, session: str, *, tokens: int, cost: float) -> None:
+    async def adjust_budget(self, session: str, *, tokens: int, cost: float) -> None:
         def adjust(db: sqlite3.Connection) -> None:
             db.execute(schema.ENSURE_BUDGET, (session,))
             db.execute(schema.SETTLE, (tokens, cost, session))

@@ -706,7 +706,7 @@ class Trees:
         )
         return await self._merge(change, index, ours, check_links=links)
 
-    def prepare(self, change: Change) -> asyncio.Task[str | None]:
+    def merge_ahead(self, change: Change) -> asyncio.Task[str | None]:
         """Start working out the tree ``change`` makes of its snapshot (or None when its
         snapshot is gone or it does not apply to it). Independent of every other change,
         so it is done as soon as the worker ends, while its verifier runs; the merges at
@@ -751,7 +751,7 @@ class Trees:
         based = await self.has(change.base)
         base_tree = await self.tree_of(change.base) if based else ours
         if based:
-            theirs = await asyncio.shield(self.prepare(change))
+            theirs = await asyncio.shield(self.merge_ahead(change))
             if theirs is None:
                 return Merge("conflict", ("it does not apply to its own snapshot",))
         else:  # its snapshot is gone (another machine's journal): it must fit as things are
@@ -788,7 +788,7 @@ class Trees:
         await self.open()
         if not await self.has(change.base):
             return None
-        theirs = await asyncio.shield(self.prepare(change))
+        theirs = await asyncio.shield(self.merge_ahead(change))
         if theirs is None:
             return None
         stem = self._name("conflict")

@@ -124,7 +124,7 @@ class Workspaces:
             older.discard()
         self._kept[key] = workspace
 
-    def settle(self) -> None:
+    def discard_kept(self) -> None:
         """Drop what was kept for verifiers that ran elsewhere, or not at all."""
         kept, self._kept = list(self._kept.values()), {}
         for workspace in kept:

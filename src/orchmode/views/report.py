@@ -19,7 +19,7 @@ import math
 from html import escape
 
 from ..core.prompts import SEVERITIES
-from ..records.findings import Finding, severity_rank
+from ..records.findings import RecordedFinding, severity_rank
 from ..records.history import (
     AGENT_STATES,
     STATE_LABELS,
@@ -271,7 +271,7 @@ def _timeline(history: SessionHistory) -> str:
 
 
 def _finding_item(
-    turn: Turn, worker: AgentRecord, verifier: AgentRecord | None, finding: Finding
+    turn: Turn, worker: AgentRecord, verifier: AgentRecord | None, finding: RecordedFinding
 ) -> str:
     if verifier is None:
         verdict = "not verified"
