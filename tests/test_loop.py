@@ -13,13 +13,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conftest import StartServer, gateway_for, settings_for, store_for
-from orchmode.core.events import ContextCompacted, EventBus
+from orchmode.core.events import ContextCompacted, EventBus, TokenUsage
 from orchmode.core.prompts import SUBAGENT_SYSTEM, SUBAGENT_TOOLS
 from orchmode.core.results import Status
 from orchmode.executors.subagent import Subagent
-from orchmode.loop import STOPS, Finish, Step, Toolbox, rule_for
+from orchmode.loop import STOPS, AgentLoop, Ending, Finish, Room, Step, Toolbox, rule_for
 from orchmode.loop.toolbox import NOT_RUN
-from orchmode.model.context import Window
+from orchmode.model.context import Meter, Window
+from orchmode.model.gateway import Message, ModelReply
 from orchmode.session.agent import Session
 from orchmode.shell.bash import BashSession
 from orchmode.testing import Reply, ScriptedRequest
@@ -223,3 +224,81 @@ async def test_a_main_request_refused_as_too_long_does_not_use_up_a_turn(
     assert [(e.how, e.refused) for e in seen if isinstance(e, ContextCompacted)] == [
         ("stubbed", True)
     ]
+
+
+# --------------------------------------------------------------------------- the loop as a machine
+
+
+class FakeGateway:
+    """Answers from a script of (stop reason, tool calls, has text), no HTTP."""
+
+    context_editing = False
+
+    def __init__(self, script: list[tuple[str | None, int, bool]]) -> None:
+        self.script = list(script)
+        self.sent = 0
+        self.last: list[Block] = []
+
+    async def complete(self, *, messages: Any, on_send: Any = None, **_: Any) -> ModelReply:
+        if on_send is not None:
+            on_send()
+        self.sent += 1
+        n = self.sent
+        stop, calls, has_text = self.script.pop(0) if self.script else ("end_turn", 0, True)
+        content: list[Block] = [{"type": "text", "text": f"r{n}"}] if has_text else []
+        content += [
+            {"type": "tool_use", "id": f"u{n}.{k}", "name": "t", "input": {}} for k in range(calls)
+        ]
+        self.last = content
+        return ModelReply(f"m{n}", content, stop, TokenUsage(input_tokens=10))
+
+
+def _reply(stop: str | None, calls: int, has_text: bool) -> tuple[str | None, int, bool]:
+    """As the API answers: tool calls only with ``tool_use`` (or cut off at ``max_tokens``)."""
+    return stop, calls if stop in ("tool_use", "max_tokens") else 0, has_text
+
+
+SCRIPTS = st.lists(
+    st.builds(
+        _reply,
+        st.one_of(st.none(), st.sampled_from(sorted(STOPS)), st.just("other")),
+        st.integers(0, 2),
+        st.booleans(),
+    ),
+    max_size=10,
+)
+
+
+@given(script=SCRIPTS, max_turns=st.integers(1, 6))
+def test_the_loop_keeps_the_conversation_valid_and_ends_by_the_table(
+    script: list[tuple[str | None, int, bool]], max_turns: int
+) -> None:
+    gateway: Any = FakeGateway(script)
+    started: list[int] = []
+
+    async def echo(tool_use: Block, _gathered: Sequence[Block]) -> Block:
+        return tool_result(tool_use["id"], "ok")
+
+    room = Room("a", gateway, EventBus(), "system", Meter(["system"]))
+    loop = AgentLoop(gateway, "a", "system", room, on_first_send=lambda: started.append(1))
+    messages: list[Message] = [{"role": "user", "content": "go"}]
+    done = asyncio.run(loop.run(messages, Toolbox([{"name": "t"}], {"t": echo}), max_turns))
+
+    assert started == [1] and done.turns == done.requests == gateway.sent <= max_turns
+    # Every tool call is answered by the very next message, one result each, in order.
+    for i, message in enumerate(messages[1:], 1):
+        uses = [b["id"] for b in message["content"] if b.get("type") == "tool_use"]
+        if message["role"] == "assistant" and uses:
+            assert [b["tool_use_id"] for b in messages[i + 1]["content"]] == uses
+    stop, calls, _ = [*script, *[("end_turn", 0, True)] * done.turns][done.turns - 1]
+    rule = rule_for(stop, calls > 0)
+    last = {"role": "assistant", "content": gateway.last}
+    if done.ending is Ending.STOPPED:
+        assert done.rule == rule and rule.step is Step.STOP
+        assert done.stop == (stop or "end_turn") and done.empty == (not gateway.last)
+        # A kept reply ends the conversation; a dropped one never enters it.
+        assert (messages[-1] == last) == (rule.kept and bool(gateway.last))
+        assert rule.kept or last not in messages
+    else:
+        assert done.ending is Ending.TURN_LIMIT and done.turns == max_turns
+        assert rule.step is not Step.STOP
