@@ -7,8 +7,8 @@ message; any other stop ends the run, the reply kept or dropped as the table say
 request refused as too long (or a reply that says the window was exceeded) is compacted
 and sent again once; a refused request uses no turn. What a role does with the ending —
 a main turn's text, a subagent's status — is its own: the loop returns a
-:class:`LoopResult` and raises only what no role can act on (a rejected credential, a
-cancellation).
+:class:`LoopResult`, and lets through only what it cannot act on: a rejected credential, a
+cancellation, a tool that raised.
 """
 
 from __future__ import annotations
