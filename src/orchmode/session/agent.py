@@ -13,18 +13,17 @@ import logging
 import os
 import secrets
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..core.errors import AuthError, OrchmodeError, PromptTooLong
+from ..core.errors import AuthError, OrchmodeError
 from ..core.events import ContextCompacted, EventBus, TurnDone, TurnStarted
 from ..core.mode import ModeState
 from ..core.prompts import (
     MAIN_SYSTEM,
     MAIN_TOOLS,
-    MAX_TOKENS_NOTE,
     NOTICES,
     notice_as_user_text,
     turn_limit_note,
@@ -33,10 +32,10 @@ from ..core.settings import Settings
 from ..executors import Executor, open_executor
 from ..executors.host import AgentHost, ShellFactory
 from ..fanout.workflow import Workflow
+from ..loop import AgentLoop, Ending, Handler, Hooks, LoopResult, Room, Toolbox
+from ..loop.room import KEEP_TOOL_USES as KEEP_TOOL_USES  # where it was before the one loop
 from ..model.budget import SessionBudget
 from ..model.context import (
-    ESTIMATE_SLACK,
-    Compaction,
     Meter,
     Window,
     compact,
@@ -48,23 +47,12 @@ from ..model.gateway import Message, ModelGateway, ModelReply
 from ..store import Store
 from ..store.claims import holder_name
 from ..store.result_files import ResultFiles, results_dir
-from ..tools.calls import Block, run_bash, tool_result, unknown_tool
+from ..tools.calls import Block, run_bash, tool_result
 from ..tools.mcptools import McpHub, with_mcp_tools
 from ..trees.copies import Trees
 
 log = logging.getLogger("orchmode")
 
-#: Stop reasons whose reply is not kept in the history, with the note the user sees.
-_DROPPED = {
-    "max_tokens": MAX_TOKENS_NOTE,
-    "model_context_window_exceeded": (
-        "[orchmode: the conversation no longer fits the model's context window; the reply "
-        "was dropped]"
-    ),
-    "refusal": "[orchmode: the model declined to continue (refusal); the reply was dropped]",
-}
-#: Tool uses the API's context editing leaves whole at the end of the conversation.
-KEEP_TOOL_USES = 2
 #: The result of a bash command that was running when orchmode stopped, on resume.
 CUT_OFF_NOTE = (
     "[orchmode: this command was cut off when orchmode stopped, and it was not run again "
@@ -151,6 +139,18 @@ class Conversation:
         self.shell = self.make_shell()
         self.window = Window.from_settings(settings)
         self.meter = Meter([MAIN_SYSTEM, MAIN_TOOLS])
+        #: The conversation's room in the window, kept the way every agent's is.
+        self.room = Room(
+            "main",
+            gateway,
+            self.events,
+            MAIN_SYSTEM,
+            self.meter,
+            self.window,
+            save=self._save_tool_result,
+            saved_in=str(self.results.directory),
+            api_edits=settings.context_management == "auto",
+        )
         #: What the main agent is offered: Workflow, bash and its MCP tools (known once the
         #: first turn starts their servers).
         self.tools: list[Block] = MAIN_TOOLS
@@ -243,7 +243,18 @@ class Conversation:
         return _message_text(last) or None
 
     async def _settle_then_loop(self, pending: list[Block]) -> TurnResult:
-        await self._run_tools(pending, resumed=True)
+        """Answer the calls cut off when orchmode stopped, then go on with the turn.
+
+        A bash command among them is not run again (it may have done half its work): its
+        result says so instead.
+        """
+
+        async def cut_off(tool_use: Block, _gathered: object) -> Block:
+            return tool_result(tool_use["id"], CUT_OFF_NOTE, is_error=True)
+
+        await self._list_tools()
+        tools = self._toolbox().with_handler("bash", cut_off)
+        await self._agent_loop().run_tools(self.history, tools, pending)
         return await self._loop()
 
     async def _finish(self, work: Coroutine[Any, Any, TurnResult]) -> TurnResult:
@@ -326,186 +337,70 @@ class Conversation:
             self.tools = await with_mcp_tools(MAIN_TOOLS, self.mcp, "main")
             self.meter.fixed_tokens = Meter([MAIN_SYSTEM, self.tools]).fixed_tokens
 
+    def _agent_loop(self) -> AgentLoop:
+        """The one agent loop, as the main agent runs it: streaming its text, checkpointing."""
+        return AgentLoop(
+            self.gateway,
+            "main",
+            MAIN_SYSTEM,
+            self.room,
+            _MainHooks(self),
+            on_text=self.on_text,
+            last_message_id=self.last_message_id,
+        )
+
+    def _toolbox(self) -> Toolbox:
+        """Workflow, bash and the user's MCP tools."""
+
+        async def bash(tool_use: Block, _gathered: object) -> Block:
+            return await run_bash(self.shell, tool_use, agent="main", events=self.events)
+
+        async def workflow(tool_use: Block, gathered: Sequence[Block]) -> Block:
+            try:
+                tokens = self.room.result_budget(self.history, estimate_tokens(gathered))
+                text, is_error = await self.workflow.run(tool_use.get("input"), tokens)
+            except AuthError:
+                raise
+            except Exception as exc:
+                log.exception("the Workflow tool failed")
+                text, is_error = f"error: the workflow failed: {exc}", True
+            return tool_result(tool_use["id"], text, is_error=is_error)
+
+        prefixes: dict[str, Handler] = {}
+        mcp = self.mcp
+        if mcp is not None:
+
+            async def mcp_tool(tool_use: Block, _gathered: object) -> Block:
+                return await mcp.call(tool_use, agent="main", role="main")
+
+            prefixes["mcp__"] = mcp_tool
+        return Toolbox(self.tools, {"bash": bash, "Workflow": workflow}, prefixes)
+
     async def _loop(self) -> TurnResult:
         limit = self.settings.main_turns
         await self._list_tools()
-        paused_text: list[str] = []
-        #: A request refused as too long is compacted and sent again once, not more.
-        retried = False
-        for call in range(1, limit + 1):
-            await self._make_room()
-            sent = len(self.history)
-            try:
-                reply = await self.gateway.complete(
-                    agent="main",
-                    system=MAIN_SYSTEM,
-                    messages=self.history,
-                    tools=self.tools,
-                    on_text=self.on_text,
-                    previous_message_id=self.last_message_id,
-                    context_edits=self._context_edits(),
-                )
-                self.last_message_id = reply.message_id
-            except AuthError:
-                raise
-            except PromptTooLong as exc:
-                if exc.tokens is not None:
-                    self.meter.observe(sent, exc.tokens)
-                if not retried and self._compact(refused=True):
-                    retried = True
-                    continue
-                return self._give_up(str(exc), call)
-            except OrchmodeError as exc:
-                return TurnResult(
-                    f"[orchmode: the model request failed: {exc}]", "error", call, exc
-                )
-            self._measured(sent, reply)
-            stop = reply.stop_reason or "end_turn"
-            refused = stop == "model_context_window_exceeded"
-            if refused and not retried and self._compact(refused=True):
-                retried = True
-                continue
-            retried = False
-            if stop == "pause_turn":
-                if reply.content:
-                    self.history.append({"role": "assistant", "content": reply.content})
-                    paused_text.append(reply.text)
-                    await self.checkpoint()
-                continue
-            if stop != "tool_use" or not reply.tool_uses:
-                text = "\n\n".join(t for t in [*paused_text, reply.text] if t)
-                if stop in _DROPPED:
-                    return TurnResult(f"{text}\n\n{_DROPPED[stop]}".strip(), stop, call)
-                if not reply.content:
-                    return TurnResult("[orchmode: the model sent an empty reply]", "empty", call)
-                self.history.append({"role": "assistant", "content": reply.content})
-                await self.checkpoint()
-                return TurnResult(text, stop, call)
-            paused_text.clear()
-            self.history.append({"role": "assistant", "content": reply.content})
-            await self.checkpoint()
-            await self._run_tools(reply.tool_uses)
-        return TurnResult(turn_limit_note(limit), "turn_limit", limit)
+        done = await self._agent_loop().run(self.history, self._toolbox(), limit)
+        return self._turn_result(done, limit)
+
+    def _turn_result(self, done: LoopResult, limit: int) -> TurnResult:
+        """How the loop ended, as a main turn's result."""
+        calls = done.requests
+        if done.ending is Ending.TOO_LONG:
+            return self._give_up(str(done.error), calls)
+        if done.ending is Ending.FAILED:
+            return TurnResult(
+                f"[orchmode: the model request failed: {done.error}]", "error", calls, done.error
+            )
+        if done.ending is Ending.TURN_LIMIT:
+            return TurnResult(turn_limit_note(limit), "turn_limit", limit)
+        rule = done.rule
+        if rule is not None and not rule.kept:
+            return TurnResult(f"{done.text}\n\n{rule.note}".strip(), done.stop, calls)
+        if done.empty:
+            return TurnResult("[orchmode: the model sent an empty reply]", "empty", calls)
+        return TurnResult(done.text, done.stop or "end_turn", calls)
 
     # ------------------------------------------------------------------ context
-
-    def _context_edits(self) -> list[Block] | None:
-        """The API's context editing, asked for while the endpoint takes it."""
-        if self.settings.context_management != "auto" or not self.gateway.context_editing:
-            return None
-        w = self.window
-        return [
-            {
-                "type": "clear_tool_uses_20250919",
-                "trigger": {"type": "input_tokens", "value": w.compact_at},
-                "keep": {"type": "tool_uses", "value": KEEP_TOOL_USES},
-                # One large step, so the cached prefix is rebuilt seldom.
-                "clear_at_least": {"type": "input_tokens", "value": w.compact_at - w.compact_to},
-            }
-        ]
-
-    def _measured(self, sent: int, reply: ModelReply) -> None:
-        """Calibrate the meter on the API's count, and follow the API's context editing.
-
-        The API's edit is stateless: it would clear the same results from every request
-        from now on, a little more each turn, and each time the cached prefix would break
-        at a new place. So once it has cleared, orchmode makes the same room in its own
-        history (stubs that name the saved copies) in one step, and later requests are
-        append-only again below the trigger.
-        """
-        counted = reply.usage.total_input
-        self.meter.observe(sent, counted)
-        if reply.cleared_tokens or reply.cleared_tool_uses:
-            uses = reply.cleared_tool_uses
-            original = counted + reply.cleared_tokens
-            self.events.emit(
-                ContextCompacted(
-                    "main",
-                    "api",
-                    original,
-                    counted,
-                    f"{uses} tool {'result' if uses == 1 else 'results'} cleared by the API, "
-                    f"{reply.cleared_tokens:,} tokens",
-                )
-            )
-            self._compact(size=original)
-
-    async def _make_room(self, extra: int = 0) -> None:
-        """Compact before a request (or a result of ``extra`` tokens) would pass the point.
-
-        While the API's context editing is on, it gets the first go at ``compact_at``, and
-        orchmode's own compaction is the backstop half-way from there to the window's end.
-        """
-        point = self._compaction_point()
-        size = self.meter.size(self.history) + extra
-        if (
-            size > point
-            and not extra
-            and size - point < ESTIMATE_SLACK * self.meter.uncounted(self.history)
-        ):
-            # Past the point only by what the estimate may overstate: ask the API to count.
-            counted = await self.gateway.count_tokens(
-                system=MAIN_SYSTEM,
-                messages=self.history,
-                tools=self.tools,
-                context_edits=self._context_edits(),
-            )
-            if counted is not None:
-                self.meter.observe(len(self.history), counted)
-                size = counted
-        if size > point:
-            self._compact(size=size)
-
-    async def _result_budget(self, pending: int) -> int:
-        """The most tokens the next Workflow result may take, room made for it first.
-
-        It may take the conversation up to the backstop, half-way from ``compact_at`` to
-        the window's end: the next request's compaction (or the API's context editing) then
-        makes room again, keeping this newest result whole. Where even the result's full
-        share would pass the backstop, older results give way now, before this one shrinks.
-        """
-        w = self.window
-        limit = (w.compact_at + w.tokens) // 2
-        if self._context_edits() is None:
-            size = self.meter.size(self.history) + pending
-            if size + w.result_tokens > limit:
-                self._compact(size=size)
-        return w.result_budget(self.meter.size(self.history) + pending, limit)
-
-    def _compaction_point(self) -> int:
-        """Where orchmode compacts: ``compact_at``, or, while the API's context editing is
-        on (it clears at ``compact_at`` itself), half-way from there to the window's end."""
-        w = self.window
-        if self._context_edits() is not None:
-            return (w.compact_at + w.tokens) // 2
-        return w.compact_at
-
-    def _compact(self, *, refused: bool = False, size: int | None = None) -> bool:
-        """Stub old tool results down to ``compact_to``; False if there was nothing to stub."""
-        before = size if size is not None else self.meter.size(self.history)
-        estimate = self.meter.estimate(self.history)
-        target = self.meter.target(self.history, self.window.compact_to)
-        done = compact(self.history, estimate, target, self._save_tool_result)
-        if not done.stubbed and refused:  # the latest results may go too, rather than fail
-            done = compact(self.history, estimate, target, self._save_tool_result, keep_last=False)
-        if not done.stubbed:
-            return False
-        self._take(done, "stubbed", before, refused)
-        return True
-
-    def _take(self, done: Compaction, how: str, before: int, refused: bool) -> None:
-        self.history = done.messages
-        self.meter.forget()
-        self.events.emit(
-            ContextCompacted(
-                "main",
-                how,
-                before,
-                self.meter.estimate(self.history),
-                f"{done.detail} (saved copies in {self.results.directory})",
-                refused,
-            )
-        )
 
     def _save_tool_result(self, tool_use_id: str, text: str) -> str | None:
         return self.results.write_text("tool", tool_use_id, text)
@@ -565,48 +460,6 @@ class Conversation:
             call,
         )
 
-    async def _run_tools(self, tool_uses: list[Block], *, resumed: bool = False) -> None:
-        """Run the calls in order and append all results in one user message, whatever happens.
-
-        ``resumed``: these calls were cut off when orchmode stopped; a bash command among them
-        is not run again (it may have done half its work), its result says so instead.
-        """
-        results: list[Block] = []
-        try:
-            for tool_use in tool_uses:
-                if resumed and tool_use.get("name") == "bash":
-                    results.append(tool_result(tool_use["id"], CUT_OFF_NOTE, is_error=True))
-                    continue
-                results.append(await self._run_tool(tool_use, estimate_tokens(results)))
-        finally:
-            answered = {r["tool_use_id"] for r in results}
-            for tool_use in tool_uses:
-                if tool_use["id"] not in answered:
-                    results.append(
-                        tool_result(tool_use["id"], "[orchmode: interrupted]", is_error=True)
-                    )
-            self.history.append({"role": "user", "content": results})
-        await self.checkpoint()
-
-    async def _run_tool(self, tool_use: Block, pending: int = 0) -> Block:
-        """One tool call; ``pending`` is the tokens of results already gathered beside it."""
-        name = tool_use.get("name")
-        if name == "bash":
-            return await run_bash(self.shell, tool_use, agent="main", events=self.events)
-        if name == "Workflow":
-            try:
-                tokens = await self._result_budget(pending)
-                text, is_error = await self.workflow.run(tool_use.get("input"), tokens)
-            except AuthError:
-                raise
-            except Exception as exc:
-                log.exception("the Workflow tool failed")
-                text, is_error = f"error: the workflow failed: {exc}", True
-            return tool_result(tool_use["id"], text, is_error=is_error)
-        if self.mcp is not None and self.mcp.handles(name):
-            return await self.mcp.call(tool_use, agent="main", role="main")
-        return unknown_tool(tool_use, [str(t["name"]) for t in self.tools])
-
     async def close(self) -> None:
         try:
             await self.shell.close()
@@ -620,6 +473,19 @@ class Conversation:
             # and pooled ones no agent took: none outlives the session.
             self.make_shell.abandon_all()
             self.trees.close()
+
+
+class _MainHooks(Hooks):
+    """The main agent's part in the loop: every step checkpointed, the last response kept."""
+
+    def __init__(self, session: Conversation) -> None:
+        self.session = session
+
+    async def changed(self) -> None:
+        await self.session.checkpoint()
+
+    def replied(self, reply: ModelReply) -> None:
+        self.session.last_message_id = reply.message_id
 
 
 def _message_text(message: Message) -> str:

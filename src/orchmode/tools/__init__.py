@@ -1,4 +1,4 @@
-"""The tools both agent loops call: bash with its events, tool results, the user's MCP servers.
+"""The tools every agent calls: bash with its events, tool results, the user's MCP servers.
 
 A sibling of the model gateway (neither imports the other), above the shell.
 """

@@ -1,4 +1,4 @@
-"""Running the model's tool calls for both loops: bash with its event, and tool_result blocks."""
+"""Running the model's tool calls for every agent: bash with its event, and tool_result blocks."""
 
 from __future__ import annotations
 

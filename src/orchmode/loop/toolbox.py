@@ -1,0 +1,80 @@
+"""Tool dispatch by name, the same for every agent: handlers in, one results message out."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+from ..tools.calls import Block, tool_result, unknown_tool
+
+#: The result of a call that never ran (the round was cut short, or the agent finished).
+NOT_RUN = "[orchmode: interrupted]"
+#: The result of the call that finished the agent's run (kept so the conversation is valid).
+FINISHED = "[orchmode: the run ended with this call]"
+
+
+@dataclass(frozen=True)
+class Finish:
+    """A tool call that ends the agent's run with ``value`` (a subagent's report_findings)."""
+
+    value: str
+
+
+#: A tool's handler: the call and the results gathered before it in the same round (their
+#: size bounds what a large result may take) → its ``tool_result``, or :class:`Finish`.
+Handler = Callable[[Block, Sequence[Block]], Awaitable[Block | Finish]]
+
+
+@dataclass(frozen=True)
+class Toolbox:
+    """What an agent is offered (``schemas``) and what runs each call."""
+
+    schemas: list[Block]
+    handlers: Mapping[str, Handler]
+    #: Handlers for whole families of names (``mcp__``: the user's MCP servers).
+    prefixes: Mapping[str, Handler] = field(default_factory=dict)
+
+    @property
+    def names(self) -> list[str]:
+        return [str(t["name"]) for t in self.schemas]
+
+    def with_handler(self, name: str, handler: Handler) -> Toolbox:
+        """The same tools with ``name`` run by ``handler`` (a resumed turn's bash)."""
+        return replace(self, handlers={**self.handlers, name: handler})
+
+    def handler_for(self, name: object) -> Handler | None:
+        if not isinstance(name, str):
+            return None
+        handler = self.handlers.get(name)
+        if handler is None:
+            handler = next((h for p, h in self.prefixes.items() if name.startswith(p)), None)
+        return handler
+
+    async def run(self, tool_uses: Sequence[Block], results: list[Block]) -> Finish | None:
+        """Run the calls in order, each result appended to ``results`` as it comes; the
+        :class:`Finish` that ended the round early, if one did.
+
+        Whatever happens — a handler that raises, a cancellation — every call ends with a
+        result in ``results`` (calls that never ran say so), so the conversation stays valid.
+        """
+        finish: Finish | None = None
+        try:
+            for tool_use in tool_uses:
+                handler = self.handler_for(tool_use.get("name"))
+                if handler is None:
+                    results.append(unknown_tool(tool_use, self.names))
+                    continue
+                done = await handler(tool_use, results)
+                if isinstance(done, Finish):
+                    finish = done
+                    results.append(tool_result(tool_use["id"], FINISHED))
+                    break
+                results.append(done)
+        finally:
+            answered = {r["tool_use_id"] for r in results}
+            results.extend(
+                tool_result(t["id"], NOT_RUN, is_error=True)
+                for t in tool_uses
+                if t["id"] not in answered
+            )
+        return finish
