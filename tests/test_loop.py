@@ -131,7 +131,9 @@ async def test_the_main_turn_and_a_subagent_end_a_dropped_reply_by_the_same_rule
 ) -> None:
     server = await serve(lambda r: Reply.text("partial", stop_reason=stop))
     settings = settings_for(server, tmp_path)
-    session = Conversation(settings, gateway_for(settings), workdir=tmp_path, store=store_for(tmp_path))
+    session = Conversation(
+        settings, gateway_for(settings), workdir=tmp_path, store=store_for(tmp_path)
+    )
     main = await session.turn("go")
     await session.close()
     worker, _ = await run_subagent(server, tmp_path)
