@@ -16,16 +16,17 @@ from conftest import StartServer, gateway_for, settings_for, store_for
 from orchmode.core.events import ContextCompacted, EventBus, TokenUsage
 from orchmode.core.prompts import SUBAGENT_SYSTEM, SUBAGENT_TOOLS
 from orchmode.core.results import Status
+from orchmode.core.wire import Block, Message
 from orchmode.executors.subagent import Subagent
 from orchmode.loop import STOPS, AgentLoop, Ending, Finish, Room, Step, Toolbox, rule_for
 from orchmode.loop.toolbox import NOT_RUN
 from orchmode.model.context import Meter, Window
-from orchmode.model.gateway import Message, ModelReply
+from orchmode.model.gateway import ModelReply
 from orchmode.session.agent import Conversation
 from orchmode.shell.bash import BashSession
 from orchmode.testing import Reply, ScriptedRequest
 from orchmode.testing.scenario import report
-from orchmode.tools.calls import Block, tool_result
+from orchmode.tools.calls import tool_result
 
 DROPPED = {"max_tokens", "refusal", "model_context_window_exceeded"}
 STOP_REASONS = st.one_of(st.none(), st.sampled_from(sorted(STOPS)), st.text(max_size=20))

@@ -14,11 +14,12 @@ from typing import TYPE_CHECKING
 
 from ..core.events import EventBus, Role
 from ..core.results import AgentResult, Report, Status, parse_report
+from ..core.wire import Block, Message
 from ..loop import AgentLoop, Ending, Finish, Handler, LoopResult, Room, Toolbox
 from ..model.context import Meter, Window
-from ..model.gateway import Message, ModelGateway
+from ..model.gateway import ModelGateway
 from ..shell.bash import BashSession
-from ..tools.calls import Block, run_bash, tool_result
+from ..tools.calls import run_bash, tool_result
 
 if TYPE_CHECKING:
     from ..tools.mcptools import McpHub

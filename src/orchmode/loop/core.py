@@ -19,7 +19,8 @@ from enum import StrEnum
 
 from ..core.errors import AuthError, OrchmodeError, PromptTooLong
 from ..core.events import TokenUsage
-from ..model.gateway import Block, Message, ModelGateway, ModelReply
+from ..core.wire import Block, Message
+from ..model.gateway import ModelGateway, ModelReply
 from .room import Room
 from .stops import Step, StopRule, rule_for
 from .toolbox import Toolbox

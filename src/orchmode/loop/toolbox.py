@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from ..tools.calls import Block, tool_result, unknown_tool
+from ..core.wire import Block
+from ..tools.calls import tool_result, unknown_tool
 
 #: The result of a call that never ran (the round was cut short, or the agent finished).
 NOT_RUN = "[orchmode: interrupted]"

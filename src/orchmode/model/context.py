@@ -18,11 +18,9 @@ import json
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from ..core.settings import Settings
-
-Message = dict[str, Any]
+from ..core.wire import Message, has_block, is_block
 
 #: Characters per token for what the API has not counted yet; low, so estimates run high.
 CHARS_PER_TOKEN = 3
@@ -178,9 +176,7 @@ def turn_starts(messages: Sequence[Message]) -> list[int]:
         content = message.get("content")
         if message.get("role") != "user":
             continue
-        if isinstance(content, list) and any(
-            isinstance(b, dict) and b.get("type") == "tool_result" for b in content
-        ):
+        if has_block(content, "tool_result"):
             continue
         starts.append(i)
     return starts
@@ -211,7 +207,7 @@ def _candidates(messages: Sequence[Message], keep_last: bool) -> list[tuple[int,
         if message.get("role") != "user" or not isinstance(content, list):
             continue
         for j, block in enumerate(content):
-            if not isinstance(block, dict) or block.get("type") != "tool_result":
+            if not is_block(block, "tool_result"):
                 continue
             if _is_stub(block.get("content")):
                 continue

@@ -33,6 +33,7 @@ from ..core.errors import (
 from ..core.events import EventBus, ModelRequestDone, TokenUsage
 from ..core.prompts import notice_as_user_text
 from ..core.settings import Settings
+from ..core.wire import Block, Message, blocks_of, is_block, joined_text
 from .context import too_long_count
 from .limits import AdaptiveLimit
 from .providers import (
@@ -53,9 +54,6 @@ log = logging.getLogger("orchmode")
 #: Seconds before the first retry of a broken stream, and the most any wait grows to.
 RETRY_BASE = 0.25
 RETRY_CAP = 8.0
-
-Block = dict[str, Any]
-Message = dict[str, Any]
 
 #: A 5-minute cache breakpoint, as the API spells it.
 EPHEMERAL: Any = {"type": "ephemeral"}
@@ -79,11 +77,11 @@ class ModelReply:
 
     @property
     def text(self) -> str:
-        return "\n\n".join(b["text"] for b in self.content if b.get("type") == "text").strip()
+        return joined_text(self.content).strip()
 
     @property
     def tool_uses(self) -> list[Block]:
-        return [b for b in self.content if b.get("type") == "tool_use"]
+        return blocks_of(self.content, "tool_use")
 
 
 class _ReplyBuilder:
@@ -122,7 +120,7 @@ class _ReplyBuilder:
                 block["signature"] = delta.signature
         elif kind == "content_block_start":
             block = cast(Block, event.content_block.model_dump(mode="json", exclude_none=True))
-            if block.get("type") == "tool_use":
+            if is_block(block, "tool_use"):
                 block["input"] = {}
             self.blocks.append(block)
         elif kind == "content_block_stop":

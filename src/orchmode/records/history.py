@@ -33,6 +33,7 @@ from ..core.events import (
     TurnDone,
     TurnStarted,
 )
+from ..core.wire import has_block, joined_text
 from ..store import EventRow
 from .codec import parse_row
 from .findings import RecordedReport, read_report
@@ -566,8 +567,6 @@ def _final_text(content: object) -> str | None:
         return content
     if not isinstance(content, list):
         return None
-    blocks = [b for b in content if isinstance(b, dict)]
-    if any(b.get("type") == "tool_use" for b in blocks):
+    if has_block(content, "tool_use"):
         return None
-    text = "\n\n".join(str(b.get("text", "")) for b in blocks if b.get("type") == "text")
-    return text or None
+    return joined_text(content) or None

@@ -29,6 +29,7 @@ from ..core.prompts import (
     turn_limit_note,
 )
 from ..core.settings import Settings
+from ..core.wire import Block, Message, blocks_of
 from ..executors import Executor, open_executor
 from ..executors.host import AgentHost, ShellFactory
 from ..fanout.workflow import Workflow
@@ -43,11 +44,11 @@ from ..model.context import (
     estimate_tokens,
     turn_starts,
 )
-from ..model.gateway import Message, ModelGateway, ModelReply
+from ..model.gateway import ModelGateway, ModelReply
 from ..store import Store
 from ..store.claims import holder_name
 from ..store.result_files import ResultFiles, results_dir
-from ..tools.calls import Block, run_bash, tool_result
+from ..tools.calls import run_bash, tool_result
 from ..tools.mcptools import McpHub, with_mcp_tools
 from ..trees.copies import Trees
 
@@ -220,11 +221,7 @@ class Conversation:
         self._turn_body = body
         last = self.history[-1]
         if last.get("role") == "assistant":
-            pending = [
-                b
-                for b in last.get("content") or []
-                if isinstance(b, dict) and b.get("type") == "tool_use"
-            ]
+            pending = blocks_of(last.get("content"), "tool_use")
             if not pending:
                 text = _message_text(last)
                 self.events.emit(TurnDone("end_turn", 0))

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import OrchmodeError
+from ..core.wire import blocks_of
 from ..records.history import read_session
 from ..store import Store
 
@@ -113,9 +114,7 @@ def pending_calls(messages: list[str]) -> list[str]:
     if not isinstance(last, dict) or last.get("role") != "assistant":
         return []
     described = []
-    for block in last.get("content") or []:
-        if not isinstance(block, dict) or block.get("type") != "tool_use":
-            continue
+    for block in blocks_of(last.get("content"), "tool_use"):
         raw = block.get("input")
         tool_input: dict[str, Any] = raw if isinstance(raw, dict) else {}
         if block.get("name") == "bash":

@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any, Literal, get_args
 
+from ..core.wire import Block, Message
 from .cache import CacheUsage, estimate_tokens
 
 __all__ = [
@@ -54,7 +55,7 @@ class Reply:
     between streamed events, to simulate a token rate.
     """
 
-    content: list[dict[str, Any]]
+    content: list[Block]
     stop_reason: str | None = None
     delay: float = 0.0
     output_tokens: int | None = None
@@ -109,7 +110,7 @@ class Reply:
 
     def finalised(self) -> Reply:
         """A deep copy with tool_use ids, stop reason and output tokens filled in."""
-        content: list[dict[str, Any]] = []
+        content: list[Block] = []
         for block in copy.deepcopy(self.content):
             if block["type"] == "tool_use":
                 tool_id = block.pop("id", None) or _new_id("toolu")
@@ -190,7 +191,7 @@ class ScriptedRequest:
         return _flatten_text(self.body.get("system", ""))
 
     @property
-    def messages(self) -> list[dict[str, Any]]:
+    def messages(self) -> list[Message]:
         return list(self.body.get("messages", []))
 
     @property
@@ -211,7 +212,7 @@ class ScriptedRequest:
         return _flatten_text(message["content"]) if message else ""
 
     @property
-    def tool_results(self) -> list[dict[str, Any]]:
+    def tool_results(self) -> list[Block]:
         """The tool_result blocks of the final user message."""
         message = self._last_user()
         content = message["content"] if message else []

@@ -28,9 +28,8 @@ from typing import Any
 
 from ..core.mode import Notice
 from ..core.prompts import NOTICES, RESOLVE_MARKER, VERIFY_MARKER
+from ..core.wire import Block, Message
 from .replies import Reply, ScriptedRequest
-
-Message = dict[str, Any]
 
 
 def text(value: str, **kwargs: Any) -> Reply:
@@ -38,7 +37,7 @@ def text(value: str, **kwargs: Any) -> Reply:
 
 
 def tool_call(name: str, tool_input: dict[str, Any], *, say: str = "", **kwargs: Any) -> Reply:
-    content: list[dict[str, Any]] = [{"type": "text", "text": say}] if say else []
+    content: list[Block] = [{"type": "text", "text": say}] if say else []
     content.append({"type": "tool_use", "name": name, "input": tool_input})
     return Reply(content, **kwargs)
 

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from ..core.events import BashDone, BashStarted, EventBus
+from ..core.wire import Block
 from ..shell.bash import BashSession
-
-Block = dict[str, Any]
 
 
 def tool_result(tool_use_id: str, text: str, *, is_error: bool = False) -> Block:

@@ -29,8 +29,9 @@ from typing import IO, Any
 
 from ..core.events import EventBus, McpCallDone, McpCallStarted, McpServerFailed, Role
 from ..core.settings import Settings
+from ..core.wire import Block
 from ..shell.processes import use_pidfd_child_watcher
-from .calls import Block, tool_result
+from .calls import tool_result
 from .mcpconfig import HttpServer, McpConfig, StdioServer, load, tool_name
 
 log = logging.getLogger("orchmode")
