@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from typing import IO, Any
 
+import pytest
+
 from orchmode.core.mode import Notice
 from orchmode.core.prompts import NOTICES
 from orchmode.testing.scenario import OrchestrationScenario
@@ -57,6 +59,7 @@ def test_chat_sends_the_mode_notice_with_the_next_turn_and_answers_commands(
     assert "orchmode chat --session c1" in result.stderr
 
 
+@pytest.mark.slow
 def test_chat_resumes_a_session_with_its_mode(scripted: Any, tmp_path: Path) -> None:
     server = scripted(OrchestrationScenario(subtasks=1))
     first = chat(tmp_path, server.url, "--no-mode", "--session", "c2", script="/mode on\ngo\n")
@@ -82,6 +85,7 @@ def read_until(stream: IO[str], needle: str, seen: list[str]) -> None:
     raise AssertionError(f"{needle!r} never came; stderr was:\n{''.join(seen)}")
 
 
+@pytest.mark.slow
 def test_ctrl_c_cancels_the_turn_keeps_the_journal_and_a_second_one_leaves(
     scripted: Any, tmp_path: Path
 ) -> None:
@@ -133,6 +137,7 @@ def test_chat_needs_a_key(tmp_path: Path) -> None:
     assert result.returncode != 0 and "ANTHROPIC_API_KEY" in result.stderr
 
 
+@pytest.mark.slow
 def test_chat_in_a_terminal_toggles_the_mode_and_survives_a_ctrl_c(
     scripted: Any, tmp_path: Path
 ) -> None:

@@ -35,6 +35,7 @@ def assert_one_line_error(result: subprocess.CompletedProcess[str], *needles: st
         assert needle in lines[0]
 
 
+@pytest.mark.slow
 def test_run_fans_out_twenty_subtasks_and_prints_both_answers(
     scripted: Any, tmp_path: Path
 ) -> None:
@@ -78,6 +79,7 @@ def test_every_main_request_extends_the_previous_one_and_asks_for_caching(
         assert (body["model"], body["max_tokens"]) == ("claude-opus-5-5", 64000)
 
 
+@pytest.mark.slow
 def test_a_killed_run_recomputes_no_finished_worker(scripted: Any, tmp_path: Path) -> None:
     server = scripted(OrchestrationScenario(subtasks=40, worker_command=None, delay=0.1))
     journal = tmp_path / ".orchmode" / "journal.db"
@@ -174,6 +176,7 @@ def test_a_corrupt_journal_is_one_line(scripted: Any, tmp_path: Path) -> None:
     assert len(server.log) == 0
 
 
+@pytest.mark.slow
 def test_the_api_key_never_reaches_a_command_or_the_journal(scripted: Any, tmp_path: Path) -> None:
     scenario = OrchestrationScenario(subtasks=2, scout_command="env", worker_command="env")
     server = scripted(scenario, api_key=None)  # accept any key: the run must reach the commands
@@ -196,6 +199,7 @@ def worker_conversations(server: ScriptedServer) -> list[str]:
     ]
 
 
+@pytest.mark.slow
 def test_two_runs_started_together_run_each_subtask_once(scripted: Any, tmp_path: Path) -> None:
     server = scripted(OrchestrationScenario(subtasks=40, delay=0.05))
     args = [sys.executable, "-m", "orchmode", "run", "go", "--base-url", server.url]
@@ -236,6 +240,7 @@ def recorded(tmp_path: Path, sql: str) -> list[tuple[Any, ...]]:
         db.close()
 
 
+@pytest.mark.slow
 def test_a_run_is_recorded_and_can_be_resumed_by_name(scripted: Any, tmp_path: Path) -> None:
     server = scripted(OrchestrationScenario(subtasks=2))
     first = orchmode("run", "first task", "--base-url", server.url, "--session", "s1", cwd=tmp_path)
@@ -278,6 +283,7 @@ def test_a_run_is_recorded_and_can_be_resumed_by_name(scripted: Any, tmp_path: P
     assert resumed_request[: len(first_run_main[-1]["messages"])] == first_run_main[-1]["messages"]
 
 
+@pytest.mark.slow
 def test_budget_prints_what_the_latest_session_launched(scripted: Any, tmp_path: Path) -> None:
     server = scripted(OrchestrationScenario(subtasks=3))
     run = orchmode("run", "go", "--base-url", server.url, cwd=tmp_path)
@@ -305,6 +311,7 @@ def test_budget_without_any_session_is_one_line(tmp_path: Path) -> None:
     assert_one_line_error(orchmode("budget", cwd=tmp_path), "no sessions are recorded")
 
 
+@pytest.mark.slow
 def test_a_soak_with_a_fifth_of_requests_failing_delivers_everything(
     scripted: Any, tmp_path: Path
 ) -> None:
@@ -322,6 +329,7 @@ def test_a_soak_with_a_fifth_of_requests_failing_delivers_everything(
     assert len(respond.injected) >= 60 and len(set(respond.injected)) == 5
 
 
+@pytest.mark.slow
 def test_demo_runs_without_a_key_and_says_the_model_is_scripted(tmp_path: Path) -> None:
     env = {k: v for k, v in base_env().items() if k != "ANTHROPIC_API_KEY"}
     result = orchmode("demo", "--subtasks", "3", cwd=tmp_path, env=env)

@@ -111,6 +111,7 @@ def collect(events: EventBus) -> list[Any]:
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.slow
 def test_a_150_subtask_fanout_of_6kb_reports_fits_a_200k_window(tmp_path: Path) -> None:
     scenario = OrchestrationScenario(subtasks=150, report_bytes=6000, worker_command=None)
     server = ScriptedServer(scenario, api_key=API_KEY, context_window=WINDOW)
@@ -174,6 +175,7 @@ def _turn_text(request: ScriptedRequest) -> str:
     return ""
 
 
+@pytest.mark.slow
 async def test_six_turns_of_20_subtask_fanouts_all_complete_with_no_request_refused(
     serve: StartServer, tmp_path: Path
 ) -> None:
@@ -197,6 +199,7 @@ async def test_six_turns_of_20_subtask_fanouts_all_complete_with_no_request_refu
     assert saved is not None and "[agent 1: turn 1: check item 1]" in Path(saved[1]).read_text()
 
 
+@pytest.mark.slow
 async def test_the_apis_context_editing_clears_old_results_where_the_endpoint_takes_it(
     serve: StartServer, tmp_path: Path
 ) -> None:

@@ -388,6 +388,7 @@ def test_runs_lists_a_session_with_its_agents_and_recorded_cost(tmp_path: Path) 
     assert len(agents_done(tmp_path, session)) == 6
 
 
+@pytest.mark.slow
 def test_show_prints_turns_notices_commands_findings_and_verdicts(tmp_path: Path) -> None:
     scenario = FindingsScenario(subtasks=4, verdict=refute_item_two)
     with scripted_server(scenario) as server:
@@ -416,6 +417,7 @@ def test_show_prints_turns_notices_commands_findings_and_verdicts(tmp_path: Path
     assert f" · ${cost:.4f} · 8 agents · " in totals
 
 
+@pytest.mark.slow
 def test_the_default_run_is_the_latest_of_two_sessions(tmp_path: Path) -> None:
     with scripted_server(FindingsScenario(subtasks=1)) as server:
         older = run(server, tmp_path, "the older task")
@@ -435,6 +437,7 @@ def test_the_default_run_is_the_latest_of_two_sessions(tmp_path: Path) -> None:
     assert newer in (tmp_path / f"orchmode-{newer}.html").read_text(encoding="utf-8")
 
 
+@pytest.mark.slow
 def test_a_report_goes_to_stdout_or_fails_in_one_line_when_unwritable(tmp_path: Path) -> None:
     with scripted_server(FindingsScenario(subtasks=1)) as server:
         session = run(server, tmp_path, "a task")
@@ -448,6 +451,7 @@ def test_a_report_goes_to_stdout_or_fails_in_one_line_when_unwritable(tmp_path: 
 
 
 @pytest.mark.parametrize("command", ["show", "report"])
+@pytest.mark.slow
 def test_an_unknown_run_is_a_one_line_error(tmp_path: Path, command: str) -> None:
     with scripted_server(FindingsScenario(subtasks=1)) as server:
         run(server, tmp_path, "a task")
@@ -456,6 +460,7 @@ def test_an_unknown_run_is_a_one_line_error(tmp_path: Path, command: str) -> Non
     assert result.stdout == ""
 
 
+@pytest.mark.slow
 def test_an_empty_store_says_so_in_one_line(tmp_path: Path) -> None:
     listed = orchmode("runs", cwd=tmp_path)
     assert listed.returncode == 0 and listed.stderr == ""
@@ -473,6 +478,7 @@ def test_an_empty_store_says_so_in_one_line(tmp_path: Path) -> None:
     assert "no runs are recorded" in listed.stdout
 
 
+@pytest.mark.slow
 def test_a_killed_run_is_listed_as_interrupted_and_can_be_shown(tmp_path: Path) -> None:
     scenario = FindingsScenario(subtasks=2, delay=0.3, worker_command="sleep 30")
     with scripted_server(scenario) as server:

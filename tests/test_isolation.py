@@ -368,6 +368,7 @@ async def test_shared_isolation_writes_directly_as_before(
     assert len(started(server, "worker")) == 2
 
 
+@pytest.mark.slow
 def test_kill_9_mid_fanout_leaves_nothing_after_the_next_start_and_resume_merges(
     scripted: Callable[..., ScriptedServer], tmp_path: Path
 ) -> None:
@@ -427,6 +428,7 @@ def journal_rows(journal: Path, role: str) -> list[str]:
         return []
 
 
+@pytest.mark.slow
 def test_kill_9_after_a_confirmed_resolution_and_resume_merges_every_change_once(
     scripted: Callable[..., ScriptedServer], tmp_path: Path
 ) -> None:

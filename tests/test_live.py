@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import pytest
 from rich.console import Console
 
 from conftest import StartServer, gateway_for, settings_for, store_for
@@ -157,6 +158,7 @@ async def test_a_rerun_shows_journal_hits_and_the_live_region_is_drawn(
     assert "journal hit" in drawn and "session · " in drawn
 
 
+@pytest.mark.slow
 def test_run_json_puts_one_event_per_line_on_stderr(scripted: Any, tmp_path: Path) -> None:
     server = scripted(OrchestrationScenario(subtasks=2))
     result = orchmode("run", "go", "--json", "--base-url", server.url, cwd=tmp_path)
@@ -179,6 +181,7 @@ def test_run_json_puts_one_event_per_line_on_stderr(scripted: Any, tmp_path: Pat
     assert chosen["overlays"] is True and chosen["reason"] == ""
 
 
+@pytest.mark.slow
 def test_run_plain_and_piped_stderr_give_the_plain_lines(scripted: Any, tmp_path: Path) -> None:
     server = scripted(OrchestrationScenario(subtasks=2))
     for extra in (["--plain"], []):
@@ -194,6 +197,7 @@ def test_json_and_plain_are_exclusive(tmp_path: Path) -> None:
     assert result.returncode == 2 and "not allowed with" in result.stderr
 
 
+@pytest.mark.slow
 def test_demo_json_starts_with_the_banner_as_a_notice(tmp_path: Path) -> None:
     result = orchmode("demo", "--subtasks", "2", "--json", cwd=tmp_path)
     assert result.returncode == 0, result.stderr

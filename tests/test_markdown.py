@@ -84,6 +84,7 @@ def spawn(*args: str, cwd: Path) -> Any:
 # --- in a terminal, and in a pipe ---------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_run_draws_the_answers_as_markdown_in_a_terminal_and_prints_them_as_written_in_a_pipe(
     scripted: Any, tmp_path: Path
 ) -> None:
@@ -114,6 +115,7 @@ def test_run_draws_the_answers_as_markdown_in_a_terminal_and_prints_them_as_writ
     assert result.stdout == f"{SYNTHESIS}\n\n---\n\n{ANSWER}\n"  # byte for byte
 
 
+@pytest.mark.slow
 def test_chat_draws_an_answer_in_a_terminal_and_prints_it_as_written_in_a_pipe(
     scripted: Any, tmp_path: Path
 ) -> None:

@@ -299,6 +299,7 @@ async def test_a_server_that_fails_to_start_gives_one_warning_and_the_run_goes_o
     assert sum(value_of(s) in result_texts(server, "worker") for s in scenario.subtask_list()) == 3
 
 
+@pytest.mark.slow
 async def test_a_server_that_hangs_at_start_or_in_a_call_times_out(
     serve: StartServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -375,6 +376,7 @@ async def test_a_servers_secrets_reach_no_record(
     assert TOKEN not in json.dumps(session.history)
 
 
+@pytest.mark.slow
 async def test_mcp_tools_are_part_of_a_subagents_journal_key(
     serve: StartServer, tmp_path: Path
 ) -> None:
@@ -409,6 +411,7 @@ async def test_mcp_tools_are_part_of_a_subagents_journal_key(
 # --------------------------------------------------------------------------- the command line
 
 
+@pytest.mark.slow
 def test_orchmode_run_shows_mcp_calls_in_lines_show_and_report(
     scripted: Callable[..., ScriptedServer], tmp_path: Path
 ) -> None:

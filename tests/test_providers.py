@@ -681,6 +681,7 @@ def assert_a_platform_run(server: ScriptedServer, result: Any, provider: str, la
     assert any(e.usage is not None and e.usage.cache_read_input_tokens > 0 for e in log)
 
 
+@pytest.mark.slow
 def test_orchmode_run_through_bedrock(scripted: Any, tmp_path: Path) -> None:
     scenario = OrchestrationScenario(subtasks=2, scout_command="env", worker_command="pwd")
     server = scripted(UnfoldNotices(scenario), aws_keys=KEYS, aws_region=REGION)
@@ -702,6 +703,7 @@ def test_orchmode_run_through_bedrock(scripted: Any, tmp_path: Path) -> None:
     assert KEYS.secret_key.encode() not in (tmp_path / ".orchmode" / "journal.db").read_bytes()
 
 
+@pytest.mark.slow
 def test_orchmode_run_through_vertex(
     scripted: Any, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, private_key: str
 ) -> None:
@@ -738,6 +740,7 @@ def test_orchmode_run_through_vertex(
         ("vertex", {"CLOUD_ML_REGION": "us-east5"}, "gcloud auth application-default login", 3),
     ],
 )
+@pytest.mark.slow
 def test_what_is_missing_stops_a_run_at_start_up_in_one_line(
     tmp_path: Path, provider: str, env: dict[str, str], needle: str, code: int
 ) -> None:

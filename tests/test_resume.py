@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from orchmode.core.prompts import VERIFY_MARKER
 from orchmode.session.agent import CUT_OFF_NOTE
 from orchmode.testing import Reply, ScriptedRequest, ScriptedServer
@@ -103,6 +105,7 @@ def kill_during_fanout(
     return server
 
 
+@pytest.mark.slow
 def test_a_run_killed_during_the_fanout_resumes_without_a_new_plan(
     scripted: Callable[..., ScriptedServer], tmp_path: Path
 ) -> None:
@@ -121,6 +124,7 @@ def test_a_run_killed_during_the_fanout_resumes_without_a_new_plan(
     assert "[session] resuming" in result.stderr
 
 
+@pytest.mark.slow
 def test_a_run_killed_during_its_scouting_command_is_told_it_was_cut_off(
     scripted: Callable[..., ScriptedServer], tmp_path: Path
 ) -> None:
@@ -140,6 +144,7 @@ def test_a_run_killed_during_its_scouting_command_is_told_it_was_cut_off(
     assert not (tmp_path / "scouting").exists()  # the command was not run again
 
 
+@pytest.mark.slow
 def test_a_run_killed_before_its_synthesis_resends_only_that_request(
     scripted: Callable[..., ScriptedServer], tmp_path: Path
 ) -> None:
@@ -165,6 +170,7 @@ def test_a_run_killed_before_its_synthesis_resends_only_that_request(
     assert roles == ["main", "main"]  # the synthesis again, then the summary turn
 
 
+@pytest.mark.slow
 def test_ctrl_c_during_the_fanout_exits_130_and_names_the_resume_command(
     scripted: Callable[..., ScriptedServer], tmp_path: Path
 ) -> None:
@@ -193,6 +199,7 @@ def test_ctrl_c_during_the_fanout_exits_130_and_names_the_resume_command(
     assert scenario.plans == 1
 
 
+@pytest.mark.slow
 def test_run_says_an_interrupted_run_on_the_same_task_can_be_resumed(
     scripted: Callable[..., ScriptedServer], tmp_path: Path
 ) -> None:
@@ -211,6 +218,7 @@ def test_run_says_an_interrupted_run_on_the_same_task_can_be_resumed(
     assert "was interrupted" not in other.stderr
 
 
+@pytest.mark.slow
 def test_two_resumes_of_one_session_at_once_one_wins(
     scripted: Callable[..., ScriptedServer], tmp_path: Path
 ) -> None:
@@ -230,6 +238,7 @@ def test_two_resumes_of_one_session_at_once_one_wins(
     assert "in use by another orchmode process" in loser
 
 
+@pytest.mark.slow
 def test_what_cannot_be_resumed_is_one_line_and_changes_nothing(
     scripted: Callable[..., ScriptedServer], tmp_path: Path
 ) -> None:
@@ -289,6 +298,7 @@ def test_a_run_killed_during_the_fanout_resumes_on_postgresql(
     assert resumed_requests(server, since)
 
 
+@pytest.mark.slow
 def test_chat_offers_to_finish_an_interrupted_turn(
     scripted: Callable[..., ScriptedServer], tmp_path: Path
 ) -> None:
@@ -308,6 +318,7 @@ def test_chat_offers_to_finish_an_interrupted_turn(
     assert scenario.plans == 1
 
 
+@pytest.mark.slow
 def test_a_resume_takes_over_the_claims_of_a_killed_run_on_this_host_at_once(
     scripted: Callable[..., ScriptedServer], tmp_path: Path
 ) -> None:
@@ -341,6 +352,7 @@ class ReplanningScript(Replanning):
         return super().main(request)
 
 
+@pytest.mark.slow
 def test_a_script_killed_half_way_runs_again_from_its_start_with_journal_hits(
     scripted: Callable[..., ScriptedServer], tmp_path: Path
 ) -> None:
@@ -360,6 +372,7 @@ def test_a_script_killed_half_way_runs_again_from_its_start_with_journal_hits(
     assert '"agents": 8' in str(synthesis["messages"][-1])
 
 
+@pytest.mark.slow
 def test_agents_queued_when_a_run_was_killed_are_not_counted_against_its_budget(
     scripted: Callable[..., ScriptedServer], tmp_path: Path
 ) -> None:

@@ -354,6 +354,7 @@ async def test_a_working_directory_inside_home_is_writable_but_home_is_not(
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.slow
 async def test_a_fork_bomb_is_contained(shells: Shells, work: Path) -> None:
     limit = 32
     shell = shells(work, timeout=3, sandbox_processes=limit, output_limit=2000)
@@ -560,6 +561,7 @@ def bash_events(workdir: Path) -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize("mode", ["workspace-write", "read-only", "off"])
+@pytest.mark.slow
 def test_run_records_the_sandbox_of_every_command(
     scripted: Callable[..., ScriptedServer], tmp_path: Path, home: Path, mode: str
 ) -> None:
@@ -583,6 +585,7 @@ def test_run_records_the_sandbox_of_every_command(
         assert SECRET not in sent
 
 
+@pytest.mark.slow
 def test_run_without_bubblewrap_refuses_in_one_line_before_any_request(
     scripted: Callable[..., ScriptedServer], tmp_path: Path
 ) -> None:

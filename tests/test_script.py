@@ -358,6 +358,7 @@ for r in firsts:
 """
 
 
+@pytest.mark.slow
 def test_a_script_killed_mid_run_recomputes_no_finished_agent(tmp_path: Path) -> None:
     server = ScriptedServer(
         OrchestrationScenario(script=KILLED, worker_command=None, delay=0.1), api_key="test-key"

@@ -135,6 +135,7 @@ def changed_files(change: Change) -> dict[str, str]:
 # ---------------------------------------------------------------------------- real sizes
 
 
+@pytest.mark.slow
 async def test_a_workspace_on_10000_files_holds_only_what_its_agent_wrote(
     big: Path, agents_in: type[Agents]
 ) -> None:
@@ -319,6 +320,7 @@ async def test_every_kind_of_edit_is_read_from_the_upper_layer(
     assert git_out(workdir, "diff", "--cached", "--name-only") == ""  # the index untouched
 
 
+@pytest.mark.slow
 async def test_a_200_mb_file_written_in_place_is_one_small_change(
     tmp_path: Path, agents_in: type[Agents]
 ) -> None:
