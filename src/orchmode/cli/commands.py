@@ -298,10 +298,10 @@ async def _run(
 
 def _check_price(settings: Settings) -> None:
     """A cost cap needs the model's price: said in the command line's terms, before a start."""
-    if settings.max_cost is not None and settings.price() is None:
+    if settings.max_cost is not None and (model := settings.unpriced()) is not None:
         raise ConfigError(
-            f"--max-cost needs a price for {settings.model} — add it under "
-            f'[prices."{settings.model}"] in orchmode.toml'
+            f"--max-cost needs a price for {model} — add it under "
+            f'[prices."{model}"] in orchmode.toml'
         )
 
 
@@ -480,6 +480,8 @@ async def _budget(settings: Settings, workdir: Path) -> None:
     cost = f"${state.cost:.2f} spent" + (f" of ${cost_cap:.2f}" if cost_cap else "")
     print(f"cost       {cost}")
     print(f"requests   {totals.all.requests:,} to the model")
+    if models := totals.describe_models():
+        print(f"models     {models}")
     print(f"cache      {totals.describe_cache()}")
 
 

@@ -91,6 +91,8 @@ class ModelRequestDone:
     #: diagnostics: messages_changed, system_changed, …), and how many tokens it missed.
     cache_miss: str | None = None
     cache_missed_tokens: int = 0
+    #: The model that answered ("" in records made before roles could have their own).
+    model: str = ""
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,19 @@ class ModelPrice(BaseModel):
         return (input_tokens * dearest_input + output_tokens * self.output) / 1_000_000
 
 
+#: Short names for the current models, as Claude Code's agent files spell them.
+MODEL_ALIASES = {
+    "opus": "claude-opus-5-5",
+    "sonnet": "claude-sonnet-5-5",
+    "haiku": "claude-haiku-4-5",
+}
+
+
+def model_id(name: str) -> str:
+    """The model ID a name stands for: an alias's current model, else the name itself."""
+    return MODEL_ALIASES.get(name.strip().lower(), name.strip())
+
+
 def default_prices() -> dict[str, ModelPrice]:
     return {
         "claude-opus-5-5": ModelPrice(input=4, output=20, cache_write=5, cache_read=0.2),

@@ -12,10 +12,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import ConfigError
-from .pricing import ModelPrice, context_window_of, default_prices
+from .events import Role
+from .pricing import ModelPrice, context_window_of, default_prices, model_id
 
 CONFIG_FILE = "orchmode.toml"
 ENV_PREFIX = "ORCHMODE_"
@@ -48,10 +49,28 @@ class Settings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     model: str = Field(
-        default="claude-opus-5-5", description="Model for the main agent and subagents."
+        default="claude-opus-5-5",
+        description="Model for the main agent, and for each role not given its own below "
+        "(an ID, or `opus`, `sonnet`, `haiku` for the current one of each).",
     )
     effort: Effort = Field(
-        default="xhigh", description="`output_config.effort` sent on every request."
+        default="xhigh",
+        description="`output_config.effort` sent on every request of a role not given its own.",
+    )
+    worker_model: str | None = Field(
+        default=None, description="Model for the workers (default: `model`)."
+    )
+    verifier_model: str | None = Field(
+        default=None, description="Model for the verifiers (default: `model`)."
+    )
+    resolver_model: str | None = Field(
+        default=None, description="Model for the conflict resolvers (default: `model`)."
+    )
+    worker_effort: Effort | None = Field(
+        default=None, description="`output_config.effort` of the workers (default: `effort`)."
+    )
+    verifier_effort: Effort | None = Field(
+        default=None, description="`output_config.effort` of the verifiers (default: `effort`)."
     )
     max_tokens: int = Field(default=64000, gt=0, description="`max_tokens` of every model request.")
     request_timeout: float = Field(
@@ -304,6 +323,16 @@ class Settings(BaseModel):
         description="Small limits (2 subtasks, 1 turn each) in a throw-away fixture directory.",
     )
 
+    @field_validator("model", "worker_model", "verifier_model", "resolver_model")
+    @classmethod
+    def _model_ids(cls, value: str | None) -> str | None:
+        """An alias (``opus``, ``sonnet``, ``haiku``) becomes the model ID it stands for."""
+        if value is None:
+            return None
+        if not value.strip():
+            raise ValueError("a model name cannot be empty")
+        return model_id(value)
+
     @model_validator(mode="after")
     def _compaction_goes_down(self) -> Settings:
         if self.compact_to >= self.compact_at:
@@ -312,13 +341,44 @@ class Settings(BaseModel):
             )
         return self
 
-    def price(self) -> ModelPrice | None:
-        return self.prices.get(self.model)
+    def model_for(self, role: Role) -> str:
+        """The model an agent of ``role`` runs on: its role's setting, else ``model``."""
+        own = {
+            "worker": self.worker_model,
+            "verifier": self.verifier_model,
+            "resolver": self.resolver_model,
+        }.get(role)
+        return own or self.model
+
+    def effort_for(self, role: Role) -> Effort:
+        """The effort an agent of ``role`` asks for: its role's setting, else ``effort``."""
+        own = {"worker": self.worker_effort, "verifier": self.verifier_effort}.get(role)
+        return own or self.effort
+
+    def models(self) -> list[str]:
+        """Every model the session's agents may run on, the main agent's first."""
+        found = [self.model]
+        for role in ("worker", "verifier", "resolver"):
+            if (chosen := self.model_for(role)) not in found:
+                found.append(chosen)
+        return found
+
+    def unpriced(self) -> str | None:
+        """The first model the agents may run on that has no price, if any."""
+        return next((m for m in self.models() if m not in self.prices), None)
+
+    def price(self, model: str | None = None) -> ModelPrice | None:
+        """The price of ``model`` (default: the main agent's), or None if it has none."""
+        return self.prices.get(model or self.model)
 
     @property
     def window(self) -> int:
-        """The context window in tokens: the setting, else the model's."""
-        return self.context_window or context_window_of(self.model)
+        """The main agent's context window in tokens: the setting, else the model's."""
+        return self.window_of(self.model)
+
+    def window_of(self, model: str) -> int:
+        """A model's context window in tokens: the setting, else the model's own."""
+        return self.context_window or context_window_of(model)
 
     def with_test_limits(self) -> Settings:
         """The spec's small-limits mode: it wins over every other source."""

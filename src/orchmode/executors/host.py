@@ -217,7 +217,7 @@ class AgentHost:
                     tools=await with_mcp_tools(SUBAGENT_TOOLS, self.mcp, job.role),
                     max_turns=self.settings.subagent_turns,
                     on_first_request=lambda: self._first_request_sent(job, kind, shell),
-                    window=Window.from_settings(self.settings),
+                    window=Window.from_settings(self.settings, self.settings.model_for(job.role)),
                     mcp=self.mcp,
                     role=job.role,
                 )

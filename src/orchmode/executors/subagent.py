@@ -17,7 +17,7 @@ from ..core.results import AgentResult, Report, Status, parse_report
 from ..core.wire import Block, Message
 from ..loop import AgentLoop, Ending, Finish, Handler, LoopResult, Room, Toolbox
 from ..model.context import Meter, Window
-from ..model.gateway import ModelGateway
+from ..model.gateway import ModelChoice, ModelGateway
 from ..shell.bash import BashSession
 from ..tools.calls import run_bash, tool_result
 
@@ -46,6 +46,7 @@ class Subagent:
 
     async def run(self, prompt: str) -> AgentResult:
         messages: list[Message] = [{"role": "user", "content": prompt}]
+        choice = ModelChoice.of(self.gateway.settings, self.role)
         room = Room(
             self.name,
             self.gateway,
@@ -53,9 +54,15 @@ class Subagent:
             self.system,
             Meter([self.system, self.tools]),
             self.window,
+            model=choice.model,
         )
         loop = AgentLoop(
-            self.gateway, self.name, self.system, room, on_first_send=self.on_first_request
+            self.gateway,
+            self.name,
+            self.system,
+            room,
+            on_first_send=self.on_first_request,
+            choice=choice,
         )
         done = await loop.run(messages, self.toolbox(), self.max_turns)
         return self._result(done)

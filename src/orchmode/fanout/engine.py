@@ -147,8 +147,8 @@ class FanoutEngine:
         its tools included (a tool of an MCP server among them)."""
         return content_key(
             role=role,
-            model=self.settings.model,
-            effort=self.settings.effort,
+            model=self.settings.model_for(role),
+            effort=self.settings.effort_for(role),
             system=SUBAGENT_SYSTEM,
             tools=self._tools.get(role, SUBAGENT_TOOLS),
             prompt=prompt,
@@ -496,7 +496,7 @@ class FanoutEngine:
         report_path = self._save(role, prompt, key, result, verdict)
         # A journal hit asked the model nothing: it used no tokens and cost nothing now.
         usage = TokenUsage() if from_journal else result.usage
-        price = self.settings.price()
+        price = self.settings.price(self.settings.model_for(role))
         self.events.emit(
             SubagentDone(
                 call,

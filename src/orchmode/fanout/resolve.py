@@ -67,8 +67,8 @@ def resolution_key(engine: Engine, candidate: Candidate) -> str:
     assert candidate.change is not None
     return content_key(
         role="resolver",
-        model=engine.settings.model,
-        effort=engine.settings.effort,
+        model=engine.settings.model_for("resolver"),
+        effort=engine.settings.effort_for("resolver"),
         system=SUBAGENT_SYSTEM,
         tools=[],
         prompt=f"resolution of {candidate.key} {candidate.change.digest}",

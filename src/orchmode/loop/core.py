@@ -20,7 +20,7 @@ from enum import StrEnum
 from ..core.errors import AuthError, OrchmodeError, PromptTooLong
 from ..core.events import TokenUsage
 from ..core.wire import Block, Message
-from ..model.gateway import ModelGateway, ModelReply
+from ..model.gateway import ModelChoice, ModelGateway, ModelReply
 from .room import Room
 from .stops import Step, StopRule, rule_for
 from .toolbox import Toolbox
@@ -86,6 +86,8 @@ class AgentLoop:
     on_first_send: Callable[[], None] | None = None
     #: The conversation's last response, for the API's cache diagnostics.
     last_message_id: str | None = None
+    #: The model and effort of the agent's role (None: the main agent's).
+    choice: ModelChoice | None = None
 
     async def run(self, messages: list[Message], tools: Toolbox, max_turns: int) -> LoopResult:
         """Drive ``messages`` (extended and compacted in place) until the run ends."""
@@ -168,4 +170,5 @@ class AgentLoop:
             previous_message_id=self.last_message_id,
             on_send=on_send,
             context_edits=self.room.context_edits(),
+            choice=self.choice,
         )

@@ -45,6 +45,8 @@ class Room:
     saved_in: str | None = None
     #: Ask for the API's context editing (while the endpoint takes it).
     api_edits: bool = False
+    #: The model the agent runs on, which counts its tokens (None: the main agent's).
+    model: str | None = None
 
     def context_edits(self) -> list[Block] | None:
         """The API's context editing, asked for while the endpoint takes it."""
@@ -87,6 +89,7 @@ class Room:
                 messages=messages,
                 tools=tools,
                 context_edits=self.context_edits(),
+                model=self.model,
             )
             if counted is not None:
                 self.meter.observe(len(messages), counted)

@@ -66,19 +66,23 @@ class SessionBudget:
     def metered(self) -> bool:
         return self.settings.max_session_tokens is not None or self.settings.max_cost is not None
 
-    def cost(self, usage: TokenUsage) -> float:
-        price = self.settings.price()
+    def cost(self, usage: TokenUsage, model: str | None = None) -> float:
+        price = self.settings.price(model)
         return price.cost(usage) if price else 0.0
 
     async def before_request(
-        self, system: str, messages: Sequence[Any], tools: Sequence[Any]
+        self,
+        system: str,
+        messages: Sequence[Any],
+        tools: Sequence[Any],
+        model: str | None = None,
     ) -> Reservation | None:
         """Reserve the request's worst case, or raise :class:`BudgetExhausted`."""
         if not self.metered:
             return None
         input_tokens = estimate_input_tokens(system, messages, tools)
         output_tokens = self.settings.max_tokens
-        price = self.settings.price()
+        price = self.settings.price(model)
         cost = price.worst_case(input_tokens, output_tokens) if price else 0.0
         reservation = Reservation(input_tokens + output_tokens, cost)
         if not await self.store.reserve(
@@ -92,10 +96,12 @@ class SessionBudget:
             )
         return reservation
 
-    async def after_request(self, reservation: Reservation | None, usage: TokenUsage) -> None:
+    async def after_request(
+        self, reservation: Reservation | None, usage: TokenUsage, model: str | None = None
+    ) -> None:
         """Settle the ledger to what the request really used (nothing, if it failed)."""
         tokens = usage.total_input + usage.output_tokens
-        cost = self.cost(usage)
+        cost = self.cost(usage, model)
         if reservation is not None:
             tokens, cost = tokens - reservation.tokens, cost - reservation.cost
         if not (tokens or cost):
@@ -172,7 +178,7 @@ class SessionBudget:
         if s.max_session_tokens is not None:
             tokens += f" of {s.max_session_tokens:,}"
         parts.append(f"{tokens} tokens")
-        if s.price() is not None:
+        if s.unpriced() is None:
             cost = f"${state.cost:.2f}"
             if s.max_cost is not None:
                 cost += f" of ${s.max_cost:.2f}"

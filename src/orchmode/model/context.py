@@ -62,8 +62,9 @@ class Window:
     quote_tokens: int
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> Window:
-        tokens = settings.window
+    def from_settings(cls, settings: Settings, model: str | None = None) -> Window:
+        """The window of ``model`` (default: the main agent's), with the settings' points."""
+        tokens = settings.window_of(model or settings.model)
         return cls(
             tokens=tokens,
             compact_at=int(tokens * settings.compact_at),

@@ -30,7 +30,7 @@ from ..core.errors import (
     StreamInterrupted,
     TransientFailure,
 )
-from ..core.events import EventBus, ModelRequestDone, TokenUsage
+from ..core.events import EventBus, ModelRequestDone, Role, TokenUsage
 from ..core.prompts import notice_as_user_text
 from ..core.settings import Settings
 from ..core.wire import Block, Message, blocks_of, is_block, joined_text
@@ -298,6 +298,18 @@ def _text_of(content: Any) -> str:
     return ""
 
 
+@dataclass(frozen=True)
+class ModelChoice:
+    """The model an agent runs on and the effort it asks for (each role may have its own)."""
+
+    model: str
+    effort: str
+
+    @classmethod
+    def of(cls, settings: Settings, role: Role = "main") -> ModelChoice:
+        return cls(settings.model_for(role), settings.effort_for(role))
+
+
 @dataclass
 class ModelGateway:
     """Sends requests for every agent of a session and keeps the session's usage."""
@@ -367,8 +379,11 @@ class ModelGateway:
         previous_message_id: str | None = None,
         on_send: Callable[[], None] | None = None,
         context_edits: Sequence[Block] | None = None,
+        choice: ModelChoice | None = None,
     ) -> ModelReply:
         """Stream one response to the end and return it; raise an ``OrchmodeError`` on failure.
+
+        ``choice`` is the model and effort of the agent's role (default: the main agent's).
 
         ``previous_message_id`` is the conversation's last response: the API then says why,
         if it could not reuse that request's cached prefix (recorded on the event).
@@ -379,21 +394,29 @@ class ModelGateway:
         (:attr:`context_editing` turns false).
         """
         started = time.monotonic()
+        choice = choice or ModelChoice.of(self.settings)
         reservation = None
         if self.budget is not None:
-            reservation = await self.budget.before_request(system, messages, tools)
+            reservation = await self.budget.before_request(system, messages, tools, choice.model)
         try:
             reply = await self._send(
-                system, messages, tools, on_text, previous_message_id, on_send, context_edits
+                system,
+                messages,
+                tools,
+                on_text,
+                previous_message_id,
+                on_send,
+                context_edits,
+                choice,
             )
         except BaseException:
             if self.budget is not None:
-                await self.budget.after_request(reservation, TokenUsage())
+                await self.budget.after_request(reservation, TokenUsage(), choice.model)
             raise
-        price = self.settings.price()
+        price = self.settings.price(choice.model)
         cost = price.cost(reply.usage) if price else 0.0
         if self.budget is not None:
-            await self.budget.after_request(reservation, reply.usage)
+            await self.budget.after_request(reservation, reply.usage, choice.model)
         self.usage = self.usage + reply.usage
         self.cost += cost
         self.requests += 1
@@ -407,6 +430,7 @@ class ModelGateway:
                 cost=cost,
                 cache_miss=reply.cache_miss,
                 cache_missed_tokens=reply.cache_missed_tokens,
+                model=choice.model,
             )
         )
         return reply
@@ -420,6 +444,7 @@ class ModelGateway:
         previous_message_id: str | None,
         on_send: Callable[[], None] | None = None,
         context_edits: Sequence[Block] | None = None,
+        choice: ModelChoice | None = None,
     ) -> ModelReply:
         """Send one request under the adaptive limit, retrying what is worth retrying.
 
@@ -443,7 +468,13 @@ class ModelGateway:
             edits = context_edits if self.context_editing else None
             try:
                 reply = await self._stream(
-                    system, messages, tools, on_text, previous_message_id, edits
+                    system,
+                    messages,
+                    tools,
+                    on_text,
+                    previous_message_id,
+                    edits,
+                    choice or ModelChoice.of(self.settings),
                 )
             except _BetaRefused as exc:
                 log.info("the endpoint refused context editing (%s); orchmode compacts itself", exc)
@@ -486,7 +517,8 @@ class ModelGateway:
         tools: Sequence[Block],
         on_text: Callable[[str], None] | None,
         previous_message_id: str | None,
-        context_edits: Sequence[Block] | None = None,
+        context_edits: Sequence[Block] | None,
+        choice: ModelChoice,
     ) -> ModelReply:
         builder = _ReplyBuilder()
         caps = self.capabilities
@@ -504,14 +536,14 @@ class ModelGateway:
                 }
             stream = await create(
                 **beta,
-                model=self.settings.model,
+                model=choice.model,
                 max_tokens=self.settings.max_tokens,
                 # The system prompt is its own cache breakpoint: every agent of a role sends
                 # the same tools and system bytes first, so the wave shares that prefix.
                 system=[{"type": "text", "text": system, "cache_control": EPHEMERAL}],
                 messages=cast(Any, self._wire_messages(messages, breakpoint=True)),
                 tools=cast(Any, list(tools)),
-                **self._optional_fields(previous_message_id),
+                **self._optional_fields(previous_message_id, choice.effort),
                 timeout=self.settings.request_timeout,
                 stream=True,
             )
@@ -602,12 +634,12 @@ class ModelGateway:
             wire = _with_breakpoint(wire)
         return wire
 
-    def _optional_fields(self, previous_message_id: str | None) -> dict[str, Any]:
+    def _optional_fields(self, previous_message_id: str | None, effort: str) -> dict[str, Any]:
         """The request fields only some providers take; the body version some require."""
         caps = self.capabilities
         fields: dict[str, Any] = {}
         if caps.effort:
-            fields["output_config"] = {"effort": self.settings.effort}
+            fields["output_config"] = {"effort": effort}
         if caps.automatic_caching:
             fields["cache_control"] = EPHEMERAL
         if caps.cache_diagnostics:
@@ -623,6 +655,7 @@ class ModelGateway:
         messages: Sequence[Message],
         tools: Sequence[Block],
         context_edits: Sequence[Block] | None = None,
+        model: str | None = None,
     ) -> int | None:
         """The API's own count of a request's input (after its context edits, if any), or
         None when it cannot say: counting is an aid, so no failure of it is an error."""
@@ -630,7 +663,7 @@ class ModelGateway:
             return None
         edits = context_edits if self.context_editing else None
         request: dict[str, Any] = {
-            "model": self.settings.model,
+            "model": model or self.settings.model,
             "system": [{"type": "text", "text": system}],
             "messages": cast(Any, self._wire_messages(messages)),
             "tools": cast(Any, list(tools)),

@@ -34,11 +34,15 @@ class SessionTotals:
     main: UsageTotals = field(default_factory=UsageTotals)
     subagents: UsageTotals = field(default_factory=UsageTotals)
     cache_misses: int = 0
+    #: The same use split by the model that answered, in the order each was first seen
+    #: ("" for requests recorded before each role could have its own model).
+    by_model: dict[str, UsageTotals] = field(default_factory=dict)
 
     def __call__(self, event: Event) -> None:
         if isinstance(event, ModelRequestDone):
             part = self.main if event.agent == "main" else self.subagents
             part.add(event.usage, event.cost)
+            self.by_model.setdefault(event.model, UsageTotals()).add(event.usage, event.cost)
             self.cache_misses += event.cache_miss is not None
 
     @property
@@ -58,6 +62,22 @@ class SessionTotals:
             f"({total.usage.cache_hit:.0%} read from cache) · "
             f"{total.usage.output_tokens:,} output · ${total.cost:.2f}"
         )
+
+    def describe_models(self) -> str:
+        """Each model's share of the dollars, its dollars and tokens, dearest first:
+        ``claude-opus-5-5 81% ($1.20, 40,100 tokens) · claude-haiku-4-5 19% ($0.280, 88,000
+        tokens)``; "" when only one model answered."""
+        named = {model: part for model, part in self.by_model.items() if model}
+        if len(named) < 2:
+            return ""
+        total = self.all.cost
+        shares = []
+        for model, part in sorted(named.items(), key=lambda kv: -kv[1].cost):
+            share = f" {part.cost / total:.0%}" if total else ""
+            tokens = part.usage.total_input + part.usage.output_tokens
+            dollars = f"${part.cost:.3f}" if part.cost < 1 else f"${part.cost:,.2f}"
+            shares.append(f"{model}{share} ({dollars}, {tokens:,} tokens)")
+        return " · ".join(shares)
 
     def describe_cache(self) -> str:
         """The cache's share of input, for the main agent and the subagents apart."""

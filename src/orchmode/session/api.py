@@ -518,8 +518,6 @@ def _prepared(
     settings = settings.model_copy(update=update)
     if settings.test_mode:  # what load_settings does for the CLI, so the setting means the same
         settings = settings.with_test_limits()
-    if settings.max_cost is not None and settings.price() is None:
-        raise ConfigError(
-            f"max_cost needs a price for {settings.model} — add one to Settings(prices=...)"
-        )
+    if settings.max_cost is not None and (model := settings.unpriced()) is not None:
+        raise ConfigError(f"max_cost needs a price for {model} — add one to Settings(prices=...)")
     return settings, where

@@ -436,9 +436,10 @@ class LiveView:
         total = self.totals.all
         elapsed = (self.clock() if now is None else now) - self.began
         budget = f" · budget: {self.budget_line}" if self.budget_line else ""
+        models = self.totals.describe_models()
         return Text(
             f"session · {total.requests} requests · {_tokens(total.usage):,} tokens · "
             f"{total.usage.cache_hit:.0%} cache hit · ${total.cost:.2f} · {elapsed:.1f} s"
-            f"{budget}",
+            f"{budget}" + (f"\nmodels · {models}" if models else ""),
             style="bold",
         )

@@ -152,6 +152,8 @@ def _totals(history: SessionHistory) -> str:
         f"requests · subagents {money(history.totals.subagents.cost)} in "
         f"{history.totals.subagents.requests} requests"
     )
+    if models := history.totals.describe_models():
+        split += f" · by model: {models}"
     return (
         '<section id="totals"><h2>Totals</h2>\n'
         f'<dl class="totals">\n{cells}\n</dl>\n<p class="meta">{e(split)}</p></section>'

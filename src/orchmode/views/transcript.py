@@ -181,6 +181,8 @@ def transcript(history: SessionHistory) -> list[Line]:
         )
     lines.append(_line())
     lines.append(_line(("totals", "bold"), " ", totals_text(history)))
+    if models := history.totals.describe_models():
+        lines.append(_line(("models", "bold"), " ", models))
     if history.skipped:
         lines.append(_line((f"{history.skipped} unreadable event rows were left out", "yellow")))
     return lines
