@@ -312,6 +312,12 @@ class Settings(BaseModel):
         description="A JSON file of MCP servers in the shape of `.mcp.json` (`mcpServers`); "
         "their tools are offered to the agents. Never read unless named here.",
     )
+    agents_dir: Path | None = Field(
+        default=None,
+        description="A directory of agent definitions (`*.md` in Claude Code's format) read "
+        "besides `.claude/agents/` and `~/.claude/agents/`; on a name clash its own win. "
+        "Relative to the working directory.",
+    )
     mcp_timeout: float = Field(
         default=120.0, gt=0, description="Seconds one MCP tool call (or a server's start) may take."
     )
