@@ -87,13 +87,23 @@ class Report(BaseModel):
 
 def parse_report(tool_input: object) -> Report | str:
     """The validated report, or an explanation the model can act on."""
+    report = check_report(tool_input)
+    if isinstance(report, Report):
+        return report
+    return (
+        f"error: report_findings input is invalid ({'; '.join(report)}). Call report_findings "
+        "again with a summary string and a findings list of {claim, evidence, severity}."
+    )
+
+
+def check_report(tool_input: object) -> Report | list[str]:
+    """The validated report, or each problem as ``"<path>: <message>"``.
+
+    What :func:`parse_report` and a typed report (:mod:`orchmode.core.schemas`) both check.
+    """
     try:
         return Report.model_validate(tool_input)
     except ValidationError as exc:
-        problems = "; ".join(
+        return [
             f"{'.'.join(str(p) for p in e['loc']) or 'input'}: {e['msg']}" for e in exc.errors()
-        )
-        return (
-            f"error: report_findings input is invalid ({problems}). Call report_findings "
-            "again with a summary string and a findings list of {claim, evidence, severity}."
-        )
+        ]
