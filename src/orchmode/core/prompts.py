@@ -75,6 +75,11 @@ or per file section. A focused review of a module of a few hundred lines rarely 
 than about ten subtasks; a broad audit of a large codebase can justify more. Write each \
 subtask as a self-contained prompt: the agent sees nothing else.
 
+Typed results: a subtask may be an object {"prompt": "...", "schema": {...JSON Schema...}} \
+instead of a string; its agent must then report `data` following that schema (checked; an \
+invalid report is sent back to it, 3 attempts in all), and its result carries that data as \
+JSON. Use it when you will compute with the results (counts, lists, scores).
+
 Changing code: with "isolation": "worktree" (the default where agents may write), each \
 agent works in its own copy of the working directory as it was when the call started, so \
 agents never trample each other. Its change comes back as a patch; its verifier checks the \
@@ -89,11 +94,13 @@ later agents depend on earlier results. The script is plain Python run in a sand
 files, network or OS access; it may import only json, re, math, random, itertools, \
 functools, collections, dataclasses, typing, bisect, copy and decimal. It drives agents \
 through these functions, called directly (not awaited):
-- agent(prompt, isolation=None) -> dict: runs one agent; returns its report {"summary", \
-"findings"}, or {"error", "status"} if it failed or was not run; with a change to the \
-tree, also "change": what it changed.
-- parallel(prompts, isolation=None) -> list: runs the prompts as parallel agents; results \
-in the same order. isolation is "worktree" or "shared", as for subtasks; an agent's change \
+- agent(prompt, isolation=None, *, schema=None) -> dict: runs one agent; returns its report \
+{"summary", "findings"} (with a JSON Schema `schema`, also "data", a dict following it), \
+or {"error", "status"} if it failed or was not run; with a change to the tree, also \
+"change": what it changed.
+- parallel(prompts, isolation=None, *, schema=None) -> list: runs the prompts as parallel \
+agents; results in the same order; a prompt may be a {"prompt", "schema"} object. \
+isolation is "worktree" or "shared", as for subtasks; an agent's change \
 is merged at the end of the script, in the order the agents were started, once verify() \
 confirmed it (or as the merge setting says).
 - verify(prompt, result) -> dict: one agent tries to refute `result` (what agent(prompt) \
@@ -139,9 +146,23 @@ WORKFLOW_TOOL: dict[str, Any] = {
         "properties": {
             "subtasks": {
                 "type": "array",
-                "items": {"type": "string"},
-                "description": "Independent subtask prompts, one per parallel agent. Give "
-                "this or script, not both.",
+                "items": {
+                    "anyOf": [
+                        {"type": "string"},
+                        {
+                            "type": "object",
+                            "properties": {
+                                "prompt": {"type": "string"},
+                                "agent": {"type": "string"},
+                                "schema": {"type": "object"},
+                            },
+                            "required": ["prompt"],
+                        },
+                    ]
+                },
+                "description": "Independent subtask prompts, one per parallel agent: a "
+                'string, or {"prompt": "...", "schema": {...}} for a typed result whose '
+                "data follows the JSON Schema. Give this or script, not both.",
             },
             "script": {
                 "type": "string",

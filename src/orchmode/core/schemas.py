@@ -104,6 +104,14 @@ def report_tool(schema: dict[str, Any] | None) -> dict[str, Any]:
     return tool
 
 
+def typed_tools(tools: list[dict[str, Any]], schema: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """``tools`` with report_findings taking ``data`` of ``schema``; ``tools`` itself without."""
+    if schema is None:
+        return tools
+    typed = report_tool(schema)
+    return [typed if t.get("name") == typed["name"] else t for t in tools]
+
+
 def validate_data(schema: dict[str, Any], data: object) -> list[str]:
     """Each way ``data`` breaks ``schema``, as ``"<path>: <message>"``; empty when it fits.
 

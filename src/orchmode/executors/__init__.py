@@ -44,6 +44,9 @@ class Job:
     prompt: str
     #: Set under ``worktree`` isolation: the copy of the tree the agent works in.
     tree: TreeJob | None = None
+    #: The JSON Schema the report's ``data`` must follow (None: an untyped report); plain
+    #: data, so a job pickles for a cluster's nodes.
+    schema: dict[str, Any] | None = field(default=None, hash=False)
 
 
 @dataclass(frozen=True)

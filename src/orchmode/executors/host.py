@@ -22,6 +22,7 @@ from ..core.errors import AuthError, OrchmodeError
 from ..core.events import EventBus, WorkspacesChosen
 from ..core.prompts import SUBAGENT_SYSTEM, SUBAGENT_TOOLS
 from ..core.results import AgentResult, Status
+from ..core.schemas import typed_tools
 from ..core.settings import Settings
 from ..model.budget import BudgetExhausted
 from ..model.context import Window
@@ -214,12 +215,15 @@ class AgentHost:
                     events=events,
                     name=job.name,
                     system=SUBAGENT_SYSTEM,
-                    tools=await with_mcp_tools(SUBAGENT_TOOLS, self.mcp, job.role),
+                    tools=typed_tools(
+                        await with_mcp_tools(SUBAGENT_TOOLS, self.mcp, job.role), job.schema
+                    ),
                     max_turns=self.settings.subagent_turns,
                     on_first_request=lambda: self._first_request_sent(job, kind, shell),
                     window=Window.from_settings(self.settings, self.settings.model_for(job.role)),
                     mcp=self.mcp,
                     role=job.role,
+                    schema=job.schema,
                 )
                 result = await agent.run(job.prompt)
             except AuthError:

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from ..core.events import EventBus, Role
 from ..core.results import AgentResult, Report, Status, parse_report
+from ..core.schemas import ReportAttempts, TypedReport
 from ..core.wire import Block, Message
 from ..loop import AgentLoop, Ending, Finish, Handler, LoopResult, Room, Toolbox
 from ..model.context import Meter, Window
@@ -43,6 +44,10 @@ class Subagent:
     #: The user's MCP servers, whose tools among ``tools`` it may call.
     mcp: McpHub | None = None
     role: Role = "worker"
+    #: The JSON Schema its report's ``data`` must follow (None: an untyped report).
+    schema: dict[str, Any] | None = None
+    #: Set when its last allowed report was still invalid: the run failed with this.
+    _rejected: str | None = field(default=None, init=False, repr=False)
 
     async def run(self, prompt: str) -> AgentResult:
         messages: list[Message] = [{"role": "user", "content": prompt}]
@@ -68,16 +73,29 @@ class Subagent:
         return self._result(done)
 
     def toolbox(self) -> Toolbox:
-        """bash, report_findings (which ends the run with a valid report) and MCP tools."""
+        """bash, report_findings (which ends the run with a valid report) and MCP tools.
+
+        An invalid report is answered with its problems, up to the attempts allowed; the
+        last one still invalid ends a typed run as a failure (see :class:`ReportAttempts`).
+        """
+        attempts = ReportAttempts(self.schema)
 
         async def bash(tool_use: Block, _gathered: object) -> Block:
             return await run_bash(self.shell, tool_use, agent=self.name, events=self.events)
 
         async def report_findings(tool_use: Block, _gathered: object) -> Block | Finish:
-            report = parse_report(tool_use["input"])
-            if isinstance(report, Report):
+            if self.schema is None:  # untyped: asked again as often as it takes, as always
+                untyped = parse_report(tool_use["input"])
+                if isinstance(untyped, Report):
+                    return Finish(json.dumps(untyped.model_dump(), ensure_ascii=False))
+                return tool_result(tool_use["id"], untyped, is_error=True)
+            report = attempts.take(tool_use["input"])
+            if isinstance(report, TypedReport):
                 return Finish(json.dumps(report.model_dump(), ensure_ascii=False))
-            return tool_result(tool_use["id"], report, is_error=True)
+            if report.final:
+                self._rejected = report.message
+                return Finish(report.message)
+            return tool_result(tool_use["id"], report.message, is_error=True)
 
         prefixes: dict[str, Handler] = {}
         mcp = self.mcp
@@ -92,6 +110,8 @@ class Subagent:
     def _result(self, done: LoopResult) -> AgentResult:
         """How the run ended, as a subagent's result."""
         ending, turns, usage = done.ending, done.turns, done.usage
+        if ending is Ending.FINISHED and self._rejected is not None:
+            return AgentResult(self._rejected, Status.FAILED, turns, usage)
         if ending is Ending.FINISHED:
             return AgentResult(done.text, Status.FINISHED, turns, usage)
         if ending is Ending.FAILED:

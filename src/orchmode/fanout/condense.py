@@ -1,11 +1,11 @@
 """Workflow results that fit their token budget, condensed the same way every time.
 
 Below its budget a Workflow result is exactly what it always was. Above it, every subtask
-keeps its ``[agent i: …]`` header with the worker's summary and its ``[verify i]`` verdict;
-then findings are added by severity (all high ones first, in subtask order, then medium,
-…) while the budget allows; what was left out is named per agent, with the file holding
-its full report. Nothing here reads a clock or a set's order, so a rerun gives the same
-bytes and the prompt cache still hits.
+keeps its ``[agent i: …]`` header with the worker's summary (and a typed result's ``data``,
+whole) and its ``[verify i]`` verdict; then findings are added by severity (all high ones
+first, in subtask order, then medium, …) while the budget allows; what was left out is
+named per agent, with the file holding its full report. Nothing here reads a clock or a
+set's order, so a rerun gives the same bytes and the prompt cache still hits.
 """
 
 from __future__ import annotations
@@ -158,7 +158,22 @@ def _take_apart(label: str, entry: AgentEntry) -> _Agent:
     if report is None:
         return _Agent(label, file, _cap(entry.text.strip(), SUMMARY_CAP))
     summary, findings = report
-    return _Agent(label, file, _cap(summary, SUMMARY_CAP), findings, [False] * len(findings))
+    kept = _cap(summary, SUMMARY_CAP)
+    data = _data(entry.text)
+    if data is not None:  # a typed result is what the caller asked for: kept whole
+        kept += f"\ndata: {data}"
+    return _Agent(label, file, kept, findings, [False] * len(findings))
+
+
+def _data(text: str) -> str | None:
+    """A typed report's ``data`` as compact JSON, or None when the result has none."""
+    try:
+        value: Any = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(value, dict) or "data" not in value:
+        return None
+    return json.dumps(value["data"], ensure_ascii=False, sort_keys=True)
 
 
 def _report(text: str) -> tuple[str, list[dict[str, str]]] | None:
@@ -277,7 +292,9 @@ def _drop_findings(value: Any, severity: str) -> int:
             ]
             count += len(findings) - len(kept)
             value["findings"] = kept
-        for item in value.values():
+        for key, item in value.items():
+            if key == "data" and "summary" in value:  # a typed result's data is kept whole
+                continue
             count += _drop_findings(item, severity)
     elif isinstance(value, list):
         for item in value:

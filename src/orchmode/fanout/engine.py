@@ -28,6 +28,7 @@ from ..core.events import (
 )
 from ..core.prompts import SUBAGENT_SYSTEM, SUBAGENT_TOOLS, change_note, quote_result, verify_prompt
 from ..core.results import AgentResult, Status
+from ..core.schemas import typed_tools
 from ..core.settings import Settings
 from ..executors import Executor, Job, TreeJob, WorkerLost
 from ..executors.local import HERE, LocalExecutor
@@ -142,34 +143,56 @@ class FanoutEngine:
             if role not in self._tools:
                 self._tools[role] = await with_mcp_tools(SUBAGENT_TOOLS, self.mcp, role)
 
-    def key_of(self, role: Role, prompt: str, isolation: str = "shared") -> str:
+    def key_of(
+        self,
+        role: Role,
+        prompt: str,
+        isolation: str = "shared",
+        schema: dict[str, Any] | None = None,
+    ) -> str:
         """The journal's content address of an agent: everything that determines its result,
-        its tools included (a tool of an MCP server among them)."""
+        its tools included (a tool of an MCP server among them, and report_findings with
+        the subtask's schema, so a changed schema is not served an old result)."""
         return content_key(
             role=role,
             model=self.settings.model_for(role),
             effort=self.settings.effort_for(role),
             system=SUBAGENT_SYSTEM,
-            tools=self._tools.get(role, SUBAGENT_TOOLS),
+            tools=typed_tools(self._tools.get(role, SUBAGENT_TOOLS), schema),
             prompt=prompt,
             isolation=isolation,
         )
 
-    def report_path(self, role: Role, prompt: str, isolation: str = "shared") -> str:
+    def report_path(
+        self,
+        role: Role,
+        prompt: str,
+        isolation: str = "shared",
+        schema: dict[str, Any] | None = None,
+    ) -> str:
         """Where the agent with ``prompt`` has its full result, or "" with no results dir."""
         if self.results is None:
             return ""
-        return str(self.results.agent_path(role, self.key_of(role, prompt, isolation)))
+        return str(self.results.agent_path(role, self.key_of(role, prompt, isolation, schema)))
 
-    def verify_prompt(self, subtask: str, worker: AgentResult, isolation: str = "shared") -> str:
-        """The verifier's prompt, quoting the worker's result within its budget, and naming
-        the worker's change when it made one."""
+    def verify_prompt(
+        self,
+        subtask: str,
+        worker: AgentResult,
+        isolation: str = "shared",
+        schema: dict[str, Any] | None = None,
+    ) -> str:
+        """The verifier's prompt, quoting the worker's result within its budget (its
+        ``data`` with it), naming the worker's change when it made one, and the schema
+        the data had to follow."""
         limit = self.window.quote_tokens * 3
-        path = self.report_path("worker", subtask, isolation) or None
+        path = self.report_path("worker", subtask, isolation, schema) or None
         change = worker.change
         note = ""
         if change is not None and not change.empty:
             note = change_note(describe_change(change), change.digest[:12], change.base)
+        if schema is not None:
+            note += data_note(schema)
         return verify_prompt(subtask, quote_result(worker.text, limit, path), note)
 
     async def tree_for(self, isolation: str, *, ahead: bool = False) -> TreeJob | None:
@@ -296,6 +319,7 @@ class FanoutEngine:
         relay: Relay | None = None,
         hand_on: Relay | None = None,
         tree: TreeJob | None = None,
+        schema: dict[str, Any] | None = None,
     ) -> AgentResult:
         """One subagent through the store; any failure becomes an error result in its slot.
 
@@ -303,7 +327,8 @@ class FanoutEngine:
         claim, budget reservation, slot, executor. Its housekeeping finishes in the
         background, so whoever calls it must :meth:`finish_housekeeping` before reporting. ``relay``
         may hold a slot handed on by the previous agent of the chain; ``hand_on`` is where
-        this agent queues for the next one's before it lets its own slot go.
+        this agent queues for the next one's before it lets its own slot go. ``schema``: the
+        report's data must follow it (a typed result).
         """
         own: Relay | None = None
         if relay is None:
@@ -314,7 +339,15 @@ class FanoutEngine:
             own.queue_next(priority)
         try:
             return await self._run_subagent(
-                call, index, role, prompt, priority, relay=relay, hand_on=hand_on, tree=tree
+                call,
+                index,
+                role,
+                prompt,
+                priority,
+                relay=relay,
+                hand_on=hand_on,
+                tree=tree,
+                schema=schema,
             )
         finally:
             if own is not None:
@@ -331,8 +364,9 @@ class FanoutEngine:
         relay: Relay,
         hand_on: Relay | None,
         tree: TreeJob | None,
+        schema: dict[str, Any] | None = None,
     ) -> AgentResult:
-        key = self.key_of(role, prompt, "worktree" if tree is not None else "shared")
+        key = self.key_of(role, prompt, "worktree" if tree is not None else "shared", schema)
         if not self.settings.fresh:
             recorded = await self.store.lookup(key)
             if recorded is not None:
@@ -349,7 +383,14 @@ class FanoutEngine:
         )
         try:
             job = Job(
-                key, holder, self.budget.session, role, f"{role} {call}.{index}", prompt, tree
+                key,
+                holder,
+                self.budget.session,
+                role,
+                f"{role} {call}.{index}",
+                prompt,
+                tree,
+                schema=schema,
             )
             async with self.slots.slot(priority, relay):
                 # Reserved only once it has a slot: an agent still queued when the process
@@ -550,3 +591,13 @@ class FanoutEngine:
     async def _write_record(self, role: Role, key: str, record: dict[str, object]) -> None:
         assert self.results is not None
         await asyncio.to_thread(self.results.write_agent, role, key, record)
+
+
+def data_note(schema: dict[str, Any]) -> str:
+    """What the verifier is told of a typed result: the schema its ``data`` had to follow."""
+    text = json.dumps(schema, ensure_ascii=False, sort_keys=True)
+    return (
+        "\n\nIts report carries `data`, its typed result, which had to follow this JSON "
+        f"Schema:\n<schema>\n{text}\n</schema>\nCheck the values in the data against what "
+        "you find, as you check its claims: a wrong value counts as refuted."
+    )

@@ -7,7 +7,13 @@ hypothesis tests can throw any input at them.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..core.schemas import check_schema
+
+#: The keys an object subtask may have.
+SUBTASK_KEYS = ("prompt", "agent", "schema")
 
 
 def normalise_subtasks(raw: object) -> list[str]:
@@ -41,6 +47,12 @@ def normalise_subtasks(raw: object) -> list[str]:
 class Plan:
     subtasks: list[str]
     not_run: int
+    #: Each subtask's report schema (None: an untyped report), in the same order.
+    schemas: list[dict[str, Any] | None] = field(default_factory=list)
+
+    def schema_of(self, index: int) -> dict[str, Any] | None:
+        """Subtask ``index``'s schema (0-based); None when it has none."""
+        return self.schemas[index] if index < len(self.schemas) else None
 
     @property
     def note(self) -> str:
@@ -102,6 +114,9 @@ def plan_subtasks(tool_input: object, cap: int) -> Plan | str:
     """The subtasks to run, or an error message when there are none."""
     if not isinstance(tool_input, dict) or "subtasks" not in tool_input:
         return 'error: Workflow needs {"subtasks": ["first subtask prompt", ...]}'
+    raw = _decoded(tool_input["subtasks"])
+    if isinstance(raw, list | tuple) and any(isinstance(item, dict) for item in raw):
+        return _plan_objects(raw, cap)
     subtasks = normalise_subtasks(tool_input["subtasks"])
     if not subtasks:
         return (
@@ -109,6 +124,85 @@ def plan_subtasks(tool_input: object, cap: int) -> Plan | str:
             '{"subtasks": ["...", "..."]}'
         )
     return Plan(subtasks[:cap], max(0, len(subtasks) - cap))
+
+
+def _decoded(raw: object) -> object:
+    """A JSON-encoded list sent as one string, decoded; anything else as it is."""
+    if isinstance(raw, str) and raw.strip().startswith("["):
+        try:
+            return json.loads(raw)
+        except ValueError:
+            return raw
+    return raw
+
+
+def _plan_objects(raw: list[Any] | tuple[Any, ...], cap: int) -> Plan | str:
+    """A plan from a list holding object subtasks (strings may be mixed in), or the first
+    error, naming the subtask's number: nothing runs when one subtask is wrong."""
+    prompts: list[str] = []
+    schemas: list[dict[str, Any] | None] = []
+    for number, item in enumerate((i for i in raw if i is not None), start=1):
+        if not isinstance(item, dict):
+            kept = normalise_subtasks([item])
+            if kept:
+                prompts.append(kept[0])
+                schemas.append(None)
+            continue
+        subtask = subtask_object(item)
+        if isinstance(subtask, str):
+            return f"error: subtask {number}: {subtask}; nothing was run"
+        prompts.append(subtask[0])
+        schemas.append(subtask[1])
+    if not prompts:
+        return (
+            "error: no usable subtasks — pass a non-empty list of subtask prompts as "
+            '{"subtasks": ["...", "..."]}'
+        )
+    return Plan(prompts[:cap], max(0, len(prompts) - cap), schemas[:cap])
+
+
+def subtask_object(item: dict[str, Any]) -> tuple[str, dict[str, Any] | None] | str:
+    """``(prompt, schema)`` of an object subtask, or what is wrong with it.
+
+    ``agent`` is read here so that it is never silently ignored; no agent definitions are
+    loaded in this version, so any name is unknown (the next step wires them in).
+    """
+    extra = sorted(str(k) for k in item if k not in SUBTASK_KEYS)
+    if extra:
+        return (
+            f"unknown key {', '.join(json.dumps(k) for k in extra)} — an object subtask "
+            'takes "prompt" and optionally "agent" and "schema"'
+        )
+    prompt = item.get("prompt")
+    if not isinstance(prompt, str):
+        what = "missing" if prompt is None else f"a {type(prompt).__name__}, not a string"
+        return f'"prompt" is {what}: give the subtask\'s prompt as a string'
+    if not prompt.strip():
+        return '"prompt" is empty'
+    agent = item.get("agent")
+    if agent is not None and not isinstance(agent, str):
+        return (
+            f'"agent" is a {type(agent).__name__}, not a string: it names an agent (a schema '
+            'goes in "schema")'
+        )
+    if agent is not None:
+        return unknown_agent(agent)
+    schema = item.get("schema")
+    if schema is None:
+        return prompt.strip(), None
+    problem = check_schema(schema)
+    if problem is not None:
+        return f'"schema" is not usable: {problem}'
+    return prompt.strip(), schema
+
+
+def unknown_agent(name: object) -> str:
+    """The error for a named agent: none are loaded yet (wired in by the agents step)."""
+    # TODO(issue 24, agents step): look the name up in the loaded agent definitions.
+    return (
+        f"unknown agent {json.dumps(name, ensure_ascii=False, default=str)}: no agent "
+        "definitions are loaded — known agents: (none)"
+    )
 
 
 def title(subtask: str, width: int = 120) -> str:

@@ -51,7 +51,7 @@ from ..model.context import CHARS_PER_TOKEN, estimate_tokens
 from ..trees.patches import describe_change
 from .condense import fit_value
 from .engine import FanoutEngine
-from .plans import isolation_of, verdict_of
+from .plans import isolation_of, subtask_object, verdict_of
 from .slots import VERIFIER_PRIORITY, WORKER_PRIORITY
 
 #: Modules a script may import: pure computation inside the sandbox, nothing that reaches out.
@@ -90,10 +90,16 @@ PARAMETERS: dict[str, tuple[str, ...]] = {
     "verify": ("prompt", "result"),
     "budget": (),
 }
+#: Parameters taken by keyword only, after the positional ones: a schema or an agent's name
+#: passed by position, as in a script written before they existed, is still a TypeError.
+KEYWORD_ONLY: dict[str, tuple[str, ...]] = {
+    "agent": ("agent", "schema"),
+    "parallel": ("agent", "schema"),
+}
 #: Parameters that may be left out, and what they are then.
 DEFAULTS: dict[str, dict[str, object]] = {
-    "agent": {"isolation": None},
-    "parallel": {"isolation": None},
+    "agent": {"agent": None, "schema": None, "isolation": None},
+    "parallel": {"agent": None, "schema": None, "isolation": None},
 }
 
 
@@ -397,13 +403,17 @@ class ScriptRun:
                 return {"return_value": None}
             if name not in PARAMETERS:
                 raise NameError(f"name {name!r} is not defined")
-            values = _bind(name, PARAMETERS[name], args, kwargs)
+            values = _bind(name, PARAMETERS[name], args, kwargs, KEYWORD_ONLY.get(name, ()))
             if name == "agent":
+                prompt, schema = _typed("agent()", values[0], values[2], values[3])
                 isolation = await self._isolation("agent", values[1])
-                return {"return_value": await self._agent(_prompt("agent", values[0]), isolation)}
+                return {"return_value": await self._agent(prompt, isolation, schema)}
             if name == "parallel":
+                _typed("parallel()", "-", values[2], values[3])  # its defaults, checked once
                 isolation = await self._isolation("parallel", values[1])
-                return {"return_value": await self._parallel(values[0], isolation)}
+                return {
+                    "return_value": await self._parallel(values[0], isolation, values[2], values[3])
+                }
             if name == "verify":
                 return {"return_value": await self._verify(values[0], values[1])}
             return {"return_value": await self._budget()}
@@ -428,10 +438,17 @@ class ScriptRun:
         return list(range(first, first + count))
 
     async def _run(
-        self, index: int, role: Role, prompt: str, tree: TreeJob | None = None
+        self,
+        index: int,
+        role: Role,
+        prompt: str,
+        tree: TreeJob | None = None,
+        schema: dict[str, Any] | None = None,
     ) -> AgentResult:
         priority = VERIFIER_PRIORITY if role == "verifier" else WORKER_PRIORITY
-        result = await self.engine.run_subagent(self.call, index, role, prompt, priority, tree=tree)
+        result = await self.engine.run_subagent(
+            self.call, index, role, prompt, priority, tree=tree, schema=schema
+        )
         if result.status is Status.SKIPPED:
             self.skipped += 1
         return result
@@ -447,24 +464,38 @@ class ScriptRun:
             self.tree = await self.engine.tree_for("worktree")
         return self.tree
 
-    async def _agent(self, prompt: str, tree: TreeJob | None = None) -> dict[str, Any]:
+    async def _agent(
+        self, prompt: str, tree: TreeJob | None = None, schema: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
         (index,) = self._take(1, "agent()")
         tree = self._own(tree, index)
-        return self._answer(index, prompt, await self._run(index, "worker", prompt, tree), tree)
+        result = await self._run(index, "worker", prompt, tree, schema)
+        return self._answer(index, prompt, result, tree, schema)
 
     def _own(self, tree: TreeJob | None, index: int) -> TreeJob | None:
         """A worker's copy, named for it, so that its verifier can be shown that copy."""
         return None if tree is None else tree.for_subtask(self.call, index)
 
-    async def _parallel(self, prompts: object, tree: TreeJob | None = None) -> list[dict[str, Any]]:
+    async def _parallel(
+        self,
+        prompts: object,
+        tree: TreeJob | None = None,
+        agent: object = None,
+        schema: object = None,
+    ) -> list[dict[str, Any]]:
         if not isinstance(prompts, list | tuple):
             raise TypeError(f"parallel() takes a list of prompts, not {type(prompts).__name__}")
-        checked = [_prompt("parallel", p) for p in prompts]
+        typed = [
+            _typed(f"parallel() prompt {n}", p, agent, schema)
+            for n, p in enumerate(prompts, start=1)
+        ]
+        checked = [prompt for prompt, _ in typed]
+        schemas = [s for _, s in typed]
         indexes = self._take(len(checked), f"parallel() of {len(checked)} prompts")
         trees = [self._own(tree, index) for index in indexes]
         runs = [
-            asyncio.create_task(self._run(index, "worker", prompt, own))
-            for index, prompt, own in zip(indexes, checked, trees, strict=True)
+            asyncio.create_task(self._run(index, "worker", prompt, own, s))
+            for index, prompt, own, s in zip(indexes, checked, trees, schemas, strict=True)
         ]
         try:
             results = await asyncio.gather(*runs)
@@ -473,20 +504,27 @@ class ScriptRun:
                 run.cancel()
             await asyncio.gather(*runs, return_exceptions=True)
         return [
-            self._answer(index, prompt, result, own)
-            for index, prompt, result, own in zip(indexes, checked, results, trees, strict=True)
+            self._answer(index, prompt, result, own, s)
+            for index, prompt, result, own, s in zip(
+                indexes, checked, results, trees, schemas, strict=True
+            )
         ]
 
     def _answer(
-        self, index: int, prompt: str, result: AgentResult, tree: TreeJob | None
+        self,
+        index: int,
+        prompt: str,
+        result: AgentResult,
+        tree: TreeJob | None,
+        schema: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """agent()'s value; an isolated worker's is remembered, and names its change, so
         that verify() can check the change and the merge at the end can find it."""
         answer = agent_answer(result)
         if tree is None:
             return answer
-        key = self.engine.key_of("worker", prompt, "worktree")
-        self.workers.append(_Isolated(index, key, prompt, result, tree))
+        key = self.engine.key_of("worker", prompt, "worktree", schema)
+        self.workers.append(_Isolated(index, key, prompt, result, tree, schema=schema))
         change = result.change
         if change is not None and not change.empty:
             answer["change"] = {"agent": index, "files": describe_change(change)}
@@ -508,7 +546,9 @@ class ScriptRun:
         worker = self._worker_of(result)
         if worker is not None:
             tree = self.engine.verifier_tree(worker.tree, worker.result)
-            prompt_text = self.engine.verify_prompt(subtask, worker.result, "worktree")
+            prompt_text = self.engine.verify_prompt(
+                subtask, worker.result, "worktree", worker.schema
+            )
         else:
             text = (
                 result if isinstance(result, str) else json.dumps(plain(result), ensure_ascii=False)
@@ -694,9 +734,14 @@ def _agents(count: int) -> str:
 
 
 def _bind(
-    name: str, parameters: tuple[str, ...], args: tuple[Any, ...], kwargs: dict[str, Any]
+    name: str,
+    parameters: tuple[str, ...],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    keyword_only: tuple[str, ...] = (),
 ) -> list[Any]:
-    """Arguments in parameter order, raising the TypeError Python would for a bad call."""
+    """Arguments in parameter order, the keyword-only ones last, raising the TypeError
+    Python would for a bad call."""
     if len(args) > len(parameters):
         raise TypeError(
             f"{name}() takes {len(parameters)} arguments ({len(args)} given): "
@@ -705,13 +750,13 @@ def _bind(
     values = {**DEFAULTS.get(name, {}), **dict(zip(parameters, args, strict=False))}
     given = set(parameters[: len(args)])
     for key, value in kwargs.items():
-        if key not in parameters or key in given:
+        if key not in (*parameters, *keyword_only) or key in given:
             raise TypeError(f"{name}() got an unexpected keyword argument {key!r}")
         values[key] = value
-    missing = [p for p in parameters if p not in values]
+    missing = [p for p in (*parameters, *keyword_only) if p not in values]
     if missing:
         raise TypeError(f"{name}() is missing its argument {missing[0]!r}")
-    return [values[p] for p in parameters]
+    return [values[p] for p in (*parameters, *keyword_only)]
 
 
 @dataclass
@@ -724,6 +769,7 @@ class _Isolated:
     result: AgentResult
     tree: TreeJob
     verdict: str | None = None
+    schema: dict[str, Any] | None = None
 
 
 def _prompt(function: str, value: object) -> str:
@@ -732,6 +778,31 @@ def _prompt(function: str, value: object) -> str:
     if not value.strip():
         raise ValueError(f"{function}() was given an empty prompt")
     return value.strip()
+
+
+def _typed(
+    function: str, value: object, agent: object, schema: object
+) -> tuple[str, dict[str, Any] | None]:
+    """A prompt and its schema, from a string or a ``{"prompt", "agent", "schema"}`` object;
+    ``agent`` and ``schema`` are the call's own, which an object's keys override."""
+    if isinstance(value, dict):
+        item = {"agent": agent, "schema": schema, **plain(value)}
+        taken = subtask_object({k: v for k, v in item.items() if v is not None})
+        if isinstance(taken, str):
+            raise ValueError(f"{function}: {taken}")
+        return taken
+    if not isinstance(value, str):
+        raise TypeError(
+            f"{function} takes a prompt as a string or a {{prompt, schema}} object, "
+            f"not {type(value).__name__}"
+        )
+    if not value.strip():
+        raise ValueError(f"{function} was given an empty prompt")
+    prompt = value.strip()
+    taken = subtask_object({"prompt": prompt, "agent": agent, "schema": plain(schema)})
+    if isinstance(taken, str):
+        raise ValueError(f"{function}: {taken}")
+    return taken
 
 
 def _refusal(snapshot: AsyncFunctionSnapshot) -> Exception:

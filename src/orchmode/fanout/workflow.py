@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 from ..core.errors import OrchmodeError
 from ..core.events import FanoutDone, FanoutStarted
@@ -62,7 +63,7 @@ class Workflow(FanoutEngine):
         started = time.monotonic()
         self.events.emit(FanoutStarted(call, len(plan.subtasks), plan.not_run))
         chains = [
-            asyncio.create_task(self._chain(call, i, subtask, tree))
+            asyncio.create_task(self._chain(call, i, subtask, tree, plan.schema_of(i - 1)))
             for i, subtask in enumerate(plan.subtasks, start=1)
         ]
         try:
@@ -85,7 +86,13 @@ class Workflow(FanoutEngine):
                 call,
                 tree,
                 [
-                    (i, self.key_of("worker", subtask, isolated), subtask, worker, verifier)
+                    (
+                        i,
+                        self.key_of("worker", subtask, isolated, plan.schema_of(i - 1)),
+                        subtask,
+                        worker,
+                        verifier,
+                    )
                     for i, (subtask, (worker, verifier)) in enumerate(
                         zip(plan.subtasks, pairs, strict=True), start=1
                     )
@@ -103,20 +110,21 @@ class Workflow(FanoutEngine):
         entries = [
             SubtaskEntry(
                 title(subtask),
-                AgentEntry(worker.text, self.report_path("worker", subtask, isolated)),
+                AgentEntry(worker.text, self.report_path("worker", subtask, isolated, schema)),
                 None
                 if verifier is None
                 else AgentEntry(
                     verifier.text,
                     self.report_path(
-                        "verifier", self.verify_prompt(subtask, worker, isolated), isolated
+                        "verifier", self.verify_prompt(subtask, worker, isolated, schema), isolated
                     ),
                 ),
                 change,
             )
-            for subtask, (worker, verifier), change in zip(
-                plan.subtasks, pairs, changes, strict=True
+            for n, (subtask, (worker, verifier), change) in enumerate(
+                zip(plan.subtasks, pairs, changes, strict=True)
             )
+            for schema in [plan.schema_of(n)]
         ]
         tail = [self.budget_status(budget)]
         return self.fit(call, head, entries, tail, tokens, tool_input), False
@@ -135,14 +143,26 @@ class Workflow(FanoutEngine):
         )
 
     async def _chain(
-        self, call: int, index: int, subtask: str, tree: TreeJob | None = None
+        self,
+        call: int,
+        index: int,
+        subtask: str,
+        tree: TreeJob | None = None,
+        schema: dict[str, Any] | None = None,
     ) -> tuple[AgentResult, AgentResult | None]:
         relay = Relay(self.slots) if self.settings.verify else None
         if tree is not None:
             tree = tree.for_subtask(call, index)
         try:
             worker = await self.run_subagent(
-                call, index, "worker", subtask, WORKER_PRIORITY, hand_on=relay, tree=tree
+                call,
+                index,
+                "worker",
+                subtask,
+                WORKER_PRIORITY,
+                hand_on=relay,
+                tree=tree,
+                schema=schema,
             )
             if relay is None:
                 return worker, None
@@ -159,7 +179,7 @@ class Workflow(FanoutEngine):
                 tree = await tree.with_snapshot()
             if self.trees is not None and worker.change is not None and not worker.change.empty:
                 self.trees.merge_ahead(worker.change)  # its merge, ahead, while it is verified
-            prompt = self.verify_prompt(subtask, worker, isolation)
+            prompt = self.verify_prompt(subtask, worker, isolation, schema)
             verifier = await self.run_subagent(
                 call,
                 index,

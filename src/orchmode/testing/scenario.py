@@ -6,7 +6,8 @@ request alone (so it survives a killed and restarted client):
 - main agent, mode on: scout with bash, call Workflow with N subtasks (or with ``script``,
   when one is set), then summarise;
 - main agent, mode off: answer briefly in text;
-- worker: run one bash command, then report_findings;
+- worker: run one bash command, then report_findings (with ``data`` when the report_findings
+  it is offered asks for it: an instance of that schema, see :func:`schema_instance`);
 - verifier: report_findings with a ``confirmed:`` (or ``refuted:``) summary;
 - resolver (a conflict to resolve): edit the conflicted files with bash — by default, keep
   both sides of every conflict, as a model adding entries to one list would — then report.
@@ -292,6 +293,64 @@ def _counts(findings: list[dict[str, str]]) -> str:
     )
 
 
+def offered_data_schema(request: ScriptedRequest) -> dict[str, Any] | None:
+    """The schema of ``data`` in the report_findings tool the request offers, if it asks
+    for one (a typed subtask)."""
+    for tool in request.tools:
+        if tool.get("name") == "report_findings":
+            data = tool.get("input_schema", {}).get("properties", {}).get("data")
+            return data if isinstance(data, dict) else None
+    return None
+
+
+def schema_instance(schema: object, root: object = None) -> Any:
+    """A small value that follows ``schema``: the first of an ``enum``, every property of an
+    object, the fewest items an array may have, the least number allowed, ``"x"`` strings.
+
+    Enough for the schemas tests offer (no ``pattern``, ``not`` or ``if``); ``#`` pointers
+    resolve against ``root`` (the report tool's input schema, where the data schema sits).
+    """
+    if not isinstance(schema, dict):
+        return None
+    root = schema if root is None else root
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#"):
+        target: Any = root
+        for part in [p for p in ref[1:].split("/") if p]:
+            target = target.get(part.replace("~1", "/").replace("~0", "~"), {})
+        return schema_instance(target, root)
+    if "const" in schema:
+        return schema["const"]
+    if isinstance(schema.get("enum"), list) and schema["enum"]:
+        return schema["enum"][0]
+    for key in ("anyOf", "oneOf", "allOf"):
+        if isinstance(schema.get(key), list) and schema[key]:
+            return schema_instance(schema[key][0], root)
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        kind = kind[0] if kind else None
+    if kind is None:
+        kind = "object" if "properties" in schema else "array" if "items" in schema else "null"
+    if kind == "object":
+        properties = schema.get("properties") or {}
+        return {name: schema_instance(sub, root) for name, sub in properties.items()}
+    if kind == "array":
+        return [schema_instance(schema.get("items"), root)] * int(schema.get("minItems", 0))
+    if kind == "string":
+        return "x" * max(1, int(schema.get("minLength", 1)))
+    if kind in ("number", "integer"):
+        least = schema.get("minimum", schema.get("exclusiveMinimum", 0))
+        return int(least or 0) + (1 if "exclusiveMinimum" in schema else 0)
+    if kind == "boolean":
+        return True
+    return None
+
+
+def _not_an_instance(schema: dict[str, Any]) -> Any:
+    """A value of the wrong type for ``schema``: what a careless report sends."""
+    return "not what was asked" if schema.get("type") != "string" else {"wrong": True}
+
+
 def _command(command: str | Callable[[str], str | None] | None, prompt: str) -> str | None:
     return command(prompt) if callable(command) else command
 
@@ -300,7 +359,9 @@ def _command(command: str | Callable[[str], str | None] | None, prompt: str) -> 
 class OrchestrationScenario:
     """A whole orchestrated session, scripted."""
 
-    subtasks: int | list[str] = 3
+    #: the subtasks of the Workflow call: a count, or the list (strings or
+    #: ``{"prompt", "schema"}`` objects)
+    subtasks: int | list[Any] = 3
     scout_command: str | None = "ls"
     #: the worker's one bash command; a function of the subtask gives each its own (None:
     #: no command), as an agent that edits files would
@@ -327,9 +388,15 @@ class OrchestrationScenario:
     report_bytes: int = 0
     #: the same for verifiers (their summary still starts with the verdict)
     verifier_report_bytes: int = 0
+    #: a typed worker's ``data`` from its subtask and the schema it is offered (default:
+    #: :func:`schema_instance`)
+    worker_data: Callable[[str, dict[str, Any]], Any] | None = None
+    #: how many invalid reports (data of the wrong type) a typed worker sends before a
+    #: valid one
+    invalid_reports: int = 0
     stats: dict[str, int] = field(default_factory=dict)
 
-    def subtask_list(self) -> list[str]:
+    def subtask_list(self) -> list[Any]:
         if isinstance(self.subtasks, list):
             return self.subtasks
         return [f"{self.subtask_prefix} {i}" for i in range(1, self.subtasks + 1)]
@@ -387,11 +454,36 @@ class OrchestrationScenario:
             summary = (
                 f"Finished: {subtask.rstrip('.')}. {_counts(findings)}; the worst is in {worst}."
             )
+        else:
+            evidence = last_tool_result_text(request.messages) or "no command was needed"
+            summary = f"Finished: {subtask}"
+            findings = [
+                {"claim": f"{subtask} holds", "evidence": evidence[:200], "severity": "info"}
+            ]
+        schema = offered_data_schema(request)
+        if schema is None:
             return report(summary, findings)
-        evidence = last_tool_result_text(request.messages) or "no command was needed"
-        return report(
-            f"Finished: {subtask}",
-            [{"claim": f"{subtask} holds", "evidence": evidence[:200], "severity": "info"}],
+        reports = sum(
+            1
+            for m in request.messages
+            if m.get("role") == "assistant"
+            and isinstance(m.get("content"), list)
+            and any(
+                isinstance(b, dict) and b.get("name") == "report_findings" for b in m["content"]
+            )
+        )
+        if reports < self.invalid_reports:
+            data = _not_an_instance(schema)
+        elif self.worker_data is not None:
+            data = self.worker_data(subtask, schema)
+        else:
+            report_schema = next(
+                t["input_schema"] for t in request.tools if t.get("name") == "report_findings"
+            )
+            data = schema_instance(schema, report_schema)
+        return tool_call(
+            "report_findings",
+            {"summary": summary, "findings": findings, "data": data},
         )
 
     def verifier(self, request: ScriptedRequest) -> Reply:

@@ -1,0 +1,323 @@
+"""Typed results end to end: object subtasks with a schema, over real HTTP to the scripted server.
+
+The scripted worker fills ``data`` from the schema it is offered in report_findings, so
+these tests see what a model would be given and what orchmode makes of its answer.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from conftest import StartServer, gateway_for, settings_for, store_for
+from orchmode.core.events import EventBus, SubagentDone
+from orchmode.core.prompts import RESOLVE_MARKER, VERIFY_MARKER
+from orchmode.fanout.plans import Plan, plan_subtasks
+from orchmode.session.agent import Conversation as Session
+from orchmode.testing import ScriptedServer
+from orchmode.testing.scenario import OrchestrationScenario, schema_instance
+
+COUNT = {
+    "type": "object",
+    "properties": {"count": {"type": "integer", "minimum": 0}, "file": {"type": "string"}},
+    "required": ["count", "file"],
+    "additionalProperties": False,
+}
+
+
+def role_of(body: dict[str, Any]) -> str:
+    if "Workflow" in {t["name"] for t in body.get("tools", [])}:
+        return "main"
+    first = body["messages"][0]["content"]
+    if first.startswith(VERIFY_MARKER):
+        return "verifier"
+    return "resolver" if first.startswith(RESOLVE_MARKER) else "worker"
+
+
+def requests_of(server: ScriptedServer, role: str) -> list[dict[str, Any]]:
+    return [e.body for e in server.log if role_of(e.body) == role]
+
+
+def started(server: ScriptedServer, role: str) -> list[str]:
+    return [
+        str(b["messages"][0]["content"])
+        for b in requests_of(server, role)
+        if len(b["messages"]) == 1
+    ]
+
+
+def workflow_block(server: ScriptedServer) -> dict[str, Any]:
+    main = requests_of(server, "main")
+    block: dict[str, Any] = main[-1]["messages"][-1]["content"][0]
+    assert block["type"] == "tool_result"
+    return block
+
+
+def tool_results(body: dict[str, Any]) -> list[dict[str, Any]]:
+    return [
+        b
+        for m in body["messages"]
+        if m["role"] == "user" and isinstance(m["content"], list)
+        for b in m["content"]
+        if isinstance(b, dict) and b.get("type") == "tool_result"
+    ]
+
+
+def typed(prompt: str, schema: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"prompt": prompt} if schema is None else {"prompt": prompt, "schema": schema}
+
+
+async def run_session(
+    server: ScriptedServer, tmp_path: Path, events: EventBus | None = None, **overrides: Any
+) -> str:
+    settings = settings_for(server, tmp_path, **overrides)
+    session = Session(
+        settings,
+        gateway_for(settings, events or EventBus()),
+        workdir=tmp_path,
+        store=store_for(tmp_path),
+    )
+    try:
+        return (await session.turn("review it")).text
+    finally:
+        await session.close()
+
+
+def counting(subtask: str, _schema: dict[str, Any]) -> dict[str, Any]:
+    """A worker's data: the number its subtask ends with."""
+    return {"count": int(subtask.rsplit(" ", 1)[-1]), "file": "src/app.py"}
+
+
+# ------------------------------------------------------------------------ the flat form
+
+
+async def test_a_typed_subtask_offers_the_schema_and_its_result_shows_the_data(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    scenario = OrchestrationScenario(
+        subtasks=[typed("Count TODOs 4", COUNT)], worker_command=None, worker_data=counting
+    )
+    server = await serve(scenario)
+    events = EventBus()
+    seen: list[Any] = []
+    events.subscribe(seen.append)
+    await run_session(server, tmp_path, events)
+    worker = requests_of(server, "worker")[0]
+    tool = next(t for t in worker["tools"] if t["name"] == "report_findings")
+    assert tool["input_schema"]["properties"]["data"] == COUNT
+    assert "data" in tool["input_schema"]["required"]
+    result = workflow_block(server)["content"]
+    assert '"data": {"count": 4, "file": "src/app.py"}' in result
+    # The verifier is shown the data and the schema it had to follow.
+    verify = started(server, "verifier")[0]
+    assert '"count": 4' in verify and json.dumps(COUNT, sort_keys=True) in verify
+    # The agent's report file holds the data.
+    done = next(e for e in seen if isinstance(e, SubagentDone) and e.role == "worker")
+    record = json.loads(Path(done.report_path).read_text())
+    assert record["report"]["data"] == {"count": 4, "file": "src/app.py"}
+
+
+async def test_an_invalid_report_is_sent_back_and_the_second_is_taken(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    scenario = OrchestrationScenario(
+        subtasks=[typed("Count TODOs 2", COUNT)], worker_command=None, invalid_reports=1
+    )
+    server = await serve(scenario)
+    await run_session(server, tmp_path)
+    last = requests_of(server, "worker")[-1]
+    errors = [b for b in tool_results(last) if b.get("is_error")]
+    assert len(errors) == 1
+    assert "data: 'not what was asked' is not of type 'object'" in errors[0]["content"]
+    assert "2 attempts left" in errors[0]["content"]
+    result = workflow_block(server)["content"]
+    assert '"data": {"count": 0, "file": "x"}' in result
+    assert "[verify 1]" in result and "confirmed" in result
+
+
+async def test_three_invalid_reports_fail_the_subtask_with_a_clear_error(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    scenario = OrchestrationScenario(
+        subtasks=[typed("Count TODOs 2", COUNT), "Check item 1"],
+        worker_command=None,
+        invalid_reports=3,
+    )
+    server = await serve(scenario)
+    await run_session(server, tmp_path)
+    result = workflow_block(server)["content"]
+    assert "the subagent's report was still invalid after 3 attempts" in result
+    assert "data: 'not what was asked' is not of type 'object'" in result
+    assert "not verified, because the agent failed" in result
+    # The untyped subtask beside it is untouched by the limit.
+    assert "Finished: Check item 1" in result
+    typed_worker = [b for b in requests_of(server, "worker") if "TODOs" in str(b["messages"][0])]
+    assert len(typed_worker) == 3  # no fourth request after the last attempt
+
+
+async def test_a_schema_the_validator_rejects_is_an_error_and_nothing_runs(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    bad = {"type": "object", "properties": {"n": {"type": "integr"}}}
+    scenario = OrchestrationScenario(subtasks=["Check item 1", typed("Count", bad)])
+    server = await serve(scenario)
+    await run_session(server, tmp_path)
+    block = workflow_block(server)
+    assert block.get("is_error") is True
+    assert block["content"].startswith('error: subtask 2: "schema" is not usable')
+    assert "/properties/n/type" in block["content"]
+    assert {role_of(e.body) for e in server.log} == {"main"}
+
+
+async def test_bad_object_subtasks_are_errors_naming_the_subtask(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    for item, words in [
+        ({"prompt": "x", "schemas": {}}, 'unknown key "schemas"'),
+        ({"prompt": "  "}, '"prompt" is empty'),
+        ({"prompt": 3}, '"prompt" is a int, not a string'),
+        ({"schema": COUNT}, '"prompt" is missing'),
+        ({"prompt": "x", "schema": []}, "the schema must be a JSON object"),
+        ({"prompt": "x", "agent": "security-reviewer"}, "known agents: (none)"),
+        ({"prompt": "x", "agent": {"type": "object"}}, '"agent" is a dict, not a string'),
+    ]:
+        plan = plan_subtasks({"subtasks": ["fine", item]}, 10)
+        assert isinstance(plan, str) and plan.startswith("error: subtask 2: "), plan
+        assert words in plan and plan.endswith("nothing was run")
+    # Through a session too: nothing runs.
+    scenario = OrchestrationScenario(subtasks=[{"prompt": "x", "agent": "security-reviewer"}])
+    server = await serve(scenario)
+    await run_session(server, tmp_path)
+    assert "known agents: (none)" in workflow_block(server)["content"]
+    assert {role_of(e.body) for e in server.log} == {"main"}
+
+
+def test_object_subtasks_without_a_schema_plan_as_strings() -> None:
+    plain = plan_subtasks({"subtasks": ["a", "b"]}, 10)
+    mixed = plan_subtasks({"subtasks": [{"prompt": " a "}, "b", None]}, 10)
+    assert isinstance(plain, Plan) and isinstance(mixed, Plan)
+    assert mixed.subtasks == plain.subtasks == ["a", "b"]
+    assert [mixed.schema_of(i) for i in range(2)] == [None, None]
+    capped = plan_subtasks({"subtasks": [typed(f"t{i}", COUNT) for i in range(5)]}, 3)
+    assert isinstance(capped, Plan) and capped.not_run == 2 and capped.schema_of(2) == COUNT
+
+
+async def test_object_subtasks_without_a_schema_hit_the_string_forms_journal(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    first = await serve(OrchestrationScenario(subtasks=["Check item 1", "Check item 2"]))
+    await run_session(first, tmp_path)
+    assert len(started(first, "worker")) == 2
+    again = await serve(
+        OrchestrationScenario(subtasks=[{"prompt": "Check item 1"}, {"prompt": "Check item 2"}])
+    )
+    await run_session(again, tmp_path)
+    assert started(again, "worker") == [] and started(again, "verifier") == []
+    # The same result; only the last line, the session's budget status, differs.
+    assert (
+        workflow_block(again)["content"].rsplit("\n\n", 1)[0]
+        == workflow_block(first)["content"].rsplit("\n\n", 1)[0]
+    )
+
+
+async def test_a_changed_schema_misses_the_journal(serve: StartServer, tmp_path: Path) -> None:
+    first = await serve(
+        OrchestrationScenario(subtasks=[typed("Count TODOs 1", COUNT)], worker_command=None)
+    )
+    await run_session(first, tmp_path)
+    same = await serve(
+        OrchestrationScenario(subtasks=[typed("Count TODOs 1", COUNT)], worker_command=None)
+    )
+    await run_session(same, tmp_path)
+    assert started(same, "worker") == []  # the same definition is served from the journal
+    changed = {**COUNT, "properties": {**COUNT["properties"], "line": {"type": "integer"}}}
+    other = await serve(
+        OrchestrationScenario(subtasks=[typed("Count TODOs 1", changed)], worker_command=None)
+    )
+    await run_session(other, tmp_path)
+    assert started(other, "worker") == ["Count TODOs 1"]
+    assert '"line": 0' in workflow_block(other)["content"]
+    # ...and so does the same prompt without a schema.
+    untyped = await serve(OrchestrationScenario(subtasks=["Count TODOs 1"], worker_command=None))
+    await run_session(untyped, tmp_path)
+    assert started(untyped, "worker") == ["Count TODOs 1"]
+
+
+async def test_condensed_results_keep_the_data_whole(serve: StartServer, tmp_path: Path) -> None:
+    scenario = OrchestrationScenario(
+        subtasks=[typed(f"Count TODOs {i}", COUNT) for i in range(1, 5)],
+        worker_command=None,
+        worker_data=counting,
+        report_bytes=6000,
+    )
+    server = await serve(scenario)
+    await run_session(server, tmp_path, workflow_result_tokens=3000)
+    result = workflow_block(server)["content"]
+    assert "condensed to fit" in result
+    for i in range(1, 5):
+        assert f'data: {{"count": {i}, "file": "src/app.py"}}' in result
+
+
+# ------------------------------------------------------------------------------ scripts
+
+SUM_SCRIPT = """
+schema = {"type": "object", "properties": {"count": {"type": "integer"},
+          "file": {"type": "string"}}, "required": ["count", "file"]}
+found = parallel(["Count TODOs 2", {"prompt": "Count TODOs 5"}], schema=schema)
+one = agent("Count TODOs 7", schema=schema)
+plain = agent("Check item 1")
+{"total": sum(r["data"]["count"] for r in found) + one["data"]["count"],
+ "plain_has_data": "data" in plain}
+"""
+
+
+async def test_a_script_sums_its_agents_typed_data(serve: StartServer, tmp_path: Path) -> None:
+    scenario = OrchestrationScenario(
+        script=SUM_SCRIPT, scout_command=None, worker_command=None, worker_data=counting
+    )
+    server = await serve(scenario)
+    await run_session(server, tmp_path)
+    block = workflow_block(server)
+    assert not block.get("is_error"), block["content"]
+    value = json.loads(block["content"].split("\n\n[", 1)[0])
+    assert value == {"total": 14, "plain_has_data": False}
+
+
+async def test_a_script_given_a_bad_schema_gets_an_exception_and_runs_nothing(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    script = """
+try:
+    agent("Count", schema={"type": 7})
+    got = "ran"
+except ValueError as e:
+    got = str(e)
+got
+"""
+    server = await serve(OrchestrationScenario(script=script, scout_command=None))
+    await run_session(server, tmp_path)
+    value = json.loads(workflow_block(server)["content"].split("\n\n[", 1)[0])
+    assert value.startswith('agent(): "schema" is not usable: the schema is invalid at')
+    assert {role_of(e.body) for e in server.log} == {"main"}
+
+
+def test_the_scripted_model_makes_instances_of_simple_schemas() -> None:
+    schema = {
+        "type": "object",
+        "properties": {
+            "kind": {"enum": ["bug", "style"]},
+            "tags": {"type": "array", "items": {"type": "string"}, "minItems": 2},
+            "score": {"type": "number", "minimum": 3},
+            "ok": {"type": "boolean"},
+            "ref": {"$ref": "#/$defs/n"},
+        },
+        "$defs": {"n": {"type": "integer"}},
+    }
+    assert schema_instance(schema) == {
+        "kind": "bug",
+        "tags": ["x", "x"],
+        "score": 3,
+        "ok": True,
+        "ref": 0,
+    }
