@@ -7,12 +7,14 @@ these tests see what a model would be given and what orchmode makes of its answe
 from __future__ import annotations
 
 import json
+import pickle
 from pathlib import Path
 from typing import Any
 
 from conftest import StartServer, gateway_for, settings_for, store_for
 from orchmode.core.events import EventBus, SubagentDone
 from orchmode.core.prompts import RESOLVE_MARKER, VERIFY_MARKER
+from orchmode.executors import Job
 from orchmode.fanout.plans import Plan, plan_subtasks
 from orchmode.session.agent import Conversation as Session
 from orchmode.testing import ScriptedServer
@@ -321,3 +323,27 @@ def test_the_scripted_model_makes_instances_of_simple_schemas() -> None:
         "ok": True,
         "ref": 0,
     }
+
+
+async def test_a_script_naming_an_agent_is_told_none_are_loaded(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    script = """
+try:
+    parallel(["a", {"prompt": "b", "agent": "security-reviewer"}])
+    got = "ran"
+except ValueError as e:
+    got = str(e)
+got
+"""
+    server = await serve(OrchestrationScenario(script=script, scout_command=None))
+    await run_session(server, tmp_path)
+    value = json.loads(workflow_block(server)["content"].split("\n\n[", 1)[0])
+    assert value.startswith('parallel() prompt 2: unknown agent "security-reviewer"')
+    assert value.endswith("known agents: (none)")
+    assert {role_of(e.body) for e in server.log} == {"main"}
+
+
+def test_a_typed_job_is_plain_data_that_pickles() -> None:
+    job = Job("key", "holder", "session", "worker", "worker 1.1", "Count", schema=COUNT)
+    assert pickle.loads(pickle.dumps(job)) == job
