@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from orchmode.core.events import EventBus, TokenUsage
+from orchmode.core.events import EventBus
 from orchmode.core.pricing import default_prices
 from orchmode.core.settings import Settings
 from orchmode.model.gateway import ModelGateway
@@ -58,15 +58,8 @@ def served_cost(server: ScriptedServer, since: int) -> float:
     prices = default_prices()
     total = 0.0
     for entry in server.log[since:]:
-        if entry.outcome != "ok" or entry.usage is None or entry.reply is None:
-            continue
-        usage = TokenUsage(
-            entry.usage.input_tokens,
-            entry.reply.output_tokens or 0,
-            entry.usage.cache_read_input_tokens,
-            entry.usage.cache_creation_input_tokens,
-        )
-        total += prices[entry.body["model"]].cost(usage)
+        if entry.outcome == "ok" and entry.billed is not None:
+            total += prices[entry.body["model"]].cost(entry.billed)
     return total
 
 

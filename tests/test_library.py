@@ -70,14 +70,8 @@ def is_verifier(entry: LoggedRequest) -> bool:
 
 
 def billed(entry: LoggedRequest) -> orchmode.TokenUsage:
-    assert entry.usage is not None and entry.reply is not None
-    assert entry.reply.output_tokens is not None
-    return orchmode.TokenUsage(
-        entry.usage.input_tokens,
-        entry.reply.output_tokens,
-        entry.usage.cache_read_input_tokens,
-        entry.usage.cache_creation_input_tokens,
-    )
+    assert entry.billed is not None
+    return entry.billed
 
 
 def tokens_of(entries: list[LoggedRequest]) -> int:

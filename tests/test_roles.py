@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conftest import StartServer, gateway_for, settings_for, store_for
-from orchmode.core.events import Event, EventBus, ModelRequestDone, SubagentDone, TokenUsage
+from orchmode.core.events import Event, EventBus, ModelRequestDone, SubagentDone
 from orchmode.core.pricing import MODEL_ALIASES, default_prices
 from orchmode.core.settings import Settings
 from orchmode.session.agent import Conversation
@@ -141,14 +141,9 @@ def test_budget_show_and_report_split_tokens_and_dollars_by_model(
     prices = default_prices()
     spent: dict[str, float] = {}
     for entry in server.log:
-        if entry.outcome != "ok" or entry.usage is None or entry.reply is None:
+        usage = entry.billed
+        if entry.outcome != "ok" or usage is None:
             continue
-        usage = TokenUsage(
-            entry.usage.input_tokens,
-            entry.reply.output_tokens or 0,
-            entry.usage.cache_read_input_tokens,
-            entry.usage.cache_creation_input_tokens,
-        )
         model = entry.body["model"]
         spent[model] = spent.get(model, 0.0) + prices[model].cost(usage)
     assert set(spent) == {"claude-opus-5-5", "claude-haiku-4-5", "claude-sonnet-5-5"}

@@ -19,6 +19,7 @@ from orchmode.fanout.plans import Plan, plan_subtasks
 from orchmode.session.agent import Conversation as Session
 from orchmode.testing import ScriptedServer
 from orchmode.testing.scenario import OrchestrationScenario, schema_instance
+from test_script import result_value, workflow_block
 
 COUNT = {
     "type": "object",
@@ -47,13 +48,6 @@ def started(server: ScriptedServer, role: str) -> list[str]:
         for b in requests_of(server, role)
         if len(b["messages"]) == 1
     ]
-
-
-def workflow_block(server: ScriptedServer) -> dict[str, Any]:
-    main = requests_of(server, "main")
-    block: dict[str, Any] = main[-1]["messages"][-1]["content"][0]
-    assert block["type"] == "tool_result"
-    return block
 
 
 def tool_results(body: dict[str, Any]) -> list[dict[str, Any]]:
@@ -282,7 +276,7 @@ async def test_a_script_sums_its_agents_typed_data(serve: StartServer, tmp_path:
     await run_session(server, tmp_path)
     block = workflow_block(server)
     assert not block.get("is_error"), block["content"]
-    value = json.loads(block["content"].split("\n\n[", 1)[0])
+    value = result_value(block["content"])
     assert value == {"total": 14, "plain_has_data": False}
 
 
@@ -299,7 +293,7 @@ got
 """
     server = await serve(OrchestrationScenario(script=script, scout_command=None))
     await run_session(server, tmp_path)
-    value = json.loads(workflow_block(server)["content"].split("\n\n[", 1)[0])
+    value = result_value(workflow_block(server)["content"])
     assert value.startswith('agent(): "schema" is not usable: the schema is invalid at')
     assert {role_of(e.body) for e in server.log} == {"main"}
 
@@ -338,7 +332,7 @@ got
 """
     server = await serve(OrchestrationScenario(script=script, scout_command=None))
     await run_session(server, tmp_path)
-    value = json.loads(workflow_block(server)["content"].split("\n\n[", 1)[0])
+    value = result_value(workflow_block(server)["content"])
     assert value.startswith('parallel() prompt 2: unknown agent "security-reviewer"')
     assert value.endswith("known agents: (none)")
     assert {role_of(e.body) for e in server.log} == {"main"}

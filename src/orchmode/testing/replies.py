@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any, Literal, get_args
 
+from ..core.events import TokenUsage
 from ..core.wire import Block, Message
 from .cache import CacheUsage, estimate_tokens
 
@@ -260,6 +261,19 @@ class LoggedRequest:
     @property
     def duration(self) -> float | None:
         return None if self.finished is None else self.finished - self.started
+
+    @property
+    def billed(self) -> TokenUsage | None:
+        """What the answer was billed, as orchmode counts it; None for a request that got
+        no answer (a fault, a refusal, a count_tokens call)."""
+        if self.usage is None or self.reply is None or self.reply.output_tokens is None:
+            return None
+        return TokenUsage(
+            self.usage.input_tokens,
+            self.reply.output_tokens,
+            self.usage.cache_read_input_tokens,
+            self.usage.cache_creation_input_tokens,
+        )
 
 
 Responder = Callable[[ScriptedRequest], Reply | Fault | Awaitable[Reply | Fault]]
