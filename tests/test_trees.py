@@ -7,6 +7,7 @@ import os
 import shutil
 import sqlite3
 import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -282,3 +283,38 @@ async def test_a_snapshot_reads_again_past_a_database_being_written_under_it(
         writer.join()
         trees.close()
     assert writes > 100  # the database was written throughout
+
+
+OPEN_AND_SNAPSHOT = """
+import asyncio, sys
+from orchmode.trees.copies import Trees
+
+async def main() -> None:
+    trees = Trees(sys.argv[1])
+    sys.stdin.readline()  # every process is started before any opens the store
+    await trees.open()
+    print((await trees.snapshot()).commit)
+    trees.close()
+
+asyncio.run(main())
+"""
+
+
+def test_sessions_started_together_set_up_one_store_between_them(tmp_path: Path) -> None:
+    root = make_repo(tmp_path / "r", {"a.txt": "a\n", "sub/b.txt": "b\n"})
+    (root / "new.txt").write_text("untracked\n")
+    starts = [
+        subprocess.Popen(
+            [sys.executable, "-c", OPEN_AND_SNAPSHOT, str(root)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        for _ in range(8)
+    ]  # fmt: skip
+    for process in starts:
+        assert process.stdin is not None
+        process.stdin.write("go\n")
+        process.stdin.flush()
+    outputs = [process.communicate(timeout=60) for process in starts]
+    assert [p.returncode for p in starts] == [0] * 8, [err for _, err in outputs]
+    assert len({commit for commit, _ in outputs}) == 1
+    assert (root / ".orchmode" / "trees" / "store.git" / "HEAD").is_file()

@@ -39,7 +39,14 @@ from ..core.results import Change
 from .git import TreeError, _Work, git, on_thread
 from .layers import PATCH_FLAGS, PATCH_FORM, read_layer
 from .patches import FileChange, PatchSummary, refusals, summary_of
-from .runs import remove_tree, remove_workspace, run_name, sweep_dead_runs
+from .runs import (
+    held_lock,
+    remove_tree,
+    remove_workspace,
+    run_name,
+    sweep_dead_runs,
+    write_file,
+)
 from .snapshots import KeptCheckout, Lowers, Stack, stub
 
 log = logging.getLogger("orchmode")
@@ -180,13 +187,8 @@ class Trees:
             if not self._private:
                 ignore_state(self.workdir / ".orchmode")
             sweep_dead_runs(self.runs)
-            if not (self.store / "HEAD").is_file():
-                await git(
-                    "init", "-q", "--bare", "--template=", str(self.store), env={}, cwd=self.home
-                )
             self._repo = await self._find_repo()
-            self._link_user_objects()
-            self.lowers.prepare_plain(self._write_excludes())
+            await on_thread(self._set_up_store)
             self.run.mkdir(parents=True, exist_ok=True)
             self._opened = True
 
@@ -239,13 +241,24 @@ class Trees:
         objects = Path(os.path.realpath(common / "objects"))
         return _Repo(git_dir, objects, Path(lines[2]), prefix)
 
+    def _set_up_store(self, work: _Work) -> None:
+        """Make the store and its links, one session at a time: two started together in one
+        directory would otherwise both ``git init`` it, and the loser fails."""
+        with held_lock(self.home / "store.lock"):
+            if not (self.store / "HEAD").is_file():
+                work.git(
+                    "init", "-q", "--bare", "--template=", str(self.store), env={}, cwd=self.home
+                )
+            self._link_user_objects()
+            self.lowers.prepare_plain(self._write_excludes())
+
     def _link_user_objects(self) -> None:
         """The store borrows the user's objects through a link whose path a sandbox can
         show too (the real one may be hidden under the copy that covers the working dir)."""
         alternates = self.store_objects / "info" / "alternates"
         alternates.parent.mkdir(parents=True, exist_ok=True)
         if self._repo is None:
-            alternates.write_text("")
+            write_file(alternates, "")
             return
         target = str(self._repo.objects)
         if not (self.alias.is_symlink() and os.readlink(self.alias) == target):
@@ -254,7 +267,7 @@ class Trees:
             temporary = self.home / f".link-{uuid.uuid4().hex[:8]}"
             temporary.symlink_to(target)
             os.replace(temporary, self.alias)
-        alternates.write_text(f"{self.alias}\n")
+        write_file(alternates, f"{self.alias}\n")
 
     def _write_excludes(self) -> str:
         """The user's own excludes, so copies and patches ignore what the user ignores."""
@@ -265,7 +278,7 @@ class Trees:
         info = self.store / "info"
         info.mkdir(exist_ok=True)
         text = "\n".join(lines) + "\n"
-        (info / "exclude").write_text(text)
+        write_file(info / "exclude", text)
         return text
 
     def _name(self, stem: str) -> str:

@@ -8,15 +8,40 @@ any record, which ones belong to processes on this host that died (``kill -9``).
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
 import socket
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 
 def run_name() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+@contextlib.contextmanager
+def held_lock(path: Path) -> Iterator[None]:
+    """An exclusive lock on ``path`` across processes, waited for: sessions starting
+    together in one directory set its store up one after the other."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing lets the lock go
+
+
+def write_file(path: Path, text: str) -> None:
+    """Write ``text`` whole, and only if it differs: another session's git may be reading the
+    file at that moment, and must see the old text or the new, never a cut one."""
+    with contextlib.suppress(OSError):
+        if path.read_text() == text:
+            return
+    partial = path.with_name(f".{path.name}-{uuid.uuid4().hex[:8]}")
+    partial.write_text(text)
+    os.replace(partial, path)
 
 
 def remove_tree(path: Path) -> None:

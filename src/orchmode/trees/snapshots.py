@@ -36,7 +36,7 @@ from pathlib import Path
 from ..core.overlay import Overlay
 from .git import _Work, on_thread
 from .layers import PATCH_FLAGS, PATCH_FORM
-from .runs import remove_tree
+from .runs import remove_tree, write_file
 
 #: Attributes that keep checkouts and hashing byte for byte: the agents see the blobs as
 #: they are stored, and what they write is stored as they wrote it.
@@ -170,15 +170,15 @@ class Lowers:
         (plain / "objects" / "info").mkdir(parents=True, exist_ok=True)
         (plain / "refs").mkdir(exist_ok=True)
         (plain / "info").mkdir(exist_ok=True)
-        head = plain / "HEAD"
-        if not head.exists():
-            head.write_text("ref: refs/heads/orchmode\n")
-        (plain / "config").write_text(
-            "[core]\n\trepositoryformatversion = 0\n\tbare = true\n\tsymlinks = true\n"
+        if not (plain / "HEAD").exists():
+            write_file(plain / "HEAD", "ref: refs/heads/orchmode\n")
+        write_file(
+            plain / "config",
+            "[core]\n\trepositoryformatversion = 0\n\tbare = true\n\tsymlinks = true\n",
         )
-        (plain / "objects" / "info" / "alternates").write_text(f"{self.store / 'objects'}\n")
-        (plain / "info" / "attributes").write_text(_PLAIN_ATTRIBUTES)
-        (plain / "info" / "exclude").write_text(exclude)
+        write_file(plain / "objects" / "info" / "alternates", f"{self.store / 'objects'}\n")
+        write_file(plain / "info" / "attributes", _PLAIN_ATTRIBUTES)
+        write_file(plain / "info" / "exclude", exclude)
 
     def plain_env(self, **extra: str) -> dict[str, str]:
         return {"GIT_DIR": str(self.plain), **extra}
