@@ -170,7 +170,7 @@ def test_a_missing_agents_dir_is_a_warning(dirs: tuple[Path, Path]) -> None:
     write(project(workdir), "w.md", agent_file())
     definitions, warnings = load_definitions(workdir, home=home, extra=Path("nowhere"))
     assert set(definitions) == {"worker"}
-    assert warnings == ["orchmode: warning: agents_dir nowhere: not a directory"]
+    assert warnings == ["agents_dir nowhere: not a directory"]
 
 
 def test_one_directory_named_twice_is_read_once(dirs: tuple[Path, Path]) -> None:
@@ -237,7 +237,7 @@ def test_each_bad_file_is_one_warning_naming_file_and_line(
     assert definitions["good"].path.name == "a-good.md"
     assert len(warnings) == 1, warnings
     (warning,) = warnings
-    assert warning.startswith(f"orchmode: warning: .claude/agents/{case}.md line {line}: ")
+    assert warning.startswith(f".claude/agents/{case}.md line {line}: ")
     assert words in warning
     assert "\n" not in warning
 
@@ -247,8 +247,7 @@ def test_a_warning_names_a_home_file_under_tilde(dirs: tuple[Path, Path]) -> Non
     write(home / ".claude" / "agents", "broken.md", "no front matter\n")
     _, warnings = load_definitions(workdir, home=home)
     assert warnings == [
-        "orchmode: warning: ~/.claude/agents/broken.md line 1: "
-        "no front matter: the file must begin with a line '---'"
+        "~/.claude/agents/broken.md line 1: no front matter: the file must begin with a line '---'"
     ]
 
 
@@ -270,9 +269,7 @@ def test_an_unreadable_file_is_a_warning(
     definitions, warnings = load_definitions(workdir, home=home)
     assert set(definitions) == {"good"}
     # A dangling link is no file, and passed over like a directory would be.
-    assert warnings == [
-        "orchmode: warning: .claude/agents/locked.md line 1: cannot be read: Permission denied"
-    ]
+    assert warnings == [".claude/agents/locked.md line 1: cannot be read: Permission denied"]
 
 
 def test_a_same_name_in_another_directory_is_no_warning(dirs: tuple[Path, Path]) -> None:
@@ -311,6 +308,59 @@ def test_allows_matches_patterns_and_bash_in_any_case() -> None:
     assert not role(("Read", "Grep")).allows("bash")
     assert not role(("MCP__github__*",)).allows("mcp__github__x")
     assert role(None).allows("anything") and role(()).allows("report_findings")
+
+
+@pytest.mark.parametrize(
+    ("tools", "shell"),
+    [
+        (None, "write"),
+        (("Bash",), "write"),
+        (("Read", "Edit"), "write"),
+        (("Write",), "write"),
+        (("*",), "write"),
+        (("Read", "Grep", "Glob"), "read"),
+        (("LS", "mcp__github__*"), "read"),
+        (("Bash(git diff:*)",), "read"),
+        (("bash(npm test, npm run lint)",), "read"),
+        (("mcp__docs__*",), "none"),
+        (("WebSearch", "Task"), "none"),
+        ((), "none"),
+    ],
+)
+def test_claude_codes_file_tools_choose_the_roles_shell(
+    tools: tuple[str, ...] | None, shell: str
+) -> None:
+    assert role(tools).shell == shell
+
+
+def test_a_role_is_offered_bash_as_its_shell_says_and_mcp_tools_as_written() -> None:
+    tools = [{"name": "bash"}, {"name": "report_findings"}, {"name": "mcp__docs__search"}]
+    tools += [{"name": "mcp__ci__deploy"}]
+
+    def names(entries: tuple[str, ...] | None) -> list[str]:
+        return [str(t["name"]) for t in role(entries).offered(tools)]
+
+    assert names(None) == ["bash", "report_findings", "mcp__docs__search", "mcp__ci__deploy"]
+    assert names(("Read", "mcp__docs__*")) == ["bash", "report_findings", "mcp__docs__search"]
+    assert names(("mcp__ci__deploy",)) == ["report_findings", "mcp__ci__deploy"]
+    assert names(()) == ["report_findings"]
+
+
+def test_tools_orchmode_lacks_or_cannot_hold_to_are_one_warning(dirs: tuple[Path, Path]) -> None:
+    workdir, home = dirs
+    write(
+        project(workdir),
+        "a.md",
+        agent_file("looker", tools="Read, WebSearch, Bash(git diff:*), TodoWrite"),
+    )
+    write(project(workdir), "b.md", agent_file("fine", tools="Read, Grep, mcp__x__*"))
+    definitions, warnings = load_definitions(workdir, home=home)
+    assert set(definitions) == {"looker", "fine"}  # loaded all the same
+    assert warnings == [
+        ".claude/agents/a.md line 4: WebSearch, TodoWrite are not tools orchmode has, so its "
+        "agents go without; Bash(git diff:*): orchmode cannot hold bash to some commands, so "
+        "this role's bash cannot write the tree"
+    ]
 
 
 # --- The Workflow tool's description --------------------------------------------------------
@@ -420,7 +470,7 @@ def test_any_file_is_a_definition_or_one_warning(text: str | bytes) -> None:
     definitions, warnings = load_text(text)
     assert len(definitions) + len(warnings) == 1
     for warning in warnings:
-        assert re.match(r"orchmode: warning: \.claude/agents/a\.md line [1-9]\d*: \S", warning)
+        assert re.match(r"\.claude/agents/a\.md line [1-9]\d*: \S", warning)
         assert "\n" not in warning
 
 

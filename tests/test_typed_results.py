@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import pickle
+import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +18,7 @@ from orchmode.core.events import EventBus, SubagentDone
 from orchmode.core.prompts import RESOLVE_MARKER, VERIFY_MARKER
 from orchmode.executors import Job
 from orchmode.fanout.plans import Plan, plan_subtasks
+from orchmode.model.context import estimate_tokens
 from orchmode.session.agent import Conversation as Session
 from orchmode.testing import ScriptedServer
 from orchmode.testing.scenario import OrchestrationScenario, schema_instance
@@ -175,7 +178,7 @@ async def test_bad_object_subtasks_are_errors_naming_the_subtask(
         ({"prompt": 3}, '"prompt" is a int, not a string'),
         ({"schema": COUNT}, '"prompt" is missing'),
         ({"prompt": "x", "schema": []}, "the schema must be a JSON object"),
-        ({"prompt": "x", "agent": "security-reviewer"}, "known agents: (none)"),
+        ({"prompt": "x", "agent": "security-reviewer"}, "this session has no agent definitions"),
         ({"prompt": "x", "agent": {"type": "object"}}, '"agent" is a dict, not a string'),
     ]:
         plan = plan_subtasks({"subtasks": ["fine", item]}, 10)
@@ -185,7 +188,7 @@ async def test_bad_object_subtasks_are_errors_naming_the_subtask(
     scenario = OrchestrationScenario(subtasks=[{"prompt": "x", "agent": "security-reviewer"}])
     server = await serve(scenario)
     await run_session(server, tmp_path)
-    assert "known agents: (none)" in workflow_block(server)["content"]
+    assert "this session has no agent definitions" in workflow_block(server)["content"]
     assert {role_of(e.body) for e in server.log} == {"main"}
 
 
@@ -255,6 +258,78 @@ async def test_condensed_results_keep_the_data_whole(serve: StartServer, tmp_pat
         assert f'data: {{"count": {i}, "file": "src/app.py"}}' in result
 
 
+ITEMS = {
+    "type": "object",
+    "properties": {
+        "items": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {"path": {"type": "string"}, "line": {"type": "integer"}},
+                "required": ["path", "line"],
+            },
+        }
+    },
+    "required": ["items"],
+}
+
+
+def listing(count: int) -> Callable[[str, dict[str, Any]], dict[str, Any]]:
+    """A worker's data: ``count`` places, each of them about 60 bytes of JSON."""
+
+    def data(subtask: str, _schema: dict[str, Any]) -> dict[str, Any]:
+        tag = subtask.rsplit(" ", 1)[-1]
+        return {
+            "items": [{"path": f"src/module_{tag}/file_{n:04}.py", "line": n} for n in range(count)]
+        }
+
+    return data
+
+
+async def test_several_kilobytes_of_data_are_kept_whole_when_they_fit(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    scenario = OrchestrationScenario(
+        subtasks=[typed(f"List places {i}", ITEMS) for i in range(1, 4)],
+        worker_command=None,
+        worker_data=listing(80),  # about 4.5 KB of data each
+        report_bytes=8000,
+    )
+    server = await serve(scenario)
+    await run_session(server, tmp_path, workflow_result_tokens=8000)
+    result = workflow_block(server)["content"]
+    assert "condensed to fit" in result  # the findings gave way...
+    for i in range(1, 4):  # ...and every agent's data is there, whole
+        whole = json.dumps(listing(80)(f"x {i}", ITEMS), ensure_ascii=False, sort_keys=True)
+        assert len(whole) > 4000 and f"data: {whole}" in result
+
+
+async def test_data_larger_than_the_budget_is_cut_and_named_where_it_is_whole(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    scenario = OrchestrationScenario(
+        subtasks=[typed(f"List places {i}", ITEMS) for i in range(1, 5)],
+        worker_command=None,
+        worker_data=listing(400),  # about 23 KB of data each, 4 agents, a budget of 3,000
+        report_bytes=2000,
+    )
+    server = await serve(scenario)
+    await run_session(server, tmp_path, workflow_result_tokens=3000)
+    result = workflow_block(server)["content"]
+    budget = int(re.findall(r"its budget of ([\d,]+) tokens", result)[0].replace(",", ""))
+    assert estimate_tokens(result) <= budget * 1.05, (estimate_tokens(result), budget)
+    cuts = re.findall(r"data cut after [\d,]+ of ([\d,]+) characters to fit the budget; "
+                      r"the whole of it is in (\S+\.json)\]", result)  # fmt: skip
+    assert len(cuts) == 4
+    for size, name in cuts:
+        saved = json.loads(next(tmp_path.glob(f".orchmode/results/*/{name}")).read_text())
+        data = saved["report"]["data"]
+        assert len(data["items"]) == 400
+        assert len(json.dumps(data, ensure_ascii=False, sort_keys=True)) == int(
+            size.replace(",", "")
+        )
+
+
 # ------------------------------------------------------------------------------ scripts
 
 SUM_SCRIPT = """
@@ -278,6 +353,31 @@ async def test_a_script_sums_its_agents_typed_data(serve: StartServer, tmp_path:
     assert not block.get("is_error"), block["content"]
     value = result_value(block["content"])
     assert value == {"total": 14, "plain_has_data": False}
+
+
+async def test_a_scripts_verify_shows_the_verifier_a_shared_workers_schema(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    script = """
+schema = {"type": "object", "properties": {"count": {"type": "integer"},
+          "file": {"type": "string"}}, "required": ["count", "file"]}
+found = agent("Count TODOs 3", schema=schema)
+plain = agent("Check item 1")
+[verify("Count TODOs 3", found)["verdict"], verify("Check item 1", plain)["verdict"]]
+"""
+    scenario = OrchestrationScenario(
+        script=script,
+        scout_command=None,
+        worker_command=None,
+        worker_data=counting,
+        workflow_input={"isolation": "shared"},
+    )
+    server = await serve(scenario)
+    await run_session(server, tmp_path)
+    assert result_value(workflow_block(server)["content"]) == ["confirmed", "confirmed"]
+    typed_check, plain_check = started(server, "verifier")
+    assert '"count": 3' in typed_check and "had to follow this JSON Schema" in typed_check
+    assert "JSON Schema" not in plain_check
 
 
 async def test_a_script_given_a_bad_schema_gets_an_exception_and_runs_nothing(
@@ -334,7 +434,7 @@ got
     await run_session(server, tmp_path)
     value = result_value(workflow_block(server)["content"])
     assert value.startswith('parallel() prompt 2: unknown agent "security-reviewer"')
-    assert value.endswith("known agents: (none)")
+    assert value.endswith('leave out "agent"')
     assert {role_of(e.body) for e in server.log} == {"main"}
 
 

@@ -14,7 +14,20 @@ Definitions are read from three directories, each only its ``*.md`` files direct
 3. ``agents_dir`` when set, since the user named it for this run.
 
 Bad files are normal (other tools write these directories too): each one is a one-line
-warning naming the file and the line, and is skipped; the others still load. Everything
+warning naming the file and the line, and is skipped; the others still load.
+
+``tools`` is read the way a Claude Code user means it. orchmode's agents have ``bash``,
+``report_findings`` (always) and the user's MCP tools; Claude Code's file tools are all
+done with bash here, so they choose the role's shell:
+
+- ``Bash``, ``Edit``, ``Write``, ``MultiEdit``, ``NotebookEdit`` (or no ``tools``): bash, as
+  every agent has it;
+- only reading tools (``Read``, ``Grep``, ``Glob``, ``LS``) or ``Bash(<command pattern>)``:
+  bash that cannot write the tree (a read-only sandbox; in a copy, a read-only copy), since
+  orchmode cannot hold a shell to some commands;
+- none of them: no bash at all.
+
+Any other name (``WebSearch``, ``Task``) is a tool orchmode does not have: a warning. Everything
 here is pure apart from reading the files, so a session reads them once and its Workflow
 tool's description (see :func:`describe_roles`) stays the same for the whole session.
 """
@@ -24,16 +37,17 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from pathlib import Path
-from typing import Any, cast, get_args
+from typing import Any, Literal, cast, get_args
 
 import yaml
 
 from .pricing import model_id
 from .settings import Effort, Isolation
+from .wire import Block
 
 #: Where a project's and a user's definitions live, as in Claude Code.
 AGENTS_SUBDIR = Path(".claude") / "agents"
@@ -45,6 +59,15 @@ FENCE = "---"
 ALWAYS_ALLOWED = "report_findings"
 #: A comma in a ``tools`` string separates names, except inside parentheses (``Bash(a, b)``).
 TOOL_SEPARATOR = re.compile(r",(?![^(]*\))")
+#: Claude Code's tools that change files: here, bash does that.
+WRITING_TOOLS = frozenset({"bash", "edit", "write", "multiedit", "notebookedit"})
+#: Claude Code's tools that only read files: here, bash that cannot write the tree.
+READING_TOOLS = frozenset({"read", "grep", "glob", "ls", "notebookread"})
+#: A Claude Code entry that allows some bash commands only: ``Bash(git diff:*)``.
+BASH_COMMANDS = re.compile(r"bash\(.*\)", re.IGNORECASE | re.DOTALL)
+
+#: What a role's shell may do: write the tree, only read it, or there is no shell.
+ShellAccess = Literal["write", "read", "none"]
 
 EFFORTS: tuple[str, ...] = get_args(Effort)
 ISOLATIONS: tuple[str, ...] = get_args(Isolation)
@@ -87,6 +110,35 @@ class AgentDefinition:
         text = json.dumps(normalised, sort_keys=True, ensure_ascii=False)
         return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
+    @property
+    def shell(self) -> ShellAccess:
+        """What the role's bash may do, read from ``tools`` (see the module's docstring)."""
+        if self.tools is None or any(
+            fnmatchcase(tool, entry.lower()) for entry in self.tools for tool in WRITING_TOOLS
+        ):
+            return "write"
+        for entry in self.tools:
+            lowered = entry.lower()
+            if BASH_COMMANDS.fullmatch(lowered) or any(
+                fnmatchcase(tool, lowered) for tool in READING_TOOLS
+            ):
+                return "read"
+        return "none"
+
+    def unknown_tools(self) -> list[str]:
+        """The entries of ``tools`` that name nothing orchmode has, in the order written."""
+        return [entry for entry in self.tools or () if not _known(entry)]
+
+    def offered(self, tools: Sequence[Block]) -> list[Block]:
+        """The tools, of those a subagent has, that this role's agents are given."""
+        access = self.shell
+        return [
+            tool
+            for tool in tools
+            if (tool["name"] == "bash" and access != "none")
+            or (tool["name"] != "bash" and self.allows(str(tool["name"])))
+        ]
+
     def allows(self, tool: str) -> bool:
         """Whether this role may use ``tool``.
 
@@ -99,6 +151,14 @@ class AgentDefinition:
         if tool.startswith("mcp__"):
             return any(fnmatchcase(tool, entry) for entry in self.tools)
         return any(fnmatchcase(tool.lower(), entry.lower()) for entry in self.tools)
+
+
+def _known(entry: str) -> bool:
+    """Whether a ``tools`` entry names (or matches) something orchmode has or reads."""
+    lowered = entry.lower()
+    if lowered == ALWAYS_ALLOWED or lowered.startswith("mcp__") or BASH_COMMANDS.fullmatch(lowered):
+        return True
+    return any(fnmatchcase(tool, lowered) for tool in (*WRITING_TOOLS, *READING_TOOLS))
 
 
 class _Bad(Exception):
@@ -129,7 +189,7 @@ def load_definitions(
             directories.append(extra)
         else:
             shown = _shown(extra, workdir, home)
-            warnings.append(f"orchmode: warning: agents_dir {shown}: not a directory")
+            warnings.append(f"agents_dir {shown}: not a directory")
     definitions: dict[str, AgentDefinition] = {}
     seen: set[Path] = set()
     for directory in directories:
@@ -154,8 +214,9 @@ def describe_roles(definitions: Mapping[str, AgentDefinition]) -> str:
     return "\n".join(f"{name}: {definitions[name].description}" for name in sorted(definitions))
 
 
-def _parse(text: str, path: Path) -> tuple[AgentDefinition, int]:
-    """One file's text as a definition, and the line of its name; :class:`_Bad` if it is not one."""
+def _parse(text: str, path: Path) -> tuple[AgentDefinition, dict[str, int]]:
+    """One file's text as a definition, and the lines of its ``name`` and ``tools``;
+    :class:`_Bad` if it is not one."""
     # Lines as an editor numbers them; Windows line ends do not make another definition.
     lines = text.replace("\r\n", "\n").split("\n")
     if not lines or lines[0].rstrip() != FENCE:
@@ -198,7 +259,7 @@ def _parse(text: str, path: Path) -> tuple[AgentDefinition, int]:
         instructions="\n".join(lines[end + 1 :]).strip(),
         path=path,
     )
-    return definition, line_of("name")
+    return definition, {"name": line_of("name"), "tools": line_of("tools")}
 
 
 def _front_matter(front: str) -> tuple[Any, dict[str, int]]:
@@ -279,19 +340,40 @@ def _load_directory(
         files = sorted(path for path in directory.glob("*.md") if path.is_file())
     except OSError as error:
         shown = _shown(directory, workdir, home)
-        return {}, [f"orchmode: warning: {shown}: cannot be read: {error.strerror or error}"]
+        return {}, [f"{shown}: cannot be read: {error.strerror or error}"]
     for path in files:
         shown = _shown(path, workdir, home)
         try:
-            definition, name_line = _parse(_read(path), path)
+            definition, lines = _parse(_read(path), path)
             if definition.name in definitions:
                 first = _shown(definitions[definition.name].path, workdir, home)
-                raise _Bad(name_line, f"name {definition.name!r} is already defined in {first}")
+                raise _Bad(lines["name"], f"name {definition.name!r} is already defined in {first}")
         except _Bad as bad:
-            warnings.append(f"orchmode: warning: {shown} line {bad.line}: {bad.what}")
+            warnings.append(f"{shown} line {bad.line}: {bad.what}")
             continue
         definitions[definition.name] = definition
+        note = _tools_note(definition)
+        if note:
+            warnings.append(f"{shown} line {lines['tools']}: {note}")
     return definitions, warnings
+
+
+def _tools_note(definition: AgentDefinition) -> str:
+    """What a loaded role's ``tools`` ask for that orchmode cannot give as asked; "" if none."""
+    notes = []
+    unknown = definition.unknown_tools()
+    if unknown:
+        notes.append(
+            f"{', '.join(unknown)} {'is not a tool' if len(unknown) == 1 else 'are not tools'} "
+            "orchmode has, so its agents go without"
+        )
+    patterns = [entry for entry in definition.tools or () if BASH_COMMANDS.fullmatch(entry)]
+    if patterns and definition.shell == "read":
+        notes.append(
+            f"{', '.join(patterns)}: orchmode cannot hold bash to some commands, so this "
+            "role's bash cannot write the tree"
+        )
+    return "; ".join(notes)
 
 
 def _read(path: Path) -> str:

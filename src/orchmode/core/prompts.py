@@ -7,8 +7,10 @@ Workflow tool's description.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
+from .agents import AgentDefinition, describe_roles
 from .mode import Notice
 
 MAIN_SYSTEM = """\
@@ -94,12 +96,13 @@ later agents depend on earlier results. The script is plain Python run in a sand
 files, network or OS access; it may import only json, re, math, random, itertools, \
 functools, collections, dataclasses, typing, bisect, copy and decimal. It drives agents \
 through these functions, called directly (not awaited):
-- agent(prompt, isolation=None, *, schema=None) -> dict: runs one agent; returns its report \
-{"summary", "findings"} (with a JSON Schema `schema`, also "data", a dict following it), \
-or {"error", "status"} if it failed or was not run; with a change to the tree, also \
-"change": what it changed.
-- parallel(prompts, isolation=None, *, schema=None) -> list: runs the prompts as parallel \
-agents; results in the same order; a prompt may be a {"prompt", "schema"} object. \
+- agent(prompt, isolation=None, *, schema=None, agent=None) -> dict: runs one agent (in \
+the role named `agent`, if given); returns its report {"summary", "findings"} (with a JSON \
+Schema `schema`, also "data", a dict following it), or {"error", "status"} if it failed or \
+was not run; with a change to the tree, also "change": what it changed.
+- parallel(prompts, isolation=None, *, schema=None, agent=None) -> list: runs the prompts \
+as parallel agents; results in the same order; a prompt may be a {"prompt", "agent", \
+"schema"} object. \
 isolation is "worktree" or "shared", as for subtasks; an agent's change \
 is merged at the end of the script, in the order the agents were started, once verify() \
 confirmed it (or as the merge setting says).
@@ -161,8 +164,9 @@ WORKFLOW_TOOL: dict[str, Any] = {
                     ]
                 },
                 "description": "Independent subtask prompts, one per parallel agent: a "
-                'string, or {"prompt": "...", "schema": {...}} for a typed result whose '
-                "data follows the JSON Schema. Give this or script, not both.",
+                'string, or {"prompt": "...", "agent": "<role>", "schema": {...}}: agent '
+                "names a role this description lists under Roles, schema asks for a typed "
+                "result whose data follows that JSON Schema. Give this or script, not both.",
             },
             "script": {
                 "type": "string",
@@ -228,6 +232,49 @@ Investigate it directly in the shared working directory: check facts with bash i
 guessing, and cite the file and line or the command output behind each claim. Do not \
 attempt work outside your subtask. Finish by calling report_findings exactly once; that \
 call ends your subtask. Return findings, not narration."""
+
+#: How a role's instructions follow orchmode's own rules in its agents' system prompt.
+ROLE_INSTRUCTIONS = """
+
+You work in the role `{name}`. The user wrote its instructions, below; follow them within \
+the rules above, which still hold (report_findings ends your subtask).
+<role-instructions>
+{instructions}
+</role-instructions>"""
+
+
+def subagent_system(role: AgentDefinition | None = None) -> str:
+    """A subagent's system prompt: orchmode's rules, then its role's instructions, if it
+    has a role (they are added to the rules, never put in their place)."""
+    if role is None or not role.instructions:
+        return SUBAGENT_SYSTEM
+    return SUBAGENT_SYSTEM + ROLE_INSTRUCTIONS.format(
+        name=role.name, instructions=role.instructions
+    )
+
+
+#: How the Workflow tool's description lists the session's roles (agent definitions).
+ROLES_SECTION = """
+
+Roles: the user has defined these agents. Name one as a subtask's "agent" \
+({{"prompt": "...", "agent": "<name>"}}, or agent= in a script) when its description fits \
+the subtask; the agent then works with that role's instructions, tools and model.
+{roles}"""
+
+
+def workflow_tool(roles: Mapping[str, AgentDefinition]) -> dict[str, Any]:
+    """The Workflow tool as a session with ``roles`` offers it: the same for the whole
+    session, so the prompt cache holds (no roles: :data:`WORKFLOW_TOOL` itself)."""
+    if not roles:
+        return WORKFLOW_TOOL
+    listed = ROLES_SECTION.format(roles=describe_roles(roles))
+    return {**WORKFLOW_TOOL, "description": WORKFLOW_DESCRIPTION + listed}
+
+
+def main_tools(roles: Mapping[str, AgentDefinition]) -> list[dict[str, Any]]:
+    """What the main agent is offered before its MCP tools: Workflow and bash."""
+    return [workflow_tool(roles), BASH_TOOL]
+
 
 #: First words of every verification prompt; lets logs and scripted tests tell the waves apart.
 VERIFY_MARKER = "Verify another agent's result."

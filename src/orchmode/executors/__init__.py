@@ -21,6 +21,7 @@ from ..core.events import EventBus, Role
 from ..core.results import AgentResult
 
 if TYPE_CHECKING:
+    from ..core.agents import AgentDefinition
     from ..core.settings import Settings
     from ..model.providers import Credentials
     from ..trees.copies import Trees
@@ -47,6 +48,8 @@ class Job:
     #: The JSON Schema the report's ``data`` must follow (None: an untyped report); plain
     #: data, so a job pickles for a cluster's nodes.
     schema: dict[str, Any] | None = field(default=None, hash=False)
+    #: The role it runs in (its agent definition; None: a plain worker or verifier).
+    agent: AgentDefinition | None = None
 
 
 @dataclass(frozen=True)

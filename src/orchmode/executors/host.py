@@ -20,13 +20,13 @@ from typing import TYPE_CHECKING, Any
 
 from ..core.errors import AuthError, OrchmodeError
 from ..core.events import EventBus, WorkspacesChosen
-from ..core.prompts import SUBAGENT_SYSTEM, SUBAGENT_TOOLS
+from ..core.prompts import SUBAGENT_TOOLS, subagent_system
 from ..core.results import AgentResult, Status
 from ..core.schemas import typed_tools
 from ..core.settings import Settings
 from ..model.budget import BudgetExhausted
 from ..model.context import Window
-from ..model.gateway import ModelGateway
+from ..model.gateway import ModelChoice, ModelGateway
 from ..shell.bash import BashSession
 from ..shell.bwrap import overlay_problem
 from ..shell.environment import command_environment
@@ -63,6 +63,11 @@ def _awaiting(task: asyncio.Task[None]) -> Callable[[], Awaitable[None]]:
             raise OSError(f"the agent's copy of the tree could not be made: {exc}") from None
 
     return wait
+
+
+def _reads_only(job: Job) -> bool:
+    """Whether ``job`` runs in a role whose bash may only read the tree."""
+    return job.agent is not None and job.agent.shell == "read"
 
 
 async def _fetch(bundle: object) -> bytes:
@@ -116,13 +121,21 @@ class ShellFactory:
             shell.abandon()
 
     def __call__(self) -> BashSession:
+        return self._shell(self.sandbox)
+
+    def reading(self) -> BashSession:
+        """A shell that cannot write the working directory (a role whose bash only reads).
+        With the sandbox off nothing can hold it to that: a plain shell, as every agent's."""
+        return self._shell(self.sandbox.read_only() if self.sandbox is not None else None)
+
+    def _shell(self, sandbox: Sandbox | None) -> BashSession:
         return self._made(
             BashSession(
                 self.workdir,
                 timeout=self.settings.bash_timeout,
                 output_limit=self.settings.output_limit,
                 env=self.env,
-                sandbox=self.sandbox.for_shell() if self.sandbox is not None else None,
+                sandbox=sandbox.for_shell() if sandbox is not None else None,
             )
         )
 
@@ -209,21 +222,25 @@ class AgentHost:
         # the same reason.
         try:
             try:
+                tools = await with_mcp_tools(SUBAGENT_TOOLS, self.mcp, job.role)
+                if job.agent is not None:
+                    tools = job.agent.offered(tools)
+                choice = ModelChoice.of(self.settings, job.role, job.agent)
                 agent = Subagent(
                     gateway=self.gateway,
                     shell=shell,
                     events=events,
                     name=job.name,
-                    system=SUBAGENT_SYSTEM,
-                    tools=typed_tools(
-                        await with_mcp_tools(SUBAGENT_TOOLS, self.mcp, job.role), job.schema
-                    ),
+                    system=subagent_system(job.agent),
+                    tools=typed_tools(tools, job.schema),
                     max_turns=self.settings.subagent_turns,
                     on_first_request=lambda: self._first_request_sent(job, kind, shell),
-                    window=Window.from_settings(self.settings, self.settings.model_for(job.role)),
+                    window=Window.from_settings(self.settings, choice.model),
                     mcp=self.mcp,
                     role=job.role,
                     schema=job.schema,
+                    choice=choice,
+                    agent=job.agent,
                 )
                 result = await agent.run(job.prompt)
             except AuthError:
@@ -270,7 +287,10 @@ class AgentHost:
 
     def _pool_kind(self, job: Job) -> Hashable | None:
         """Which pooled shells suit ``job``: any shell for a shared tree, one in a fresh
-        workspace of its snapshot for a worker; None for any other workspace."""
+        workspace of its snapshot for a worker; None for any other workspace, and for a
+        role whose bash only reads the tree."""
+        if _reads_only(job):
+            return None
         if not self._in_copy(job):
             return SHARED
         assert job.tree is not None
@@ -312,6 +332,8 @@ class AgentHost:
     def _fresh(self, job: Job, stem: str | None = None) -> Ready:
         """A new shell for ``job``: in a workspace being opened, if it works in one."""
         if not self._in_copy(job):
+            if _reads_only(job) and isinstance(self.make_shell, ShellFactory):
+                return Ready(self.make_shell.reading())
             return Ready(self.make_shell())
         assert job.tree is not None and self.workspaces is not None
         assert isinstance(self.make_shell, ShellFactory)
@@ -369,7 +391,8 @@ class AgentHost:
                 result.turns,
                 result.usage,
             )
-        keep = self.settings.verify and job.tree.writable and not job.tree.patch
+        verified = self.settings.verify and (job.agent is None or job.agent.verify)
+        keep = verified and job.tree.writable and not job.tree.patch
         try:
             change = await workspace.close(keep_for=job.tree.chain if keep else None)
         except OrchmodeError as exc:

@@ -23,6 +23,7 @@ from ..shell.bash import BashSession
 from ..tools.calls import run_bash, tool_result
 
 if TYPE_CHECKING:
+    from ..core.agents import AgentDefinition
     from ..tools.mcptools import McpHub
 
 
@@ -46,12 +47,16 @@ class Subagent:
     role: Role = "worker"
     #: The JSON Schema its report's ``data`` must follow (None: an untyped report).
     schema: dict[str, Any] | None = None
+    #: Its model and effort (None: its role's, from the settings).
+    choice: ModelChoice | None = None
+    #: The agent definition it runs in, whose ``tools`` may leave out some MCP tools.
+    agent: AgentDefinition | None = None
     #: Set when its last allowed report was still invalid: the run failed with this.
     _rejected: str | None = field(default=None, init=False, repr=False)
 
     async def run(self, prompt: str) -> AgentResult:
         messages: list[Message] = [{"role": "user", "content": prompt}]
-        choice = ModelChoice.of(self.gateway.settings, self.role)
+        choice = self.choice or ModelChoice.of(self.gateway.settings, self.role)
         room = Room(
             self.name,
             self.gateway,
@@ -102,6 +107,14 @@ class Subagent:
         if mcp is not None:
 
             async def mcp_tool(tool_use: Block, _gathered: object) -> Block:
+                role = self.agent
+                if role is not None and not role.allows(str(tool_use["name"])):
+                    return tool_result(
+                        tool_use["id"],
+                        f"error: the role {role.name!r} is not given {tool_use['name']} (its "
+                        "tools in its agent definition leave it out)",
+                        is_error=True,
+                    )
                 return await mcp.call(tool_use, agent=self.name, role=self.role)
 
             prefixes["mcp__"] = mcp_tool

@@ -2,10 +2,11 @@
 
 Below its budget a Workflow result is exactly what it always was. Above it, every subtask
 keeps its ``[agent i: …]`` header with the worker's summary (and a typed result's ``data``,
-whole) and its ``[verify i]`` verdict; then findings are added by severity (all high ones
-first, in subtask order, then medium, …) while the budget allows; what was left out is
-named per agent, with the file holding its full report. Nothing here reads a clock or a
-set's order, so a rerun gives the same bytes and the prompt cache still hits.
+whole while the budget allows: it is what the caller asked for) and its ``[verify i]``
+verdict; then findings are added by severity (all high ones first, in subtask order, then
+medium, …) while the budget allows; what was left out is named per agent, with the file
+holding its full report. Nothing here reads a clock or a set's order, so a rerun gives the
+same bytes and the prompt cache still hits.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.prompts import SEVERITIES
-from ..model.context import estimate_tokens
+from ..model.context import CHARS_PER_TOKEN, estimate_tokens
 
 #: Characters of a summary, verdict or plain-text result kept in a condensed result.
 SUMMARY_CAP = 1200
@@ -91,6 +92,9 @@ class _Agent:
     kept: str
     findings: list[dict[str, str]] = field(default_factory=list)
     shown: list[bool] = field(default_factory=list)
+    #: A typed result's data as compact JSON ("" for none): kept whole unless the summaries
+    #: and data of all agents together do not fit the budget.
+    data: str = ""
 
     def omitted(self) -> dict[str, int]:
         counts: dict[str, int] = {}
@@ -123,8 +127,9 @@ def _condense(
     # The note's wording does not depend on what was shown, so its size is known first.
     note_size = estimate_tokens(_note(budget, tokens_full, "x" * 60, saved_at, directory))
     fixed = note_size + sum(estimate_tokens(s) for s in [*head, *tail])
-    fixed += sum(estimate_tokens(_render(a)) for a in agents)
     fixed += sum(estimate_tokens(line) for line in order if isinstance(line, str))
+    _cut_data(agents, budget - fixed - sum(estimate_tokens(_render(a, data=False)) for a in agents))
+    fixed += sum(estimate_tokens(_render(a)) for a in agents)
     room = budget - fixed
     for severity in SEVERITIES:  # high first; the first finding that does not fit ends it
         for agent in agents:
@@ -158,11 +163,25 @@ def _take_apart(label: str, entry: AgentEntry) -> _Agent:
     if report is None:
         return _Agent(label, file, _cap(entry.text.strip(), SUMMARY_CAP))
     summary, findings = report
-    kept = _cap(summary, SUMMARY_CAP)
-    data = _data(entry.text)
-    if data is not None:  # a typed result is what the caller asked for: kept whole
-        kept += f"\ndata: {data}"
-    return _Agent(label, file, kept, findings, [False] * len(findings))
+    data = _data(entry.text) or ""
+    return _Agent(label, file, _cap(summary, SUMMARY_CAP), findings, [False] * len(findings), data)
+
+
+def _cut_data(agents: Sequence[_Agent], room: int) -> None:
+    """Cut typed data only when all of it does not fit the ``room`` left once everything
+    else always kept is in: each agent's data gets an equal share, and a cut one names
+    the file with the whole of it."""
+    typed = [a for a in agents if a.data]
+    if not typed or sum(estimate_tokens(f"data: {a.data}") for a in typed) <= room:
+        return
+    share = max(0, room // len(typed) - 40) * CHARS_PER_TOKEN
+    for agent in typed:
+        if len(agent.data) > share:
+            where = f"; the whole of it is in {agent.file}" if agent.file else ""
+            agent.data = (
+                f"{agent.data[:share]}… [orchmode: data cut after {share:,} of "
+                f"{len(agent.data):,} characters to fit the budget{where}]"
+            )
 
 
 def _data(text: str) -> str | None:
@@ -197,9 +216,11 @@ def _report(text: str) -> tuple[str, list[dict[str, str]]] | None:
     return value["summary"], findings
 
 
-def _render(agent: _Agent) -> str:
+def _render(agent: _Agent, *, data: bool = True) -> str:
     label = f"{agent.label} (report: {agent.file})" if agent.file else agent.label
     lines = [label, agent.kept]
+    if data and agent.data:
+        lines.append(f"data: {agent.data}")
     lines.extend(
         _finding_line(f) for f, shown in zip(agent.findings, agent.shown, strict=True) if shown
     )

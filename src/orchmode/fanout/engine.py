@@ -12,10 +12,11 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from ..core.agents import AgentDefinition
 from ..core.errors import OrchmodeError
 from ..core.events import (
     BudgetStatus,
@@ -26,7 +27,13 @@ from ..core.events import (
     SubagentStarted,
     TokenUsage,
 )
-from ..core.prompts import SUBAGENT_SYSTEM, SUBAGENT_TOOLS, change_note, quote_result, verify_prompt
+from ..core.prompts import (
+    SUBAGENT_TOOLS,
+    change_note,
+    quote_result,
+    subagent_system,
+    verify_prompt,
+)
 from ..core.results import AgentResult, Status
 from ..core.schemas import typed_tools
 from ..core.settings import Settings
@@ -34,7 +41,7 @@ from ..executors import Executor, Job, TreeJob, WorkerLost
 from ..executors.local import HERE, LocalExecutor
 from ..model.budget import SessionBudget
 from ..model.context import Window
-from ..model.gateway import ModelGateway
+from ..model.gateway import ModelChoice, ModelGateway
 from ..store import BudgetState, Store, content_key
 from ..store.claims import claim_or_take_over, holder_name, keep_claim
 from ..store.result_files import ResultFiles
@@ -89,6 +96,8 @@ class FanoutEngine:
     trees: Trees | None = None
     #: The user's MCP servers: their tools are part of what a subagent is given.
     mcp: McpHub | None = None
+    #: The agent definitions subtasks may name, read once for the session.
+    roles: Mapping[str, AgentDefinition] = field(default_factory=dict)
     calls: int = 0
     _tools: dict[Role, list[dict[str, Any]]] = field(default_factory=dict, repr=False)
     _slots: PrioritySlots | None = field(default=None, repr=False)
@@ -149,18 +158,23 @@ class FanoutEngine:
         prompt: str,
         isolation: str = "shared",
         schema: dict[str, Any] | None = None,
+        agent: AgentDefinition | None = None,
     ) -> str:
         """The journal's content address of an agent: everything that determines its result,
         its tools included (a tool of an MCP server among them, and report_findings with
-        the subtask's schema, so a changed schema is not served an old result)."""
+        the subtask's schema, so a changed schema is not served an old result), and its
+        role's definition (so a changed definition is not served one either)."""
+        choice = ModelChoice.of(self.settings, role, agent)
+        tools = self._tools.get(role, SUBAGENT_TOOLS)
         return content_key(
             role=role,
-            model=self.settings.model_for(role),
-            effort=self.settings.effort_for(role),
-            system=SUBAGENT_SYSTEM,
-            tools=typed_tools(self._tools.get(role, SUBAGENT_TOOLS), schema),
+            model=choice.model,
+            effort=choice.effort,
+            system=subagent_system(agent),
+            tools=typed_tools(agent.offered(tools) if agent is not None else tools, schema),
             prompt=prompt,
             isolation=isolation,
+            agent=agent.digest if agent is not None else None,
         )
 
     def report_path(
@@ -169,11 +183,13 @@ class FanoutEngine:
         prompt: str,
         isolation: str = "shared",
         schema: dict[str, Any] | None = None,
+        agent: AgentDefinition | None = None,
     ) -> str:
         """Where the agent with ``prompt`` has its full result, or "" with no results dir."""
         if self.results is None:
             return ""
-        return str(self.results.agent_path(role, self.key_of(role, prompt, isolation, schema)))
+        key = self.key_of(role, prompt, isolation, schema, agent)
+        return str(self.results.agent_path(role, key))
 
     def verify_prompt(
         self,
@@ -181,12 +197,13 @@ class FanoutEngine:
         worker: AgentResult,
         isolation: str = "shared",
         schema: dict[str, Any] | None = None,
+        agent: AgentDefinition | None = None,
     ) -> str:
         """The verifier's prompt, quoting the worker's result within its budget (its
         ``data`` with it), naming the worker's change when it made one, and the schema
         the data had to follow."""
         limit = self.window.quote_tokens * 3
-        path = self.report_path("worker", subtask, isolation, schema) or None
+        path = self.report_path("worker", subtask, isolation, schema, agent) or None
         change = worker.change
         note = ""
         if change is not None and not change.empty:
@@ -320,6 +337,7 @@ class FanoutEngine:
         hand_on: Relay | None = None,
         tree: TreeJob | None = None,
         schema: dict[str, Any] | None = None,
+        agent: AgentDefinition | None = None,
     ) -> AgentResult:
         """One subagent through the store; any failure becomes an error result in its slot.
 
@@ -328,7 +346,7 @@ class FanoutEngine:
         background, so whoever calls it must :meth:`finish_housekeeping` before reporting. ``relay``
         may hold a slot handed on by the previous agent of the chain; ``hand_on`` is where
         this agent queues for the next one's before it lets its own slot go. ``schema``: the
-        report's data must follow it (a typed result).
+        report's data must follow it (a typed result). ``agent``: the role it runs in.
         """
         own: Relay | None = None
         if relay is None:
@@ -348,6 +366,7 @@ class FanoutEngine:
                 hand_on=hand_on,
                 tree=tree,
                 schema=schema,
+                agent=agent,
             )
         finally:
             if own is not None:
@@ -365,8 +384,10 @@ class FanoutEngine:
         hand_on: Relay | None,
         tree: TreeJob | None,
         schema: dict[str, Any] | None = None,
+        agent: AgentDefinition | None = None,
     ) -> AgentResult:
-        key = self.key_of(role, prompt, "worktree" if tree is not None else "shared", schema)
+        isolation = "worktree" if tree is not None else "shared"
+        key = self.key_of(role, prompt, isolation, schema, agent)
         if not self.settings.fresh:
             recorded = await self.store.lookup(key)
             if recorded is not None:
@@ -391,6 +412,7 @@ class FanoutEngine:
                 prompt,
                 tree,
                 schema=schema,
+                agent=agent,
             )
             async with self.slots.slot(priority, relay):
                 # Reserved only once it has a slot: an agent still queued when the process
@@ -422,6 +444,7 @@ class FanoutEngine:
             outcome.duration,
             from_journal=outcome.from_journal,
             node=outcome.node,
+            model=ModelChoice.of(self.settings, role, agent).model,
         )
         return outcome.result
 
@@ -532,12 +555,13 @@ class FanoutEngine:
         *,
         from_journal: bool = False,
         node: str = HERE,
+        model: str | None = None,
     ) -> None:
         verdict = verdict_of(result.text) if role == "verifier" and result.finished else None
         report_path = self._save(role, prompt, key, result, verdict)
         # A journal hit asked the model nothing: it used no tokens and cost nothing now.
         usage = TokenUsage() if from_journal else result.usage
-        price = self.settings.price(self.settings.model_for(role))
+        price = self.settings.price(model or self.settings.model_for(role))
         self.events.emit(
             SubagentDone(
                 call,

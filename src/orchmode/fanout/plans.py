@@ -7,9 +7,11 @@ hypothesis tests can throw any input at them.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..core.agents import AgentDefinition
 from ..core.schemas import check_schema
 
 #: The keys an object subtask may have.
@@ -44,15 +46,30 @@ def normalise_subtasks(raw: object) -> list[str]:
 
 
 @dataclass(frozen=True)
+class Subtask:
+    """One subtask as an object gives it: its prompt, its result's schema, its role."""
+
+    prompt: str
+    schema: dict[str, Any] | None = None
+    agent: AgentDefinition | None = None
+
+
+@dataclass(frozen=True)
 class Plan:
     subtasks: list[str]
     not_run: int
     #: Each subtask's report schema (None: an untyped report), in the same order.
     schemas: list[dict[str, Any] | None] = field(default_factory=list)
+    #: Each subtask's role (None: a plain worker), in the same order.
+    agents: list[AgentDefinition | None] = field(default_factory=list)
 
     def schema_of(self, index: int) -> dict[str, Any] | None:
         """Subtask ``index``'s schema (0-based); None when it has none."""
         return self.schemas[index] if index < len(self.schemas) else None
+
+    def agent_of(self, index: int) -> AgentDefinition | None:
+        """Subtask ``index``'s role (0-based); None when it names none."""
+        return self.agents[index] if index < len(self.agents) else None
 
     @property
     def note(self) -> str:
@@ -110,13 +127,16 @@ BAD_ISOLATION = (
 )
 
 
-def plan_subtasks(tool_input: object, cap: int) -> Plan | str:
-    """The subtasks to run, or an error message when there are none."""
+def plan_subtasks(
+    tool_input: object, cap: int, roles: Mapping[str, AgentDefinition] | None = None
+) -> Plan | str:
+    """The subtasks to run, or an error message when there are none (or one is wrong);
+    ``roles`` are the agent definitions an object subtask may name."""
     if not isinstance(tool_input, dict) or "subtasks" not in tool_input:
         return 'error: Workflow needs {"subtasks": ["first subtask prompt", ...]}'
     raw = _decoded(tool_input["subtasks"])
     if isinstance(raw, list | tuple) and any(isinstance(item, dict) for item in raw):
-        return _plan_objects(raw, cap)
+        return _plan_objects(raw, cap, roles or {})
     subtasks = normalise_subtasks(tool_input["subtasks"])
     if not subtasks:
         return (
@@ -136,37 +156,40 @@ def _decoded(raw: object) -> object:
     return raw
 
 
-def _plan_objects(raw: list[Any] | tuple[Any, ...], cap: int) -> Plan | str:
+def _plan_objects(
+    raw: list[Any] | tuple[Any, ...], cap: int, roles: Mapping[str, AgentDefinition]
+) -> Plan | str:
     """A plan from a list holding object subtasks (strings may be mixed in), or the first
     error, naming the subtask's number: nothing runs when one subtask is wrong."""
-    prompts: list[str] = []
-    schemas: list[dict[str, Any] | None] = []
+    subtasks: list[Subtask] = []
     for number, item in enumerate((i for i in raw if i is not None), start=1):
         if not isinstance(item, dict):
             kept = normalise_subtasks([item])
             if kept:
-                prompts.append(kept[0])
-                schemas.append(None)
+                subtasks.append(Subtask(kept[0]))
             continue
-        subtask = subtask_object(item)
+        subtask = subtask_object(item, roles)
         if isinstance(subtask, str):
             return f"error: subtask {number}: {subtask}; nothing was run"
-        prompts.append(subtask[0])
-        schemas.append(subtask[1])
-    if not prompts:
+        subtasks.append(subtask)
+    if not subtasks:
         return (
             "error: no usable subtasks — pass a non-empty list of subtask prompts as "
             '{"subtasks": ["...", "..."]}'
         )
-    return Plan(prompts[:cap], max(0, len(prompts) - cap), schemas[:cap])
+    running = subtasks[:cap]
+    return Plan(
+        [s.prompt for s in running],
+        max(0, len(subtasks) - cap),
+        [s.schema for s in running],
+        [s.agent for s in running],
+    )
 
 
-def subtask_object(item: dict[str, Any]) -> tuple[str, dict[str, Any] | None] | str:
-    """``(prompt, schema)`` of an object subtask, or what is wrong with it.
-
-    ``agent`` is read here so that it is never silently ignored; no agent definitions are
-    loaded in this version, so any name is unknown (the next step wires them in).
-    """
+def subtask_object(
+    item: dict[str, Any], roles: Mapping[str, AgentDefinition] | None = None
+) -> Subtask | str:
+    """An object subtask, or what is wrong with it: ``agent`` must name one of ``roles``."""
     extra = sorted(str(k) for k in item if k not in SUBTASK_KEYS)
     if extra:
         return (
@@ -185,24 +208,39 @@ def subtask_object(item: dict[str, Any]) -> tuple[str, dict[str, Any] | None] | 
             f'"agent" is a {type(agent).__name__}, not a string: it names an agent (a schema '
             'goes in "schema")'
         )
+    role = None
     if agent is not None:
-        return unknown_agent(agent)
+        role = (roles or {}).get(agent.strip())
+        if role is None:
+            return unknown_agent(agent, roles or {})
     schema = item.get("schema")
     if schema is None:
-        return prompt.strip(), None
+        return Subtask(prompt.strip(), None, role)
     problem = check_schema(schema)
     if problem is not None:
         return f'"schema" is not usable: {problem}'
-    return prompt.strip(), schema
+    return Subtask(prompt.strip(), schema, role)
 
 
-def unknown_agent(name: object) -> str:
-    """The error for a named agent: none are loaded yet (wired in by the agents step)."""
-    # TODO(issue 24, agents step): look the name up in the loaded agent definitions.
-    return (
-        f"unknown agent {json.dumps(name, ensure_ascii=False, default=str)}: no agent "
-        "definitions are loaded — known agents: (none)"
-    )
+def unknown_agent(name: object, roles: Mapping[str, AgentDefinition]) -> str:
+    """The error for an agent name no definition has, listing the names there are."""
+    shown = json.dumps(name, ensure_ascii=False, default=str)
+    if not roles:
+        return (
+            f"unknown agent {shown}: this session has no agent definitions (none were found "
+            'in .claude/agents/, ~/.claude/agents/ or agents_dir) — leave out "agent"'
+        )
+    return f"unknown agent {shown} — known agents: {', '.join(sorted(roles))}"
+
+
+def isolation_for(isolation: str, agent: AgentDefinition | None) -> str:
+    """Where an agent works: its role's ``isolation`` over the call's. A role with no bash
+    cannot touch the tree, so it needs no copy of it."""
+    if agent is None:
+        return isolation
+    if agent.shell == "none":
+        return "shared"
+    return agent.isolation or isolation
 
 
 def title(subtask: str, width: int = 120) -> str:

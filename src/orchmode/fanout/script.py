@@ -21,8 +21,8 @@ import asyncio
 import hashlib
 import json
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -42,6 +42,7 @@ from pydantic_monty import (
     ResourceLimits,
 )
 
+from ..core.agents import AgentDefinition
 from ..core.errors import OrchmodeError
 from ..core.events import ResultCondensed, Role, ScriptDone, ScriptStarted
 from ..core.prompts import verify_prompt
@@ -50,8 +51,8 @@ from ..executors import TreeJob
 from ..model.context import CHARS_PER_TOKEN, estimate_tokens
 from ..trees.patches import describe_change
 from .condense import fit_value
-from .engine import FanoutEngine
-from .plans import isolation_of, subtask_object, verdict_of
+from .engine import FanoutEngine, data_note
+from .plans import Subtask, isolation_for, isolation_of, subtask_object, verdict_of
 from .slots import VERIFIER_PRIORITY, WORKER_PRIORITY
 
 #: Modules a script may import: pure computation inside the sandbox, nothing that reaches out.
@@ -275,6 +276,8 @@ class ScriptRun:
     #: workers that ran in a copy, in the order they were started: their results, keys
     #: and the verdict verify() gave them (None until then)
     workers: list[_Isolated] = field(default_factory=list)
+    #: what each worker prompt was asked with (its schema, its role), for verify()
+    asked: dict[str, Subtask] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.log = ScriptLog(self.engine.settings.output_limit)
@@ -405,14 +408,15 @@ class ScriptRun:
                 raise NameError(f"name {name!r} is not defined")
             values = _bind(name, PARAMETERS[name], args, kwargs, KEYWORD_ONLY.get(name, ()))
             if name == "agent":
-                prompt, schema = _typed("agent()", values[0], values[2], values[3])
-                isolation = await self._isolation("agent", values[1])
-                return {"return_value": await self._agent(prompt, isolation, schema)}
+                subtask = _typed("agent()", values[0], values[2], values[3], self.engine.roles)
+                where = self._isolation("agent", values[1])
+                return {"return_value": await self._agent(subtask, where)}
             if name == "parallel":
-                _typed("parallel()", "-", values[2], values[3])  # its defaults, checked once
-                isolation = await self._isolation("parallel", values[1])
+                # its defaults, checked once
+                _typed("parallel()", "-", values[2], values[3], self.engine.roles)
+                where = self._isolation("parallel", values[1])
                 return {
-                    "return_value": await self._parallel(values[0], isolation, values[2], values[3])
+                    "return_value": await self._parallel(values[0], where, values[2], values[3])
                 }
             if name == "verify":
                 return {"return_value": await self._verify(values[0], values[1])}
@@ -443,59 +447,66 @@ class ScriptRun:
         role: Role,
         prompt: str,
         tree: TreeJob | None = None,
-        schema: dict[str, Any] | None = None,
+        subtask: Subtask | None = None,
     ) -> AgentResult:
         priority = VERIFIER_PRIORITY if role == "verifier" else WORKER_PRIORITY
+        schema, agent = (subtask.schema, subtask.agent) if subtask is not None else (None, None)
         result = await self.engine.run_subagent(
-            self.call, index, role, prompt, priority, tree=tree, schema=schema
+            self.call, index, role, prompt, priority, tree=tree, schema=schema, agent=agent
         )
         if result.status is Status.SKIPPED:
             self.skipped += 1
         return result
 
-    async def _isolation(self, function: str, value: object) -> TreeJob | None:
-        """The copy an agent of ``function`` starts from, or None for the shared tree."""
+    def _isolation(self, function: str, value: object) -> str:
+        """Where the agents of a call of ``function`` work unless their roles say otherwise."""
         chosen = isolation_of({"isolation": value}, self.isolation)
         if chosen is None:
             raise ValueError(f'{function}() takes isolation="worktree" or isolation="shared"')
-        if chosen != "worktree":
+        return chosen
+
+    async def _tree_for(self, index: int, where: str, subtask: Subtask) -> TreeJob | None:
+        """The copy worker ``index`` starts from, named for it so that its verifier can be
+        shown that copy; None in the shared tree. Its role may choose where it works."""
+        agent = subtask.agent
+        if isolation_for(where, agent) != "worktree":
             return None
         if self.tree is None:
             self.tree = await self.engine.tree_for("worktree")
-        return self.tree
+        if self.tree is None:
+            return None
+        tree = self.tree.for_subtask(self.call, index)
+        if agent is not None and agent.shell == "read":
+            tree = replace(tree, writable=False)  # its bash only reads the tree
+        return tree
 
-    async def _agent(
-        self, prompt: str, tree: TreeJob | None = None, schema: dict[str, Any] | None = None
-    ) -> dict[str, Any]:
+    async def _agent(self, subtask: Subtask, where: str) -> dict[str, Any]:
         (index,) = self._take(1, "agent()")
-        tree = self._own(tree, index)
-        result = await self._run(index, "worker", prompt, tree, schema)
-        return self._answer(index, prompt, result, tree, schema)
-
-    def _own(self, tree: TreeJob | None, index: int) -> TreeJob | None:
-        """A worker's copy, named for it, so that its verifier can be shown that copy."""
-        return None if tree is None else tree.for_subtask(self.call, index)
+        tree = await self._tree_for(index, where, subtask)
+        result = await self._run(index, "worker", subtask.prompt, tree, subtask)
+        return self._answer(index, subtask, result, tree)
 
     async def _parallel(
         self,
         prompts: object,
-        tree: TreeJob | None = None,
+        where: str,
         agent: object = None,
         schema: object = None,
     ) -> list[dict[str, Any]]:
         if not isinstance(prompts, list | tuple):
             raise TypeError(f"parallel() takes a list of prompts, not {type(prompts).__name__}")
-        typed = [
-            _typed(f"parallel() prompt {n}", p, agent, schema)
+        subtasks = [
+            _typed(f"parallel() prompt {n}", p, agent, schema, self.engine.roles)
             for n, p in enumerate(prompts, start=1)
         ]
-        checked = [prompt for prompt, _ in typed]
-        schemas = [s for _, s in typed]
-        indexes = self._take(len(checked), f"parallel() of {len(checked)} prompts")
-        trees = [self._own(tree, index) for index in indexes]
+        indexes = self._take(len(subtasks), f"parallel() of {len(subtasks)} prompts")
+        trees = [
+            await self._tree_for(index, where, subtask)
+            for index, subtask in zip(indexes, subtasks, strict=True)
+        ]
         runs = [
-            asyncio.create_task(self._run(index, "worker", prompt, own, s))
-            for index, prompt, own, s in zip(indexes, checked, trees, schemas, strict=True)
+            asyncio.create_task(self._run(index, "worker", subtask.prompt, own, subtask))
+            for index, subtask, own in zip(indexes, subtasks, trees, strict=True)
         ]
         try:
             results = await asyncio.gather(*runs)
@@ -504,27 +515,22 @@ class ScriptRun:
                 run.cancel()
             await asyncio.gather(*runs, return_exceptions=True)
         return [
-            self._answer(index, prompt, result, own, s)
-            for index, prompt, result, own, s in zip(
-                indexes, checked, results, trees, schemas, strict=True
-            )
+            self._answer(index, subtask, result, own)
+            for index, subtask, result, own in zip(indexes, subtasks, results, trees, strict=True)
         ]
 
     def _answer(
-        self,
-        index: int,
-        prompt: str,
-        result: AgentResult,
-        tree: TreeJob | None,
-        schema: dict[str, Any] | None = None,
+        self, index: int, subtask: Subtask, result: AgentResult, tree: TreeJob | None
     ) -> dict[str, Any]:
         """agent()'s value; an isolated worker's is remembered, and names its change, so
         that verify() can check the change and the merge at the end can find it."""
         answer = agent_answer(result)
+        self.asked[subtask.prompt] = subtask
         if tree is None:
             return answer
-        key = self.engine.key_of("worker", prompt, "worktree", schema)
-        self.workers.append(_Isolated(index, key, prompt, result, tree, schema=schema))
+        prompt, schema, agent = subtask.prompt, subtask.schema, subtask.agent
+        key = self.engine.key_of("worker", prompt, "worktree", schema, agent)
+        self.workers.append(_Isolated(index, key, prompt, result, tree, subtask))
         change = result.change
         if change is not None and not change.empty:
             answer["change"] = {"agent": index, "files": describe_change(change)}
@@ -543,17 +549,29 @@ class ScriptRun:
                 "session's settings]",
                 "status": "not_run",
             }
+        asked = self.asked.get(subtask, Subtask(subtask))
+        if asked.agent is not None and not asked.agent.verify:
+            return {
+                "error": f"[orchmode: not verified — the agent {asked.agent.name!r} ran it, "
+                "and its definition says verify: false]",
+                "status": "not_run",
+            }
         worker = self._worker_of(result)
         if worker is not None:
             tree = self.engine.verifier_tree(worker.tree, worker.result)
             prompt_text = self.engine.verify_prompt(
-                subtask, worker.result, "worktree", worker.schema
+                subtask,
+                worker.result,
+                "worktree",
+                worker.subtask.schema,
+                worker.subtask.agent,
             )
         else:
             text = (
                 result if isinstance(result, str) else json.dumps(plain(result), ensure_ascii=False)
             )
-            tree, prompt_text = None, verify_prompt(subtask, text)
+            note = data_note(asked.schema) if asked.schema is not None else ""
+            tree, prompt_text = None, verify_prompt(subtask, text, note)
         (index,) = self._take(1, "verify()")
         verdict = await self._run(index, "verifier", prompt_text, tree)
         answer = agent_answer(verdict)
@@ -768,8 +786,9 @@ class _Isolated:
     prompt: str
     result: AgentResult
     tree: TreeJob
+    #: What it was asked: its prompt, its result's schema, its role.
+    subtask: Subtask
     verdict: str | None = None
-    schema: dict[str, Any] | None = None
 
 
 def _prompt(function: str, value: object) -> str:
@@ -781,13 +800,17 @@ def _prompt(function: str, value: object) -> str:
 
 
 def _typed(
-    function: str, value: object, agent: object, schema: object
-) -> tuple[str, dict[str, Any] | None]:
-    """A prompt and its schema, from a string or a ``{"prompt", "agent", "schema"}`` object;
-    ``agent`` and ``schema`` are the call's own, which an object's keys override."""
+    function: str,
+    value: object,
+    agent: object,
+    schema: object,
+    roles: Mapping[str, AgentDefinition],
+) -> Subtask:
+    """A subtask from a string or a ``{"prompt", "agent", "schema"}`` object; ``agent``
+    and ``schema`` are the call's own, which an object's keys override."""
     if isinstance(value, dict):
         item = {"agent": agent, "schema": schema, **plain(value)}
-        taken = subtask_object({k: v for k, v in item.items() if v is not None})
+        taken = subtask_object({k: v for k, v in item.items() if v is not None}, roles)
         if isinstance(taken, str):
             raise ValueError(f"{function}: {taken}")
         return taken
@@ -799,7 +822,7 @@ def _typed(
     if not value.strip():
         raise ValueError(f"{function} was given an empty prompt")
     prompt = value.strip()
-    taken = subtask_object({"prompt": prompt, "agent": agent, "schema": plain(schema)})
+    taken = subtask_object({"prompt": prompt, "agent": agent, "schema": plain(schema)}, roles)
     if isinstance(taken, str):
         raise ValueError(f"{function}: {taken}")
     return taken

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from dataclasses import replace
 
 from ..core.errors import OrchmodeError
 from ..core.events import FanoutDone, FanoutStarted
@@ -24,7 +24,15 @@ from ..executors import TreeJob
 from ..store import BudgetState
 from .condense import AgentEntry, SubtaskEntry
 from .engine import SKIPPED, FanoutEngine
-from .plans import BAD_ISOLATION, isolation_of, plan_subtasks, title, workflow_form
+from .plans import (
+    BAD_ISOLATION,
+    Subtask,
+    isolation_for,
+    isolation_of,
+    plan_subtasks,
+    title,
+    workflow_form,
+)
 from .slots import VERIFIER_PRIORITY, WORKER_PRIORITY, Relay
 
 
@@ -51,20 +59,26 @@ class Workflow(FanoutEngine):
             return await run_script(self, self.calls, tool_input["script"], tokens, isolation)
         if form != "subtasks":
             return form, True
-        plan = plan_subtasks(tool_input, self.settings.max_subtasks)
+        plan = plan_subtasks(tool_input, self.settings.max_subtasks, self.roles)
         if isinstance(plan, str):
             return plan, True
+        subtasks = [
+            Subtask(prompt, plan.schema_of(n), plan.agent_of(n))
+            for n, prompt in enumerate(plan.subtasks)
+        ]
+        wanted = [isolation_for(isolation, subtask.agent) for subtask in subtasks]
         try:
-            tree = await self.tree_for(isolation, ahead=True)
+            tree = await self.tree_for("worktree" if "worktree" in wanted else "shared", ahead=True)
         except OrchmodeError as exc:
             return _no_copies(exc), True
+        trees = [tree if where == "worktree" else None for where in wanted]
         self.calls += 1
         call = self.calls
         started = time.monotonic()
-        self.events.emit(FanoutStarted(call, len(plan.subtasks), plan.not_run))
+        self.events.emit(FanoutStarted(call, len(subtasks), plan.not_run))
         chains = [
-            asyncio.create_task(self._chain(call, i, subtask, tree, plan.schema_of(i - 1)))
-            for i, subtask in enumerate(plan.subtasks, start=1)
+            asyncio.create_task(self._chain(call, i, subtask, own))
+            for i, (subtask, own) in enumerate(zip(subtasks, trees, strict=True), start=1)
         ]
         try:
             if tree is not None:
@@ -79,25 +93,26 @@ class Workflow(FanoutEngine):
             await self.finish_housekeeping()
         self.events.emit(FanoutDone(call, time.monotonic() - started))
         head = [plan.note] if plan.note else []
-        isolated = "worktree" if tree is not None else "shared"
+        where = ["worktree" if own is not None else "shared" for own in trees]
         changes = [""] * len(pairs)
         if tree is not None:
-            changes = await self.merge_changes(
+            isolated = [i for i, own in enumerate(trees, start=1) if own is not None]
+            lines = await self.merge_changes(
                 call,
                 tree,
                 [
                     (
                         i,
-                        self.key_of("worker", subtask, isolated, plan.schema_of(i - 1)),
-                        subtask,
-                        worker,
-                        verifier,
+                        self.key_of("worker", s.prompt, "worktree", s.schema, s.agent),
+                        s.prompt,
+                        *pairs[i - 1],
                     )
-                    for i, (subtask, (worker, verifier)) in enumerate(
-                        zip(plan.subtasks, pairs, strict=True), start=1
-                    )
+                    for i in isolated
+                    for s in [subtasks[i - 1]]
                 ],
             )
+            for i, line in zip(isolated, lines, strict=True):
+                changes[i - 1] = line
         budget = await self.store.budget(self.budget.session)  # resolvers counted too
         skipped = [i for i, (worker, _) in enumerate(pairs, start=1) if worker.status is SKIPPED]
         unverified = [
@@ -109,22 +124,26 @@ class Workflow(FanoutEngine):
             head.append(self._budget_note(skipped, unverified, budget))
         entries = [
             SubtaskEntry(
-                title(subtask),
-                AgentEntry(worker.text, self.report_path("worker", subtask, isolated, schema)),
+                title(s.prompt),
+                AgentEntry(
+                    worker.text,
+                    self.report_path("worker", s.prompt, isolated_in, s.schema, s.agent),
+                ),
                 None
                 if verifier is None
                 else AgentEntry(
                     verifier.text,
                     self.report_path(
-                        "verifier", self.verify_prompt(subtask, worker, isolated, schema), isolated
+                        "verifier",
+                        self.verify_prompt(s.prompt, worker, isolated_in, s.schema, s.agent),
+                        isolated_in,
                     ),
                 ),
                 change,
             )
-            for n, (subtask, (worker, verifier), change) in enumerate(
-                zip(plan.subtasks, pairs, changes, strict=True)
+            for s, (worker, verifier), change, isolated_in in zip(
+                subtasks, pairs, changes, where, strict=True
             )
-            for schema in [plan.schema_of(n)]
         ]
         tail = [self.budget_status(budget)]
         return self.fit(call, head, entries, tail, tokens, tool_input), False
@@ -143,26 +162,26 @@ class Workflow(FanoutEngine):
         )
 
     async def _chain(
-        self,
-        call: int,
-        index: int,
-        subtask: str,
-        tree: TreeJob | None = None,
-        schema: dict[str, Any] | None = None,
+        self, call: int, index: int, subtask: Subtask, tree: TreeJob | None = None
     ) -> tuple[AgentResult, AgentResult | None]:
-        relay = Relay(self.slots) if self.settings.verify else None
+        agent = subtask.agent
+        verified = self.settings.verify and (agent is None or agent.verify)
+        relay = Relay(self.slots) if verified else None
         if tree is not None:
             tree = tree.for_subtask(call, index)
+            if agent is not None and agent.shell == "read":
+                tree = replace(tree, writable=False)  # its bash only reads the tree
         try:
             worker = await self.run_subagent(
                 call,
                 index,
                 "worker",
-                subtask,
+                subtask.prompt,
                 WORKER_PRIORITY,
                 hand_on=relay,
                 tree=tree,
-                schema=schema,
+                schema=subtask.schema,
+                agent=agent,
             )
             if relay is None:
                 return worker, None
@@ -179,7 +198,7 @@ class Workflow(FanoutEngine):
                 tree = await tree.with_snapshot()
             if self.trees is not None and worker.change is not None and not worker.change.empty:
                 self.trees.merge_ahead(worker.change)  # its merge, ahead, while it is verified
-            prompt = self.verify_prompt(subtask, worker, isolation, schema)
+            prompt = self.verify_prompt(subtask.prompt, worker, isolation, subtask.schema, agent)
             verifier = await self.run_subagent(
                 call,
                 index,

@@ -44,9 +44,12 @@ class Toolbox:
         return replace(self, handlers={**self.handlers, name: handler})
 
     def handler_for(self, name: object) -> Handler | None:
+        """What runs a call of ``name``. A named handler runs only a tool the agent was
+        offered (a role given no bash has bash's handler all the same); a family's handler
+        answers every name of its family, as it can say best why one is not there."""
         if not isinstance(name, str):
             return None
-        handler = self.handlers.get(name)
+        handler = self.handlers.get(name) if name in self.names else None
         if handler is None:
             handler = next((h for p, h in self.prefixes.items() if name.startswith(p)), None)
         return handler

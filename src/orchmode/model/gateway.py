@@ -47,6 +47,7 @@ from .providers import (
 )
 
 if TYPE_CHECKING:
+    from ..core.agents import AgentDefinition
     from .budget import SessionBudget
 
 log = logging.getLogger("orchmode")
@@ -306,8 +307,14 @@ class ModelChoice:
     effort: str
 
     @classmethod
-    def of(cls, settings: Settings, role: Role = "main") -> ModelChoice:
-        return cls(settings.model_for(role), settings.effort_for(role))
+    def of(
+        cls, settings: Settings, role: Role = "main", agent: AgentDefinition | None = None
+    ) -> ModelChoice:
+        """The role's settings, or where its agent definition names a model or an effort,
+        that one."""
+        model = agent.model if agent is not None and agent.model else settings.model_for(role)
+        effort = agent.effort if agent is not None and agent.effort else settings.effort_for(role)
+        return cls(model, effort)
 
 
 @dataclass

@@ -13,18 +13,19 @@ import logging
 import os
 import secrets
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..core.agents import AgentDefinition
 from ..core.errors import AuthError, OrchmodeError
 from ..core.events import ContextCompacted, EventBus, TurnDone, TurnStarted
 from ..core.mode import ModeState
 from ..core.prompts import (
     MAIN_SYSTEM,
-    MAIN_TOOLS,
     NOTICES,
+    main_tools,
     notice_as_user_text,
     turn_limit_note,
 )
@@ -103,6 +104,7 @@ class Conversation:
         events: EventBus | None = None,
         on_text: Callable[[str], None] | None = None,
         executor: Executor | None = None,
+        roles: Mapping[str, AgentDefinition] | None = None,
     ) -> None:
         self.settings = settings
         self.gateway = gateway
@@ -139,7 +141,11 @@ class Conversation:
         self.make_shell = ShellFactory.build(settings, workdir, keys, readable)
         self.shell = self.make_shell()
         self.window = Window.from_settings(settings)
-        self.meter = Meter([MAIN_SYSTEM, MAIN_TOOLS])
+        #: The agent definitions subtasks may name, read once for the whole session.
+        self.roles: Mapping[str, AgentDefinition] = roles or {}
+        #: Workflow (listing the roles) and bash: the same for the whole session.
+        self.main_tools = main_tools(self.roles)
+        self.meter = Meter([MAIN_SYSTEM, self.main_tools])
         #: The conversation's room in the window, kept the way every agent's is.
         self.room = Room(
             "main",
@@ -154,7 +160,7 @@ class Conversation:
         )
         #: What the main agent is offered: Workflow, bash and its MCP tools (known once the
         #: first turn starts their servers).
-        self.tools: list[Block] = MAIN_TOOLS
+        self.tools: list[Block] = self.main_tools
         self.budget = SessionBudget(store, self.session_id, settings)
         gateway.budget = self.budget
         #: Where subagents run: the one ``settings`` ask for, opened (and closed) here,
@@ -178,6 +184,7 @@ class Conversation:
             results=self.results,
             trees=self.trees,
             mcp=self.mcp,
+            roles=self.roles,
         )
 
     def set_mode(self, on: bool) -> None:
@@ -330,8 +337,8 @@ class Conversation:
         self._recorded = list(history)
 
     async def _list_tools(self) -> None:
-        if self.mcp is not None and self.tools is MAIN_TOOLS:
-            self.tools = await with_mcp_tools(MAIN_TOOLS, self.mcp, "main")
+        if self.mcp is not None and self.tools is self.main_tools:
+            self.tools = await with_mcp_tools(self.main_tools, self.mcp, "main")
             self.meter.fixed_tokens = Meter([MAIN_SYSTEM, self.tools]).fixed_tokens
 
     def _agent_loop(self) -> AgentLoop:

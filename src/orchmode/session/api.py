@@ -14,13 +14,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Generic, TypeVar, cast, overload
 
+from ..core.agents import AgentDefinition, load_definitions
 from ..core.errors import ConfigError, OrchmodeError
 from ..core.events import Event, EventBus, TokenUsage
 from ..core.settings import Settings
@@ -426,7 +427,8 @@ async def open_session(
     - ``subscribers``: callbacks for every event, in this order, as if passed to
       :meth:`Session.subscribe` as soon as the session is open.
     - ``on_warning``: where the start-up's warnings go (the sandbox is off, a limit cannot
-      be enforced); the ``orchmode`` logger when left out.
+      be enforced, a file in ``.claude/agents/`` is not an agent definition); the
+      ``orchmode`` logger when left out.
 
     Raises :class:`~orchmode.ConfigError` for a missing directory or a cost cap without a
     price, a ``SandboxError`` when bash cannot be sandboxed as configured (before anything
@@ -434,10 +436,12 @@ async def open_session(
     """
     settings, where = _prepared(settings or Settings(), workdir, session)
     credentials = credentials or Credentials.from_env(os.environ, settings.provider)
+    warn = on_warning or _log_warning
     for warning in preflight(settings):  # before anything is spent
-        (on_warning or _log_warning)(warning)
+        warn(warning)
+    roles = _roles(settings, where, warn)
     bus = EventBus()
-    async with _claimed(settings, where, credentials, bus) as engine:
+    async with _claimed(settings, where, credentials, bus, roles) as engine:
         resumed = await engine.restore()
         store = engine.store
         # a resumed session's totals so far, as `orchmode budget` counts them
@@ -457,9 +461,34 @@ def _log_warning(warning: str) -> None:
     log.warning("%s", warning)
 
 
+def _roles(
+    settings: Settings, workdir: Path, warn: Callable[[str], object]
+) -> dict[str, AgentDefinition]:
+    """The agent definitions, read once for the session; each bad file is a warning.
+
+    Under a cost cap, a role whose model has no price is an error before anything runs,
+    as the settings' own models are.
+    """
+    roles, warnings = load_definitions(workdir, extra=settings.agents_dir)
+    for warning in warnings:
+        warn(warning)
+    if settings.max_cost is not None:
+        for role in roles.values():
+            if role.model is not None and settings.price(role.model) is None:
+                raise ConfigError(
+                    f"max_cost needs a price for {role.model}, the model of agent "
+                    f"{role.name!r} ({role.path}) — add one to the prices setting"
+                )
+    return roles
+
+
 @asynccontextmanager
 async def _claimed(
-    settings: Settings, workdir: Path, credentials: Credentials, events: EventBus
+    settings: Settings,
+    workdir: Path,
+    credentials: Credentials,
+    events: EventBus,
+    roles: Mapping[str, AgentDefinition],
 ) -> AsyncIterator[Conversation]:
     """The conversation with its store, gateway and executor (started); all closed on the
     way out.
@@ -472,7 +501,9 @@ async def _claimed(
     store = await open_store(settings.store_url(workdir))
     gateway = ModelGateway(settings, credentials, events)
     try:
-        engine = Conversation(settings, gateway, workdir=workdir, store=store, events=events)
+        engine = Conversation(
+            settings, gateway, workdir=workdir, store=store, events=events, roles=roles
+        )
         try:
             key, lease = session_key(engine.session_id), settings.claim_lease
             if not await claim_within(store, key, engine.holder, lease, lease * 1.2):

@@ -101,6 +101,13 @@ class Sandbox:
             )
         )
 
+    def read_only(self) -> Sandbox:
+        """The same sandbox with the working directory read-only (a role whose bash only
+        reads the tree); itself when it is read-only already."""
+        if self.policy.mode == "read-only":
+            return self
+        return Sandbox(replace(self.policy, mode="read-only"))
+
     def probe(self) -> Probe:
         return probe(self.policy.bwrap, self.policy.allow_network)
 

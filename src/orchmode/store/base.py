@@ -25,12 +25,14 @@ def content_key(
     tools: Sequence[dict[str, Any]],
     prompt: str,
     isolation: str = "shared",
+    agent: str | None = None,
 ) -> str:
     """SHA-256 over everything that determines a subagent's result: its journal address.
 
     An agent in a copy of the tree returns its change with its result, so it is a
     different agent from the same prompt run in the shared tree (whose keys stay as they
-    were before isolation existed).
+    were before isolation existed). ``agent`` is its role's definition's digest: what the
+    rest does not show of it (its isolation, whether it is verified).
     """
     parts: dict[str, object] = {
         "role": role,
@@ -42,6 +44,8 @@ def content_key(
     }
     if isolation != "shared":
         parts["isolation"] = isolation
+    if agent is not None:
+        parts["agent"] = agent
     canonical = json.dumps(
         parts,
         sort_keys=True,

@@ -446,7 +446,7 @@ class OrchestrationScenario:
         if steps == 0 and call is not None:
             return tool_call(*call)
         command = _command(self.worker_command, subtask)
-        if steps == 0 and command:
+        if steps == 0 and command and "bash" in request.tool_names:  # a role may have none
             return tool_call("bash", {"command": command})
         if self.report_bytes > 0:
             findings = sized_findings(subtask, self.report_bytes)
