@@ -22,6 +22,7 @@ from orchmode.model.context import estimate_tokens
 from orchmode.session.agent import Conversation as Session
 from orchmode.testing import ScriptedServer
 from orchmode.testing.scenario import OrchestrationScenario, schema_instance
+from test_result_schemas import SCORES
 from test_script import result_value, workflow_block
 
 COUNT = {
@@ -258,30 +259,13 @@ async def test_condensed_results_keep_the_data_whole(serve: StartServer, tmp_pat
         assert f'data: {{"count": {i}, "file": "src/app.py"}}' in result
 
 
-ITEMS = {
-    "type": "object",
-    "properties": {
-        "items": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "properties": {"path": {"type": "string"}, "line": {"type": "integer"}},
-                "required": ["path", "line"],
-            },
-        }
-    },
-    "required": ["items"],
-}
-
-
 def listing(count: int) -> Callable[[str, dict[str, Any]], dict[str, Any]]:
     """A worker's data: ``count`` places, each of them about 60 bytes of JSON."""
 
     def data(subtask: str, _schema: dict[str, Any]) -> dict[str, Any]:
         tag = subtask.rsplit(" ", 1)[-1]
-        return {
-            "items": [{"path": f"src/module_{tag}/file_{n:04}.py", "line": n} for n in range(count)]
-        }
+        places = [{"name": f"src/module_{tag}/file_{n:04}.py", "score": n} for n in range(count)]
+        return {"items": places}
 
     return data
 
@@ -290,7 +274,7 @@ async def test_several_kilobytes_of_data_are_kept_whole_when_they_fit(
     serve: StartServer, tmp_path: Path
 ) -> None:
     scenario = OrchestrationScenario(
-        subtasks=[typed(f"List places {i}", ITEMS) for i in range(1, 4)],
+        subtasks=[typed(f"List places {i}", SCORES) for i in range(1, 4)],
         worker_command=None,
         worker_data=listing(80),  # about 4.5 KB of data each
         report_bytes=8000,
@@ -300,7 +284,7 @@ async def test_several_kilobytes_of_data_are_kept_whole_when_they_fit(
     result = workflow_block(server)["content"]
     assert "condensed to fit" in result  # the findings gave way...
     for i in range(1, 4):  # ...and every agent's data is there, whole
-        whole = json.dumps(listing(80)(f"x {i}", ITEMS), ensure_ascii=False, sort_keys=True)
+        whole = json.dumps(listing(80)(f"x {i}", SCORES), ensure_ascii=False, sort_keys=True)
         assert len(whole) > 4000 and f"data: {whole}" in result
 
 
@@ -308,7 +292,7 @@ async def test_data_larger_than_the_budget_is_cut_and_named_where_it_is_whole(
     serve: StartServer, tmp_path: Path
 ) -> None:
     scenario = OrchestrationScenario(
-        subtasks=[typed(f"List places {i}", ITEMS) for i in range(1, 5)],
+        subtasks=[typed(f"List places {i}", SCORES) for i in range(1, 5)],
         worker_command=None,
         worker_data=listing(400),  # about 23 KB of data each, 4 agents, a budget of 3,000
         report_bytes=2000,
