@@ -15,6 +15,7 @@ baseline. The suite runs 10, 200 and 1,000 subagents in flight, each in a fresh 
     .venv/bin/python bench/fanout.py                  # the suite
     .venv/bin/python bench/fanout.py --subtasks 200 --concurrent 10 --latency 0.05
     .venv/bin/python bench/fanout.py --isolation shared     # every worker in one tree only
+    .venv/bin/python bench/fanout.py --traces               # CPU per request, traces off vs on
 """
 
 from __future__ import annotations
@@ -28,8 +29,10 @@ import resource
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,6 +44,7 @@ from orchmode.model.providers import Credentials
 from orchmode.records.recorder import EventRecorder
 from orchmode.session.agent import Conversation
 from orchmode.store.sqlite import SQLiteStore
+from orchmode.telemetry.traces import start_tracing
 from orchmode.testing.scenario import OrchestrationScenario
 
 #: What the server process answers with (imported there as ``fanout:responder``).
@@ -99,7 +103,12 @@ class FanoutTally:
 
 
 async def measure(
-    url: str, concurrent: int, workdir: Path, subtasks: int = 200, isolation: str = "worktree"
+    url: str,
+    concurrent: int,
+    workdir: Path,
+    subtasks: int = 200,
+    isolation: str = "worktree",
+    traces_to: str | None = None,
 ) -> tuple[float, Counter[str], int, tuple[int, int]]:
     settings = Settings(
         base_url=url,
@@ -109,12 +118,51 @@ async def measure(
         max_subtasks=max(subtasks, 1),
         max_subagents=2 * subtasks + 10,
         isolation=isolation,  # type: ignore[arg-type]
+        otlp_endpoint=traces_to,
     )
     events = EventBus()
     tally = FanoutTally()
     events.subscribe(tally)
-    gateway, pooled = await one_turn(settings, events, workdir)
+    traces = start_tracing(settings) if traces_to else None  # as open_session does
+    timed = TimedSubscriber(traces) if traces is not None else None
+    if timed is not None:
+        events.subscribe(timed)
+    try:
+        gateway, pooled = await one_turn(settings, events, workdir)
+    finally:
+        if traces is not None and timed is not None:
+            traces.provider.force_flush()  # every span exported: its cost is counted too
+            TRACES_CPU.append(timed.cpu + exporter_cpu())
+            traces.close()
     return tally.durations[0], tally.per_chain, gateway.requests, pooled
+
+
+#: CPU seconds the traces took in the last traced run: making spans, and exporting them.
+TRACES_CPU: list[float] = []
+
+
+@dataclass
+class TimedSubscriber:
+    """The tracer, with the CPU time of this thread spent in it counted."""
+
+    inner: Callable[[Event], None]
+    cpu: float = 0.0
+
+    def __call__(self, event: Event) -> None:
+        started = time.thread_time()
+        self.inner(event)
+        self.cpu += time.thread_time() - started
+
+
+def exporter_cpu() -> float:
+    """CPU seconds of the OpenTelemetry SDK's export threads so far, from /proc."""
+    total = 0.0
+    for thread in threading.enumerate():
+        if thread.native_id is not None and "Otel" in thread.name:
+            fields = Path(f"/proc/self/task/{thread.native_id}/stat").read_text()
+            values = fields.rsplit(")", 1)[1].split()
+            total += (int(values[11]) + int(values[12])) / os.sysconf("SC_CLK_TCK")
+    return total
 
 
 async def one_turn(
@@ -203,17 +251,46 @@ def server_chain_times(url: str) -> list[float]:
 SUITE = ((200, 10, 0.05, 1.10), (400, 200, 1.0, 1.15), (1000, 1000, 2.0, None))
 
 
+def start_sink() -> tuple[subprocess.Popen[str], str]:
+    """An OTLP/HTTP endpoint in its own process that takes every export and keeps nothing:
+    what traces cost the harness, not what a backend costs."""
+    code = (
+        "import http.server, sys\n"
+        "class Sink(http.server.BaseHTTPRequestHandler):\n"
+        "    def do_POST(self):\n"
+        "        self.rfile.read(int(self.headers.get('content-length', 0)))\n"
+        "        self.send_response(200)\n"
+        "        self.send_header('content-type', 'application/x-protobuf')\n"
+        "        self.send_header('content-length', '0')\n"
+        "        self.end_headers()\n"
+        "    def log_message(self, *args):\n"
+        "        pass\n"
+        "server = http.server.ThreadingHTTPServer(('127.0.0.1', 0), Sink)\n"
+        "print(f'http://127.0.0.1:{server.server_address[1]}', flush=True)\n"
+        "server.serve_forever()\n"
+    )
+    process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert process.stdout is not None
+    return process, process.stdout.readline().strip()
+
+
 def run_one(
-    subtasks: int, concurrent: int, latency: float, bare: bool, isolation: str = "worktree"
+    subtasks: int,
+    concurrent: int,
+    latency: float,
+    bare: bool,
+    isolation: str = "worktree",
+    traced: bool = False,
 ) -> dict[str, float]:
     """One fan-out, measured: makespan, bounds, CPU, memory (in this process)."""
+    sink, sink_url = start_sink() if traced else (None, None)
     server, url = start_server(subtasks, latency)
     server_cpu_at_start = process_cpu(server.pid)
     try:
         with tempfile.TemporaryDirectory() as tmp:
             cpu_before, children_before = time.process_time(), children_cpu()
             makespan, per_chain, requests, pooled = asyncio.run(
-                measure(url, concurrent, Path(tmp), subtasks, isolation)
+                measure(url, concurrent, Path(tmp), subtasks, isolation, sink_url)
             )
             cpu = time.process_time() - cpu_before
             children = children_cpu() - children_before
@@ -229,6 +306,9 @@ def run_one(
     finally:
         server.terminate()
         server.wait()
+        if sink is not None:
+            sink.terminate()
+            sink.wait()
     times = [n * latency for n in chains]
     bound = max(max(times), sum(times) / concurrent)
     served = max(max(measured), sum(measured) / concurrent)
@@ -242,6 +322,7 @@ def run_one(
         "bound": bound,
         "served_bound": served,
         "isolation": isolation,
+        "traced": traced,
         "pooled": pooled[0],
         "agents": pooled[1],
         "bare": bare_time,
@@ -250,6 +331,7 @@ def run_one(
         "children_cpu_ms": children / requests * 1000,
         "peak_mb": peak_mb,
         "cpu_ms": cpu / requests * 1000,
+        "traces_cpu_ms": (TRACES_CPU[-1] if traced and TRACES_CPU else 0.0) / requests * 1000,
         "server_cpu_ms": server_cpu / requests * 1000,
     }
 
@@ -316,13 +398,28 @@ def main() -> None:
         help="where the workers work: each in a copy of the tree (orchmode's default), all "
         "in one, or the suite under each (the default)",
     )
+    parser.add_argument(
+        "--traces",
+        action="store_true",
+        help="the same fan-out with OpenTelemetry traces off and on (exported over OTLP/HTTP "
+        "to a sink that keeps nothing): CPU per model request of each, and the difference",
+    )
+    parser.add_argument("--traced", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     isolations = ("worktree", "shared") if args.isolation == "both" else (args.isolation,)
+    if args.traces:
+        compare_traces(args, isolations[0])
+        return
     if args.subtasks is not None:
         for isolation in isolations:
             result = run_one(
-                args.subtasks, args.concurrent, args.latency, not args.no_bare, isolation
+                args.subtasks,
+                args.concurrent,
+                args.latency,
+                not args.no_bare,
+                isolation,
+                args.traced,
             )
             if args.json:
                 print(json.dumps(result))
@@ -340,6 +437,36 @@ def main() -> None:
             output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
             report(json.loads(output.strip().splitlines()[-1]), target)
     print("\ntarget for 1,000 in flight: peak memory < 300 MB")
+
+
+def compare_traces(args: argparse.Namespace, isolation: str) -> None:
+    """Traces off and on, five times each, alternating (each run in its own process, so
+    that one's warm caches do not flatter the other): CPU per model request of each, best
+    of five. Spans cost only in the harness's process, so that is the figure compared. Runs
+    vary by several per cent on a 2-core machine, so the tracer's own CPU (spans made, in
+    the event loop's thread; spans exported, in the SDK's thread) is measured too."""
+    subtasks = args.subtasks or 200
+    latency = args.latency if args.subtasks else 0.05
+    own: dict[bool, list[float]] = {False: [], True: []}
+    spent: list[float] = []
+    for traced in (False, True) * 5:
+        command = [sys.executable, __file__, "--json", "--no-bare", "--subtasks", str(subtasks)]
+        command += ["--concurrent", str(args.concurrent), "--latency", str(latency)]
+        command += ["--isolation", isolation, *(["--traced"] if traced else [])]
+        output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+        result = json.loads(output.strip().splitlines()[-1])
+        own[traced].append(result["cpu_ms"])
+        if traced:
+            spent.append(result["traces_cpu_ms"])
+    off, on = min(own[False]), min(own[True])
+    tracer = sorted(spent)[len(spent) // 2]
+    print(
+        f"{subtasks} subtasks, {args.concurrent} in flight, {latency * 1000:g} ms per model "
+        f"request, isolation {isolation}: CPU per model request of the harness process, best "
+        f"of 5, traces off {off:.2f} ms, on {on:.2f} ms ({on / off - 1:+.1%}); the tracer's own "
+        f"CPU (median of 5) {tracer:.3f} ms per request, {tracer / off:+.1%} of the untraced "
+        f"harness's (target <= +10%)"
+    )
 
 
 if __name__ == "__main__":

@@ -17,10 +17,15 @@ from orchmode.testing import Responder, ScriptedServer
 
 API_KEY = "test-key"
 
-pytest_plugins = ["postgres_fixture", "both_stores"]
+pytest_plugins = ["postgres_fixture", "phoenix_fixture", "both_stores"]
 
 #: What a test needs, told by the fixtures it uses: ``scripts/test --quick`` leaves these out.
-_NEEDS = {"postgres_url": "postgres", "postgres_clean_url": "postgres", "chromium": "browser"}
+_NEEDS = {
+    "postgres_url": "postgres",
+    "postgres_clean_url": "postgres",
+    "chromium": "browser",
+    "phoenix": "phoenix",
+}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

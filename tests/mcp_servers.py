@@ -96,30 +96,32 @@ def _free_port() -> int:
 
 
 @contextmanager
-def http_server(name: str = "web", token: str | None = None) -> Iterator[str]:
+def http_server(
+    name: str = "web", token: str | None = None, traceparents: list[str] | None = None
+) -> Iterator[str]:
     """The same tools over streamable HTTP on a loopback port; yields the endpoint's URL.
 
     ``token``: requests without ``Authorization: Bearer <token>`` get a 401.
+    ``traceparents``: each request's ``traceparent`` header is added to it.
     """
     import uvicorn
 
     app = build(name).streamable_http_app()
-    if token is not None:
-        inner = app
 
-        async def guarded(scope, receive, send):  # type: ignore[no-untyped-def]
-            headers = dict(scope.get("headers") or [])
-            if scope["type"] == "http" and headers.get(b"authorization") != (
-                f"Bearer {token}".encode()
-            ):
-                await send({"type": "http.response.start", "status": 401, "headers": []})
-                await send({"type": "http.response.body", "body": b"unauthorized"})
-                return
-            await inner(scope, receive, send)
+    async def served(scope, receive, send):  # type: ignore[no-untyped-def]
+        headers = dict(scope.get("headers") or [])
+        if scope["type"] == "http" and traceparents is not None and b"traceparent" in headers:
+            traceparents.append(headers[b"traceparent"].decode())
+        if (
+            scope["type"] == "http"
+            and token is not None
+            and headers.get(b"authorization") != f"Bearer {token}".encode()
+        ):
+            await send({"type": "http.response.start", "status": 401, "headers": []})
+            await send({"type": "http.response.body", "body": b"unauthorized"})
+            return
+        await app(scope, receive, send)
 
-        served = guarded
-    else:
-        served = app
     port = _free_port()
     server = uvicorn.Server(
         uvicorn.Config(served, host="127.0.0.1", port=port, log_level="warning", lifespan="on")

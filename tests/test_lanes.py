@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-LANES = {"postgres", "ray", "browser", "slow"}
+LANES = {"postgres", "ray", "browser", "phoenix", "slow"}
 
 # One collection of the whole suite, in a process of its own, printing each test's marks
 # as conftest.py left them.
@@ -54,4 +54,16 @@ def test_each_test_is_marked_with_the_services_it_needs() -> None:
     assert (
         "browser"
         in marks["tests/test_report.py::test_the_net_log_check_does_see_a_page_that_reaches_out"]
+    )
+    # Phoenix: every test that takes the phoenix fixture, both halves of the parametrised one
+    phoenix = {t for t, m in marks.items() if "phoenix" in m}
+    assert all(t.startswith(("tests/test_traces.py::", "tests/test_ray.py::")) for t in phoenix)
+    assert phoenix >= {
+        "tests/test_traces.py::test_a_run_arrives_in_a_real_trace_backend_as_a_tree[variable]",
+        "tests/test_traces.py::test_a_run_arrives_in_a_real_trace_backend_as_a_tree[flag]",
+        "tests/test_traces.py::test_an_http_mcp_server_is_sent_the_traceparent_of_the_call",
+        "tests/test_ray.py::test_agents_on_the_nodes_share_the_drivers_trace",
+    }
+    assert (
+        "tests/test_traces.py::test_with_tracing_off_the_opentelemetry_sdk_is_not_loaded" in quick
     )

@@ -23,6 +23,7 @@ import pytest
 from orchmode.testing import ScriptedServer
 from orchmode.testing.raycluster import LocalCluster, RayUnavailable, local_ray_cluster
 from orchmode.testing.scenario import OrchestrationScenario
+from phoenix_fixture import Phoenix
 from recorded_runs import base_env
 
 pytestmark = pytest.mark.timeout(300)
@@ -466,3 +467,35 @@ def test_each_node_starts_its_own_stdio_mcp_servers(
     assert len(parents["main"]) == 1
     assert len(parents["worker"]) == 2  # one actor per node, each with its own server
     assert not parents["main"] & parents["worker"]
+
+
+def test_agents_on_the_nodes_share_the_drivers_trace(
+    cluster: LocalCluster, postgres_clean_url: str, project: Path, server: Any, phoenix: Phoenix
+) -> None:
+    started = server(OrchestrationScenario(subtasks=4, worker_command="true", scout_command="true"))
+    spans_to = phoenix.project()
+    done = subprocess.run(
+        orchmode_args(started, *on_ray(cluster, postgres_clean_url)),
+        cwd=project,
+        env={**run_env(cluster), **phoenix.exporter_env(spans_to)},
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr
+    requests = len(started.log)
+    spans = phoenix.wait_for(
+        spans_to, lambda found: sum(s["name"].startswith("chat ") for s in found) >= requests
+    )
+    by_id = {s["context"]["span_id"]: s for s in spans}
+    workers = [s for s in spans if s["name"].startswith("invoke_agent worker")]
+    assert len(workers) == 4
+    assert {w["attributes"]["orchmode.node"] for w in workers} <= {"127.0.0.2", "127.0.0.3"}
+    (call,) = [s for s in spans if s["name"] == "execute_tool Workflow"]
+    for worker in workers:
+        assert worker["parent_id"] == call["context"]["span_id"]
+        assert worker["context"]["trace_id"] == call["context"]["trace_id"]
+        inside = [s for s in spans if s["parent_id"] == worker["context"]["span_id"]]
+        assert {s["name"].split()[0] for s in inside} == {"chat", "execute_tool"}
+        assert all(s["context"]["trace_id"] == call["context"]["trace_id"] for s in inside)
+    assert all(by_id.get(s["parent_id"]) or s["parent_id"] is None for s in spans)

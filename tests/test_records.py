@@ -29,6 +29,8 @@ from orchmode.core.events import (
     McpCallStarted,
     McpServerFailed,
     ModelRequestDone,
+    ModelRequestFailed,
+    ModelRequestRetried,
     ResultCondensed,
     ScriptDone,
     ScriptStarted,
@@ -36,6 +38,7 @@ from orchmode.core.events import (
     SubagentStarted,
     TokenUsage,
     TurnDone,
+    TurnResumed,
     TurnStarted,
     WorkspacesChosen,
 )
@@ -182,6 +185,17 @@ EARLIER_ROWS: list[tuple[events.Event, str]] = [
         '{"line": "budget: 10 of 50 subagents left", "subagents_left": 10}',
     ),
     (TurnDone("end_turn", 4), '{"stop": "end_turn", "model_calls": 4}'),
+    (TurnResumed(2), '{"number": 2}'),
+    (
+        ModelRequestRetried("worker 1.2", "overloaded", 2.5, 1, "the API is overloaded (529)"),
+        '{"agent": "worker 1.2", "reason": "overloaded", "wait": 2.5, "attempt": 1, '
+        '"detail": "the API is overloaded (529)"}',
+    ),
+    (
+        ModelRequestFailed("main", "claude-opus-5-5", "AuthError", "rejected", 0.5),
+        '{"agent": "main", "model": "claude-opus-5-5", "error_type": "AuthError", '
+        '"message": "rejected", "duration": 0.5}',
+    ),
 ]
 
 

@@ -90,6 +90,26 @@ def resumed_requests(server: ScriptedServer, since: int) -> list[dict[str, Any]]
     return [e.body for e in server.log[since:] if e.path == "/v1/messages"]
 
 
+def ctrl_c_during_fanout(server: ScriptedServer, tmp_path: Path, env: dict[str, str]) -> str:
+    """``orchmode run`` on ``server``, sent SIGINT once two workers' results are recorded;
+    what it printed on stderr, once it has exited with 130."""
+    journal = tmp_path / ".orchmode" / "journal.db"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "orchmode", "run", "review this", "--base-url", server.url,
+         "--max-concurrent", "2", *LEASE],
+        cwd=tmp_path, env=env, stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while len(worker_prompts(journal)) < 2:
+        assert process.poll() is None and time.monotonic() < deadline
+        time.sleep(0.01)  # polling the journal another process writes
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130, stderr
+    return stderr
+
+
 def kill_during_fanout(
     scripted: Callable[..., ScriptedServer],
     tmp_path: Path,
@@ -177,20 +197,7 @@ def test_ctrl_c_during_the_fanout_exits_130_and_names_the_resume_command(
     expected = uninterrupted(scripted, tmp_path, delay=0.05)
     scenario = Replanning(delay=0.05)
     server = scripted(scenario)
-    journal = tmp_path / ".orchmode" / "journal.db"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "orchmode", "run", "review this", "--base-url", server.url,
-         "--max-concurrent", "2", *LEASE],
-        cwd=tmp_path, env=base_env(), stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    deadline = time.monotonic() + 60
-    while len(worker_prompts(journal)) < 2:
-        assert process.poll() is None and time.monotonic() < deadline
-        time.sleep(0.01)  # polling the journal another process writes
-    process.send_signal(signal.SIGINT)
-    _, stderr = process.communicate(timeout=60)
-    assert process.returncode == 130
+    stderr = ctrl_c_during_fanout(server, tmp_path, base_env())
     session = session_of(tmp_path)
     assert f"`orchmode resume {session}`" in stderr.strip().splitlines()[-1], stderr
     result = orchmode("resume", "--base-url", server.url, *LEASE, cwd=tmp_path)

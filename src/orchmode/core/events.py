@@ -91,8 +91,35 @@ class ModelRequestDone:
     #: diagnostics: messages_changed, system_changed, …), and how many tokens it missed.
     cache_miss: str | None = None
     cache_missed_tokens: int = 0
-    #: The model that answered ("" in records made before roles could have their own).
+    #: The model asked for ("" in records made before roles could have their own).
     model: str = ""
+    #: The model the response names (the API may answer with a dated version of it).
+    response_model: str = ""
+    #: How many times the request was tried before this answer (rate limits, 5xx, breaks).
+    retries: int = 0
+
+
+@dataclass(frozen=True)
+class ModelRequestRetried:
+    """A request is tried again after a wait: the API was overloaded or rate-limited
+    (``overloaded``), failed (``failed``) or its stream broke off (``interrupted``)."""
+
+    agent: str
+    reason: str
+    wait: Seconds
+    attempt: Count
+    detail: Text
+
+
+@dataclass(frozen=True)
+class ModelRequestFailed:
+    """A model request gave up: the error's kind (its exception's name) and message."""
+
+    agent: str
+    model: str
+    error_type: str
+    message: Text
+    duration: Seconds
 
 
 @dataclass(frozen=True)
@@ -212,6 +239,15 @@ class TurnStarted:
 
     text: str
     notices: Annotated[tuple[str, ...], Absent(())]
+    #: Which turn of the session it is, from 1 (0 in records made before it was kept).
+    number: int = 0
+
+
+@dataclass(frozen=True)
+class TurnResumed:
+    """An interrupted turn goes on from its last recorded step (``orchmode resume``)."""
+
+    number: Count
 
 
 @dataclass(frozen=True)
@@ -303,6 +339,8 @@ class WorkspacesChosen:
 
 Event = (
     ModelRequestDone
+    | ModelRequestRetried
+    | ModelRequestFailed
     | BashStarted
     | BashDone
     | McpCallStarted
@@ -314,6 +352,7 @@ Event = (
     | FanoutDone
     | BudgetStatus
     | TurnStarted
+    | TurnResumed
     | TurnDone
     | ScriptStarted
     | ScriptDone

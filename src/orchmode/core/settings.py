@@ -321,6 +321,18 @@ class Settings(BaseModel):
     mcp_timeout: float = Field(
         default=120.0, gt=0, description="Seconds one MCP tool call (or a server's start) may take."
     )
+    otlp_endpoint: str | None = Field(
+        default=None,
+        description="Export OpenTelemetry traces over OTLP/HTTP to this endpoint (its base, "
+        "e.g. `http://localhost:4318`; `/v1/traces` is added). Without it, traces are on "
+        "when `OTEL_EXPORTER_OTLP_ENDPOINT` or `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` is set. "
+        "Needs `orchmode[otel]`.",
+    )
+    trace_content: bool = Field(
+        default=False,
+        description="Put prompts, replies and command output in trace spans (secrets masked); "
+        "without it spans hold names, sizes, tokens and timings only.",
+    )
     workdir: Path | None = Field(
         default=None, description="Directory bash runs in (default: the current directory)."
     )

@@ -16,7 +16,7 @@ import logging
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, cast
 
 import anthropic
@@ -30,7 +30,14 @@ from ..core.errors import (
     StreamInterrupted,
     TransientFailure,
 )
-from ..core.events import EventBus, ModelRequestDone, Role, TokenUsage
+from ..core.events import (
+    EventBus,
+    ModelRequestDone,
+    ModelRequestFailed,
+    ModelRequestRetried,
+    Role,
+    TokenUsage,
+)
 from ..core.prompts import notice_as_user_text
 from ..core.settings import Settings
 from ..core.wire import Block, Message, blocks_of, is_block, joined_text
@@ -75,6 +82,10 @@ class ModelReply:
     #: What the API's context editing cleared from this request, if it did.
     cleared_tool_uses: int = 0
     cleared_tokens: int = 0
+    #: The model the response names.
+    model: str = ""
+    #: Times the request was tried again before this answer.
+    retries: int = 0
 
     @property
     def text(self) -> str:
@@ -95,6 +106,7 @@ class _ReplyBuilder:
 
     def __init__(self) -> None:
         self.message_id = ""
+        self.model = ""
         self.stop_reason: str | None = None
         self.blocks: list[Block] = []
         self.json_parts: dict[int, list[str]] = {}
@@ -130,6 +142,7 @@ class _ReplyBuilder:
                 self.blocks[event.index]["input"] = _tool_input("".join(parts))
         elif kind == "message_start":
             self.message_id = event.message.id
+            self.model = str(getattr(event.message, "model", "") or "")
             self._take_usage(event.message.usage)
             diagnostics = getattr(event.message, "diagnostics", None)
             reason = getattr(diagnostics, "cache_miss_reason", None)
@@ -174,6 +187,7 @@ class _ReplyBuilder:
             self.cache_missed_tokens,
             self.cleared_tool_uses,
             self.cleared_tokens,
+            self.model,
         )
 
 
@@ -415,10 +429,21 @@ class ModelGateway:
                 on_send,
                 context_edits,
                 choice,
+                agent,
             )
-        except BaseException:
+        except BaseException as exc:
             if self.budget is not None:
                 await self.budget.after_request(reservation, TokenUsage(), choice.model)
+            if isinstance(exc, Exception):
+                self.events.emit(
+                    ModelRequestFailed(
+                        agent,
+                        choice.model,
+                        type(exc).__name__,
+                        str(exc),
+                        time.monotonic() - started,
+                    )
+                )
             raise
         price = self.settings.price(choice.model)
         cost = price.cost(reply.usage) if price else 0.0
@@ -438,6 +463,8 @@ class ModelGateway:
                 cache_miss=reply.cache_miss,
                 cache_missed_tokens=reply.cache_missed_tokens,
                 model=choice.model,
+                response_model=reply.model,
+                retries=reply.retries,
             )
         )
         return reply
@@ -452,6 +479,7 @@ class ModelGateway:
         on_send: Callable[[], None] | None = None,
         context_edits: Sequence[Block] | None = None,
         choice: ModelChoice | None = None,
+        agent: str = "main",
     ) -> ModelReply:
         """Send one request under the adaptive limit, retrying what is worth retrying.
 
@@ -465,7 +493,8 @@ class ModelGateway:
         """
         loop = asyncio.get_running_loop()
         give_up_at = loop.time() + self.settings.overload_patience
-        overloads = failures = breaks = 0
+        overloads = failures = breaks = attempts = 0
+        retry = ("", "")
         while True:
             started = await self.limit.acquire()
             if on_send is not None:
@@ -487,6 +516,7 @@ class ModelGateway:
                 log.info("the endpoint refused context editing (%s); orchmode compacts itself", exc)
                 self.context_editing = False
                 wait = 0.0
+                retry = ("context_editing_refused", str(exc))
             except Overloaded as exc:
                 overloads += 1
                 self.limit.overloaded(started)
@@ -498,24 +528,29 @@ class ModelGateway:
                 # The refused request waits as the API asked, out of the limit (it is not
                 # started); the others go on, fewer at once.
                 wait = _backoff(overloads) if exc.retry_after is None else exc.retry_after
-            except TransientFailure:
+                retry = ("overloaded", str(exc))
+            except TransientFailure as exc:
                 failures += 1
                 if failures > self.settings.max_retries:
                     raise
                 wait = _backoff(failures)
+                retry = ("failed", str(exc))
             except StreamInterrupted as exc:
                 breaks += 1
                 if breaks > self.settings.stream_retries:
                     raise
                 log.info("retrying a broken response stream (%s)", exc)
                 wait = _backoff(breaks)
+                retry = ("interrupted", str(exc))
             finally:
                 self.limit.release()
             if wait is not None:
+                attempts += 1
+                self.events.emit(ModelRequestRetried(agent, retry[0], wait, attempts, retry[1]))
                 await asyncio.sleep(wait)
                 continue
             self.limit.succeeded()
-            return reply
+            return replace(reply, retries=attempts)
 
     async def _stream(
         self,

@@ -20,7 +20,7 @@ from typing import Any
 
 from ..core.agents import AgentDefinition
 from ..core.errors import AuthError, OrchmodeError
-from ..core.events import ContextCompacted, EventBus, TurnDone, TurnStarted
+from ..core.events import ContextCompacted, EventBus, TurnDone, TurnResumed, TurnStarted
 from ..core.mode import ModeState
 from ..core.prompts import (
     MAIN_SYSTEM,
@@ -205,7 +205,8 @@ class Conversation:
             for notice in notices:
                 self.history.append({"role": "system", "content": NOTICES[notice]})
         self._turn_body = len(self.history)
-        self.events.emit(TurnStarted(text, tuple(n.value for n in notices)))
+        number = len(turn_starts(self.history))
+        self.events.emit(TurnStarted(text, tuple(n.value for n in notices), number))
         await self.save()  # the mode as this turn has it, for a resume
         await self.checkpoint()
         return await self._finish(self._loop())
@@ -222,6 +223,7 @@ class Conversation:
         if not starts:
             raise OrchmodeError(f"session {self.session_id!r} has no turn to resume")
         self._turn_start = starts[-1]
+        self.events.emit(TurnResumed(len(starts)))
         body = self._turn_start + 1
         while body < len(self.history) and self.history[body].get("role") == "system":
             body += 1

@@ -33,6 +33,7 @@ from ..records.totals import SessionTotals, UsageTotals, session_totals
 from ..shell.sandbox import preflight
 from ..store import open_store
 from ..store.claims import claim_within, holding
+from ..telemetry.traces import start_tracing, tracing_wanted
 from .agent import Conversation, SessionBusy, TurnResult
 
 __all__ = [
@@ -415,7 +416,8 @@ async def open_session(
     """Open a session for ``async with``; everything it started is closed on the way out.
 
     - ``settings``: built in code, ``Settings(model=..., max_cost=...)``; the defaults when
-      left out. No environment variable or ``orchmode.toml`` is read.
+      left out. No ``ORCHMODE_*`` variable or ``orchmode.toml`` is read; the standard
+      ``OTEL_EXPORTER_OTLP_*`` variables switch traces on, as in any OpenTelemetry program.
     - ``workdir``: where bash runs and the store lives (default ``settings.workdir``, else
       the current directory).
     - ``credentials``: ``Credentials(api_key=...)`` or ``Credentials(auth_token=...)``;
@@ -441,20 +443,32 @@ async def open_session(
         warn(warning)
     roles = _roles(settings, where, warn)
     bus = EventBus()
-    async with _claimed(settings, where, credentials, bus, roles) as engine:
-        resumed = await engine.restore()
-        store = engine.store
-        # a resumed session's totals so far, as `orchmode budget` counts them
-        totals = session_totals(await store.events(engine.session_id)) if resumed else None
-        recorder = await EventRecorder.start(store, engine.session_id)
-        opened = Session(engine, totals or SessionTotals(), recorder, resumed=resumed)
-        for subscriber in subscribers:
-            opened.subscribe(subscriber)
-        bus.subscribe(opened._deliver)
-        try:
-            yield opened
-        finally:
-            await opened._close()
+    traces = start_tracing(settings, credentials.secrets) if tracing_wanted(settings) else None
+    if traces is not None:
+        bus.subscribe(traces)
+    try:
+        async with _claimed(settings, where, credentials, bus, roles) as engine:
+            if traces is not None:
+                traces.session_id = engine.session_id
+                if engine.mcp is not None:
+                    traces.hide(engine.mcp.secrets)
+                    engine.mcp.traceparent = traces.traceparent
+            resumed = await engine.restore()
+            store = engine.store
+            # a resumed session's totals so far, as `orchmode budget` counts them
+            totals = session_totals(await store.events(engine.session_id)) if resumed else None
+            recorder = await EventRecorder.start(store, engine.session_id)
+            opened = Session(engine, totals or SessionTotals(), recorder, resumed=resumed)
+            for subscriber in subscribers:
+                opened.subscribe(subscriber)
+            bus.subscribe(opened._deliver)
+            try:
+                yield opened
+            finally:
+                await opened._close()
+    finally:
+        if traces is not None:  # every span sent, also after Ctrl-C or an error
+            await asyncio.shield(asyncio.to_thread(traces.close))
 
 
 def _log_warning(warning: str) -> None:

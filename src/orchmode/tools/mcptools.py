@@ -22,7 +22,7 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -118,6 +118,7 @@ class _Server:
             from mcp.shared._httpx_utils import create_mcp_http_client
 
             client = create_mcp_http_client(headers=dict(entry.headers))
+            client.event_hooks["request"].append(_traceparent_header)
             return _closing_client(client, streamable_http_client(entry.url, http_client=client))
         from mcp.client.stdio import StdioServerParameters, stdio_client
 
@@ -214,6 +215,10 @@ class McpHub:
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     #: Every value the config gives a server, longest first; worked out once.
     secrets: tuple[str, ...] = field(init=False)
+    #: With traces on: the W3C ``traceparent`` of an agent's tool call in flight, sent
+    #: with the call (``_meta``, and an HTTP server's request header) so a server that
+    #: traces too continues the run's trace.
+    traceparent: Callable[[str], str | None] | None = None
 
     def __post_init__(self) -> None:
         self.secrets = self.config.secrets
@@ -290,7 +295,8 @@ class McpHub:
         server = self._servers[tool.server]
         self.events.emit(McpCallStarted(agent=agent, server=tool.server, tool=tool.name))
         started = time.monotonic()
-        text, ok, error = await self._call(server, tool, arguments)
+        parent = self.traceparent(agent) if self.traceparent is not None else None
+        text, ok, error = await self._call(server, tool, arguments, parent)
         text = self.mask(text)
         self.events.emit(
             McpCallDone(
@@ -305,7 +311,7 @@ class McpHub:
         return tool_result(tool_use["id"], _cut(text, self.output_limit), is_error=not ok)
 
     async def _call(
-        self, server: _Server, tool: McpTool, arguments: dict[str, Any]
+        self, server: _Server, tool: McpTool, arguments: dict[str, Any], parent: str | None = None
     ) -> tuple[str, bool, str]:
         """The result's text, whether it succeeded, and the error in a few words."""
         session = server.session
@@ -316,7 +322,10 @@ class McpHub:
             # The SDK's read timeout ends the call; ours is the backstop, and costs no task.
             async with asyncio.timeout(server.timeout + 1):
                 result = await session.call_tool(
-                    tool.name, arguments, read_timeout_seconds=server.timeout
+                    tool.name,
+                    arguments,
+                    read_timeout_seconds=server.timeout,
+                    meta={"traceparent": parent} if parent else None,
                 )
         except TimeoutError:
             why = f"no answer within {server.timeout:g} s"
@@ -435,3 +444,15 @@ def _cut(text: str, limit: int) -> str:
     if len(text) <= limit:
         return text or "(no output)"
     return f"{text[:limit]}\n… [output truncated: {limit} of {len(text)} characters shown]"
+
+
+async def _traceparent_header(request: Any) -> None:
+    """A tool call's ``traceparent`` (in its JSON-RPC ``_meta``) as the HTTP header too,
+    where tracing servers and proxies look for it."""
+    try:
+        body = json.loads(request.content or b"null")
+        parent = body["params"]["_meta"]["traceparent"]
+    except (ValueError, TypeError, KeyError, RuntimeError):
+        return  # not a call with one (or a streamed body): nothing to add
+    if isinstance(parent, str):
+        request.headers["traceparent"] = parent
