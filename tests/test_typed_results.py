@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from conftest import StartServer, gateway_for, settings_for, store_for
+from orchmode.core.agents import load_definitions
 from orchmode.core.events import EventBus, SubagentDone
 from orchmode.core.prompts import RESOLVE_MARKER, VERIFY_MARKER
 from orchmode.executors import Job
@@ -422,6 +423,17 @@ got
     assert {role_of(e.body) for e in server.log} == {"main"}
 
 
-def test_a_typed_job_is_plain_data_that_pickles() -> None:
-    job = Job("key", "holder", "session", "worker", "worker 1.1", "Count", schema=COUNT)
-    assert pickle.loads(pickle.dumps(job)) == job
+def test_a_typed_job_in_a_role_is_plain_data_that_pickles(tmp_path: Path) -> None:
+    (tmp_path / "reviewer.md").write_text(
+        "---\nname: reviewer\ndescription: Reviews.\ntools: Read, mcp__gh__*\nmodel: haiku\n"
+        "---\nBe strict.\n"
+    )
+    roles, warnings = load_definitions(tmp_path, home=tmp_path, extra=Path("."))
+    assert warnings == []
+    job = Job(
+        "key", "holder", "session", "worker", "worker 1.1", "Count", schema=COUNT,
+        agent=roles["reviewer"],
+    )  # fmt: skip
+    copy = pickle.loads(pickle.dumps(job))  # as a Ray node receives it
+    assert copy == job and copy.agent is not None
+    assert (copy.agent.shell, copy.agent.digest) == ("read", roles["reviewer"].digest)
