@@ -16,7 +16,6 @@ from typing import Any
 from conftest import StartServer, gateway_for, settings_for, store_for
 from orchmode.core.agents import load_definitions
 from orchmode.core.events import EventBus, SubagentDone
-from orchmode.core.prompts import RESOLVE_MARKER, VERIFY_MARKER
 from orchmode.executors import Job
 from orchmode.fanout.plans import Plan, plan_subtasks
 from orchmode.model.context import estimate_tokens
@@ -24,7 +23,7 @@ from orchmode.session.agent import Conversation as Session
 from orchmode.testing import ScriptedServer
 from orchmode.testing.scenario import OrchestrationScenario, schema_instance
 from test_result_schemas import SCORES
-from test_script import result_value, workflow_block
+from test_script import result_value, role_of, workflow_block
 
 COUNT = {
     "type": "object",
@@ -32,15 +31,6 @@ COUNT = {
     "required": ["count", "file"],
     "additionalProperties": False,
 }
-
-
-def role_of(body: dict[str, Any]) -> str:
-    if "Workflow" in {t["name"] for t in body.get("tools", [])}:
-        return "main"
-    first = body["messages"][0]["content"]
-    if first.startswith(VERIFY_MARKER):
-        return "verifier"
-    return "resolver" if first.startswith(RESOLVE_MARKER) else "worker"
 
 
 def requests_of(server: ScriptedServer, role: str) -> list[dict[str, Any]]:
@@ -368,19 +358,19 @@ plain = agent("Check item 1")
 async def test_a_script_given_a_bad_schema_gets_an_exception_and_runs_nothing(
     serve: StartServer, tmp_path: Path
 ) -> None:
-    script = """
-try:
-    agent("Count", schema={"type": 7})
-    got = "ran"
-except ValueError as e:
-    got = str(e)
-got
-"""
-    server = await serve(OrchestrationScenario(script=script, scout_command=None))
-    await run_session(server, tmp_path)
-    value = result_value(workflow_block(server)["content"])
+    server, value = await script_raising(serve, tmp_path, 'agent("Count", schema={"type": 7})')
     assert value.startswith('agent(): "schema" is not usable: the schema is invalid at')
     assert {role_of(e.body) for e in server.log} == {"main"}
+
+
+async def script_raising(
+    serve: StartServer, tmp_path: Path, call: str
+) -> tuple[ScriptedServer, str]:
+    """A script that makes ``call`` and returns the ValueError it raised (or "ran")."""
+    script = f"try:\n    {call}\n    got = 'ran'\nexcept ValueError as e:\n    got = str(e)\ngot\n"
+    server = await serve(OrchestrationScenario(script=script, scout_command=None))
+    await run_session(server, tmp_path)
+    return server, result_value(workflow_block(server)["content"])
 
 
 def test_the_scripted_model_makes_instances_of_simple_schemas() -> None:
@@ -407,17 +397,8 @@ def test_the_scripted_model_makes_instances_of_simple_schemas() -> None:
 async def test_a_script_naming_an_agent_is_told_none_are_loaded(
     serve: StartServer, tmp_path: Path
 ) -> None:
-    script = """
-try:
-    parallel(["a", {"prompt": "b", "agent": "security-reviewer"}])
-    got = "ran"
-except ValueError as e:
-    got = str(e)
-got
-"""
-    server = await serve(OrchestrationScenario(script=script, scout_command=None))
-    await run_session(server, tmp_path)
-    value = result_value(workflow_block(server)["content"])
+    call = 'parallel(["a", {"prompt": "b", "agent": "security-reviewer"}])'
+    server, value = await script_raising(serve, tmp_path, call)
     assert value.startswith('parallel() prompt 2: unknown agent "security-reviewer"')
     assert value.endswith('leave out "agent"')
     assert {role_of(e.body) for e in server.log} == {"main"}

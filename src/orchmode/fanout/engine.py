@@ -50,7 +50,7 @@ from ..trees.copies import Trees
 from ..trees.patches import describe_change
 from .changes import Candidate, Resolver, merge_changes
 from .condense import SubtaskEntry, fit_result, full_text
-from .plans import title, verdict_of
+from .plans import Subtask, title, verdict_of
 from .resolve import recorded_resolution, resolve
 from .slots import VERIFIER_PRIORITY, PrioritySlots, Relay
 
@@ -152,18 +152,12 @@ class FanoutEngine:
             if role not in self._tools:
                 self._tools[role] = await with_mcp_tools(SUBAGENT_TOOLS, self.mcp, role)
 
-    def key_of(
-        self,
-        role: Role,
-        prompt: str,
-        isolation: str = "shared",
-        schema: dict[str, Any] | None = None,
-        agent: AgentDefinition | None = None,
-    ) -> str:
+    def key_of(self, role: Role, task: Subtask, isolation: str = "shared") -> str:
         """The journal's content address of an agent: everything that determines its result,
         its tools included (a tool of an MCP server among them, and report_findings with
         the subtask's schema, so a changed schema is not served an old result), and its
         role's definition (so a changed definition is not served one either)."""
+        agent = task.agent
         choice = ModelChoice.of(self.settings, role, agent)
         tools = self._tools.get(role, SUBAGENT_TOOLS)
         return content_key(
@@ -171,46 +165,31 @@ class FanoutEngine:
             model=choice.model,
             effort=choice.effort,
             system=subagent_system(agent),
-            tools=typed_tools(agent.offered(tools) if agent is not None else tools, schema),
-            prompt=prompt,
+            tools=typed_tools(agent.offered(tools) if agent is not None else tools, task.schema),
+            prompt=task.prompt,
             isolation=isolation,
             agent=agent.digest if agent is not None else None,
         )
 
-    def report_path(
-        self,
-        role: Role,
-        prompt: str,
-        isolation: str = "shared",
-        schema: dict[str, Any] | None = None,
-        agent: AgentDefinition | None = None,
-    ) -> str:
-        """Where the agent with ``prompt`` has its full result, or "" with no results dir."""
+    def report_path(self, role: Role, task: Subtask, isolation: str = "shared") -> str:
+        """Where the agent given ``task`` has its full result, or "" with no results dir."""
         if self.results is None:
             return ""
-        key = self.key_of(role, prompt, isolation, schema, agent)
-        return str(self.results.agent_path(role, key))
+        return str(self.results.agent_path(role, self.key_of(role, task, isolation)))
 
-    def verify_prompt(
-        self,
-        subtask: str,
-        worker: AgentResult,
-        isolation: str = "shared",
-        schema: dict[str, Any] | None = None,
-        agent: AgentDefinition | None = None,
-    ) -> str:
-        """The verifier's prompt, quoting the worker's result within its budget (its
-        ``data`` with it), naming the worker's change when it made one, and the schema
+    def verify_prompt(self, task: Subtask, worker: AgentResult, isolation: str = "shared") -> str:
+        """The verifier's prompt for the worker given ``task``: its result quoted within its
+        budget (its ``data`` with it), its change named when it made one, and the schema
         the data had to follow."""
         limit = self.window.quote_tokens * 3
-        path = self.report_path("worker", subtask, isolation, schema, agent) or None
+        path = self.report_path("worker", task, isolation) or None
         change = worker.change
         note = ""
         if change is not None and not change.empty:
             note = change_note(describe_change(change), change.digest[:12], change.base)
-        if schema is not None:
-            note += data_note(schema)
-        return verify_prompt(subtask, quote_result(worker.text, limit, path), note)
+        if task.schema is not None:
+            note += data_note(task.schema)
+        return verify_prompt(task.prompt, quote_result(worker.text, limit, path), note)
 
     async def tree_for(self, isolation: str, *, ahead: bool = False) -> TreeJob | None:
         """The copy a call's workers start from: a snapshot of the tree now; None when the
@@ -387,7 +366,7 @@ class FanoutEngine:
         agent: AgentDefinition | None = None,
     ) -> AgentResult:
         isolation = "worktree" if tree is not None else "shared"
-        key = self.key_of(role, prompt, isolation, schema, agent)
+        key = self.key_of(role, Subtask(prompt, schema, agent), isolation)
         if not self.settings.fresh:
             recorded = await self.store.lookup(key)
             if recorded is not None:

@@ -442,17 +442,18 @@ class ScriptRun:
         return list(range(first, first + count))
 
     async def _run(
-        self,
-        index: int,
-        role: Role,
-        prompt: str,
-        tree: TreeJob | None = None,
-        subtask: Subtask | None = None,
+        self, index: int, role: Role, task: Subtask, tree: TreeJob | None = None
     ) -> AgentResult:
         priority = VERIFIER_PRIORITY if role == "verifier" else WORKER_PRIORITY
-        schema, agent = (subtask.schema, subtask.agent) if subtask is not None else (None, None)
         result = await self.engine.run_subagent(
-            self.call, index, role, prompt, priority, tree=tree, schema=schema, agent=agent
+            self.call,
+            index,
+            role,
+            task.prompt,
+            priority,
+            tree=tree,
+            schema=task.schema,
+            agent=task.agent,
         )
         if result.status is Status.SKIPPED:
             self.skipped += 1
@@ -483,7 +484,7 @@ class ScriptRun:
     async def _agent(self, subtask: Subtask, where: str) -> dict[str, Any]:
         (index,) = self._take(1, "agent()")
         tree = await self._tree_for(index, where, subtask)
-        result = await self._run(index, "worker", subtask.prompt, tree, subtask)
+        result = await self._run(index, "worker", subtask, tree)
         return self._answer(index, subtask, result, tree)
 
     async def _parallel(
@@ -505,7 +506,7 @@ class ScriptRun:
             for index, subtask in zip(indexes, subtasks, strict=True)
         ]
         runs = [
-            asyncio.create_task(self._run(index, "worker", subtask.prompt, own, subtask))
+            asyncio.create_task(self._run(index, "worker", subtask, own))
             for index, subtask, own in zip(indexes, subtasks, trees, strict=True)
         ]
         try:
@@ -528,9 +529,8 @@ class ScriptRun:
         self.asked[subtask.prompt] = subtask
         if tree is None:
             return answer
-        prompt, schema, agent = subtask.prompt, subtask.schema, subtask.agent
-        key = self.engine.key_of("worker", prompt, "worktree", schema, agent)
-        self.workers.append(_Isolated(index, key, prompt, result, tree, subtask))
+        key = self.engine.key_of("worker", subtask, "worktree")
+        self.workers.append(_Isolated(index, key, result, tree, subtask))
         change = result.change
         if change is not None and not change.empty:
             answer["change"] = {"agent": index, "files": describe_change(change)}
@@ -559,13 +559,8 @@ class ScriptRun:
         worker = self._worker_of(result)
         if worker is not None:
             tree = self.engine.verifier_tree(worker.tree, worker.result)
-            prompt_text = self.engine.verify_prompt(
-                subtask,
-                worker.result,
-                "worktree",
-                worker.subtask.schema,
-                worker.subtask.agent,
-            )
+            checked = replace(worker.subtask, prompt=subtask)  # as verify() names it
+            prompt_text = self.engine.verify_prompt(checked, worker.result, "worktree")
         else:
             text = (
                 result if isinstance(result, str) else json.dumps(plain(result), ensure_ascii=False)
@@ -573,7 +568,7 @@ class ScriptRun:
             note = data_note(asked.schema) if asked.schema is not None else ""
             tree, prompt_text = None, verify_prompt(subtask, text, note)
         (index,) = self._take(1, "verify()")
-        verdict = await self._run(index, "verifier", prompt_text, tree)
+        verdict = await self._run(index, "verifier", Subtask(prompt_text), tree)
         answer = agent_answer(verdict)
         if "error" in answer:
             return answer
@@ -596,7 +591,7 @@ class ScriptRun:
         """Merge the isolated workers' changes in the order they were started."""
         if not self.workers:
             return []
-        done = [(w.index, w.key, w.prompt, w.result, w.verdict) for w in self.workers]
+        done = [(w.index, w.key, w.subtask.prompt, w.result, w.verdict) for w in self.workers]
         return await self.engine.merge_verdicts(self.call, self.workers[0].tree, done)
 
     async def _budget(self) -> dict[str, Any]:
@@ -783,7 +778,6 @@ class _Isolated:
 
     index: int
     key: str
-    prompt: str
     result: AgentResult
     tree: TreeJob
     #: What it was asked: its prompt, its result's schema, its role.

@@ -101,12 +101,7 @@ class Workflow(FanoutEngine):
                 call,
                 tree,
                 [
-                    (
-                        i,
-                        self.key_of("worker", s.prompt, "worktree", s.schema, s.agent),
-                        s.prompt,
-                        *pairs[i - 1],
-                    )
+                    (i, self.key_of("worker", s, "worktree"), s.prompt, *pairs[i - 1])
                     for i in isolated
                     for s in [subtasks[i - 1]]
                 ],
@@ -127,7 +122,7 @@ class Workflow(FanoutEngine):
                 title(s.prompt),
                 AgentEntry(
                     worker.text,
-                    self.report_path("worker", s.prompt, isolated_in, s.schema, s.agent),
+                    self.report_path("worker", s, isolated_in),
                 ),
                 None
                 if verifier is None
@@ -135,7 +130,7 @@ class Workflow(FanoutEngine):
                     verifier.text,
                     self.report_path(
                         "verifier",
-                        self.verify_prompt(s.prompt, worker, isolated_in, s.schema, s.agent),
+                        Subtask(self.verify_prompt(s, worker, isolated_in)),
                         isolated_in,
                     ),
                 ),
@@ -198,7 +193,7 @@ class Workflow(FanoutEngine):
                 tree = await tree.with_snapshot()
             if self.trees is not None and worker.change is not None and not worker.change.empty:
                 self.trees.merge_ahead(worker.change)  # its merge, ahead, while it is verified
-            prompt = self.verify_prompt(subtask.prompt, worker, isolation, subtask.schema, agent)
+            prompt = self.verify_prompt(subtask, worker, isolation)
             verifier = await self.run_subagent(
                 call,
                 index,
