@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-LANES = {"postgres", "ray", "browser", "phoenix", "slow"}
+LANES = {"postgres", "ray", "browser", "phoenix", "slow", "faults"}
 
 # One collection of the whole suite, in a process of its own, printing each test's marks
 # as conftest.py left them.
