@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import hypothesis
 import pytest
 
 from orchmode.core.events import EventBus
@@ -14,6 +15,11 @@ from orchmode.model.gateway import ModelGateway
 from orchmode.model.providers import Credentials
 from orchmode.store.sqlite import SQLiteStore
 from orchmode.testing import Responder, ScriptedServer
+
+# Property tests check what is true, not how fast: no deadline, which a loaded machine (CI,
+# or several suites at once) would otherwise fail on a slow first example.
+hypothesis.settings.register_profile("orchmode", deadline=None)
+hypothesis.settings.load_profile("orchmode")
 
 API_KEY = "test-key"
 

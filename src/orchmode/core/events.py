@@ -372,11 +372,16 @@ Subscriber = Callable[[Event], None]
 @dataclass
 class EventBus:
     subscribers: list[Subscriber] = field(default_factory=list)
+    #: Masks the session's secrets in an event's texts before anyone sees it: the live
+    #: view, the journal's records, the traces.
+    mask: Callable[[Event], Event] | None = None
 
     def subscribe(self, subscriber: Subscriber) -> None:
         self.subscribers.append(subscriber)
 
     def emit(self, event: Event) -> None:
+        if self.mask is not None:
+            event = self.mask(event)
         for subscriber in self.subscribers:
             try:
                 subscriber(event)

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from .errors import ConfigError
 from .events import Role
 from .pricing import ModelPrice, context_window_of, default_prices, model_id
+from .secrets import DEFAULT_SECRET_FILES
 
 CONFIG_FILE = "orchmode.toml"
 ENV_PREFIX = "ORCHMODE_"
@@ -333,6 +334,13 @@ class Settings(BaseModel):
         description="Put prompts, replies and command output in trace spans (secrets masked); "
         "without it spans hold names, sizes, tokens and timings only.",
     )
+    secret_files: tuple[str, ...] = Field(
+        default=DEFAULT_SECRET_FILES,
+        description="Files withheld from every agent (a note in their place; never in a "
+        "snapshot, a change or the journal) and whose values are masked in all that reaches "
+        "the model: `.gitignore`-style patterns, a list in `orchmode.toml` or separated by "
+        "commas; empty (`[]`) withholds nothing.",
+    )
     workdir: Path | None = Field(
         default=None, description="Directory bash runs in (default: the current directory)."
     )
@@ -340,6 +348,22 @@ class Settings(BaseModel):
         default=False,
         description="Small limits (2 subtasks, 1 turn each) in a throw-away fixture directory.",
     )
+
+    @field_validator("secret_files", mode="before")
+    @classmethod
+    def _patterns(cls, value: Any) -> Any:
+        """A flag or variable gives the patterns as one string, separated by commas."""
+        if isinstance(value, str):
+            return tuple(p.strip() for p in value.split(",") if p.strip())
+        return value
+
+    @field_validator("secret_files")
+    @classmethod
+    def _valid_patterns(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for pattern in value:
+            if not pattern.strip("/") or "\0" in pattern:
+                raise ValueError(f"{pattern!r} is not a file pattern")
+        return value
 
     @field_validator("model", "worker_model", "verifier_model", "resolver_model")
     @classmethod
@@ -505,6 +529,8 @@ def settings_table() -> str:
             shown = "—"
         elif isinstance(default, bool):
             shown = f"`{str(default).lower()}`"
+        elif isinstance(default, tuple):
+            shown = ", ".join(f"`{item}`" for item in default)
         else:
             shown = f"`{default}`"
         rows.append(

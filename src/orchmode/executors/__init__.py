@@ -136,7 +136,7 @@ def open_executor(
         from .local import LocalExecutor
 
         return LocalExecutor(host)
-    return _cluster_executor(settings, workdir)(settings, credentials, workdir)
+    return _cluster_executor(settings, workdir)(settings, credentials, workdir, host.masker)
 
 
 def check_executor(settings: Settings, workdir: Path) -> None:

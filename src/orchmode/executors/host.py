@@ -23,6 +23,7 @@ from ..core.events import EventBus, WorkspacesChosen
 from ..core.prompts import SUBAGENT_TOOLS, subagent_system
 from ..core.results import AgentResult, Status
 from ..core.schemas import typed_tools
+from ..core.secrets import Masker, Secrets
 from ..core.settings import Settings
 from ..model.budget import BudgetExhausted
 from ..model.context import Window
@@ -92,6 +93,8 @@ class ShellFactory:
     workdir: Path
     env: dict[str, str]
     sandbox: Sandbox | None
+    #: Secret values masked in every command's output.
+    masker: Masker | None = None
     #: Every shell it made that may still be running (see :meth:`abandon_all`).
     made: weakref.WeakSet[BashSession] = field(
         default_factory=weakref.WeakSet, repr=False, compare=False
@@ -102,16 +105,19 @@ class ShellFactory:
         cls,
         settings: Settings,
         workdir: Path,
-        secrets: tuple[str, ...],
+        keys: tuple[str, ...],
         readable: tuple[Path, ...] = (),
+        secrets: Secrets | None = None,
     ) -> ShellFactory:
-        """From this process's environment, less credentials and any of ``secrets``;
-        ``readable`` directories are shown read-only inside the sandbox."""
+        """From this process's environment, less credentials and any of ``keys``;
+        ``readable`` directories are shown read-only inside the sandbox, ``secrets``' files
+        are withheld and their values masked."""
         return cls(
             settings,
             workdir,
-            command_environment(os.environ, secrets),
-            Sandbox.from_settings(settings, workdir, readable),
+            command_environment(os.environ, keys),
+            Sandbox.from_settings(settings, workdir, readable, secrets),
+            secrets.masker if secrets is not None else None,
         )
 
     def abandon_all(self) -> None:
@@ -136,6 +142,7 @@ class ShellFactory:
                 output_limit=self.settings.output_limit,
                 env=self.env,
                 sandbox=sandbox.for_shell() if sandbox is not None else None,
+                masker=self.masker,
             )
         )
 
@@ -176,6 +183,7 @@ class ShellFactory:
                 env=self.env,
                 sandbox=sandbox,
                 prepare=prepare,
+                masker=self.masker,
             )
         )
 
@@ -192,6 +200,8 @@ class AgentHost:
     trees: Trees | None = None
     #: The user's MCP servers, shared by every agent this host runs.
     mcp: McpHub | None = None
+    #: The session's secret values (a cluster's actors are given them too).
+    masker: Masker | None = None
     #: The agents' workspaces (``worktree`` isolation), of the kind that works here: chosen
     #: when the first isolated job comes. Workers' workspaces are kept for their verifiers.
     workspaces: Workspaces | None = field(default=None, repr=False)
@@ -404,6 +414,16 @@ class AgentHost:
             )
         if change is None:
             return result
+        if self.masker and self.masker.holds(change.patch):
+            # kept out of the journal and the tree alike; the agent read it from git's
+            # history, or a credential from somewhere the sandbox could not hide
+            return AgentResult(
+                "error: the agent's change writes the value of a secret (held by a file "
+                "secret_files withholds, or a credential) into the tree, and was dropped",
+                Status.FAILED,
+                result.turns,
+                result.usage,
+            )
         return replace(result, change=change)
 
     async def _prewarm(self, shell: BashSession) -> None:

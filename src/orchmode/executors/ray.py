@@ -45,6 +45,7 @@ from ..core.events import (
     WorkspacesChosen,
 )
 from ..core.results import AgentResult, Status
+from ..core.secrets import Masker, SecretFiles, Secrets
 from ..core.settings import Settings
 from ..model.budget import SessionBudget
 from ..model.gateway import ModelGateway
@@ -121,10 +122,13 @@ class AgentPool:
         credentials: Credentials,
         store_url: Secret,
         mcp: McpConfig | None = None,
+        masked: Secret | None = None,
     ) -> None:
         self.settings = settings
         self.credentials = credentials
         self.store_url = store_url
+        #: The driver's secret values, one per line, masked here as there.
+        self.masked = masked
         self.mcp_config = mcp
         #: This node's own MCP servers: stdio ones start here, HTTP ones are reached from here.
         self.mcp: McpHub | None = None
@@ -145,7 +149,12 @@ class AgentPool:
         if self.mcp_config is not None:
             self.mcp = McpHub.of(self.mcp_config, self.settings, Path.cwd(), self.events)
             secrets += self.mcp_config.secrets
-        self.make_shell = ShellFactory.build(self.settings, Path.cwd(), secrets)
+        masker = Masker([*secrets, *(self.masked.value.split("\n") if self.masked else ())])
+        withheld = Secrets(SecretFiles(self.settings.secret_files), Path.cwd(), masker)
+        withheld.look()
+        if self.mcp is not None:
+            self.mcp.share_masker(masker)
+        self.make_shell = ShellFactory.build(self.settings, Path.cwd(), secrets, secrets=withheld)
         # Copies live outside the directory Ray unpacked: Ray may replace that one.
         self.trees = Trees(Path.cwd(), home=Path(tempfile.mkdtemp(prefix="orchmode-trees-")))
         sandbox = self.make_shell.sandbox
@@ -249,6 +258,8 @@ class RayExecutor:
     settings: Settings
     credentials: Credentials
     workdir: Path
+    #: The session's secret values, shipped to every actor to mask there too.
+    masker: Masker | None = None
     members: list[_Member] = field(default_factory=list)
     _changed: asyncio.Condition | None = None
     _tmp: Path | None = None
@@ -382,13 +393,14 @@ class RayExecutor:
             }
         )
         store_url = Secret(self.settings.store or "")
+        masked = Secret("\n".join(self.masker.secrets)) if self.masker is not None else None
         actors: list[Any] = [
             remote.options(
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False),
                 max_concurrency=self.settings.ray_max_per_actor,
                 num_cpus=0,
                 max_restarts=0,
-            ).remote(settings, self.credentials, store_url, self._mcp)
+            ).remote(settings, self.credentials, store_url, self._mcp, masked)
             for node in nodes
             for _ in range(self.settings.ray_actors)
         ]

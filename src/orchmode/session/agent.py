@@ -29,6 +29,7 @@ from ..core.prompts import (
     notice_as_user_text,
     turn_limit_note,
 )
+from ..core.secrets import Secrets
 from ..core.settings import Settings
 from ..core.wire import Block, Message, blocks_of
 from ..executors import Executor, open_executor
@@ -105,6 +106,7 @@ class Conversation:
         on_text: Callable[[str], None] | None = None,
         executor: Executor | None = None,
         roles: Mapping[str, AgentDefinition] | None = None,
+        secrets: Secrets | None = None,
     ) -> None:
         self.settings = settings
         self.gateway = gateway
@@ -133,12 +135,21 @@ class Conversation:
         self.mcp = McpHub.from_settings(settings, workdir, self.events, os.environ)
         credentials = gateway.credentials
         keys: tuple[str, ...] = credentials.secrets
+        #: Secret files withheld from every agent, and every secret value masked.
+        self.secrets = secrets or Secrets.start(
+            settings.secret_files, workdir, os.environ, credentials.secrets
+        )
+        masker = self.secrets.masker
+        if self.events.mask is None:  # a bus of the caller's own
+            self.events.mask = masker.mask_event
         if self.mcp is not None:
             keys += self.mcp.secrets
+            self.mcp.share_masker(masker)
+        masker.add(keys)
         #: Every agent's full result, and every tool result a compaction took out.
-        self.results = ResultFiles(results_dir(workdir, self.session_id), keys)
+        self.results = ResultFiles(results_dir(workdir, self.session_id), masker)
         readable = (self.results.directory,) if self.results.make_directory() else ()
-        self.make_shell = ShellFactory.build(settings, workdir, keys, readable)
+        self.make_shell = ShellFactory.build(settings, workdir, keys, readable, self.secrets)
         self.shell = self.make_shell()
         self.window = Window.from_settings(settings)
         #: The agent definitions subtasks may name, read once for the whole session.
@@ -167,13 +178,15 @@ class Conversation:
         #: unless the caller brought its own, which the caller then closes.
         self._owns_executor = executor is None
         #: The tree's private store and this process's copies of it (``worktree``).
-        self.trees = Trees(workdir)
+        self.trees = Trees(workdir, secrets=self.secrets)
         self.trees.sweep()  # copies left by a run that was killed
         self.executor = executor or open_executor(
             settings,
             gateway.credentials,
             workdir,
-            AgentHost(settings, gateway, store, self.make_shell, self.trees, self.mcp),
+            AgentHost(
+                settings, gateway, store, self.make_shell, self.trees, self.mcp, masker=masker
+            ),
         )
         self.workflow = Workflow(
             settings,

@@ -24,6 +24,7 @@ from typing import Any, Generic, TypeVar, cast, overload
 from ..core.agents import AgentDefinition, load_definitions
 from ..core.errors import ConfigError, OrchmodeError
 from ..core.events import Event, EventBus, TokenUsage
+from ..core.secrets import Secrets
 from ..core.settings import Settings
 from ..executors import check_executor
 from ..model.gateway import ModelGateway
@@ -442,12 +443,14 @@ async def open_session(
     for warning in preflight(settings):  # before anything is spent
         warn(warning)
     roles = _roles(settings, where, warn)
-    bus = EventBus()
-    traces = start_tracing(settings, credentials.secrets) if tracing_wanted(settings) else None
+    secrets = Secrets.start(settings.secret_files, where, os.environ, credentials.secrets)
+    bus = EventBus(mask=secrets.masker.mask_event)
+    masked = secrets.masker.secrets
+    traces = start_tracing(settings, masked) if tracing_wanted(settings) else None
     if traces is not None:
         bus.subscribe(traces)
     try:
-        async with _claimed(settings, where, credentials, bus, roles) as engine:
+        async with _claimed(settings, where, credentials, bus, roles, secrets) as engine:
             if traces is not None:
                 traces.session_id = engine.session_id
                 if engine.mcp is not None:
@@ -503,6 +506,7 @@ async def _claimed(
     credentials: Credentials,
     events: EventBus,
     roles: Mapping[str, AgentDefinition],
+    secrets: Secrets,
 ) -> AsyncIterator[Conversation]:
     """The conversation with its store, gateway and executor (started); all closed on the
     way out.
@@ -516,7 +520,13 @@ async def _claimed(
     gateway = ModelGateway(settings, credentials, events)
     try:
         engine = Conversation(
-            settings, gateway, workdir=workdir, store=store, events=events, roles=roles
+            settings,
+            gateway,
+            workdir=workdir,
+            store=store,
+            events=events,
+            roles=roles,
+            secrets=secrets,
         )
         try:
             key, lease = session_key(engine.session_id), settings.claim_lease

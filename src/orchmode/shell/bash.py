@@ -11,11 +11,12 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import TracebackType
 from typing import Protocol
 
+from ..core.secrets import Masker
 from .output import _OutputCollector
 from .processes import _kill_tree, _signal_name, use_pidfd_child_watcher
 
@@ -195,6 +196,7 @@ class BashSession:
         argv_prefix: Sequence[str] = (),
         sandbox: ShellSandbox | None = None,
         prepare: Callable[[], Awaitable[None]] | None = None,
+        masker: Masker | None = None,
     ) -> None:
         if timeout <= 0:
             raise ValueError(f"timeout must be positive, got {timeout!r}")
@@ -208,6 +210,8 @@ class BashSession:
         self._sandbox = sandbox
         #: Awaited before the first shell starts: the agent's copy of the tree being made.
         self._prepare = prepare
+        #: Secrets masked in every result, before it reaches the model or the records.
+        self._masker = masker
         self._closed = False
         self._lock = asyncio.Lock()
         self._shell: _Shell | None = None
@@ -263,7 +267,10 @@ class BashSession:
         if command is None or not command.strip():
             return _error(f"(error: a non-empty command is required; {_USAGE})")
         async with self._lock:
-            return await self._run_locked(command)
+            result = await self._run_locked(command)
+        if self._masker:  # error texts too, which name paths and commands
+            result = replace(result, output=self._masker.mask(result.output))
+        return result
 
     async def start(self) -> None:
         """Start the shell now rather than on the first command.
@@ -430,7 +437,9 @@ class BashSession:
             f"printf '\\n%s%s %d\\n' {shell.nonce[:half]} {shell.nonce[half:]} \"$?\" "
             f">&{_OUT_FD}\n"
         )
-        collector = _OutputCollector(shell.marker, self._output_limit)
+        masker = self._masker
+        margin = masker.longest if masker else 0
+        collector = _OutputCollector(shell.marker, self._output_limit, margin)
         proto = shell.protocol
         proto.begin(collector)
         try:
@@ -447,7 +456,7 @@ class BashSession:
                 0,
                 f"(timed out after {self._timeout:g} s; the shell was restarted, {_RESET_NOTE})",
             )
-            return self._result(notes, collector, None, True, loop.time() - started)
+            return self._result(notes, collector, None, True, loop.time() - started, masker)
 
         if collector.finished:
             code = collector.status
@@ -471,7 +480,7 @@ class BashSession:
             else:
                 code = None
                 notes.append(f"(the shell closed its output and was restarted, {_RESET_NOTE})")
-        return self._result(notes, collector, code, False, loop.time() - started)
+        return self._result(notes, collector, code, False, loop.time() - started, masker)
 
     async def _wait(self, shell: _Shell, collector: _OutputCollector, deadline: float) -> bool:
         """Wait for the marker, the shell's death or the deadline; False on timeout."""
@@ -492,12 +501,13 @@ class BashSession:
         code: int | None,
         timed_out: bool,
         duration: float,
+        masker: Masker | None = None,
     ) -> ShellResult:
         """Assemble the model-facing text: status lines first, then the output."""
         header = list(notes)
         if code is not None and code != 0:
             header.insert(0, f"(exit code {code})")
-        output = "\n".join([*header, collector.render()])
+        output = "\n".join([*header, collector.render(masker.mask if masker else None)])
         is_error = timed_out or code is None or code != 0
         return ShellResult(
             output=output,

@@ -6,17 +6,11 @@ credential in the shell's environment would leak with a single ``env``.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 
-_SECRET_PART = re.compile(r"PASSWORD|PASSWD|SECRET|CREDENTIAL|TOKEN(?!IZER)", re.IGNORECASE)
-_SECRET_WORD = re.compile(r"(^|_)(API_?KEY|KEY|AUTH|PASS|PRIVATE|SESSION)(_|$)", re.IGNORECASE)
-#: Named outright, whatever the pattern says.
-_ALWAYS = {"ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "SSH_AUTH_SOCK", "GPG_AGENT_INFO"}
+from ..core.secrets import is_secret_name
 
-
-def is_secret_name(name: str) -> bool:
-    return name in _ALWAYS or bool(_SECRET_PART.search(name) or _SECRET_WORD.search(name))
+__all__ = ["command_environment", "is_secret_name"]
 
 
 def command_environment(env: Mapping[str, str], secrets: tuple[str, ...] = ()) -> dict[str, str]:

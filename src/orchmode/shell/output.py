@@ -7,6 +7,7 @@ be the marker, decoding the rest, and keeping only a head so a flood costs a cou
 from __future__ import annotations
 
 import codecs
+from collections.abc import Callable
 
 # The end-of-command line is "\n<nonce> <status>\n"; a status is a few digits at most.
 _STATUS_MAX_BYTES = 16
@@ -20,9 +21,12 @@ class _OutputCollector:
     whitespace) are kept, so a flood costs a counter, not memory.
     """
 
-    def __init__(self, marker: bytes, limit: int) -> None:
+    def __init__(self, marker: bytes, limit: int, margin: int = 0) -> None:
         self._marker = marker
         self._limit = limit
+        #: Characters kept past the limit, so that a secret the limit would cut in two is
+        #: whole when the output is masked (the longest secret's length).
+        self._keep = limit + margin
         self._pending = bytearray()
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._head: list[str] = []
@@ -86,23 +90,27 @@ class _OutputCollector:
             self._trailing_ws += len(text)
         else:
             self._trailing_ws = len(text) - stripped
-        room = self._limit - self._head_len
+        room = self._keep - self._head_len
         if room > 0:
             piece = text[:room]
             self._head.append(piece)
             self._head_len += len(piece)
 
-    def render(self) -> str:
-        """The stripped, possibly truncated output text (``(no output)`` when empty)."""
+    def render(self, mask: Callable[[str], str] | None = None) -> str:
+        """The stripped, possibly truncated output text (``(no output)`` when empty),
+        ``mask``ed before it is cut, so that no part of a secret survives the cut."""
         if not self.finished and self._pending:
             self._commit(bytes(self._pending))
             self._pending.clear()
         self._commit(b"", final=True)
         head = "".join(self._head)
+        if mask is not None:
+            head = mask(head)
         length = self._total - self._trailing_ws
         if length <= self._limit:
             text = head.rstrip()
             return text if text else "(no output)"
+        head = head[: self._limit]
         return f"{head}\n… [output truncated: {len(head)} of {length} characters shown]"
 
     @property

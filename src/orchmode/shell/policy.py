@@ -7,6 +7,7 @@ that what an agent can reach is read in one place.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import os
 import pwd
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..core.overlay import Overlay
+from ..core.secrets import WITHHELD_NOTE, Secrets
 from ..core.settings import CONFIG_FILE, SandboxMode, Settings
 
 __all__ = ["STATE_DIR", "SandboxPolicy"]
@@ -83,6 +85,8 @@ class SandboxPolicy:
     #: When the copy is an overlay: mounted on ``tree`` in the shell's own namespaces before
     #: bubblewrap starts (see :mod:`orchmode.core.overlay`).
     overlay: Overlay | None = None
+    #: The session's secret files, each shown as a note saying it is withheld.
+    secrets: Secrets | None = field(default=None, compare=False)
 
     @classmethod
     def from_settings(
@@ -91,8 +95,10 @@ class SandboxPolicy:
         workdir: Path,
         env: Mapping[str, str] | None = None,
         readable: tuple[Path, ...] = (),
+        secrets: Secrets | None = None,
     ) -> SandboxPolicy:
         return cls(
+            secrets=secrets,
             readable=tuple(Path(os.path.realpath(p)) for p in readable),
             mode=settings.sandbox,
             workdir=Path(os.path.realpath(workdir)),
@@ -161,8 +167,11 @@ class SandboxPolicy:
             # Sources are read from the host's own tree, beneath the copy that covers it.
             for name in self.shared:
                 entry = workdir / name.rstrip("/")
+                if self._withholds(name):
+                    continue
                 if os.path.lexists(entry) and not os.path.islink(entry) and self._has_stub(name):
                     ops.append((entry, ["--ro-bind", str(entry), str(entry)]))
+        ops.extend(self._withheld())
         state = workdir / STATE_DIR
         shown = [p for p in self.readable if p.is_dir()]
         inside = [p for p in shown if p.is_relative_to(state)]
@@ -185,6 +194,40 @@ class SandboxPolicy:
         ops.extend((p, ["--ro-bind", str(p), str(p)]) for p in shown if p not in inside)
         ops.sort(key=lambda op: _depth(op[0]))  # stable: equal depths keep their order
         return ["--ro-bind", "/", "/", *itertools.chain.from_iterable(args for _, args in ops)]
+
+    @property
+    def withheld(self) -> tuple[str, ...]:
+        """The secret files this sandbox shows as a note (relative to the working directory).
+
+        In the working directory itself: those found there. In a workspace: those among the
+        entries shown from the working directory, where a snapshot (which never holds one)
+        left a place for them.
+        """
+        secrets = self.secrets
+        if secrets is None or not secrets.files:
+            return ()
+        if self.tree is None:
+            return secrets.found
+        return tuple(n for n in self.shared if self._withholds(n))
+
+    def _withholds(self, name: str) -> bool:
+        return (
+            self.secrets is not None and not name.endswith("/") and self.secrets.files.matches(name)
+        )
+
+    def _withheld(self) -> list[tuple[Path, list[str]]]:
+        """A read-only note bound over each secret file: an agent that reads one is told
+        it is withheld, and cannot write, move or delete it."""
+        ops: list[tuple[Path, list[str]]] = []
+        for name in self.withheld:
+            entry = self.workdir / name
+            # a dangling link, or a file gone since it was found, has nothing to hide and
+            # no place to mount on
+            if not os.path.exists(entry) or entry.is_dir() or not self._has_stub(name):
+                continue
+            note = withheld_note(self.workdir / STATE_DIR)
+            ops.append((entry, ["--ro-bind", str(note), str(entry)]))
+        return ops
 
     def _config_file(self, source: Path) -> Path | None:
         """The tree's ``orchmode.toml``, as the host sees it: in the copy, or in the first
@@ -214,6 +257,24 @@ class SandboxPolicy:
         if not cgroup_pids:
             limits.append(f"ulimit -u {self.processes}")
         return _LIMITS_SCRIPT.format(limits=" && ".join(limits))
+
+
+@functools.cache
+def withheld_note(state: Path) -> Path:
+    """The note shown in place of a secret file, written once in orchmode's state directory
+    (hidden from agents: bubblewrap reads a bind's source from the host); an empty file
+    where it cannot be written, for a secret file is hidden all the same."""
+    note = state / "withheld.txt"
+    try:
+        if not note.is_file() or note.read_text(encoding="utf-8") != WITHHELD_NOTE:
+            state.mkdir(parents=True, exist_ok=True)
+            temporary = state / f".withheld-{os.getpid()}"
+            temporary.write_text(WITHHELD_NOTE, encoding="utf-8")
+            os.chmod(temporary, 0o444)
+            os.replace(temporary, note)
+    except OSError:
+        return Path(os.devnull)
+    return note
 
 
 def _dot_entry_masks(home: Path) -> list[tuple[Path, list[str]]]:

@@ -36,6 +36,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..core.overlay import Overlay
+from ..core.secrets import Secrets
 from ..core.settings import Settings
 from .bwrap import Probe, probe
 from .cgroups import SandboxUnavailable, _cgroups, _make_shell_cgroups, _remove_cgroups
@@ -61,6 +62,8 @@ class Sandbox:
         self.policy = policy
         self._prefix: list[str] | None = None
         self._suffix: list[str] | None = None
+        #: The secret files the cached command line hides.
+        self._withheld: tuple[str, ...] = ()
         if policy.mode == "workspace-write":
             # Made on the host now, so the sandbox finds it (hidden) and cannot create it.
             with contextlib.suppress(OSError):
@@ -68,12 +71,18 @@ class Sandbox:
 
     @classmethod
     def from_settings(
-        cls, settings: Settings, workdir: Path, readable: tuple[Path, ...] = ()
+        cls,
+        settings: Settings,
+        workdir: Path,
+        readable: tuple[Path, ...] = (),
+        secrets: Secrets | None = None,
     ) -> Sandbox | None:
         """The sandbox for ``settings``, or None when the user turned it off."""
         if settings.sandbox == "off":
             return None
-        return cls(SandboxPolicy.from_settings(settings, workdir, readable=readable))
+        return cls(
+            SandboxPolicy.from_settings(settings, workdir, readable=readable, secrets=secrets)
+        )
 
     @property
     def mode(self) -> str:
@@ -120,7 +129,10 @@ class Sandbox:
         if found.problem is not None or found.bwrap is None:
             raise SandboxUnavailable(found.problem)
         policy = self.policy
+        if self._withheld != policy.withheld:  # secret files found since: hidden too
+            self._prefix = None
         if self._prefix is None or self._suffix is None:
+            self._withheld = policy.withheld
             flags = list(found.flags)
             if policy.overlay is not None:
                 # Inside the overlay's namespace the shell is that namespace's root: map it

@@ -18,9 +18,10 @@ import logging
 import os
 import re
 import tempfile
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+from ..core.secrets import Masker
 
 log = logging.getLogger("orchmode")
 
@@ -36,9 +37,9 @@ def results_dir(workdir: Path, session: str) -> Path:
 class ResultFiles:
     """Writes one session's result files; a failure to write is logged, never raised."""
 
-    def __init__(self, directory: Path, secrets: Iterable[str] = ()) -> None:
+    def __init__(self, directory: Path, masker: Masker | None = None) -> None:
         self.directory = directory
-        self._secrets = sorted({s for s in secrets if len(s) >= 8}, key=len, reverse=True)
+        self._masker = masker if masker is not None else Masker()
 
     def make_directory(self) -> bool:
         """Make the directory (before any sandbox mounts it); False if it cannot be made."""
@@ -69,13 +70,8 @@ class ResultFiles:
         path = self.directory / f"patch-{key[:12]}.patch"
         return str(path) if self._write(path, patch) else ""
 
-    def _mask(self, text: str) -> str:
-        for secret in self._secrets:
-            text = text.replace(secret, "***")
-        return text
-
     def _write(self, path: Path, text: str) -> bool:
-        data = self._mask(text)
+        data = self._masker.mask(text)
         try:
             if path.is_file() and path.read_text(encoding="utf-8") == data:
                 return True  # the same bytes are there already (a rerun)

@@ -49,6 +49,7 @@ from ..core.events import (
     TurnResumed,
     TurnStarted,
 )
+from ..core.secrets import Masker
 from ..core.settings import Settings
 
 if TYPE_CHECKING:
@@ -177,13 +178,13 @@ class Traces:
 
     def __post_init__(self) -> None:
         self.tracer = self.provider.get_tracer("orchmode")
-        self._masked: list[str] = []
+        self._masker = Masker()
         self.hide(self.secrets)
 
     def hide(self, secrets: Iterable[str]) -> None:
-        """Mask these too in what spans hold (an MCP server's keys, known once it is read)."""
-        found = {*self._masked, *(s for s in secrets if len(s) >= 8)}
-        self._masked = sorted(found, key=len, reverse=True)
+        """Mask these too in what spans hold (an MCP server's keys, known once it is read;
+        the session's event bus has masked every other secret before an event comes)."""
+        self._masker.add(s for s in secrets if len(s) >= 8)
 
     # ------------------------------------------------------------------ events
 
@@ -497,9 +498,7 @@ class Traces:
                 span.set_attribute(key, self._mask(value)[:CONTENT_LIMIT])
 
     def _mask(self, text: str) -> str:
-        for secret in self._masked:
-            text = text.replace(secret, "***")
-        return text
+        return self._masker.mask(text)
 
     def _add_retries(self, span: Span, agent: str) -> None:
         for at, retried in self._retries.pop(agent, []):

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from ..core.events import EventBus, McpCallDone, McpCallStarted, McpServerFailed, Role
+from ..core.secrets import Masker
 from ..core.settings import Settings
 from ..core.wire import Block
 from ..shell.processes import use_pidfd_child_watcher
@@ -219,9 +220,18 @@ class McpHub:
     #: with the call (``_meta``, and an HTTP server's request header) so a server that
     #: traces too continues the run's trace.
     traceparent: Callable[[str], str | None] | None = None
+    #: Masks every secret in results and errors: the config's values, and the session's
+    #: own once :meth:`share_masker` gives it.
+    masker: Masker = field(default_factory=Masker)
 
     def __post_init__(self) -> None:
         self.secrets = self.config.secrets
+        self.masker.add(self.secrets)
+
+    def share_masker(self, masker: Masker) -> None:
+        """Mask with the session's ``masker`` (which learns the config's values too)."""
+        masker.add(self.secrets)
+        self.masker = masker
 
     @classmethod
     def from_settings(
@@ -241,9 +251,7 @@ class McpHub:
         return cls(config, workdir, events, settings.mcp_timeout, settings.output_limit)
 
     def mask(self, text: str) -> str:
-        for secret in self.secrets:
-            text = text.replace(secret, "***")
-        return text
+        return self.masker.mask(text)
 
     async def tools_for(self, role: Role) -> list[Block]:
         """The tool definitions ``role`` is offered, starting their servers if need be.

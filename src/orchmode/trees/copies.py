@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Literal
 
 from ..core.results import Change
+from ..core.secrets import Secrets
 from .git import TreeError, _Work, git, on_thread
 from .layers import PATCH_FLAGS, PATCH_FORM, read_layer
 from .patches import FileChange, PatchSummary, refusals, summary_of
@@ -147,8 +148,12 @@ class _Repo:
 class Trees:
     """The private store of one working directory, and this process's copies of it."""
 
-    def __init__(self, workdir: Path, home: Path | None = None) -> None:
+    def __init__(
+        self, workdir: Path, home: Path | None = None, secrets: Secrets | None = None
+    ) -> None:
         self.workdir = Path(os.path.realpath(workdir))
+        #: The secret files a snapshot leaves out and a change may not write.
+        self.secrets = secrets
         #: Where the store and the copies live: the working directory's ``.orchmode/trees``,
         #: or a directory of its own (a Ray node's, outside the directory Ray manages).
         self.home = self.workdir / TREES_DIR if home is None else Path(os.path.realpath(home))
@@ -175,6 +180,8 @@ class Trees:
         #: the last snapshot's, then each merge's (see :meth:`merge_all`).
         self._presumed: str | None = None
         self._commits: dict[tuple[str, str], str] = {}
+        #: The stand-ins made in each copy for secret files' notes.
+        self._stand_ins: dict[Path, tuple[str, ...]] = {}
 
     # ----------------------------------------------------------------- set-up, clean-up
 
@@ -339,6 +346,10 @@ class Trees:
                 index.unlink()
             _, out = work.git(*status, env=env, cwd=self.workdir)
         changed, untracked, ignored = _parse_status(out)
+        withheld = self._withheld(repo.prefix if repo is not None else "")
+        if withheld:
+            changed = [p for p in changed if p not in withheld]
+            untracked = [p for p in untracked if p not in withheld]
         self._check_untracked(top, untracked)
         paths = [*changed, *untracked]
         if paths:
@@ -347,9 +358,30 @@ class Trees:
                 "update-index", "--add", "--remove", "-z", "--stdin",
                 env=env, cwd=top, data=listing,
             )  # fmt: skip
+        if withheld:  # tracked ones too: a snapshot never holds a secret file
+            listing = b"\0".join(p.encode(errors="surrogateescape") for p in withheld) + b"\0"
+            work.git(
+                "update-index", "--force-remove", "-z", "--stdin",
+                env=env, cwd=top, data=listing,
+            )  # fmt: skip
         prefix = ["--prefix", repo.prefix] if repo is not None and repo.prefix else []
         _, tree = work.git("write-tree", *prefix, env=env, cwd=self.workdir)
-        return tree.decode().strip(), self._shown(ignored, repo.prefix if repo else "")
+        shown = self._shown(ignored, repo.prefix if repo else "")
+        return tree.decode().strip(), self._with_withheld(shown)
+
+    def _withheld(self, prefix: str) -> set[str]:
+        """The secret files in the working directory now, as paths from the repository's
+        top (the form ``git status`` gives); their values are learnt for masking."""
+        if self.secrets is None:
+            return set()
+        return {prefix + name for name in self.secrets.look()}
+
+    def _with_withheld(self, shown: tuple[str, ...]) -> tuple[str, ...]:
+        """The entries workspaces show from the working directory, with a place for each
+        secret file (where the sandbox shows its note)."""
+        if self.secrets is None or not self.secrets.found:
+            return shown
+        return (*shown, *(n for n in self.secrets.found if n not in shown))
 
     def _workdir_env(self, index: Path) -> dict[str, str]:
         """Git variables that read the working directory as the user's git sees it, with a
@@ -377,22 +409,46 @@ class Trees:
         return self._store_env()
 
     async def _tree_of_workdir(self, index: Path) -> str:
+        """The working directory's tree as it is now (secret files left out, as a
+        snapshot leaves them out)."""
         repo = self._repo
         env = self._workdir_env(index)
         if repo is not None and (repo.git_dir / "index").is_file():
             with contextlib.suppress(OSError):
                 shutil.copyfile(repo.git_dir / "index", index)  # its stat cache saves hashing
+        prefix = repo.prefix if repo is not None else ""
+        withheld = sorted(await asyncio.to_thread(self._withheld, ""))
+        # never hashed into the store, tracked or not (an ignored one `add` leaves alone,
+        # and would refuse to be named)
+        excluded = [f":(exclude,literal){name}" for name in await self._unignored(withheld, env)]
         try:
-            await git("add", "-A", "--", ".", env=env, cwd=self.workdir)
+            await git("add", "-A", "--", ".", *excluded, env=env, cwd=self.workdir)
         except TreeError:
             # A copied index git cannot read here (split index, a newer version): start
             # from nothing, and hash every file.
             with contextlib.suppress(OSError):
                 index.unlink()
-            await git("add", "-A", "--", ".", env=env, cwd=self.workdir)
-        prefix = ["--prefix", repo.prefix] if repo is not None and repo.prefix else []
-        _, out = await git("write-tree", *prefix, env=env, cwd=self.workdir)
+            await git("add", "-A", "--", ".", *excluded, env=env, cwd=self.workdir)
+        if withheld:
+            listing = b"\0".join(n.encode(errors="surrogateescape") for n in withheld) + b"\0"
+            await git(
+                "update-index", "--force-remove", "-z", "--stdin",
+                env=env, cwd=self.workdir, data=listing,
+            )  # fmt: skip
+        write = ["--prefix", prefix] if prefix else []
+        _, out = await git("write-tree", *write, env=env, cwd=self.workdir)
         return out.decode().strip()
+
+    async def _unignored(self, paths: list[str], env: dict[str, str]) -> list[str]:
+        """Those of ``paths`` (relative to the working directory) git does not ignore."""
+        if not paths:
+            return []
+        listing = b"\0".join(p.encode(errors="surrogateescape") for p in paths) + b"\0"
+        code, out = await git(
+            "check-ignore", "-z", "--stdin", env=env, cwd=self.workdir, data=listing, ok=(0, 1)
+        )
+        ignored = {p.decode(errors="surrogateescape") for p in out.split(b"\0") if p}
+        return [p for p in paths if p not in ignored] if code == 0 else paths
 
     def _check_untracked(self, top: Path, untracked: list[str]) -> None:
         """Refuse a snapshot that would copy a heap of files git does not track (in a
@@ -599,8 +655,12 @@ class Trees:
     def _mount_points(self, path: Path, ignored: Sequence[str]) -> None:
         """Empty stand-ins in the copy where the sandbox shows ``.orchmode/`` and the
         ignored entries of the working directory (a node has no ignored files to show)."""
-        shown = (n for n in ignored if os.path.lexists(self.workdir / n.rstrip("/")))
+        shown = [n for n in ignored if os.path.lexists(self.workdir / n.rstrip("/"))]
+        fresh = [n for n in shown if not os.path.lexists(path / n.rstrip("/"))]
         stub(path, frozenset((".orchmode/", *shown)))
+        secret = self.secrets.files if self.secrets is not None else None
+        if secret:  # the places made for secret files' notes are not the agent's writes
+            self._stand_ins[path] = tuple(n for n in fresh if secret.matches(n))
 
     def _agent_git_dir(self, path: Path, commit: str, index: Path) -> None:
         """The copy's own ``.git``: HEAD detached at the snapshot, objects borrowed from the
@@ -624,7 +684,10 @@ class Trees:
 
     def _read_change(self, work: _Work, copy: Copy) -> Change:
         env = {**self._store_env(copy.index), "GIT_WORK_TREE": str(copy.path)}
-        work.git("add", "-A", "--", ".", env=env, cwd=copy.path)
+        # the places made for secret files' notes are not the agent's writes
+        stand_ins = self._stand_ins.get(copy.path, ())
+        withheld = [f":(exclude,literal){n}" for n in stand_ins]
+        work.git("add", "-A", "--", ".", *withheld, env=env, cwd=copy.path)
         # Pinned so that no setting of the user's changes the patch's form.
         _, out = work.git(
             "-c", "core.quotePath=true", "-c", "diff.noprefix=false",
@@ -711,7 +774,7 @@ class Trees:
             return Merge("refused", (f"the patch cannot be read: {summary}",))
         if not summary.files:
             return Merge("no change")
-        refused = refusals(summary)
+        refused = refusals(summary, self.secrets.files if self.secrets is not None else None)
         if refused:
             return Merge("refused", tuple(refused))
         links = any(

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from ..core.results import Change
+from ..core.secrets import SecretFiles
 
 Kind = Literal["added", "deleted", "modified", "renamed", "copied"]
 
@@ -587,18 +588,28 @@ def _unquote(text: str, at: int, reader: _Reader) -> tuple[str, int]:
 # --------------------------------------------------------------------------- refusals
 
 
-def refusals(summary: PatchSummary) -> list[str]:
+def refusals(summary: PatchSummary, secret: SecretFiles | None = None) -> list[str]:
     """Why the patch must not be applied to the user's tree, one reason per offending file.
 
     Empty when it may be applied. Names are compared as case-insensitive Windows and macOS
-    file systems would, since the user's tree may live on one.
+    file systems would, since the user's tree may live on one. A file ``secret`` matches
+    (``secret_files``) is never written, moved or deleted by an agent either.
     """
     reasons: list[str] = []
     for change in summary.files:
         reason = _refusal(change)
+        if reason is None and secret:
+            reason = _secret_refusal(change, secret)
         if reason is not None:
             reasons.append(reason)
     return reasons
+
+
+def _secret_refusal(change: FileChange, secret: SecretFiles) -> str | None:
+    for path in (change.path, change.old_path):
+        if path is not None and secret.matches(path.replace("\\", "/")):
+            return f"`{_show(path)}`: writes a secret file (secret_files)"
+    return None
 
 
 def _refusal(change: FileChange) -> str | None:
