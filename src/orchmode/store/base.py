@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from ..core.errors import StoreError
 from ..core.events import Role
 from ..core.results import AgentResult
 
@@ -99,11 +100,49 @@ class BudgetState:
     cost: float = 0.0
 
 
+class Failure:
+    """A store failure that a run cannot go on through: the disk full, the server gone for
+    longer than its outage limit.
+
+    Most store failures are logged and the run goes on (a lost event, a checkpoint the next
+    one makes up for). These are not: every later write would fail too, and a run that went
+    on would spend tokens on work it cannot record. The first such failure is kept; the
+    store refuses every later write with it (so nothing after it is half-recorded), and
+    whoever drives the run is told (:meth:`listen`), stops the run and says so in one line.
+    A resume once the cause is gone continues from the last recorded step.
+    """
+
+    def __init__(self) -> None:
+        self.error: StoreError | None = None
+        self._listeners: list[Callable[[StoreError], None]] = []
+
+    def trip(self, error: StoreError) -> StoreError:
+        """Keep ``error`` (unless one is kept already) and tell the listeners; the kept one."""
+        if self.error is None:
+            self.error = error
+            for listener in list(self._listeners):
+                listener(error)
+        return self.error
+
+    def listen(self, listener: Callable[[StoreError], None]) -> None:
+        """Call ``listener`` (from any thread) with the failure, at once if it happened."""
+        self._listeners.append(listener)
+        if self.error is not None:
+            listener(self.error)
+
+    def check(self) -> None:
+        """Raise the kept failure (a fresh exception of the same message), if there is one."""
+        if self.error is not None:
+            raise StoreError(str(self.error))
+
+
 class Store(Protocol):
     """The durable truth of a run. Every method is safe under concurrent processes."""
 
     #: Where it lives, for messages; never contains a password.
     location: str
+    #: A failure that stops the run (see :class:`Failure`); writes are refused after it.
+    failure: Failure
 
     async def lookup(self, key: str) -> AgentResult | None:
         """The finished result recorded under ``key``; a read failure counts as a miss."""
