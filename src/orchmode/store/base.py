@@ -6,8 +6,10 @@ machines). Both run the same SQL from :mod:`orchmode.store.schema` wherever they
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -115,20 +117,32 @@ class Failure:
     def __init__(self) -> None:
         self.error: StoreError | None = None
         self._listeners: list[Callable[[StoreError], None]] = []
+        self._lock = threading.Lock()  # result files are written on worker threads
 
     def trip(self, error: StoreError) -> StoreError:
         """Keep ``error`` (unless one is kept already) and tell the listeners; the kept one."""
-        if self.error is None:
-            self.error = error
-            for listener in list(self._listeners):
-                listener(error)
+        with self._lock:
+            first = self.error is None
+            if first:
+                self.error = error
+            listeners = list(self._listeners) if first else []
+        for listener in listeners:
+            listener(error)
+        assert self.error is not None
         return self.error
 
     def listen(self, listener: Callable[[StoreError], None]) -> None:
-        """Call ``listener`` (from any thread) with the failure, at once if it happened."""
-        self._listeners.append(listener)
-        if self.error is not None:
-            listener(self.error)
+        """Call ``listener`` (from the thread that trips it) with the failure; at once if
+        it happened already."""
+        with self._lock:
+            self._listeners.append(listener)
+            error = self.error
+        if error is not None:
+            listener(error)
+
+    def forget(self, listener: Callable[[StoreError], None]) -> None:
+        with self._lock, contextlib.suppress(ValueError):
+            self._listeners.remove(listener)
 
     def check(self) -> None:
         """Raise the kept failure (a fresh exception of the same message), if there is one."""
