@@ -753,6 +753,10 @@ def _configure_logging(debug: bool) -> None:
     log.addHandler(handler)
     log.setLevel(logging.DEBUG if debug else logging.WARNING)
     log.propagate = False
+    # psycopg's pool says each failed reconnection itself; orchmode says an outage once.
+    pool = logging.getLogger("psycopg")
+    pool.addHandler(handler if debug else logging.NullHandler())
+    pool.propagate = False
 
 
 def main(argv: Sequence[str] | None = None) -> int:

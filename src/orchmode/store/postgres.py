@@ -184,8 +184,8 @@ class PostgresStore:
         """Run ``statements`` in one transaction on a pooled connection (again, if the
         connection is lost, for as long as the outage limit allows)."""
 
-        async def once() -> T:
-            async with self._pool.connection() as conn:
+        async def once(wait: float) -> T:
+            async with self._pool.connection(timeout=wait) as conn:
                 try:
                     async with conn.transaction():
                         return await statements(conn)
@@ -194,19 +194,24 @@ class PostgresStore:
 
         return await self._retrying(once)
 
-    async def _retrying(self, once: Callable[[], Awaitable[T]]) -> T:
+    async def _retrying(self, once: Callable[[float], Awaitable[T]]) -> T:
         """``once()``, tried again with backoff while the server cannot be reached.
 
         A lost connection, a refused one, a server shutting down or starting up, and a pool
         with no connection to give all raise :class:`psycopg.OperationalError`. Past the
         outage limit the store's failure trips, and this raises it (:class:`StoreError`);
-        after that every operation raises it at once.
+        after that every operation raises it at once. ``once`` is given how long it may
+        wait for a pooled connection: during an outage, no longer than what is left of it.
         """
         self.failure.check()
         wait = RETRY_FIRST
         while True:
+            pool_wait = POOL_TIMEOUT
+            if self._down_since is not None:
+                left = self.outage_limit - (time.monotonic() - self._down_since)
+                pool_wait = min(POOL_TIMEOUT, max(RETRY_FIRST, left))
             try:
-                result = await once()
+                result = await once(pool_wait)
             except psycopg.OperationalError as exc:
                 now = time.monotonic()
                 if self._down_since is None:
@@ -227,7 +232,8 @@ class PostgresStore:
                         )
                     )
                     raise StoreError(str(kept)) from None
-                await asyncio.sleep(wait)
+                left = self.outage_limit - (time.monotonic() - self._down_since)
+                await asyncio.sleep(max(0.0, min(wait, left)))
                 wait = min(wait * 2, RETRY_LONGEST)
                 self.failure.check()
                 continue
@@ -256,8 +262,8 @@ class PostgresStore:
         replace.
         """
 
-        async def once() -> None:
-            async with self._pool.connection() as conn:
+        async def once(wait: float) -> None:
+            async with self._pool.connection(timeout=wait) as conn:
                 try:
                     await conn.set_autocommit(True)
                     try:

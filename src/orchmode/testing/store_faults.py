@@ -42,17 +42,22 @@ def restart_postgres_during(
     ready: Callable[[], bool],
     *,
     noticed: Callable[[], bool] | None = None,
+    down_at_least: float = 0.0,
     timeout: float = 60.0,
 ) -> float:
     """Once ``ready()`` holds, stop ``server`` (``pg_ctl stop -m fast``: its clients' sessions
-    are cut), keep it down until ``noticed()`` holds (the client saw the outage), then start
-    it again on the same port and data. The seconds it was down."""
+    are cut), keep it down until ``noticed()`` holds (the client saw the outage) and at
+    least ``down_at_least`` seconds, then start it again on the same port and data. The
+    seconds it was down."""
     wait_for(ready, "the moment to stop PostgreSQL", timeout=timeout)
     stopped = time.monotonic()
     server.stop("fast")
     try:
         if noticed is not None:
             wait_for(noticed, "the client noticing the outage", timeout=timeout)
+        left = down_at_least - (time.monotonic() - stopped)
+        if left > 0:
+            time.sleep(left)  # the outage's length is the fault itself
     finally:
         server.start()
     return time.monotonic() - stopped
