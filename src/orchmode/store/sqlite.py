@@ -433,7 +433,7 @@ def _refuse_damaged(path: Path) -> None:
         size = path.stat().st_size
     except FileNotFoundError:
         return
-    if size == 0:
+    if size == 0 and not _being_made(path):
         raise StoreError(
             f"the journal {path} is empty (0 bytes; orchmode never leaves one so) — orchmode "
             "has not changed it: restore it from a backup, or delete it and orchmode starts "
@@ -451,6 +451,19 @@ def _refuse_damaged(path: Path) -> None:
             f"not changed it: move it aside to open {path.name} as it was before its last "
             "writes, or restore both from a backup"
         )
+
+
+def _being_made(path: Path) -> bool:
+    """True if another program holds a lock on the (empty) file: it is making it now."""
+    probe = sqlite3.connect(path, isolation_level=None, timeout=0)
+    try:
+        probe.execute("BEGIN IMMEDIATE")  # takes the lock only: an empty file stays empty
+        probe.execute("ROLLBACK")
+    except sqlite3.OperationalError as exc:
+        return "locked" in str(exc) or "busy" in str(exc)
+    finally:
+        probe.close()
+    return False
 
 
 def _create(path: Path, busy_timeout: float) -> None:
