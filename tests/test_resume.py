@@ -226,6 +226,7 @@ def test_run_says_an_interrupted_run_on_the_same_task_can_be_resumed(
 
 
 @pytest.mark.slow
+@pytest.mark.faults
 def test_two_resumes_of_one_session_at_once_one_wins(
     scripted: Callable[..., ScriptedServer], tmp_path: Path
 ) -> None:

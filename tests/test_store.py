@@ -225,8 +225,9 @@ def test_a_corrupt_sqlite_file_is_a_clear_error(tmp_path: Path) -> None:
 
     path = tmp_path / "j.db"
     path.write_bytes(b"this is not a database at all" * 100)
-    with pytest.raises(StoreError, match="unusable"):
+    with pytest.raises(StoreError, match=r"is damaged .* orchmode has not changed it"):
         asyncio.run(open_store(f"sqlite://{path}"))
+    assert path.read_bytes() == b"this is not a database at all" * 100
 
 
 async def test_an_unwritable_sqlite_location_is_a_clear_error(tmp_path: Path) -> None:

@@ -6,12 +6,15 @@ machines). Both run the same SQL from :mod:`orchmode.store.schema` wherever they
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from ..core.errors import StoreError
 from ..core.events import Role
 from ..core.results import AgentResult
 
@@ -99,11 +102,61 @@ class BudgetState:
     cost: float = 0.0
 
 
+class Failure:
+    """A store failure that a run cannot go on through: the disk full, the server gone for
+    longer than its outage limit.
+
+    Most store failures are logged and the run goes on (a lost event, a checkpoint the next
+    one makes up for). These are not: every later write would fail too, and a run that went
+    on would spend tokens on work it cannot record. The first such failure is kept; the
+    store refuses every later write with it (so nothing after it is half-recorded), and
+    whoever drives the run is told (:meth:`listen`), stops the run and says so in one line.
+    A resume once the cause is gone continues from the last recorded step.
+    """
+
+    def __init__(self) -> None:
+        self.error: StoreError | None = None
+        self._listeners: list[Callable[[StoreError], None]] = []
+        self._lock = threading.Lock()  # result files are written on worker threads
+
+    def trip(self, error: StoreError) -> StoreError:
+        """Keep ``error`` (unless one is kept already) and tell the listeners; the kept one."""
+        with self._lock:
+            first = self.error is None
+            if first:
+                self.error = error
+            listeners = list(self._listeners) if first else []
+        for listener in listeners:
+            listener(error)
+        assert self.error is not None
+        return self.error
+
+    def listen(self, listener: Callable[[StoreError], None]) -> None:
+        """Call ``listener`` (from the thread that trips it) with the failure; at once if
+        it happened already."""
+        with self._lock:
+            self._listeners.append(listener)
+            error = self.error
+        if error is not None:
+            listener(error)
+
+    def forget(self, listener: Callable[[StoreError], None]) -> None:
+        with self._lock, contextlib.suppress(ValueError):
+            self._listeners.remove(listener)
+
+    def check(self) -> None:
+        """Raise the kept failure (a fresh exception of the same message), if there is one."""
+        if self.error is not None:
+            raise StoreError(str(self.error))
+
+
 class Store(Protocol):
     """The durable truth of a run. Every method is safe under concurrent processes."""
 
     #: Where it lives, for messages; never contains a password.
     location: str
+    #: A failure that stops the run (see :class:`Failure`); writes are refused after it.
+    failure: Failure
 
     async def lookup(self, key: str) -> AgentResult | None:
         """The finished result recorded under ``key``; a read failure counts as a miss."""

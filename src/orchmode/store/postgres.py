@@ -8,10 +8,21 @@ re-checks its condition against the committed row, under the default READ COMMIT
 
 Times are each client's ``time.time()``, as in the SQLite backend: machines sharing a
 database are assumed NTP-synced, which is ample for leases of tens of seconds.
+
+A server restarted, or unreachable for a while, does not fail the run: an operation whose
+connection was lost (or that could not get one) is tried again on a fresh connection, with
+backoff, for up to :data:`OUTAGE_LIMIT` seconds of outage; the pool replaces the broken
+connections. Every operation is one transaction, so a lost one left nothing behind, and
+trying it again is safe: results, claims, sessions and checkpoints are keyed writes. (Two
+are additions: a budget reservation or settlement whose COMMIT the server made but whose
+answer was lost counts twice — the ledger errs high, never low.) Past the limit the store's
+:class:`~orchmode.store.base.Failure` trips and the run stops, resumable once the server
+is back.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import weakref
@@ -28,7 +39,7 @@ from ..core.errors import StoreError
 from ..core.events import Role
 from ..core.results import AgentResult
 from . import schema
-from .base import BudgetCaps, BudgetState, EventRow, SessionInfo, SessionRecord
+from .base import BudgetCaps, BudgetState, EventRow, Failure, SessionInfo, SessionRecord
 
 log = logging.getLogger("orchmode")
 T = TypeVar("T")
@@ -41,6 +52,11 @@ POOL_MIN, POOL_MAX = 1, 10
 #: Seconds a pooled connection may sit unused before it is checked on checkout. A server
 #: restart takes longer than this, so a connection it broke is always checked first.
 IDLE_CHECK = 1.0
+#: Seconds of a lost server that a run waits out: each operation is tried again, with
+#: backoff, until the server answers or this long has passed since the outage began.
+OUTAGE_LIMIT = 60.0
+#: The backoff between tries: the first wait, and the longest.
+RETRY_FIRST, RETRY_LONGEST = 0.1, 2.0
 #: Key of the transaction-level advisory lock that serialises migrations between processes
 #: (an arbitrary constant, "orchmode" in ASCII, so it does not collide with other apps' keys).
 MIGRATION_LOCK = 0x6F7263686D6F6465
@@ -97,10 +113,21 @@ LOAD_MESSAGES = _pg(schema.LOAD_MESSAGES)
 class PostgresStore:
     """A store in a PostgreSQL database; open it with :meth:`PostgresStore.open`."""
 
-    def __init__(self, location: str, pool: AsyncConnectionPool[Conn], secret: str) -> None:
+    def __init__(
+        self,
+        location: str,
+        pool: AsyncConnectionPool[Conn],
+        secret: str,
+        *,
+        outage_limit: float | None = None,
+    ) -> None:
         self.location = location
         self._pool = pool
         self._secret = secret
+        self.failure = Failure()
+        self._outage_limit = outage_limit
+        #: When the current outage began (monotonic), None while the server answers.
+        self._down_since: float | None = None
 
     @classmethod
     async def open(cls, url: str, *, connect_timeout: float = CONNECT_TIMEOUT) -> PostgresStore:
@@ -154,13 +181,75 @@ class PostgresStore:
         return cls(location, pool, secret)
 
     async def _transaction(self, statements: Callable[[Conn], Awaitable[T]]) -> T:
-        """Run ``statements`` in one transaction on a pooled connection."""
-        async with self._pool.connection() as conn:
+        """Run ``statements`` in one transaction on a pooled connection (again, if the
+        connection is lost, for as long as the outage limit allows)."""
+
+        async def once(wait: float) -> T:
+            async with self._pool.connection(timeout=wait) as conn:
+                try:
+                    async with conn.transaction():
+                        return await statements(conn)
+                finally:
+                    _IdleCheck.used(conn)
+
+        return await self._retrying(once)
+
+    async def _retrying(self, once: Callable[[float], Awaitable[T]]) -> T:
+        """``once()``, tried again with backoff while the server cannot be reached.
+
+        A lost connection, a refused one, a server shutting down or starting up, and a pool
+        with no connection to give all raise :class:`psycopg.OperationalError`. Past the
+        outage limit the store's failure trips, and this raises it (:class:`StoreError`);
+        after that every operation raises it at once. ``once`` is given how long it may
+        wait for a pooled connection: during an outage, no longer than what is left of it.
+        """
+        self.failure.check()
+        wait = RETRY_FIRST
+        while True:
+            pool_wait = POOL_TIMEOUT
+            if self._down_since is not None:
+                left = self.outage_limit - (time.monotonic() - self._down_since)
+                pool_wait = min(POOL_TIMEOUT, max(RETRY_FIRST, left))
             try:
-                async with conn.transaction():
-                    return await statements(conn)
-            finally:
-                _IdleCheck.used(conn)
+                result = await once(pool_wait)
+            except psycopg.OperationalError as exc:
+                now = time.monotonic()
+                if self._down_since is None:
+                    self._down_since = now
+                    log.warning(
+                        "lost the store at %s (%s); trying again for up to %g s",
+                        self.location,
+                        self._clean(exc),
+                        self.outage_limit,
+                    )
+                if now - self._down_since >= self.outage_limit:
+                    kept = self.failure.trip(
+                        StoreError(
+                            f"the store at {self.location} has been unreachable for "
+                            f"{now - self._down_since:.0f} s ({self._clean(exc)}) — the run "
+                            "stopped; once the server is back, `orchmode resume` continues it "
+                            "from its last recorded step"
+                        )
+                    )
+                    raise StoreError(str(kept)) from None
+                left = self.outage_limit - (time.monotonic() - self._down_since)
+                await asyncio.sleep(max(0.0, min(wait, left)))
+                wait = min(wait * 2, RETRY_LONGEST)
+                self.failure.check()
+                continue
+            if self._down_since is not None:
+                log.warning(
+                    "the store at %s answers again, after %.1f s",
+                    self.location,
+                    time.monotonic() - self._down_since,
+                )
+                self._down_since = None
+            return result
+
+    @property
+    def outage_limit(self) -> float:
+        """Seconds of outage waited out (the module's :data:`OUTAGE_LIMIT` unless set)."""
+        return OUTAGE_LIMIT if self._outage_limit is None else self._outage_limit
 
     async def _pipelined(self, statements: Callable[[Conn], Awaitable[None]]) -> None:
         """Run ``statements`` between BEGIN and COMMIT sent as one pipeline: one round trip.
@@ -172,18 +261,22 @@ class PostgresStore:
         here, and a connection that cannot be put back as it was is closed for the pool to
         replace.
         """
-        async with self._pool.connection() as conn:
-            try:
-                await conn.set_autocommit(True)
+
+        async def once(wait: float) -> None:
+            async with self._pool.connection(timeout=wait) as conn:
                 try:
-                    async with conn.pipeline():
-                        await conn.execute("BEGIN")
-                        await statements(conn)
-                        await conn.execute("COMMIT")
+                    await conn.set_autocommit(True)
+                    try:
+                        async with conn.pipeline():
+                            await conn.execute("BEGIN")
+                            await statements(conn)
+                            await conn.execute("COMMIT")
+                    finally:
+                        await _restore(conn)
                 finally:
-                    await _restore(conn)
-            finally:
-                _IdleCheck.used(conn)
+                    _IdleCheck.used(conn)
+
+        await self._retrying(once)
 
     async def lookup(self, key: str) -> AgentResult | None:
         async def read(conn: Conn) -> tuple[Any, ...] | None:
@@ -193,6 +286,9 @@ class PostgresStore:
             row = await self._transaction(read)
         except psycopg.Error as exc:
             log.warning("the store could not be read, recomputing: %s", self._clean(exc))
+            return None
+        except StoreError as exc:  # the store is lost: the run is stopping
+            log.debug("%s", exc)
             return None
         if row is None:
             return None
@@ -218,6 +314,8 @@ class PostgresStore:
             await self._transaction(write)
         except psycopg.Error as exc:
             log.warning("could not record a result in %s: %s", self.location, self._clean(exc))
+        except StoreError as exc:  # the store is lost: the run is stopping
+            log.debug("%s", exc)
 
     async def claim(self, key: str, holder: str, lease: float) -> bool:
         async def take(conn: Conn) -> bool:
@@ -252,6 +350,8 @@ class PostgresStore:
             await self._transaction(drop)
         except psycopg.Error as exc:  # the lease will expire by itself
             log.warning("could not release a claim in %s: %s", self.location, self._clean(exc))
+        except StoreError as exc:  # likewise
+            log.debug("%s", exc)
 
     async def reserve(
         self, session: str, caps: BudgetCaps, *, subagents: int, tokens: int, cost: float

@@ -12,12 +12,14 @@ Known credentials are masked before anything is written.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import logging
 import os
 import re
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +42,9 @@ class ResultFiles:
     def __init__(self, directory: Path, masker: Masker | None = None) -> None:
         self.directory = directory
         self._masker = masker if masker is not None else Masker()
+        #: Told (from any thread) of a file not written because the disk is full: that stops
+        #: a run (see :class:`orchmode.store.base.Failure`), which a resume writes again.
+        self.on_full: Callable[[Path], None] | None = None
 
     def make_directory(self) -> bool:
         """Make the directory (before any sandbox mounts it); False if it cannot be made."""
@@ -87,6 +92,10 @@ class ResultFiles:
                     os.unlink(tmp)
                 raise
         except (OSError, UnicodeDecodeError) as exc:
+            full = isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
+            if full and self.on_full is not None:
+                self.on_full(path)  # said once, by whoever stops the run
+                return False
             log.warning("could not save %s: %s", path, exc)
             return False
         return True

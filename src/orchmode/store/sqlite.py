@@ -16,14 +16,24 @@ writer thread and wait their turn there.
 
 Conversation checkpoints take the writer thread too, flushed like results: a resumed run
 trusts every checkpoint that returned.
+
+Two failures stop the run (see :class:`~orchmode.store.base.Failure`): the disk full, and
+a damaged file. After either, every write is refused, so nothing is half-recorded and a
+damaged file is never written to; the file is never moved, repaired or deleted either —
+the message says what to do with it. A new file is made under a temporary name and linked
+into place whole, so a journal of zero bytes is never one of orchmode's: it is refused too.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
 import logging
+import os
 import sqlite3
 import time
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -34,12 +44,55 @@ from ..core.errors import StoreError
 from ..core.events import Role
 from ..core.results import AgentResult
 from . import schema
-from .base import BudgetCaps, BudgetState, EventRow, SessionInfo, SessionRecord
+from .base import BudgetCaps, BudgetState, EventRow, Failure, SessionInfo, SessionRecord
 
 log = logging.getLogger("orchmode")
 T = TypeVar("T")
 
 BUSY_TIMEOUT_MS = 10_000
+#: The first bytes of a write-ahead log SQLite wrote (big- or little-endian checksums).
+WAL_MAGIC = (b"\x37\x7f\x06\x82", b"\x37\x7f\x06\x83")
+#: SQLite's result codes for a full disk, and for a damaged or foreign file.
+SQLITE_FULL, SQLITE_CORRUPT, SQLITE_NOTADB = 13, 11, 26
+#: errno values that mean no space is left (a quota counts as full too).
+NO_SPACE = {errno.ENOSPC, errno.EDQUOT}
+
+
+def disk_full(exc: BaseException) -> bool:
+    """True if ``exc`` says the disk (or the quota) is full."""
+    if isinstance(exc, OSError):
+        return exc.errno in NO_SPACE
+    if isinstance(exc, sqlite3.Error):
+        return getattr(
+            exc, "sqlite_errorcode", None
+        ) == SQLITE_FULL or "database or disk is full" in str(exc)
+    return False
+
+
+def damaged(exc: BaseException) -> bool:
+    """True if ``exc`` says the file is not a (whole) SQLite database."""
+    if not isinstance(exc, sqlite3.DatabaseError):
+        return False
+    code = getattr(exc, "sqlite_errorcode", None)
+    text = str(exc)
+    return code in (SQLITE_CORRUPT, SQLITE_NOTADB) or (
+        "malformed" in text or "not a database" in text
+    )
+
+
+def full_message(path: Path | str, what: str) -> str:
+    return (
+        f"could not {what} in {path}: the disk is full — free space there, then "
+        "`orchmode resume` continues the run from its last recorded step"
+    )
+
+
+def damaged_message(path: Path | str, detail: object) -> str:
+    return (
+        f"the journal {path} is damaged ({detail}) — orchmode has not changed it: restore it "
+        "from a backup, or move it aside (with its -wal file) and orchmode starts a new "
+        "one; --store picks another location"
+    )
 
 
 class SQLiteStore:
@@ -59,6 +112,7 @@ class SQLiteStore:
         self._reader = reader
         self._quick = quick
         self._executor = executor
+        self.failure = Failure()
 
     @classmethod
     def open(cls, path: Path, *, busy_timeout: float = BUSY_TIMEOUT_MS / 1000) -> SQLiteStore:
@@ -77,11 +131,24 @@ class SQLiteStore:
         except sqlite3.Error as exc:
             executor.submit(writer.close).result()
             executor.shutdown(wait=False)
+            if damaged(exc):
+                raise StoreError(damaged_message(path, exc)) from exc
             raise StoreError(f"cannot read the store {path}: {exc}") from exc
         return cls(path, writer, reader, quick, executor)
 
+    def _failed(self, what: str, exc: BaseException) -> StoreError:
+        """The error for a failed ``what``; a full disk or a damaged file stops the run."""
+        if disk_full(exc):
+            kept = self.failure.trip(StoreError(full_message(self.path, what)))
+        elif damaged(exc):
+            kept = self.failure.trip(StoreError(damaged_message(self.path, exc)))
+        else:
+            return StoreError(f"could not {what} in {self.path}: {exc}")
+        return StoreError(str(kept))
+
     async def _write(self, statements: Callable[[sqlite3.Connection], T]) -> T:
         """Run ``statements`` in one immediate transaction on the writer thread."""
+        self.failure.check()
 
         def run() -> T:
             with _transaction(self._writer):
@@ -93,7 +160,8 @@ class SQLiteStore:
         try:
             row = self._reader.execute(schema.LOOKUP, (key,)).fetchone()
         except sqlite3.Error as exc:
-            log.warning("the store could not be read, recomputing: %s", exc)
+            error = self._failed("look up a result", exc)
+            log.warning("the store could not be read, recomputing: %s", error)
             return None
         if row is None:
             return None
@@ -118,7 +186,9 @@ class SQLiteStore:
         try:
             await self._write(write)
         except (sqlite3.Error, OSError) as exc:
-            log.warning("could not record a result in %s: %s", self.path, exc)
+            log.warning("%s", self._failed("record a result", exc))
+        except StoreError as exc:  # refused: the run is stopping
+            log.debug("%s", exc)
 
     async def claim(self, key: str, holder: str, lease: float) -> bool:
         def take(db: sqlite3.Connection) -> bool:
@@ -168,7 +238,7 @@ class SQLiteStore:
         try:
             row = self._reader.execute(schema.BUDGET, (session,)).fetchone()
         except sqlite3.Error as exc:
-            raise StoreError(f"cannot read the budget in {self.path}: {exc}") from exc
+            raise self._failed("read the budget", exc) from exc
         return BudgetState(*row) if row else BudgetState()
 
     async def save_session(self, session: str, workdir: str, state: str) -> None:
@@ -190,7 +260,7 @@ class SQLiteStore:
         try:
             rows = self._reader.execute(schema.LIST_SESSIONS).fetchall()
         except sqlite3.Error as exc:
-            raise StoreError(f"could not list the sessions in {self.path}: {exc}") from exc
+            raise self._failed("list the sessions", exc) from exc
         return [SessionInfo(str(r[0]), str(r[1]), float(r[2]), float(r[3])) for r in rows]
 
     async def next_event_seq(self, session: str) -> int:
@@ -209,7 +279,7 @@ class SQLiteStore:
         try:
             rows = self._reader.execute(schema.EVENTS, (session,)).fetchall()
         except sqlite3.Error as exc:
-            raise StoreError(f"cannot read the events in {self.path}: {exc}") from exc
+            raise self._failed("read the events", exc) from exc
         return [EventRow(*row) for row in rows]
 
     async def record_messages(self, session: str, start: int, messages: Sequence[str]) -> None:
@@ -225,14 +295,17 @@ class SQLiteStore:
             # UnicodeEncodeError: a lone surrogate, which UTF-8 (and so SQLite) cannot hold.
             if isinstance(exc, sqlite3.IntegrityError) and "session_messages.seq" in str(exc):
                 raise schema.gap_error(self.path, session, start) from None
-            what = "could not checkpoint the conversation"
-            raise StoreError(f"{what} in {self.path}: {exc}") from exc
+            if isinstance(exc, UnicodeEncodeError):
+                raise StoreError(
+                    f"could not checkpoint the conversation in {self.path}: {exc}"
+                ) from exc
+            raise self._failed("checkpoint the conversation", exc) from exc
 
     async def load_messages(self, session: str) -> list[str]:
         try:
             rows = self._reader.execute(schema.LOAD_MESSAGES, (session,)).fetchall()
         except sqlite3.Error as exc:
-            raise StoreError(f"cannot read the conversation in {self.path}: {exc}") from exc
+            raise self._failed("read the conversation", exc) from exc
         return [str(row[0]) for row in rows]
 
     async def _read(
@@ -241,23 +314,24 @@ class SQLiteStore:
         try:
             row: tuple[Any, ...] | None = self._reader.execute(query, params).fetchone()
         except sqlite3.Error as exc:
-            raise StoreError(f"could not {what} in {self.path}: {exc}") from exc
+            raise self._failed(what, exc) from exc
         return row
 
     async def _guarded(self, statements: Callable[[sqlite3.Connection], T], what: str) -> T:
         """A small bookkeeping write: inline if the lock is free, else on the writer thread."""
+        self.failure.check()
         try:
             with _transaction(self._quick):
                 return statements(self._quick)
         except sqlite3.OperationalError as exc:
             if "locked" not in str(exc) and "busy" not in str(exc):
-                raise StoreError(f"could not {what} in {self.path}: {exc}") from exc
+                raise self._failed(what, exc) from exc
         except sqlite3.Error as exc:
-            raise StoreError(f"could not {what} in {self.path}: {exc}") from exc
+            raise self._failed(what, exc) from exc
         try:
             return await self._write(statements)
         except sqlite3.Error as exc:
-            raise StoreError(f"could not {what} in {self.path}: {exc}") from exc
+            raise self._failed(what, exc) from exc
 
     async def close(self) -> None:
         self._reader.close()
@@ -273,10 +347,14 @@ def _transaction(db: sqlite3.Connection) -> Iterator[None]:
     db.execute("BEGIN IMMEDIATE")
     try:
         yield
+        db.execute("COMMIT")
     except BaseException:
-        db.execute("ROLLBACK")
+        # SQLite may have rolled back already (a full disk does that): then there is no
+        # transaction left, and the error to report is the one that ended it.
+        if db.in_transaction:
+            with contextlib.suppress(sqlite3.Error):
+                db.execute("ROLLBACK")
         raise
-    db.execute("COMMIT")
 
 
 def _into_wal(db: sqlite3.Connection, busy_timeout: float) -> None:
@@ -297,19 +375,25 @@ def _into_wal(db: sqlite3.Connection, busy_timeout: float) -> None:
 def _connect(path: Path, busy_timeout: float) -> sqlite3.Connection:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+        _refuse_damaged(path)
+        if not path.exists():
+            _create(path, busy_timeout)
         db = sqlite3.connect(path, isolation_level=None, timeout=busy_timeout)
     except (OSError, sqlite3.Error) as exc:
+        if disk_full(exc):
+            raise StoreError(full_message(path, "create the journal")) from exc
         raise StoreError(
             f"cannot open the store {path}: {exc} — pass --store with a writable location"
         ) from exc
     try:
-        db.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
-        _into_wal(db, busy_timeout)
-        db.execute("PRAGMA synchronous = FULL")
-        with _transaction(db):
-            migrate(db, path, schema.MIGRATIONS)
+        _prepare(db, path, busy_timeout)
+        problems = [" ".join(str(row[0]).split()) for row in db.execute("PRAGMA quick_check(2)")]
+        if problems != ["ok"]:
+            raise StoreError(damaged_message(path, "; ".join(problems)))
     except sqlite3.OperationalError as exc:
         db.close()
+        if disk_full(exc):
+            raise StoreError(full_message(path, "open the journal")) from exc
         if "locked" in str(exc) or "busy" in str(exc):
             raise StoreError(
                 f"the store {path} is locked by another program ({exc}) — wait for it to "
@@ -318,6 +402,8 @@ def _connect(path: Path, busy_timeout: float) -> sqlite3.Connection:
         raise StoreError(f"the store {path} is unusable ({exc})") from exc
     except sqlite3.DatabaseError as exc:
         db.close()
+        if damaged(exc):
+            raise StoreError(damaged_message(path, exc)) from exc
         raise StoreError(
             f"the store {path} is unusable ({exc}) — move it aside to start fresh, "
             "or pass --store with another location"
@@ -326,6 +412,86 @@ def _connect(path: Path, busy_timeout: float) -> sqlite3.Connection:
         db.close()
         raise
     return db
+
+
+def _prepare(db: sqlite3.Connection, path: Path, busy_timeout: float) -> None:
+    """WAL, full sync, and the schema brought up to date."""
+    db.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
+    _into_wal(db, busy_timeout)
+    db.execute("PRAGMA synchronous = FULL")
+    with _transaction(db):
+        migrate(db, path, schema.MIGRATIONS)
+
+
+def _refuse_damaged(path: Path) -> None:
+    """Refuse, before SQLite touches them, a journal of zero bytes and a log that is not one.
+
+    SQLite would take an empty file for a new database and write into it, and would reset
+    a write-ahead log it cannot read; either would hide that the journal was lost.
+    """
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return
+    if size == 0 and not _being_made(path):
+        raise StoreError(
+            f"the journal {path} is empty (0 bytes; orchmode never leaves one so) — orchmode "
+            "has not changed it: restore it from a backup, or delete it and orchmode starts "
+            "a new one; --store picks another location"
+        )
+    wal = path.with_name(path.name + "-wal")
+    try:
+        with wal.open("rb") as handle:
+            head = handle.read(32)
+    except FileNotFoundError:
+        return
+    if len(head) == 32 and head[:4] not in WAL_MAGIC:
+        raise StoreError(
+            f"the journal's write-ahead log {wal} is damaged (not a SQLite log) — orchmode has "
+            f"not changed it: move it aside to open {path.name} as it was before its last "
+            "writes, or restore both from a backup"
+        )
+
+
+def _being_made(path: Path) -> bool:
+    """True if another program holds a lock on the (empty) file: it is making it now."""
+    probe = sqlite3.connect(path, isolation_level=None, timeout=0)
+    try:
+        probe.execute("BEGIN IMMEDIATE")  # takes the lock only: an empty file stays empty
+        probe.execute("ROLLBACK")
+    except sqlite3.OperationalError as exc:
+        return "locked" in str(exc) or "busy" in str(exc)
+    finally:
+        probe.close()
+    return False
+
+
+def _create(path: Path, busy_timeout: float) -> None:
+    """Make a new journal under a temporary name and link it into place whole.
+
+    So a journal is never seen half-made (zero bytes, or without its schema): a process
+    killed here leaves only a temporary file. Another process that makes the same journal
+    at the same moment wins or loses the link; the loser opens the winner's.
+    """
+    partial = path.with_name(f".{path.name}.new-{uuid.uuid4().hex[:12]}")
+    try:
+        db = sqlite3.connect(partial, isolation_level=None, timeout=busy_timeout)
+        try:
+            _prepare(db, partial, busy_timeout)
+        finally:
+            db.close()
+        try:
+            os.link(partial, path)
+        except FileExistsError:
+            pass  # another process made it first
+        except OSError as exc:
+            if exc.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK):
+                raise
+            log.debug("no hard links in %s (%s): the journal is made in place", path.parent, exc)
+    finally:
+        for leftover in (partial, *(partial.with_name(partial.name + s) for s in ("-wal", "-shm"))):
+            with contextlib.suppress(FileNotFoundError):
+                leftover.unlink()
 
 
 def migrate(

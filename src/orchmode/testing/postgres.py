@@ -13,6 +13,7 @@ import subprocess
 import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
@@ -61,6 +62,44 @@ def postgres_bindir() -> Path:
     )
 
 
+@dataclass
+class PostgresServer:
+    """A private server that a test may stop and start again (same data, same port)."""
+
+    bindir: Path
+    root: Path
+    port: int
+    url: str
+    as_server_user: list[str]
+
+    @property
+    def data(self) -> Path:
+        return self.root / "data"
+
+    def options(self) -> str:
+        sockets = shlex.quote(str(self.root / "sockets"))
+        return f"-p {self.port} -k {sockets} -c listen_addresses=127.0.0.1 -c fsync=on"
+
+    def stop(self, mode: str = "fast") -> None:
+        """``pg_ctl stop -m MODE``, waiting until it is down (``fast``: clients are cut off)."""
+        _run(
+            "pg_ctl stop",
+            [*self.as_server_user, str(self.bindir / "pg_ctl"), "-D", str(self.data),
+             "-m", mode, "-w", "-t", str(START_TIMEOUT), "stop"],
+            cwd=self.root,
+        )  # fmt: skip
+
+    def start(self) -> None:
+        """``pg_ctl start``, waiting until it accepts connections."""
+        _run(
+            "pg_ctl start",
+            [*self.as_server_user, str(self.bindir / "pg_ctl"), "-D", str(self.data),
+             "-l", str(self.root / "server.log"), "-w", "-t", str(START_TIMEOUT),
+             "-o", self.options(), "start"],
+            cwd=self.root,
+        )  # fmt: skip
+
+
 @contextmanager
 def postgres_server(*, port: int | None = None) -> Iterator[str]:
     """Run a private server on 127.0.0.1 with password authentication; yield its DSN.
@@ -69,6 +108,13 @@ def postgres_server(*, port: int | None = None) -> Iterator[str]:
     that owns its database but is not a superuser, like a real deployment. Everything lives
     in a temporary directory that is removed on exit, after an immediate stop.
     """
+    with postgres_instance(port=port) as server:
+        yield server.url
+
+
+@contextmanager
+def postgres_instance(*, port: int | None = None) -> Iterator[PostgresServer]:
+    """:func:`postgres_server`, yielding the server itself (to stop and start it again)."""
     bindir = postgres_bindir()
     as_server_user = _user_switch()
     root = Path(tempfile.mkdtemp(prefix="orchmode-pg-"))
@@ -91,30 +137,20 @@ def postgres_server(*, port: int | None = None) -> Iterator[str]:
             cwd=root,
         )  # fmt: skip
         password_file.unlink()
+        server = PostgresServer(bindir, root, 0, "", as_server_user)
         for attempt in range(1 if port is not None else PORT_ATTEMPTS):
-            chosen = port if port is not None else _free_port()
-            options = (
-                f"-p {chosen} -k {shlex.quote(str(sockets))} "
-                "-c listen_addresses=127.0.0.1 -c fsync=on"
-            )
+            server.port = port if port is not None else _free_port()
             try:
-                _run(
-                    "pg_ctl start",
-                    [
-                        *as_server_user, str(bindir / "pg_ctl"), "-D", str(data),
-                        "-l", str(root / "server.log"), "-w", "-t", str(START_TIMEOUT),
-                        "-o", options, "start",
-                    ],
-                    cwd=root,
-                )  # fmt: skip
+                server.start()
             except RuntimeError:
                 if attempt + 1 >= PORT_ATTEMPTS or port is not None:
                     raise
                 continue
             break
         password = secrets.token_urlsafe(18)
-        _create_role_and_database(chosen, superuser_password, password)
-        yield f"postgresql://{ROLE}:{password}@127.0.0.1:{chosen}/{DATABASE}"
+        _create_role_and_database(server.port, superuser_password, password)
+        server.url = f"postgresql://{ROLE}:{password}@127.0.0.1:{server.port}/{DATABASE}"
+        yield server
     finally:
         if (data / "postmaster.pid").exists():  # also after a start that timed out
             subprocess.run(
