@@ -218,6 +218,32 @@ def test_the_api_key_reaches_no_ray_log_nor_record(
     )
 
 
+def test_secret_files_stay_on_the_driver_and_their_values_are_masked_on_the_nodes(
+    cluster: LocalCluster, postgres_clean_url: str, project: Path, server: Any
+) -> None:
+    """A .env is never shipped; the same password, pasted into a shipped file, is masked by
+    the nodes' shells, which the driver gave the values of its secret files."""
+    password = "hunter2-on-the-driver-7781"
+    (project / ".env").write_text(f"DB_PASSWORD={password}\n")
+    (project / "settings.py").write_text(f"PASSWORD = '{password}'\n")
+    command = "cat settings.py; cat .env; ls -a"
+    started = server(OrchestrationScenario(subtasks=4, worker_command=command))
+    done = run_orchmode(
+        orchmode_args(started, *on_ray(cluster, postgres_clean_url)), project, cluster
+    )
+    assert done.returncode == 0, done.stderr
+    sent = json.dumps([e.body for e in started.log])
+    assert password not in sent and password not in done.stdout + done.stderr
+    assert "PASSWORD = '***'" in sent  # the workers did read it, on the nodes
+    assert ".env: No such file" in sent  # which never got the file itself
+    workers = [a for a in agents(recorded(postgres_clean_url, session_of(done.stderr)))]
+    assert {a["node"] for a in workers if a["role"] == "worker"} <= {"127.0.0.2", "127.0.0.3"}
+    with psycopg.connect(postgres_clean_url) as db:
+        for table in ("events", "results", "session_messages"):
+            dump = db.execute(f"SELECT string_agg(t::text, ' ') FROM {table} t").fetchone()
+            assert password not in str(dump), table
+
+
 def test_losing_a_node_mid_run_still_completes_the_run(
     own_cluster: LocalCluster, postgres_clean_url: str, project: Path, server: Any
 ) -> None:

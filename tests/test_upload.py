@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from orchmode.core.errors import ConfigError
+from orchmode.core.secrets import SecretFiles
 from orchmode.executors.upload import package_workdir
 
 
@@ -91,3 +92,18 @@ def test_links_out_of_the_directory_stay_behind_and_links_within_ship_their_file
     assert "escape" not in files
     assert files["alias.py"] == b"print('hi')\n"
     assert package.skipped_links == 1
+
+
+def test_secret_files_never_ship_to_the_nodes_tracked_or_not(tmp_path: Path) -> None:
+    project = make_project(tmp_path / "p")
+    (project / ".env").write_text("DB_PASSWORD=hunter2-secret\n")
+    (project / "src" / "deploy.pem").write_text("-----BEGIN KEY-----\n")
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t.invalid"]
+    subprocess.run([*git, "init", "-q"], cwd=project, check=True)
+    subprocess.run([*git, "add", ".env"], cwd=project, check=True)  # even a tracked one
+    subprocess.run([*git, "commit", "-qm", "one"], cwd=project, check=True)
+    out = tmp_path / "out"
+    out.mkdir()
+    assert {".env", "src/deploy.pem"} <= set(shipped(package_workdir(project, 10, out).path))
+    files = shipped(package_workdir(project, 10, out, SecretFiles()).path)
+    assert set(files) == EXPECTED

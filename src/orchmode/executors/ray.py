@@ -280,7 +280,12 @@ class RayExecutor:
         if self.settings.mcp_config is not None:
             self._mcp = load(self.settings.mcp_config, os.environ)
         self._tmp = Path(tempfile.mkdtemp(prefix="orchmode-ray-"))
-        package = package_workdir(self.workdir, self.settings.ray_max_upload_mb, self._tmp)
+        package = package_workdir(
+            self.workdir,
+            self.settings.ray_max_upload_mb,
+            self._tmp,
+            SecretFiles(self.settings.secret_files),
+        )
         log.info("shipping %d files (%d bytes) to the Ray nodes", package.files, package.size)
         try:
             ray.init(

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.errors import ConfigError
+from ..core.secrets import SecretFiles
 
 #: Never shipped: the local journal and state, and git's own database.
 NEVER = (".orchmode", ".git")
@@ -32,8 +33,9 @@ class Package:
     skipped_links: int
 
 
-def shipped_files(workdir: Path) -> list[Path]:
-    """The files under ``workdir`` that git does not ignore, relative to it."""
+def shipped_files(workdir: Path, secret: SecretFiles | None = None) -> list[Path]:
+    """The files under ``workdir`` that git does not ignore, relative to it; never a file
+    ``secret`` matches (``secret_files``), which no agent may read on any machine."""
     inside = _git(workdir, "rev-parse", "--is-inside-work-tree").strip() == "true"
     if inside:
         listing = _git(workdir, "ls-files", "-z", "--cached", "--others", "--exclude-standard")
@@ -53,16 +55,21 @@ def shipped_files(workdir: Path) -> list[Path]:
     return [
         Path(name)
         for name in names
-        if Path(name).parts and Path(name).parts[0] not in NEVER and (workdir / name).exists()
+        if Path(name).parts
+        and Path(name).parts[0] not in NEVER
+        and not (secret and secret.matches(name))
+        and (workdir / name).exists()
     ]
 
 
-def package_workdir(workdir: Path, limit_mb: float, into: Path) -> Package:
+def package_workdir(
+    workdir: Path, limit_mb: float, into: Path, secret: SecretFiles | None = None
+) -> Package:
     """Zip what ships of ``workdir`` into the directory ``into``; refuse past ``limit_mb``."""
     workdir = workdir.resolve()
     files: list[tuple[Path, Path]] = []
     skipped = 0
-    for relative in shipped_files(workdir):
+    for relative in shipped_files(workdir, secret):
         source = workdir / relative
         if source.is_symlink() and not _within(source.resolve(), workdir):
             skipped += 1
