@@ -5,6 +5,7 @@ real HTTP to the scripted model, the real CLI and its SQLite journal."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -79,7 +80,7 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def repo(template: Path, tmp_path: Path) -> Path:
     copy = tmp_path / "work"
-    subprocess.run(["cp", "-a", str(template), str(copy)], check=True)
+    shutil.copytree(template, copy, symlinks=True)
     return copy
 
 

@@ -757,6 +757,15 @@ def _configure_logging(debug: bool) -> None:
     pool = logging.getLogger("psycopg")
     pool.addHandler(handler if debug else logging.NullHandler())
     pool.propagate = False
+    if not debug:
+        logging.getLogger("asyncio").addFilter(_reaped_elsewhere)
+
+
+def _reaped_elsewhere(record: logging.LogRecord) -> bool:
+    """Leave out asyncio's "exit status already read" of a shell abandoned as a run stops:
+    its Popen, dropped unwaited, was reaped by the subprocess module's own clean-up, and
+    the shell was dead either way."""
+    return "exit status already read" not in record.getMessage()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
