@@ -37,7 +37,9 @@ from orchmode.trees.copies import Trees
 from orchmode.trees.patches import refusals, summarise
 from recorded_runs import base_env, orchmode
 
-GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+# gc.auto=0: a commit of 10,000 files would start packing them in the background, under
+# the copy each test makes of the repository
+GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "gc.auto=0"]
 
 #: What the repository's secret files hold: none of these bytes may leave a tool.
 DB_PASSWORD = "hunter2-very-secret-9731"

@@ -30,7 +30,7 @@ import os
 import shutil
 import uuid
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -170,6 +170,7 @@ class Trees:
         #: The tree each change makes of its snapshot, worked out ahead (see :meth:`prepare`).
         self._theirs: dict[tuple[str, str], asyncio.Task[str | None]] = {}
         self._deleter: ThreadPoolExecutor | None = None
+        self._looker: ThreadPoolExecutor | None = None
         #: The checkouts overlays are layered on, and the layers made over them.
         kept = None if self._private else KeptCheckout(self.home)
         self.lowers = Lowers(self.run, self.home / "plain.git", self.store, self._name, kept)
@@ -209,6 +210,9 @@ class Trees:
         if self._deleter is not None:
             self._deleter.shutdown(wait=True)
             self._deleter = None
+        if self._looker is not None:
+            self._looker.shutdown(wait=True)
+            self._looker = None
         for task in self._theirs.values():
             task.cancel()
         self._theirs.clear()
@@ -338,6 +342,8 @@ class Trees:
         if repo is not None and (repo.git_dir / "index").is_file():
             with contextlib.suppress(OSError):
                 shutil.copyfile(repo.git_dir / "index", index)  # its stat cache saves hashing
+        # the secret files are looked for while git reads the tree: two walks at once
+        looking = self._looking()
         code, out = work.git(*status, env=env, cwd=self.workdir, ok=(0, 128))
         if code != 0:
             # A copied index git cannot read here (split index, a newer version): start
@@ -346,7 +352,8 @@ class Trees:
                 index.unlink()
             _, out = work.git(*status, env=env, cwd=self.workdir)
         changed, untracked, ignored = _parse_status(out)
-        withheld = self._withheld(repo.prefix if repo is not None else "")
+        at = repo.prefix if repo is not None else ""  # git names paths from the top
+        withheld = {at + name for name in looking.result()} if looking else set()
         if withheld:
             changed = [p for p in changed if p not in withheld]
             untracked = [p for p in untracked if p not in withheld]
@@ -368,6 +375,14 @@ class Trees:
         _, tree = work.git("write-tree", *prefix, env=env, cwd=self.workdir)
         shown = self._shown(ignored, repo.prefix if repo else "")
         return tree.decode().strip(), self._with_withheld(shown)
+
+    def _looking(self) -> Future[tuple[str, ...]] | None:
+        """The secret files being looked for again, on a thread of their own."""
+        if self.secrets is None:
+            return None
+        if self._looker is None:
+            self._looker = ThreadPoolExecutor(1, thread_name_prefix="orchmode-secrets")
+        return self._looker.submit(self.secrets.look)
 
     def _withheld(self, prefix: str) -> set[str]:
         """The secret files in the working directory now, as paths from the repository's
