@@ -466,6 +466,42 @@ def test_kill_9_after_a_confirmed_resolution_and_resume_merges_every_change_once
     nothing_left(workdir)
 
 
+@pytest.mark.slow
+def test_kill_9_after_later_changes_were_written_over_a_merged_one_resumes_without_merging_it_again(
+    scripted: Callable[..., ScriptedServer], tmp_path: Path
+) -> None:
+    """Killed once the second change's resolution is written over the first change's line:
+    the resume takes the changes already written as merged (the journal says so) rather
+    than merging the first again onto a tree that has both lines — a conflict that would
+    go to a resolver — and every line is there once."""
+    workdir = repo(tmp_path / "work", {"shared.txt": "head\n"})
+    subtasks = [f"Write part {i} $ echo from-{i} >> shared.txt" for i in range(1, 4)]
+    scenario = editing(subtasks, delay=0.2)
+    server = scripted(scenario)
+    shared = workdir / "shared.txt"
+
+    def second_written() -> bool:
+        return "from-2" in shared.read_text()
+
+    flags = ("--base-url", server.url, "--claim-lease", "2")
+    kill_run_when(second_written, "write the parts", *flags, cwd=workdir)
+    scenario.delay = 0.0
+    since = len(server.log)
+    done = orchmode("resume", *flags, cwd=workdir)
+    assert done.returncode == 0, done.stderr
+    assert shared.read_text() == "head\nfrom-1\nfrom-2\nfrom-3\n"
+    asked = started(server, "resolver", since)
+    assert not [p for p in asked if "<subtask>\nWrite part 1 " in p], asked
+    result = next(
+        str(e.body["messages"][-1]["content"])
+        for e in server.log[since:]
+        if "[change 1]" in str(e.body["messages"][-1]["content"])
+    )
+    assert "[change 1] merged: 1 file (+1 −0)" in result
+    assert "[change 2] merged after resolving a conflict with change 1" in result
+    nothing_left(workdir)
+
+
 async def test_a_resolution_its_verifier_refutes_stays_out_and_the_change_is_kept(
     serve: StartServer, tmp_path: Path
 ) -> None:

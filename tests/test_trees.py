@@ -318,3 +318,43 @@ def test_sessions_started_together_set_up_one_store_between_them(tmp_path: Path)
     assert [p.returncode for p in starts] == [0] * 8, [err for _, err in outputs]
     assert len({commit for commit, _ in outputs}) == 1
     assert (root / ".orchmode" / "trees" / "store.git" / "HEAD").is_file()
+
+
+async def test_a_write_killed_half_way_is_finished_before_the_next_merge_reads_the_tree(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process killed between a merge's deletions and its writes (a moved directory:
+    the old files gone, the new ones not there yet) leaves its intent; the next merge
+    finishes that write first, so merging the same change again finds it whole — not a
+    rename/delete conflict — and nothing of it is written twice."""
+    files = {f"docs/p{i}.md": f"page {i}\n" * 5 for i in range(5)}
+    root = make_repo(tmp_path / "r", {**files, "log.txt": "head\n"})
+    trees = Trees(root)
+    change = await worker_change(trees, "mv docs manual && echo moved >> log.txt")
+
+    async def killed(self: Trees, before: object, after: object, index: Path) -> None:
+        for path in before:  # type: ignore[attr-defined]
+            if path not in after:  # type: ignore[operator]
+                self._delete(path)
+        raise KeyboardInterrupt  # stands for SIGKILL: nothing after this runs
+
+    original = Trees._write_files
+    monkeypatch.setattr(Trees, "_write_files", killed)
+    with pytest.raises(KeyboardInterrupt):
+        await trees.merge_all([change])
+    assert not (root / "docs").exists() and not (root / "manual").exists()
+    assert trees.intent.is_file()
+    trees.close()
+
+    monkeypatch.setattr(Trees, "_write_files", original)
+    resumed = Trees(root)  # the next process
+    finished = await resumed.finish_interrupted_write()
+    assert "manual/p0.md" in finished and not resumed.intent.exists()
+    assert sorted(p.name for p in (root / "manual").iterdir()) == [f"p{i}.md" for i in range(5)]
+    assert (root / "log.txt").read_text() == "head\nmoved\n"
+    (merge,) = await resumed.merge_all([change])  # as a resumed call merges it again
+    assert merge.fate == "merged", merge
+    assert (root / "log.txt").read_text() == "head\nmoved\n"
+    assert not (root / "docs").exists()
+    assert await resumed.finish_interrupted_write() == []  # nothing left to finish
+    resumed.close()

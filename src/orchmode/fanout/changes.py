@@ -58,6 +58,24 @@ Recorded = Callable[[Candidate], Awaitable[Resolution | None]]
 Resolve = Callable[[Candidate, Conflict, str], Awaitable[Resolution]]
 
 
+#: Looks for a change an earlier run of this call wrote into the working directory: what a
+#: resolver resolved it against ("" when it merged cleanly), or None when it was not written.
+Written = Callable[[Candidate], Awaitable[str | None]]
+#: Records that a change was written (with what its conflict was resolved against).
+RecordWritten = Callable[[Candidate, str], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class Ledger:
+    """What this call's earlier runs wrote into the working directory. A change written
+    is recorded before the next write begins, so a resumed call merges none of them
+    again: a three-way merge of a change already there is only a no-op while nothing
+    written after it touched the same lines (a changelog each change appends to)."""
+
+    written: Written
+    record: RecordWritten
+
+
 @dataclass(frozen=True)
 class Resolver:
     """How conflicts are resolved in one call (None of it: they are kept as patches)."""
@@ -100,16 +118,27 @@ async def merge_changes(
     candidates: Sequence[Candidate],
     events: EventBus,
     resolver: Resolver | None = None,
+    ledger: Ledger | None = None,
 ) -> list[str]:
     """Merge what may be merged, in order, resolving conflicts when a resolver is given;
-    one ``[change i] …`` line per subtask."""
+    one ``[change i] …`` line per subtask. With a ``ledger``, the changes an earlier run
+    of this call wrote are taken as merged, and each one written now is recorded."""
     held = [hold_back(policy, c) for c in candidates]
-    chosen = [
+    eligible = [
         c
         for c, reason in zip(candidates, held, strict=True)
         if c.change is not None and not c.change.empty and reason is None
     ]
-    outcomes = {c.index: _Outcome() for c in chosen}
+    outcomes = {c.index: _Outcome() for c in eligible}
+    written: dict[int, str] = {}
+    if ledger is not None:
+        for candidate in eligible:
+            before = await ledger.written(candidate)
+            if before is not None:
+                written[candidate.index] = before
+                outcomes[candidate.index].merge = Merge("merged")
+                outcomes[candidate.index].resolved_with = before
+    chosen = [c for c in eligible if c.index not in written]
     # A resolution confirmed by an earlier run of this call stands in for its change.
     earlier: dict[int, Resolution] = {}
     if resolver is not None:
@@ -123,20 +152,28 @@ async def merge_changes(
     if to_merge:
         async with _merging(trees):
             merges = await _merge_all(trees, [m for m in to_merge if m is not None])
-        for candidate, merge in zip(chosen, merges, strict=True):
-            outcomes[candidate.index].merge = merge
-            if candidate.index in earlier:
-                outcomes[candidate.index].resolved_with = earlier[candidate.index].before
+            for candidate, merge in zip(chosen, merges, strict=True):
+                outcomes[candidate.index].merge = merge
+                if candidate.index in earlier:
+                    outcomes[candidate.index].resolved_with = earlier[candidate.index].before
+                if ledger is not None and merge.fate == "merged":
+                    await ledger.record(candidate, outcomes[candidate.index].resolved_with)
     if resolver is not None:
         merged = [
+            (c.index, c.change)
+            for c in eligible
+            if c.index in written and c.change is not None
+        ]  # fmt: skip
+        merged += [
             (c.index, m)
             for c, m in zip(chosen, to_merge, strict=True)
             if m is not None and _merged(outcomes[c.index])
         ]
+        merged.sort(key=lambda pair: pair[0])
         for candidate in chosen:
             outcome = outcomes[candidate.index]
             if _content_conflict(outcome) and candidate.index not in earlier:
-                resolution = await _resolve(trees, resolver, candidate, outcome, merged)
+                resolution = await _resolve(trees, resolver, candidate, outcome, merged, ledger)
                 if resolution is not None:
                     merged.append((candidate.index, resolution))
     lines = []
@@ -177,6 +214,7 @@ async def _resolve(
     candidate: Candidate,
     outcome: _Outcome,
     merged: Sequence[tuple[int, Change]],
+    ledger: Ledger | None = None,
 ) -> Change | None:
     """Give ``candidate``'s conflict to a resolver; merge its resolution if confirmed (and
     return it)."""
@@ -202,6 +240,8 @@ async def _resolve(
         return None
     async with _merging(trees):
         (merge,) = await _merge_all(trees, [resolution.change])
+        if ledger is not None and merge.fate == "merged":
+            await ledger.record(candidate, before)
     if merge.fate != "merged":
         why = "; ".join(merge.detail) or merge.fate
         outcome.unresolved = f"its confirmed resolution no longer merged: {why}"
@@ -288,6 +328,9 @@ async def _merging(trees: Trees) -> AsyncIterator[None]:
     fd = os.open(trees.home / "merge.lock", os.O_RDWR | os.O_CREAT, 0o600)
     try:
         await asyncio.to_thread(fcntl.flock, fd, fcntl.LOCK_EX)
+        # A write a killed process left half done is finished before anything reads the
+        # directory: what follows sees each change there whole, or not at all.
+        await trees.finish_interrupted_write()
         yield
     finally:
         os.close(fd)  # closing lets the lock go

@@ -48,10 +48,10 @@ from ..store.result_files import ResultFiles
 from ..tools.mcptools import with_mcp_tools
 from ..trees.copies import Trees
 from ..trees.patches import describe_change
-from .changes import Candidate, Resolver, merge_changes
+from .changes import Candidate, Ledger, Resolver, merge_changes
 from .condense import SubtaskEntry, fit_result, full_text
 from .plans import Subtask, title, verdict_of
-from .resolve import recorded_resolution, resolve
+from .resolve import record_written, recorded_resolution, resolve, written_before
 from .slots import VERIFIER_PRIORITY, PrioritySlots, Relay
 
 if TYPE_CHECKING:
@@ -268,6 +268,11 @@ class FanoutEngine:
                     self, call, candidate, conflict, before, tree
                 ),
             )
+        session = self.budget.session
+        ledger = Ledger(
+            lambda candidate: written_before(self, session, call, candidate),
+            lambda candidate, before: record_written(self, session, call, candidate, before),
+        )
         try:
             lines = await merge_changes(
                 self.trees,
@@ -277,6 +282,7 @@ class FanoutEngine:
                 candidates,
                 self.events,
                 resolver,
+                ledger,
             )
             await self.finish_housekeeping()  # the resolvers' results recorded, their shells closed
             return lines

@@ -9,6 +9,10 @@ verified again, by a verifier that knows both intents; only a confirmed resoluti
 merged. Resolvers go through the one path every agent takes (journal, claim, budget, slot,
 executor), so a resumed run finds a finished resolution in the journal.
 
+Each change written into the working directory is recorded too (:func:`record_written`),
+before the next write begins: a resumed call takes it as merged instead of merging it
+again onto a tree that later changes have written over.
+
 Once confirmed, the resolution is recorded in the journal as a change to the tree as merged
 so far, before it is written: a run killed at any point after that merges that same
 resolution when resumed (a three-way merge, so a resolution already written is not
@@ -82,6 +86,42 @@ async def recorded_resolution(engine: Engine, candidate: Candidate) -> Resolutio
     if recorded is None or recorded.change is None:
         return None
     return Resolution(recorded.change, before=recorded.text)
+
+
+def written_key(engine: Engine, session: str, call: int, candidate: Candidate) -> str:
+    """Where the journal says ``candidate``'s change was written into the working directory
+    by this session's call ``call`` (another session, or call, writes it afresh)."""
+    assert candidate.change is not None
+    return content_key(
+        role="resolver",
+        model="",
+        effort="",
+        system="",
+        tools=[],
+        prompt=f"written: session {session} call {call} {candidate.key} {candidate.change.digest}",
+        isolation="worktree",
+    )
+
+
+async def written_before(
+    engine: Engine, session: str, call: int, candidate: Candidate
+) -> str | None:
+    """What ``candidate``'s change was resolved against ("" for none) when an earlier run of
+    this call wrote it into the working directory; None when none did."""
+    recorded = await engine.store.lookup(written_key(engine, session, call, candidate))
+    return recorded.text if recorded is not None else None
+
+
+async def record_written(
+    engine: Engine, session: str, call: int, candidate: Candidate, before: str
+) -> None:
+    """Record that ``candidate``'s change is written (before the next write begins)."""
+    await engine.store.record(
+        written_key(engine, session, call, candidate),
+        "resolver",
+        f"change {candidate.index} of call {call} written",
+        AgentResult(before, Status.FINISHED),
+    )
 
 
 async def resolve(

@@ -47,12 +47,18 @@ class ResultFiles:
         self.on_full: Callable[[Path], None] | None = None
 
     def make_directory(self) -> bool:
-        """Make the directory (before any sandbox mounts it); False if it cannot be made."""
+        """Make the directory (before any sandbox mounts it); False if it cannot be made.
+        The temporary files a killed process left here (named by its pid) go."""
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             log.warning("cannot make the results directory %s: %s", self.directory, exc)
             return False
+        for left in self.directory.glob(".tmp-*-*"):
+            pid = left.name.split("-")[1]
+            if pid.isdigit() and not _alive(int(pid)):
+                with contextlib.suppress(OSError):
+                    left.unlink()
         return True
 
     def agent_path(self, role: str, key: str) -> Path:
@@ -81,7 +87,7 @@ class ResultFiles:
             if path.is_file() and path.read_text(encoding="utf-8") == data:
                 return True  # the same bytes are there already (a rerun)
             self.directory.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".tmp-")
+            fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=f".tmp-{os.getpid()}-")
             try:
                 with os.fdopen(fd, "w", encoding="utf-8") as handle:
                     handle.write(data)
@@ -99,3 +105,13 @@ class ResultFiles:
             log.warning("could not save %s: %s", path, exc)
             return False
         return True
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True

@@ -1070,9 +1070,43 @@ class Trees:
         )
         return out.decode().strip()
 
-    async def _write_out(self, ours: str, merged: str, index: Path) -> list[str]:
-        """Write the files that differ between the tree as it was and the merged one, after
-        checking that none of them changed on disk; the ones that did (nothing written)."""
+    @property
+    def intent(self) -> Path:
+        """Where a write into the working directory says, while it lasts, what it writes."""
+        return self.home / "merge.intent"
+
+    async def finish_interrupted_write(self) -> list[str]:
+        """Finish the write into the working directory that a process killed while it
+        wrote left half done (its intent is still on disk): every file it was to write is
+        written, every one it was to delete is deleted, so the directory holds the merge
+        whole, as if the process had not been killed. The paths, if there was one. Called
+        with the merge lock held (no other process is writing)."""
+        await self.open()
+        try:
+            words = self.intent.read_text().split()
+        except FileNotFoundError:
+            return []
+        if len(words) != 2 or not all(_is_object_id(w) for w in words):
+            # Cut while it was written: the write it announced had not begun.
+            self.intent.unlink(missing_ok=True)
+            return []
+        ours, merged = words
+        index = self.run / f"{self._name('finish')}.index"
+        try:
+            before, after = await self._files_between(ours, merged, index)
+            await self._write_files(before, after, index)
+        finally:
+            _remove_index(index)
+        self.intent.unlink(missing_ok=True)
+        self._presumed = None  # the directory is read again by the next merge
+        log.info("finished a write into the working directory a killed run left half done")
+        return list(before)
+
+    async def _files_between(
+        self, ours: str, merged: str, index: Path
+    ) -> tuple[dict[str, str | None], dict[str, tuple[str, str]]]:
+        """The paths that differ between two trees: each one's blob in ``ours`` (None: not
+        there), and the mode and blob in ``merged`` of each one that is there."""
         store = self._store_env(index)
         _, out = await git(
             "diff-tree", "-r", "-z", "--no-renames", ours, merged, env=store, cwd=self.home
@@ -1089,11 +1123,33 @@ class Trees:
             before[path] = None if status == "A" else old
             if status != "D":
                 after[path] = (new_mode, new)
+        return before, after
+
+    async def _write_out(self, ours: str, merged: str, index: Path) -> list[str]:
+        """Write the files that differ between the tree as it was and the merged one, after
+        checking that none of them changed on disk; the ones that did (nothing written).
+
+        While it writes, its intent (the two trees) is on disk: a process killed in the
+        middle leaves it, and the next merge here finishes the write first
+        (:meth:`finish_interrupted_write`), so no change is ever left written in part."""
+        before, after = await self._files_between(ours, merged, index)
         if not before:
             return []
         moved = await self._changed_since(before)
         if moved:
             return moved
+        # Nothing is written before the intent is whole on disk: cut short, it names no
+        # trees, and is dropped.
+        self.intent.write_text(f"{ours}\n{merged}\n")
+        await self._write_files(before, after, index)
+        self.intent.unlink(missing_ok=True)
+        return []
+
+    async def _write_files(
+        self, before: dict[str, str | None], after: dict[str, tuple[str, str]], index: Path
+    ) -> None:
+        """Delete what ``after`` lacks of ``before``; write ``after``'s files."""
+        store = self._store_env(index)
         for path in before:
             if path not in after:
                 self._delete(path)
@@ -1111,7 +1167,6 @@ class Trees:
             await git(
                 "checkout-index", "-f", "-z", "--stdin", env=work, cwd=self.workdir, data=listing
             )
-        return []
 
     async def _changed_since(self, expected: dict[str, str | None]) -> list[str]:
         """The paths whose content on disk is no longer the blob ``expected`` says (None:
@@ -1217,6 +1272,10 @@ def ignore_state(state: Path) -> None:
     if not marker.exists():
         with contextlib.suppress(OSError):
             marker.write_text("*\n")
+
+
+def _is_object_id(word: str) -> bool:
+    return len(word) in (40, 64) and all(c in "0123456789abcdef" for c in word)
 
 
 def _safe(stem: str) -> str:
