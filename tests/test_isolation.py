@@ -3,7 +3,6 @@ real HTTP to the scripted model, whose workers run the shell commands their subt
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import sqlite3
@@ -20,6 +19,7 @@ from orchmode.core.prompts import RESOLVE_MARKER
 from orchmode.session.agent import Conversation as Session
 from orchmode.shell.bwrap import probe
 from orchmode.testing import ScriptedServer
+from orchmode.testing.kills import repo_state
 from orchmode.testing.scenario import OrchestrationScenario
 from recorded_runs import kill_run_when, orchmode, worker_prompts
 from test_script import started, workflow_block
@@ -66,22 +66,6 @@ def git_out(root: Path, *args: str) -> str:
     return subprocess.run(
         ["git", *args], cwd=root, capture_output=True, text=True, check=True
     ).stdout
-
-
-def repo_state(root: Path) -> dict[str, str]:
-    """Everything of the user's repository that orchmode must never change."""
-    dot = root / ".git"
-    return {
-        "head": git_out(root, "rev-parse", "HEAD"),
-        "symbolic": git_out(root, "symbolic-ref", "HEAD"),
-        "branches": git_out(root, "branch", "--list", "-a"),
-        "refs": git_out(root, "for-each-ref"),
-        "stash": git_out(root, "stash", "list"),
-        "worktrees": git_out(root, "worktree", "list", "--porcelain"),
-        "index": hashlib.sha256((dot / "index").read_bytes()).hexdigest(),
-        "config": (dot / "config").read_text(),
-        "staged": git_out(root, "diff", "--cached", "--name-status"),
-    }
 
 
 async def run(

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..core.pids import pid_alive
 from ..core.secrets import Masker
 
 log = logging.getLogger("orchmode")
@@ -56,7 +57,7 @@ class ResultFiles:
             return False
         for left in self.directory.glob(".tmp-*-*"):
             pid = left.name.split("-")[1]
-            if pid.isdigit() and not _alive(int(pid)):
+            if pid.isdigit() and not pid_alive(int(pid)):
                 with contextlib.suppress(OSError):
                     left.unlink()
         return True
@@ -105,13 +106,3 @@ class ResultFiles:
             log.warning("could not save %s: %s", path, exc)
             return False
         return True
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return True

@@ -16,6 +16,8 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+from ..core.pids import pid_alive
+
 
 def run_name() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -84,18 +86,8 @@ def sweep_dead_runs(runs: Path) -> list[Path]:
             owner_host, _, pid = owner.rpartition("-")
             if owner_host != host or not pid.isdigit() or not rest:
                 continue
-            if int(pid) == os.getpid() or _alive(int(pid)):
+            if int(pid) == os.getpid() or pid_alive(int(pid)):
                 continue
             remove_tree(entry)
             removed.append(entry)
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return True
