@@ -6,6 +6,7 @@ import asyncio
 import os
 import shlex
 import tempfile
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -304,6 +305,23 @@ async def test_shell_dying_between_commands_is_noticed(session: BashSession) -> 
     assert "previous shell had exited" in result.output
     assert result.output.endswith("fresh")
     assert not result.is_error
+
+
+async def test_a_shell_killed_before_the_loop_hears_of_it_is_noticed(
+    session: BashSession,
+) -> None:
+    """The next command comes before the event loop has polled the dead shell's pipes: the
+    kernel's word is taken, not the loop's, so the command runs in a fresh shell."""
+    await session.run("true")
+    pid = session.pid
+    assert pid is not None
+    os.kill(pid, 9)
+    deadline = time.monotonic() + 5
+    while not _is_dead(pid):  # without yielding to the loop, on purpose
+        assert time.monotonic() < deadline
+    result = await session.run("echo fresh")
+    assert "previous shell had exited" in result.output, result.output
+    assert result.output.endswith("fresh")
 
 
 # -------------------------------------------------------------------- 6. output

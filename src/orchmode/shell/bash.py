@@ -18,7 +18,7 @@ from typing import Protocol
 
 from ..core.secrets import Masker
 from .output import _OutputCollector
-from .processes import _kill_tree, _signal_name, use_pidfd_child_watcher
+from .processes import _kill_tree, _signal_name, has_ended, use_pidfd_child_watcher
 
 __all__ = ["BashSession", "ShellResult", "ShellSandbox"]
 
@@ -152,7 +152,9 @@ class _Shell:
 
     def alive(self) -> bool:
         proto = self.protocol
-        return not (proto.exited.is_set() or proto.eof.is_set() or self.transport.is_closing())
+        if proto.exited.is_set() or proto.eof.is_set() or self.transport.is_closing():
+            return False
+        return not has_ended(self.pid)  # killed since the loop last looked
 
     def send(self, line: str) -> None:
         stdin = self.transport.get_pipe_transport(0)

@@ -108,6 +108,20 @@ def use_pidfd_child_watcher() -> None:
         _pidfd_watcher_loop = loop
 
 
+def has_ended(pid: int) -> bool:
+    """Whether process ``pid`` has ended (gone, or a zombie not yet reaped), as the kernel
+    says now: the event loop hears of a death only when it next polls."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            stat = handle.read()
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    fields = stat.rpartition(b")")[2].split()
+    return bool(fields) and fields[0] in (b"Z", b"X")
+
+
 def _signal_name(number: int) -> str:
     """``SIGKILL`` for 9, or ``signal 99`` for numbers Python has no name for."""
     try:
