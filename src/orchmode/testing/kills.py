@@ -434,13 +434,17 @@ def partly_written(workdir: Path) -> list[str]:
     def share(done: Sequence[bool]) -> bool:
         return any(done) and not all(done)
 
+    def rewritten(path: Path) -> bool | None:
+        """Whether the rename's edit is in ``path``; None while it is absent (a git the
+        killed run started may still be writing)."""
+        try:
+            return "new_helper" in path.read_text()
+        except FileNotFoundError:
+            return None
+
     found = []
-    renamed = [
-        "new_helper" in (workdir / p / f"mod{m:03d}.py").read_text()
-        for p in RENAMED
-        for m in range(MODULES)
-        if (workdir / p / f"mod{m:03d}.py").exists()
-    ]
+    seen = (rewritten(workdir / p / f"mod{m:03d}.py") for p in RENAMED for m in range(MODULES))
+    renamed = [done for done in seen if done is not None]
     if share(renamed):
         found.append("rename")
     legacy = [not (workdir / f"legacy/part{i // 50}/old{i:03d}.py").exists() for i in range(LEGACY)]
@@ -496,20 +500,14 @@ def tree_state(root: Path, skip: Sequence[str] = (".orchmode", ".git")) -> dict[
         rel = os.path.relpath(top, root)
         if rel == ".":
             dirs[:] = [d for d in dirs if d not in skip]
-        for name in dirs:
+        for name in (*dirs, *files):  # a link to a directory is among dirs, not followed
             path = os.path.join(top, name)
             info = os.lstat(path)
             key = os.path.relpath(path, root)
             if stat.S_ISLNK(info.st_mode):
                 found[key] = ("link", 0, os.readlink(path))
-            else:
+            elif stat.S_ISDIR(info.st_mode):
                 found[key] = ("dir", stat.S_IMODE(info.st_mode), "")
-        for name in files:
-            path = os.path.join(top, name)
-            info = os.lstat(path)
-            key = os.path.relpath(path, root)
-            if stat.S_ISLNK(info.st_mode):
-                found[key] = ("link", 0, os.readlink(path))
             else:
                 with open(path, "rb") as handle:
                     digest = hashlib.sha256(handle.read()).hexdigest()
