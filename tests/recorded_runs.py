@@ -64,8 +64,17 @@ def kill_run_when(ready: Callable[[], bool], *args: str, cwd: Path) -> None:
         stderr=subprocess.DEVNULL,
     )
     deadline = time.monotonic() + 60
+
+    def holds() -> bool:
+        # The probe reads files the run is writing: git replaces a file by deleting it and
+        # writing it anew, so one can be missing for a moment. Missing is "not yet".
+        try:
+            return ready()
+        except FileNotFoundError:
+            return False
+
     try:
-        while not ready():
+        while not holds():
             assert process.poll() is None, "the run ended before it could be killed"
             assert time.monotonic() < deadline, "the run never got there"
             time.sleep(0.01)  # polling the journal another process writes
