@@ -271,6 +271,43 @@ async def test_an_emptied_setting_withholds_nothing(
     assert DB_PASSWORD in shown.output
 
 
+async def test_a_secret_file_made_between_turns_is_withheld_from_the_main_shell_from_then_on(
+    serve: StartServer, tmp_path: Path, bubblewrap: None
+) -> None:
+    """The main shell outlives a turn; a key the user saves meanwhile is looked for when
+    the next turn starts, and the shell that still shows it is replaced before it can."""
+    from conftest import gateway_for, settings_for, store_for
+    from orchmode.session.agent import Conversation
+    from orchmode.testing import Reply, ScriptedRequest
+
+    work = tmp_path / "work"
+    (work / "deploy").mkdir(parents=True)
+    (work / "notes.txt").write_text("plain\n")
+    key = work / "deploy" / "service.key"
+    commands = ["cd deploy && export KEPT=1 && ls", f"cat {key}; echo kept=${{KEPT:-no}}"]
+
+    def respond(request: ScriptedRequest) -> Reply:
+        if request.index % 2 == 0:
+            return Reply.tool_use("bash", {"command": commands[request.index // 2]})
+        return Reply.text("ok")
+
+    server = await serve(respond)
+    settings = settings_for(server, tmp_path, workdir=work)
+    session = Conversation(settings, gateway_for(settings), workdir=work, store=store_for(tmp_path))
+    try:
+        await session.turn("look around")
+        key.write_text(f"{PEM_BODY}\n")  # saved meanwhile
+        await session.turn("read the key")
+    finally:
+        await session.close()
+    (result,) = server.log[3].body["messages"][-1]["content"]
+    text = json.dumps(result)
+    assert PEM_BODY not in json.dumps([e.body for e in server.log])
+    assert WITHHELD_NOTE.strip()[:40] in text, text
+    assert "found secret files since the shell started (deploy/service.key)" in text
+    assert "kept=no" in text  # a fresh shell, and the model is told so
+
+
 # ---------------------------------------------------------------- a whole run, by the CLI
 
 

@@ -317,7 +317,8 @@ class Masker:
 
 class Secrets:
     """A session's secrets: the patterns, the files they match in the working directory
-    (looked for again at each snapshot), and the masker that knows every value."""
+    (looked for again at each user turn and each snapshot), and the masker that knows
+    every value."""
 
     def __init__(self, files: SecretFiles, workdir: Path, masker: Masker | None = None) -> None:
         self.files = files
@@ -342,8 +343,8 @@ class Secrets:
         return secrets
 
     def look(self) -> tuple[str, ...]:
-        """Find the secret files again (a snapshot is about to be taken) and learn their
-        values; the files found."""
+        """Find the secret files again (a turn starts, or a snapshot is about to be taken)
+        and learn their values; the files found."""
         found = find_secret_files(self.workdir, self.files)
         self.masker.add_files(self.workdir, found)  # read again: a value may have changed
         self.found = found

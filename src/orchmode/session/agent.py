@@ -8,6 +8,7 @@ is left valid for the next turn: every ``tool_use`` gets its ``tool_result``.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -209,6 +210,9 @@ class Conversation:
         if not text:
             raise OrchmodeError("a user turn needs some text")
         notices = self.mode.user_turn()
+        # Secret files the user made since the last turn are withheld from this one: the
+        # main shell is replaced before its next command if it shows any.
+        await asyncio.to_thread(self.secrets.look)
         self._turn_start = len(self.history)
         if self.gateway.notices_in_user_text:
             folded = "".join(notice_as_user_text(NOTICES[n]) for n in notices)
@@ -236,6 +240,7 @@ class Conversation:
         if not starts:
             raise OrchmodeError(f"session {self.session_id!r} has no turn to resume")
         self._turn_start = starts[-1]
+        await asyncio.to_thread(self.secrets.look)
         self.events.emit(TurnResumed(len(starts)))
         body = self._turn_start + 1
         while body < len(self.history) and self.history[body].get("role") == "system":

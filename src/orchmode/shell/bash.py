@@ -40,18 +40,28 @@ _RESET_NOTE = "so the working directory and environment are reset"
 _USAGE = 'send {"command": "<shell command>"} to run a command, or {"restart": true}'
 
 
+def _listed(names: Sequence[str], shown: int = 3) -> str:
+    """``a, b, c and 2 more``: a few names, and how many were left out."""
+    listed = ", ".join(names[:shown])
+    return f"{listed} and {len(names) - shown} more" if len(names) > shown else listed
+
+
 class ShellSandbox(Protocol):
     """What runs bash inside a sandbox (see :mod:`orchmode.shell.sandbox`) for one session.
 
     ``argv`` is asked anew for every shell started, because the shell's private dir for
     command files (``tmpdir``) must be visible inside; an ``OSError`` it raises becomes
-    the command's error result. ``release`` is called when the session closes.
+    the command's error result. ``newly_withheld`` names the secret files found since the
+    running shell started, which it does not hide: that shell is replaced before its next
+    command. ``release`` is called when the session closes.
     """
 
     @property
     def mode(self) -> str: ...
 
     def argv(self, tmpdir: str) -> Sequence[str]: ...
+
+    def newly_withheld(self) -> tuple[str, ...]: ...
 
     def release(self) -> None: ...
 
@@ -418,6 +428,15 @@ class BashSession:
             shell = None
             notes.append(
                 f"(note: the previous shell had exited, so this ran in a fresh shell, "
+                f"{_RESET_NOTE})"
+            )
+        fresh = self._sandbox.newly_withheld() if shell is not None and self._sandbox else ()
+        if shell is not None and fresh:
+            await self._discard(shell)
+            shell = None
+            notes.append(
+                f"(note: orchmode found secret files since the shell started "
+                f"({_listed(fresh)}); this ran in a fresh shell that withholds them, "
                 f"{_RESET_NOTE})"
             )
         if shell is None:

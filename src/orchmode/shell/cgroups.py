@@ -20,7 +20,7 @@ __all__ = ["SandboxUnavailable"]
 
 # Retries of removing a shell's cgroup while its last processes are reaped: 0.05 s, doubling.
 _RETRY_FIRST = 0.05
-_RETRY_LAST = 3.2
+_RETRY_LAST = 6.4
 
 
 class SandboxUnavailable(OSError):

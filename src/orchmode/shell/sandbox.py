@@ -187,6 +187,8 @@ class ShellSandboxing:
         self._make = None if isinstance(sandbox, Sandbox) else sandbox
         self._mode = mode if mode is not None else self._sandbox.mode
         self._cgroup_dirs: list[Path] | None = None
+        #: The secret files the last shell started hides (None: none started yet).
+        self._hidden: tuple[str, ...] | None = None
 
     @property
     def _sandbox(self) -> Sandbox:
@@ -208,7 +210,15 @@ class ShellSandboxing:
                 if cgroups is not None
                 else []
             )
+        self._hidden = self._sandbox.policy.withheld
         return self._sandbox.argv(tmpdir, self._cgroup_dirs)
+
+    def newly_withheld(self) -> tuple[str, ...]:
+        """The secret files found since the last shell started (it shows them as they are)."""
+        if self._hidden is None:
+            return ()
+        hidden = set(self._hidden)
+        return tuple(n for n in self._sandbox.policy.withheld if n not in hidden)
 
     def release(self) -> None:
         """Remove the shell's cgroup (its processes are dead: the session has closed)."""
