@@ -256,6 +256,38 @@ def test_a_full_disk_stops_the_run_in_one_line_and_a_resume_after_freeing_space_
         mounted.__exit__(None, None, None)
 
 
+def test_a_full_disk_ends_a_chat_in_one_line_instead_of_failing_every_later_turn(
+    scripted: Callable[..., ScriptedServer], tmp_path: Path
+) -> None:
+    server = scripted(scenario(**BIG))
+    work = tmp_path / "work"
+    work.mkdir()
+    state = work / ".orchmode"
+    try:
+        mounted = tmpfs(state, 16 << 20)
+        mounted.__enter__()
+    except FaultUnavailable as exc:
+        pytest.skip(f"cannot stage a full disk here: {exc}")
+    try:
+        filler = fill_disk(state, 1_200_000)
+        chat = subprocess.run(
+            [sys.executable, "-m", "orchmode", "chat", "--base-url", server.url,
+             "--session", "full", *LEASE],
+            cwd=work, env=base_env(), input="review this\nnever sent\n", capture_output=True,
+            text=True, timeout=120,
+        )  # fmt: skip
+        assert chat.returncode == 6, chat.stderr
+        line = one_line_error(chat.stderr)
+        assert "the disk is full" in line and "`orchmode resume`" in line, line
+        assert "never sent" not in json.dumps([e.body for e in server.log])
+        filler.unlink()
+        result = orchmode("resume", "full", "--base-url", server.url, *LEASE, cwd=work)
+        assert result.returncode == 0, result.stderr
+        assert f"{WORKERS} agents reported; {WORKERS} results were confirmed" in result.stdout
+    finally:
+        mounted.__exit__(None, None, None)
+
+
 # --------------------------------------------------------------------------- damaged journal
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TextIO
 
-from ..core.errors import AuthError, OrchmodeError
+from ..core.errors import AuthError, OrchmodeError, StoreError
 from ..core.settings import Settings
 from ..model.providers import Credentials
 from ..records.totals import SessionTotals
@@ -28,6 +28,7 @@ from ..session.api import Session, TurnResult, open_session
 from ..session.resume import interrupted
 from ..views.display import Display, DisplayMode, make_display
 from ..views.markdown import print_answer
+from .failures import unless_the_store_fails
 
 PROMPT = "you> "
 
@@ -156,7 +157,7 @@ class Chat:
 
     async def _drive(self, work: Coroutine[Any, Any, TurnResult]) -> None:
         """Run one turn (a new one, or an interrupted one finished) so Ctrl-C cancels it."""
-        self.turn_task = asyncio.create_task(work)
+        self.turn_task = asyncio.create_task(unless_the_store_fails(self.session, work))
         try:
             result = await self.turn_task
         except asyncio.CancelledError:
@@ -169,8 +170,8 @@ class Chat:
                 "(Ctrl-C again to leave)"
             )
             return
-        except AuthError:
-            raise
+        except (AuthError, StoreError):
+            raise  # every later turn would fail the same way: the chat stops, in one line
         except OrchmodeError as exc:
             self.display.notice(f"orchmode: {exc}")
             return

@@ -14,19 +14,19 @@ import shutil
 import sys
 import tempfile
 import typing
-from collections.abc import Callable, Coroutine, Sequence
+import warnings
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 from .. import __version__
-from ..core.errors import ConfigError, OrchmodeError, StoreError
+from ..core.errors import ConfigError, OrchmodeError
 from ..core.settings import Settings, env_var, flag, flag_names, load_settings
+from .failures import unless_the_store_fails
 
 if typing.TYPE_CHECKING:
     from ..model.providers import Credentials
     from ..records.history import SessionHistory
-    from ..session.api import Session
-    from ..store.base import Failure
     from ..views.display import Display, DisplayMode
 
 log = logging.getLogger("orchmode")
@@ -278,13 +278,13 @@ async def _run(
                 display.notice(f"[session] resuming {session.id}")
             conversation.meta = {"command": "run", "task": task, "phase": 1}
             session.set_mode(True)
-            first = await _unless_the_store_fails(session, session.turn(task))
+            first = await unless_the_store_fails(session, session.turn(task))
             if first.error is not None:
                 raise first.error
             _print_answer(first.text)
             conversation.meta["phase"] = 2
             session.set_mode(False)
-            second = await _unless_the_store_fails(session, session.turn(SUMMARY_TASK))
+            second = await unless_the_store_fails(session, session.turn(SUMMARY_TASK))
             if second.error is not None:
                 raise second.error
             _print_answer(f"\n---\n\n{second.text}")
@@ -297,65 +297,6 @@ async def _run(
                 )
         finally:
             display.stop()
-
-
-async def _unless_the_store_fails(session: Session, turn: Coroutine[Any, Any, T]) -> T:
-    """Run ``turn``, stopped if the store fails in a way no run can go on through.
-
-    The disk full (under the journal or the result files) or the PostgreSQL server lost
-    past its outage limit: every later record would be lost too, so the turn is cancelled
-    as Ctrl-C cancels it (what is recorded stays recorded) and the failure is raised, for
-    one line and a non-zero exit; `orchmode resume` continues once the cause is gone.
-    """
-    conversation = session.conversation
-    failure = conversation.store.failure
-    results = conversation.results
-    loop = asyncio.get_running_loop()
-    task = asyncio.ensure_future(turn)
-
-    def stop(_: StoreError) -> None:
-        loop.call_soon_threadsafe(task.cancel)
-
-    def full(path: Path) -> None:
-        failure.trip(
-            StoreError(
-                f"could not write {path}: the disk is full — free space there, then "
-                "`orchmode resume` continues the run from its last recorded step"
-            )
-        )
-
-    failure.listen(stop)
-    results.on_full = full
-    if not any(isinstance(f, _Repeats) and f.failure is failure for f in log.filters):
-        log.addFilter(_Repeats(failure))
-    try:
-        done = await task
-    except asyncio.CancelledError:
-        current = asyncio.current_task()
-        if failure.error is None or (current is not None and current.cancelling()):
-            raise  # Ctrl-C, or the command torn down
-        raise StoreError(str(failure.error)) from None
-    finally:
-        failure.forget(stop)
-        results.on_full = None
-    if failure.error is not None:  # it failed as the turn ended: its end is not recorded
-        raise StoreError(str(failure.error))
-    return done
-
-
-class _Repeats(logging.Filter):
-    """Leaves out the warnings that only repeat the store's failure: writes refused after
-    it, while the run is being stopped (the failure itself is the command's one line)."""
-
-    def __init__(self, failure: Failure) -> None:
-        super().__init__()
-        self.failure = failure
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        error = self.failure.error
-        if error is None or log.level <= logging.DEBUG:
-            return True
-        return str(error) not in record.getMessage()
 
 
 def _check_price(settings: Settings) -> None:
@@ -433,7 +374,7 @@ async def _resume(
                 )
             display.notice(f"[session] resuming {session.id} from its last recorded step")
             meta = conversation.meta
-            result = await _unless_the_store_fails(session, session.resume_turn())
+            result = await unless_the_store_fails(session, session.resume_turn())
             if result.error is not None:
                 raise result.error
             if meta.get("command") == "run" and meta.get("phase") == 2:
@@ -442,7 +383,7 @@ async def _resume(
                 _print_answer(result.text)
                 meta["phase"] = 2
                 session.set_mode(False)
-                second = await _unless_the_store_fails(session, session.turn(SUMMARY_TASK))
+                second = await unless_the_store_fails(session, session.turn(SUMMARY_TASK))
                 if second.error is not None:
                     raise second.error
                 _print_answer(f"\n---\n\n{second.text}")
@@ -759,6 +700,11 @@ def _configure_logging(debug: bool) -> None:
     pool.propagate = False
     if not debug:
         logging.getLogger("asyncio").addFilter(_reaped_elsewhere)
+        # The same shells, seen from Python 3.11's pidfd child watcher as the loop closes
+        # before their exit was read: killed, and reaped when orchmode exits.
+        warnings.filterwarnings(
+            "ignore", "A loop is being detached from a child watcher", RuntimeWarning
+        )
 
 
 def _reaped_elsewhere(record: logging.LogRecord) -> bool:
