@@ -358,3 +358,41 @@ async def test_a_write_killed_half_way_is_finished_before_the_next_merge_reads_t
     assert not (root / "docs").exists()
     assert await resumed.finish_interrupted_write() == []  # nothing left to finish
     resumed.close()
+
+
+async def test_finishing_a_killed_write_keeps_aside_what_holds_neither_side_before_overwriting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Killed before it wrote anything; then a file of the change edited by hand, another
+    to be deleted edited too. Finishing writes the merge whole, but first keeps a copy of
+    each file that is neither as it was nor as merged — nothing on disk is lost."""
+    root = make_repo(
+        tmp_path / "r", {"log.txt": "head\n", "gone.txt": "old\n", "same.txt": "same\n"}
+    )
+    trees = Trees(root)
+    change = await worker_change(
+        trees, "echo merged >> log.txt && rm gone.txt && echo more >> same.txt && echo n > new.txt"
+    )
+
+    async def killed(self: Trees, before: object, after: object, index: Path) -> None:
+        raise KeyboardInterrupt  # stands for SIGKILL, before the first write
+
+    monkeypatch.setattr(Trees, "_write_files", killed)
+    with pytest.raises(KeyboardInterrupt):
+        await trees.merge_all([change])
+    trees.close()
+    monkeypatch.undo()
+    (root / "log.txt").write_text("head\nmy own edit\n")  # after the kill, by hand
+    (root / "gone.txt").write_text("old\nedited too\n")
+    resumed = Trees(root)
+    with caplog.at_level("WARNING", logger="orchmode"):
+        finished = await resumed.finish_interrupted_write()
+    resumed.close()
+    assert sorted(finished) == ["gone.txt", "log.txt", "new.txt", "same.txt"]
+    assert (root / "log.txt").read_text() == "head\nmerged\n"  # the merge, whole
+    assert (root / "same.txt").read_text() == "same\nmore\n" and not (root / "gone.txt").exists()
+    (kept,) = (root / ".orchmode" / "kept").iterdir()
+    assert sorted(p.name for p in kept.iterdir()) == ["gone.txt", "log.txt"]
+    assert (kept / "log.txt").read_text() == "head\nmy own edit\n"
+    assert (kept / "gone.txt").read_text() == "old\nedited too\n"
+    assert "gone.txt, log.txt held neither" in caplog.text and str(kept) in caplog.text

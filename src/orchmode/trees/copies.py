@@ -28,6 +28,7 @@ import contextlib
 import logging
 import os
 import shutil
+import time
 import uuid
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -1094,13 +1095,46 @@ class Trees:
         index = self.run / f"{self._name('finish')}.index"
         try:
             before, after = await self._files_between(ours, merged, index)
+            kept = await self._keep_unexpected(before, after)
             await self._write_files(before, after, index)
         finally:
             _remove_index(index)
         self.intent.unlink(missing_ok=True)
         self._presumed = None  # the directory is read again by the next merge
         log.info("finished a write into the working directory a killed run left half done")
+        if kept is not None:
+            names = sorted(str(p.relative_to(kept)) for p in kept.rglob("*") if p.is_file())
+            log.warning(
+                "finished a merge a killed run left half done; %s held neither the content "
+                "before it nor the merged one (cut off mid-write, or edited since): what "
+                "was there is kept in %s",
+                ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else ""),
+                kept,
+            )
         return list(before)
+
+    async def _keep_unexpected(
+        self, before: dict[str, str | None], after: dict[str, tuple[str, str]]
+    ) -> Path | None:
+        """Copy aside each file about to be rewritten or deleted whose content is neither
+        the one the interrupted write started from nor the one it was writing: a file git
+        was cut off writing, or one edited after the kill. Nothing on disk is lost to the
+        finish. The directory of the copies, if any were made."""
+        actual = await self._blobs_on_disk(list(before))
+        unexpected = [
+            path
+            for path, blob in actual.items()
+            if blob not in (before[path], after[path][1] if path in after else None)
+        ]
+        if not unexpected:
+            return None
+        kept = self.workdir / TREES_DIR.parent / "kept" / time.strftime("%Y%m%d-%H%M%S")
+        kept = kept.with_name(f"{kept.name}-{uuid.uuid4().hex[:6]}")
+        for path in unexpected:
+            target = kept / path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(self.workdir / path, target, follow_symlinks=False)
+        return kept
 
     async def _files_between(
         self, ours: str, merged: str, index: Path
@@ -1171,7 +1205,12 @@ class Trees:
     async def _changed_since(self, expected: dict[str, str | None]) -> list[str]:
         """The paths whose content on disk is no longer the blob ``expected`` says (None:
         no file at all)."""
-        paths = list(expected)
+        actual = await self._blobs_on_disk(list(expected))
+        return [p for p in expected if expected[p] != actual.get(p)]
+
+    async def _blobs_on_disk(self, paths: list[str]) -> dict[str, str]:
+        """The blob id of each path's file or symbolic link as it is on disk (absent: not
+        there, or a directory)."""
         present = [p for p in paths if os.path.lexists(self.workdir / p)]
         actual: dict[str, str] = {}
         regular = [
@@ -1192,7 +1231,7 @@ class Trees:
                 target = os.readlink(self.workdir / p).encode(errors="surrogateescape")
                 _, out = await git("hash-object", "--stdin", env={}, cwd=self.workdir, data=target)
                 actual[p] = out.decode().strip()
-        return [p for p in paths if expected[p] != actual.get(p)]
+        return actual
 
     def _delete(self, relative: str) -> None:
         path = self.workdir / relative
