@@ -215,77 +215,74 @@ def leftovers(directory: Path) -> list[Path]:
     return [p for p in directory.rglob("*") if p.name.startswith((".tmp-", ".journal.db.new-"))]
 
 
+@pytest.fixture
+def nearly_full(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
+    """A working directory whose `.orchmode/` is a 16 MB tmpfs with 1.2 MB left (a run
+    needs about 3 MB), and the file that fills it: unlink it to free the space."""
+    work = tmp_path / "work"
+    work.mkdir()
+    state = work / ".orchmode"
+    try:
+        mounted = tmpfs(state, 16 << 20)
+        mounted.__enter__()
+    except FaultUnavailable as exc:
+        pytest.skip(f"cannot stage a full disk here: {exc}")
+    try:
+        yield work, fill_disk(state, 1_200_000)
+    finally:
+        mounted.__exit__(None, None, None)
+
+
 def test_a_full_disk_stops_the_run_in_one_line_and_a_resume_after_freeing_space_finishes_it(
-    scripted: Callable[..., ScriptedServer], tmp_path: Path
+    scripted: Callable[..., ScriptedServer], tmp_path: Path, nearly_full: tuple[Path, Path]
 ) -> None:
     server = scripted(scenario(**BIG))
     expected = uninterrupted(server, tmp_path / "uninterrupted")
-    work = tmp_path / "work"
-    work.mkdir()
+    work, filler = nearly_full
     state = work / ".orchmode"
+    run = orchmode("run", "review this", "--base-url", server.url, "--plain", cwd=work)
+    assert run.returncode == 6, run.stderr
+    line = one_line_error(run.stderr)
+    assert "the disk is full" in line and f"{state}/" in line, line
+    assert "`orchmode resume`" in line
+    # nothing half-written: the journal whole, every result file whole, no temp file
+    db = sqlite3.connect(f"file:{state / 'journal.db'}?mode=ro", uri=True)
     try:
-        mounted = tmpfs(state, 16 << 20)
-        mounted.__enter__()
-    except FaultUnavailable as exc:
-        pytest.skip(f"cannot stage a full disk here: {exc}")
-    try:
-        filler = fill_disk(state, 1_200_000)  # the run needs about 3 MB
-        run = orchmode("run", "review this", "--base-url", server.url, "--plain", cwd=work)
-        assert run.returncode == 6, run.stderr
-        line = one_line_error(run.stderr)
-        assert "the disk is full" in line and f"{state}/" in line, line
-        assert "`orchmode resume`" in line
-        # nothing half-written: the journal whole, every result file whole, no temp file
-        db = sqlite3.connect(f"file:{state / 'journal.db'}?mode=ro", uri=True)
-        try:
-            assert db.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
-        finally:
-            db.close()
-        written = list(state.glob("results/*/*.json"))
-        for path in written:
-            assert json.loads(path.read_text())["role"] in ("worker", "verifier")
-        assert len(written) < 2 * WORKERS
-        assert not leftovers(state)
-        filler.unlink()
-        result = orchmode("resume", "--base-url", server.url, *LEASE, cwd=work)
-        assert result.returncode == 0, result.stderr
-        assert result.stdout == expected
-        assert len(list(state.glob("results/*/*.json"))) == 2 * WORKERS
-        assert not leftovers(state)
+        assert db.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
     finally:
-        mounted.__exit__(None, None, None)
+        db.close()
+    written = list(state.glob("results/*/*.json"))
+    for path in written:
+        assert json.loads(path.read_text())["role"] in ("worker", "verifier")
+    assert len(written) < 2 * WORKERS
+    assert not leftovers(state)
+    filler.unlink()
+    result = orchmode("resume", "--base-url", server.url, *LEASE, cwd=work)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == expected
+    assert len(list(state.glob("results/*/*.json"))) == 2 * WORKERS
+    assert not leftovers(state)
 
 
 def test_a_full_disk_ends_a_chat_in_one_line_instead_of_failing_every_later_turn(
-    scripted: Callable[..., ScriptedServer], tmp_path: Path
+    scripted: Callable[..., ScriptedServer], nearly_full: tuple[Path, Path]
 ) -> None:
     server = scripted(scenario(**BIG))
-    work = tmp_path / "work"
-    work.mkdir()
-    state = work / ".orchmode"
-    try:
-        mounted = tmpfs(state, 16 << 20)
-        mounted.__enter__()
-    except FaultUnavailable as exc:
-        pytest.skip(f"cannot stage a full disk here: {exc}")
-    try:
-        filler = fill_disk(state, 1_200_000)
-        chat = subprocess.run(
-            [sys.executable, "-m", "orchmode", "chat", "--base-url", server.url,
-             "--session", "full", *LEASE],
-            cwd=work, env=base_env(), input="review this\nnever sent\n", capture_output=True,
-            text=True, timeout=120,
-        )  # fmt: skip
-        assert chat.returncode == 6, chat.stderr
-        line = one_line_error(chat.stderr)
-        assert "the disk is full" in line and "`orchmode resume`" in line, line
-        assert "never sent" not in json.dumps([e.body for e in server.log])
-        filler.unlink()
-        result = orchmode("resume", "full", "--base-url", server.url, *LEASE, cwd=work)
-        assert result.returncode == 0, result.stderr
-        assert f"{WORKERS} agents reported; {WORKERS} results were confirmed" in result.stdout
-    finally:
-        mounted.__exit__(None, None, None)
+    work, filler = nearly_full
+    chat = subprocess.run(
+        [sys.executable, "-m", "orchmode", "chat", "--base-url", server.url,
+         "--session", "full", *LEASE],
+        cwd=work, env=base_env(), input="review this\nnever sent\n", capture_output=True,
+        text=True, timeout=120,
+    )  # fmt: skip
+    assert chat.returncode == 6, chat.stderr
+    line = one_line_error(chat.stderr)
+    assert "the disk is full" in line and "`orchmode resume`" in line, line
+    assert "never sent" not in json.dumps([e.body for e in server.log])
+    filler.unlink()
+    result = orchmode("resume", "full", "--base-url", server.url, *LEASE, cwd=work)
+    assert result.returncode == 0, result.stderr
+    assert f"{WORKERS} agents reported; {WORKERS} results were confirmed" in result.stdout
 
 
 # --------------------------------------------------------------------------- damaged journal
