@@ -9,6 +9,9 @@
 2. **Masking one command's output** (``output_limit`` = 8,000 characters) with 200 secrets
    known, against running a ``true`` command in the same sandboxed shell: what masking adds
    to a command the model sees. Target: <= 0.10x.
+3. **A user turn's look** for secret files made since the last one (the walk, and reading
+   the values of those found), against the snapshot without secrets of item 1 in the same
+   run: the cheapest read of the tree orchmode makes. Target: <= 0.5x at 10,000 files.
 
     .venv/bin/python bench/secret_files.py [--sizes 1000,10000,100000] [--repeats 10]
 """
@@ -62,6 +65,17 @@ async def snapshot_ms(root: Path, patterns: tuple[str, ...], repeats: int) -> fl
     return statistics.median(times) * 1000
 
 
+def look_ms(root: Path, patterns: tuple[str, ...], repeats: int) -> float:
+    """Median milliseconds of one turn's look for the secret files under ``root``."""
+    found = Secrets.start(patterns, root, {})
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        found.look()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times) * 1000
+
+
 async def masking(root: Path, repeats: int) -> tuple[float, float]:
     """Milliseconds to mask an 8,000-character output with 200 secrets, and to run
     ``true`` in a sandboxed shell."""
@@ -99,9 +113,11 @@ def main() -> None:
             make_repo(root, size)
             without = asyncio.run(snapshot_ms(root, (), args.repeats))
             with_secrets = asyncio.run(snapshot_ms(root, defaults, args.repeats))
+            look = look_ms(root, defaults, args.repeats)
             print(
                 f"  {size:>7,} files: {without:7.1f} ms without, {with_secrets:7.1f} ms with "
-                f"= {with_secrets / without:.2f}x"
+                f"= {with_secrets / without:.2f}x; a user turn's look {look:6.1f} ms "
+                f"= {look / without:.2f}x the snapshot without"
             )
         mask, command = asyncio.run(masking(Path(scratch) / f"repo-{size}", args.repeats))
         print(

@@ -185,6 +185,23 @@ def test_secret_files_are_found_tracked_untracked_and_ignored(repo: Path) -> Non
     assert find_secret_files(repo, SecretFiles(())) == ()
 
 
+def test_the_search_takes_links_as_files_and_skips_git_orchmode_and_what_links_lead_to(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "real" / "deep").mkdir(parents=True)
+    (tmp_path / "real" / "deep" / "id_rsa").write_text("key\n")
+    (tmp_path / "keys").symlink_to(tmp_path / "real")  # a directory behind a link
+    (tmp_path / "site.key").symlink_to(tmp_path / "real")  # a secret name, on a link
+    (tmp_path / "dangling.pem").symlink_to(tmp_path / "nowhere")
+    for skipped in (".git", ".orchmode", "sub/.git"):
+        (tmp_path / skipped).mkdir(parents=True)
+        (tmp_path / skipped / ".env").write_text("X=1\n")
+    (tmp_path / "deploy").mkdir()
+    (tmp_path / "deploy" / "gcp.json").write_text("{}\n")
+    found = find_secret_files(tmp_path, SecretFiles((*SecretFiles().patterns, "deploy/*.json")))
+    assert found == ("dangling.pem", "deploy/gcp.json", "real/deep/id_rsa", "site.key")
+
+
 def test_a_patch_that_writes_a_secret_file_is_refused() -> None:
     patch = (
         "diff --git a/.env b/.env\nnew file mode 100644\nindex 0000000..e69de29\n"
