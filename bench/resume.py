@@ -73,7 +73,7 @@ from orchmode.model.providers import Credentials
 from orchmode.session.agent import Conversation
 from orchmode.store import Store, open_store
 from orchmode.testing import Reply, ScriptedRequest, ScriptedServer
-from orchmode.testing.scenario import OrchestrationScenario, first_user_text
+from orchmode.testing.scenario import OrchestrationScenario, first_user_text, role_of
 
 BACKENDS = ("sqlite", "postgres")
 PARTS = (1, 2, 3)
@@ -531,16 +531,6 @@ class SlowVerifiers:
                 1 for b in reply.content if b.get("type") == "tool_use" and b["name"] == "Workflow"
             )
         return reply
-
-
-def role_of(body: dict[str, Any]) -> str:
-    if "Workflow" in {t.get("name") for t in body.get("tools", [])}:
-        return "main"
-    messages = body.get("messages") or [{}]
-    first = messages[0].get("content")
-    if isinstance(first, list):
-        first = "".join(b.get("text", "") for b in first if isinstance(b, dict))
-    return "verifier" if isinstance(first, str) and first.startswith(VERIFY_MARKER) else "worker"
 
 
 def child_env(**extra: str) -> dict[str, str]:

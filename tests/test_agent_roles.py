@@ -17,11 +17,11 @@ from conftest import API_KEY, StartServer, settings_for
 from orchmode.core.pricing import model_id
 from orchmode.core.prompts import SUBAGENT_SYSTEM
 from orchmode.testing import ScriptedServer
-from orchmode.testing.scenario import OrchestrationScenario
+from orchmode.testing.scenario import OrchestrationScenario, role_of
 from recorded_runs import base_env
 from test_mcp import stdio
 from test_script import result_value
-from test_workflow import role_of, workflow_result
+from test_workflow import workflow_result
 
 REVIEWER = """\
 ---

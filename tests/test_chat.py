@@ -12,8 +12,8 @@ import pytest
 
 from orchmode.core.mode import Notice
 from orchmode.core.prompts import NOTICES
-from orchmode.testing.scenario import OrchestrationScenario
-from test_cli import base_env, orchmode, role_of
+from orchmode.testing.scenario import OrchestrationScenario, role_of
+from test_cli import base_env, orchmode
 
 
 def chat(tmp_path: Path, url: str, *args: str, script: str) -> subprocess.CompletedProcess[str]:

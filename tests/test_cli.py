@@ -13,16 +13,9 @@ from typing import Any
 
 import pytest
 
-from orchmode.core.prompts import VERIFY_MARKER
 from orchmode.testing import ScriptedServer
-from orchmode.testing.scenario import OrchestrationScenario
+from orchmode.testing.scenario import OrchestrationScenario, role_of
 from recorded_runs import base_env, kill_run_when, orchmode, worker_prompts
-
-
-def role_of(body: dict[str, Any]) -> str:
-    if "Workflow" in {t["name"] for t in body.get("tools", [])}:
-        return "main"
-    return "verifier" if body["messages"][0]["content"].startswith(VERIFY_MARKER) else "worker"
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess[str], *needles: str) -> None:

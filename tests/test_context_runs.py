@@ -27,6 +27,7 @@ from orchmode.testing.scenario import (
     OrchestrationScenario,
     first_user_text,
     report,
+    role_of,
     tool_call,
     turn_messages,
 )
@@ -34,13 +35,6 @@ from orchmode.testing.server import COUNT_TOKENS_PATH
 from recorded_runs import API_KEY, orchmode
 
 WINDOW = 200_000
-
-
-def role_of(body: dict[str, Any]) -> str:
-    if "Workflow" in {t["name"] for t in body.get("tools", [])}:
-        return "main"
-    first = body["messages"][0]["content"]
-    return "verifier" if isinstance(first, str) and first.startswith(VERIFY_MARKER) else "worker"
 
 
 def main_requests(server: ScriptedServer) -> list[Any]:

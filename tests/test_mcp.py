@@ -20,10 +20,9 @@ from orchmode.core.errors import ConfigError
 from orchmode.core.events import Event, EventBus, McpCallDone, McpServerFailed, SubagentDone
 from orchmode.session.agent import Conversation as Session
 from orchmode.testing import ScriptedServer
-from orchmode.testing.scenario import OrchestrationScenario
+from orchmode.testing.scenario import OrchestrationScenario, role_of
 from orchmode.tools.mcpconfig import MAX_TOOL_NAME, expand, parse, tool_name
 from recorded_runs import base_env, orchmode
-from test_cli import role_of
 
 SERVERS = Path(__file__).with_name("mcp_servers.py")
 TOKEN = "tok-5ecret-7f3a9c1e"

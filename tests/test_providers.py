@@ -25,7 +25,7 @@ import pytest
 from conftest import StartServer
 from orchmode.core.errors import AuthError, ConfigError, StreamInterrupted
 from orchmode.core.mode import Notice
-from orchmode.core.prompts import MAIN_TOOLS, NOTICES, VERIFY_MARKER
+from orchmode.core.prompts import MAIN_TOOLS, NOTICES
 from orchmode.core.settings import Settings
 from orchmode.model.gateway import ModelGateway
 from orchmode.model.providers import (
@@ -37,7 +37,7 @@ from orchmode.model.providers import (
 )
 from orchmode.testing import Fault, Reply, ScriptedRequest, ScriptedServer
 from orchmode.testing.providers import AuthRefused, AwsKeys, bedrock_frame, check_sigv4
-from orchmode.testing.scenario import OrchestrationScenario
+from orchmode.testing.scenario import OrchestrationScenario, role_of
 from recorded_runs import base_env, orchmode
 
 KEYS = AwsKeys("AKIAORCHMODETEST0001", "orchmode/test/secret+key/not-a-real-one00")
@@ -645,14 +645,6 @@ def unfolded(messages: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
         yield {"role": "user", "content": said}
         for notice in notices:
             yield {"role": "system", "content": notice.removesuffix(NOTICE_END)}
-
-
-def role_of(body: dict[str, Any]) -> str:
-    if "Workflow" in {t["name"] for t in body.get("tools", [])}:
-        return "main"
-    first = body["messages"][0]["content"]
-    text = first if isinstance(first, str) else first[0]["text"]
-    return "verifier" if text.startswith(VERIFY_MARKER) else "worker"
 
 
 def text_of(message: dict[str, Any]) -> str:

@@ -32,7 +32,6 @@ from typing import Any
 import psycopg
 import pytest
 
-from orchmode.core.prompts import VERIFY_MARKER
 from orchmode.testing import Reply, ScriptedRequest, ScriptedServer
 from orchmode.testing.raycluster import (
     LocalCluster,
@@ -40,7 +39,13 @@ from orchmode.testing.raycluster import (
     local_ray_cluster,
     session_members,
 )
-from orchmode.testing.scenario import OrchestrationScenario, mode_is_on, tool_call, turn_messages
+from orchmode.testing.scenario import (
+    OrchestrationScenario,
+    mode_is_on,
+    role_of,
+    tool_call,
+    turn_messages,
+)
 from recorded_runs import base_env
 
 pytestmark = pytest.mark.timeout(300)
@@ -127,13 +132,6 @@ def run_env(cluster: LocalCluster | None) -> dict[str, str]:
 
 def on_ray(cluster: LocalCluster, store: str) -> list[str]:
     return ["--executor", "ray", "--ray-address", cluster.address, "--store", store]
-
-
-def role_of(body: dict[str, Any]) -> str:
-    if "Workflow" in {t["name"] for t in body.get("tools", [])}:
-        return "main"
-    first = body["messages"][0]["content"]
-    return "verifier" if isinstance(first, str) and first.startswith(VERIFY_MARKER) else "worker"
 
 
 def asked(server: ScriptedServer, role: str, since: int = 0) -> list[str]:

@@ -16,12 +16,12 @@ from typing import Any
 
 import pytest
 
-from orchmode.core.prompts import VERIFY_MARKER
 from orchmode.session.agent import CUT_OFF_NOTE
 from orchmode.testing import Reply, ScriptedRequest, ScriptedServer
 from orchmode.testing.scenario import (
     OrchestrationScenario,
     mode_is_on,
+    role_of,
     text,
     tool_call,
     turn_messages,
@@ -58,13 +58,6 @@ class Replanning(OrchestrationScenario):
         reply = super().main(request)
         reply.delay = max(reply.delay, self.synthesis_delay)
         return reply
-
-
-def role_of(body: dict[str, Any]) -> str:
-    if "Workflow" in {t["name"] for t in body.get("tools", [])}:
-        return "main"
-    first = body["messages"][0]["content"]
-    return "verifier" if isinstance(first, str) and first.startswith(VERIFY_MARKER) else "worker"
 
 
 def uninterrupted(scripted: Callable[..., ScriptedServer], tmp_path: Path, **kw: Any) -> str:

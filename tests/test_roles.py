@@ -16,9 +16,8 @@ from orchmode.core.pricing import MODEL_ALIASES, default_prices
 from orchmode.core.settings import Settings
 from orchmode.session.agent import Conversation
 from orchmode.testing import ScriptedServer
-from orchmode.testing.scenario import OrchestrationScenario
+from orchmode.testing.scenario import OrchestrationScenario, role_of
 from recorded_runs import orchmode
-from test_workflow import role_of
 
 ROLES = ("main", "worker", "verifier", "resolver")
 

@@ -12,21 +12,12 @@ import pytest
 
 from conftest import StartServer, gateway_for, settings_for, store_for
 from orchmode.core.events import EventBus, ScriptDone, ScriptStarted, SubagentDone, SubagentStarted
-from orchmode.core.prompts import RESOLVE_MARKER, VERIFY_MARKER, WORKFLOW_DESCRIPTION
+from orchmode.core.prompts import WORKFLOW_DESCRIPTION
 from orchmode.session.agent import Conversation as Session
 from orchmode.session.agent import TurnResult
 from orchmode.testing import ScriptedRequest, ScriptedServer
-from orchmode.testing.scenario import OrchestrationScenario, first_user_text
+from orchmode.testing.scenario import OrchestrationScenario, first_user_text, role_of
 from recorded_runs import kill_run_when, orchmode, worker_prompts
-
-
-def role_of(body: dict[str, Any]) -> str:
-    if "Workflow" in {t["name"] for t in body.get("tools", [])}:
-        return "main"
-    first = body["messages"][0]["content"]
-    if first.startswith(VERIFY_MARKER):
-        return "verifier"
-    return "resolver" if first.startswith(RESOLVE_MARKER) else "worker"
 
 
 def started(server: ScriptedServer, role: str, since: int = 0) -> list[str]:

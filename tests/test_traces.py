@@ -25,11 +25,10 @@ from orchmode.core.settings import Settings
 from orchmode.telemetry.traces import Traces, start_tracing, tracing_wanted, turn_ids
 from orchmode.testing import Fault, ScriptedServer
 from orchmode.testing.faults import FaultSchedule
-from orchmode.testing.scenario import OrchestrationScenario
+from orchmode.testing.scenario import OrchestrationScenario, role_of
 from phoenix_fixture import Phoenix
 from recorded_runs import base_env
 from test_resume import Replanning, ctrl_c_during_fanout
-from test_workflow import role_of
 
 
 async def traced_run(

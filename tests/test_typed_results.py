@@ -21,9 +21,9 @@ from orchmode.fanout.plans import Plan, plan_subtasks
 from orchmode.model.context import estimate_tokens
 from orchmode.session.agent import Conversation as Session
 from orchmode.testing import ScriptedServer
-from orchmode.testing.scenario import OrchestrationScenario, schema_instance
+from orchmode.testing.scenario import OrchestrationScenario, role_of, schema_instance
 from test_result_schemas import SCORES
-from test_script import result_value, role_of, workflow_block
+from test_script import result_value, workflow_block
 
 COUNT = {
     "type": "object",

@@ -10,11 +10,10 @@ import pytest
 
 from conftest import StartServer, gateway_for, settings_for, store_for
 from orchmode.core.events import EventBus, SubagentDone
-from orchmode.core.prompts import VERIFY_MARKER
 from orchmode.session.agent import Conversation as Session
 from orchmode.store.sqlite import SQLiteStore
 from orchmode.testing import MIXED, Fault, Reply, ScriptedRequest, ScriptedServer
-from orchmode.testing.scenario import OrchestrationScenario, first_user_text
+from orchmode.testing.scenario import OrchestrationScenario, first_user_text, role_of
 
 
 def slowed(scenario: OrchestrationScenario, subtask: str, delay: float) -> Any:
@@ -27,14 +26,6 @@ def slowed(scenario: OrchestrationScenario, subtask: str, delay: float) -> Any:
         return reply
 
     return respond
-
-
-def role_of(body: dict[str, Any]) -> str:
-    names = {t["name"] for t in body.get("tools", [])}
-    if "Workflow" in names:
-        return "main"
-    first = body["messages"][0]["content"]
-    return "verifier" if first.startswith(VERIFY_MARKER) else "worker"
 
 
 def workflow_result(server: ScriptedServer) -> str:

@@ -38,9 +38,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..core.prompts import RESOLVE_MARKER, VERIFY_MARKER
 from .replies import LoggedRequest, Reply, ScriptedRequest
-from .scenario import OrchestrationScenario, mode_is_on
+from .scenario import OrchestrationScenario, mode_is_on, role_of
 from .server import ScriptedServer
 
 API_KEY = "test-key"
@@ -230,22 +229,6 @@ def start_run(server: ScriptedServer, cwd: Path) -> subprocess.Popen[bytes]:
 # ---------------------------------------------------------------------- what is observed
 
 
-def role_of(entry: LoggedRequest) -> str:
-    body = entry.body
-    if "Workflow" in {t.get("name") for t in body.get("tools", [])}:
-        return "main"
-    messages = body.get("messages") or [{}]
-    first = messages[0].get("content")
-    if isinstance(first, list):
-        first = "".join(b.get("text", "") for b in first if isinstance(b, dict))
-    first = first if isinstance(first, str) else ""
-    if first.startswith(VERIFY_MARKER):
-        return "verifier"
-    if first.startswith(RESOLVE_MARKER):
-        return "resolver"
-    return "worker"
-
-
 def journal_roles(journal: Path) -> list[tuple[str, str]]:
     """The (role, prompt) of every result recorded in a SQLite journal so far."""
     if not journal.exists():
@@ -274,7 +257,7 @@ class Watch:
         return self.workdir / ".orchmode" / "journal.db"
 
     def requests(self, role: str) -> int:
-        return sum(1 for e in self.server.log[self.since :] if role_of(e) == role)
+        return sum(1 for e in self.server.log[self.since :] if role_of(e.body) == role)
 
     def main_requests(self) -> int:
         return self.requests("main")
@@ -400,7 +383,7 @@ def phase_of(log: Sequence[LoggedRequest]) -> str:
     """Where the run was, from the requests it made: the main agent's first two are the
     plan, its third (the Workflow result) on the synthesis; between them, the workers, their
     verifiers, then the merge (resolvers included)."""
-    roles = [role_of(e) for e in log]
+    roles = [role_of(e.body) for e in log]
     mains = roles.count("main")
     if mains >= 3:
         return "synthesis"
@@ -409,9 +392,9 @@ def phase_of(log: Sequence[LoggedRequest]) -> str:
     if "resolver" in roles:
         return "merge"
     workers_done = sum(
-        1 for e in log if role_of(e) == "worker" and e.outcome == "ok" and _reported(e)
+        1 for e in log if role_of(e.body) == "worker" and e.outcome == "ok" and _reported(e)
     )
-    verifiers = [e for e in log if role_of(e) == "verifier"]
+    verifiers = [e for e in log if role_of(e.body) == "verifier"]
     finished = all(e.outcome == "ok" for e in verifiers)
     if workers_done == len(SUBTASKS) and len(verifiers) == len(SUBTASKS) and finished:
         return "merge"

@@ -23,7 +23,7 @@ import hashlib
 import json
 import random
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,12 +48,28 @@ def report(summary: str, findings: list[dict[str, str]], **kwargs: Any) -> Reply
 
 
 def first_user_text(request: ScriptedRequest) -> str:
-    content = request.messages[0].get("content") if request.messages else None
+    return _first_text(request.body)
+
+
+def _first_text(body: Mapping[str, Any]) -> str:
+    messages = body.get("messages") or []
+    content = messages[0].get("content") if messages else None
     if isinstance(content, str):
         return content
     if isinstance(content, list):
         return "".join(b.get("text", "") for b in content if isinstance(b, dict))
     return ""
+
+
+def role_of(body: Mapping[str, Any]) -> str:
+    """Which of orchmode's agents sent a request: ``main`` (it offers the Workflow tool),
+    ``verifier``, ``resolver`` (their prompts' markers) or ``worker``."""
+    if "Workflow" in {t.get("name") for t in body.get("tools") or []}:
+        return "main"
+    first = _first_text(body)
+    if first.startswith(VERIFY_MARKER):
+        return "verifier"
+    return "resolver" if first.startswith(RESOLVE_MARKER) else "worker"
 
 
 def turn_messages(messages: list[Message]) -> list[Message]:
@@ -402,14 +418,14 @@ class OrchestrationScenario:
         return [f"{self.subtask_prefix} {i}" for i in range(1, self.subtasks + 1)]
 
     def __call__(self, request: ScriptedRequest) -> Reply:
-        if "Workflow" in request.tool_names:
-            role, reply = "main", self.main(request)
-        elif first_user_text(request).startswith(VERIFY_MARKER):
-            role, reply = "verifier", self.verifier(request)
-        elif first_user_text(request).startswith(RESOLVE_MARKER):
-            role, reply = "resolver", self.resolver(request)
-        else:
-            role, reply = "worker", self.worker(request)
+        role = role_of(request.body)
+        answer = {
+            "main": self.main,
+            "verifier": self.verifier,
+            "resolver": self.resolver,
+            "worker": self.worker,
+        }[role]
+        reply = answer(request)
         self.stats[role] = self.stats.get(role, 0) + 1
         reply.delay = max(reply.delay, self.delay)
         return reply
