@@ -17,6 +17,7 @@ from types import TracebackType
 from typing import Protocol
 
 from ..core.secrets import Masker
+from ..core.wording import listed
 from .output import _OutputCollector
 from .processes import _kill_tree, _signal_name, has_ended, use_pidfd_child_watcher
 
@@ -38,12 +39,6 @@ _OUT_FD = 19
 
 _RESET_NOTE = "so the working directory and environment are reset"
 _USAGE = 'send {"command": "<shell command>"} to run a command, or {"restart": true}'
-
-
-def _listed(names: Sequence[str], shown: int = 3) -> str:
-    """``a, b, c and 2 more``: a few names, and how many were left out."""
-    listed = ", ".join(names[:shown])
-    return f"{listed} and {len(names) - shown} more" if len(names) > shown else listed
 
 
 class ShellSandbox(Protocol):
@@ -436,7 +431,7 @@ class BashSession:
             shell = None
             notes.append(
                 f"(note: orchmode found secret files since the shell started "
-                f"({_listed(fresh)}); this ran in a fresh shell that withholds them, "
+                f"({listed(fresh)}); this ran in a fresh shell that withholds them, "
                 f"{_RESET_NOTE})"
             )
         if shell is None:

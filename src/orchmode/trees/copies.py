@@ -38,6 +38,7 @@ from typing import Literal
 
 from ..core.results import Change
 from ..core.secrets import Secrets
+from ..core.wording import listed
 from .git import TreeError, _Work, git, on_thread
 from .layers import PATCH_FLAGS, PATCH_FORM, read_layer
 from .patches import FileChange, PatchSummary, refusals, summary_of
@@ -1100,46 +1101,43 @@ class Trees:
         index = self.run / f"{self._name('finish')}.index"
         try:
             before, after = await self._files_between(ours, merged, index)
-            kept = await self._keep_unexpected(before, after)
+            kept, unexpected = await self._keep_unexpected(before, after)
             await self._write_files(before, after, index)
         finally:
             _remove_index(index)
         self.intent.unlink(missing_ok=True)
         self._presumed = None  # the directory is read again by the next merge
         log.info("finished a write into the working directory a killed run left half done")
-        if kept is not None:
-            names = sorted(str(p.relative_to(kept)) for p in kept.rglob("*") if p.is_file())
+        if unexpected:
             log.warning(
                 "finished a merge a killed run left half done; %s held neither the content "
                 "before it nor the merged one (cut off mid-write, or edited since): what "
                 "was there is kept in %s",
-                ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else ""),
+                listed(sorted(unexpected)),
                 kept,
             )
         return list(before)
 
     async def _keep_unexpected(
         self, before: dict[str, str | None], after: dict[str, tuple[str, str]]
-    ) -> Path | None:
+    ) -> tuple[Path, list[str]]:
         """Copy aside each file about to be rewritten or deleted whose content is neither
         the one the interrupted write started from nor the one it was writing: a file git
         was cut off writing, or one edited after the kill. Nothing on disk is lost to the
-        finish. The directory of the copies, if any were made."""
+        finish. The directory of the copies (made only if there are any), and the paths."""
         actual = await self._blobs_on_disk(list(before))
         unexpected = [
             path
             for path, blob in actual.items()
             if blob not in (before[path], after[path][1] if path in after else None)
         ]
-        if not unexpected:
-            return None
-        kept = self.workdir / TREES_DIR.parent / "kept" / time.strftime("%Y%m%d-%H%M%S")
-        kept = kept.with_name(f"{kept.name}-{uuid.uuid4().hex[:6]}")
+        stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+        kept = self.workdir / TREES_DIR.parent / "kept" / stamp
         for path in unexpected:
             target = kept / path
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(self.workdir / path, target, follow_symlinks=False)
-        return kept
+        return kept, unexpected
 
     async def _files_between(
         self, ours: str, merged: str, index: Path
