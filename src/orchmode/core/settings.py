@@ -128,6 +128,31 @@ class Settings(BaseModel):
     sandbox_bwrap: str = Field(
         default="bwrap", description="The bubblewrap binary: a name looked up on PATH, or a path."
     )
+    sandbox_unix_sockets: tuple[str, ...] | Literal["all"] = Field(
+        default=(),
+        description="Unix sockets sandboxed commands may connect to (paths, a list in "
+        "`orchmode.toml` or separated by commas), such as a test database's; every other is "
+        "refused by the sandbox's seccomp filter. `all` lifts the block on Unix sockets.",
+    )
+    agent_write_mb: int = Field(
+        default=2048,
+        gt=0,
+        description="Megabytes one agent may write in its workspace (what it adds or changes, "
+        "not the tree it starts from); past it the agent is stopped with a clear result and "
+        "what it did so far is kept.",
+    )
+    min_free_disk_mb: int = Field(
+        default=1024,
+        ge=0,
+        description="Megabytes of free disk below which agents writing to their workspaces "
+        "are stopped, with a clear result, before the disk fills.",
+    )
+    change_file_max_mb: int = Field(
+        default=100,
+        gt=0,
+        description="Megabytes one file in an agent's change may hold; a larger file is left "
+        "out of the change and named in the worker's result (the rest is kept).",
+    )
     max_concurrent: int = Field(
         default=10,
         gt=0,
@@ -357,6 +382,26 @@ class Settings(BaseModel):
             return tuple(p.strip() for p in value.split(",") if p.strip())
         return value
 
+    @field_validator("sandbox_unix_sockets", mode="before")
+    @classmethod
+    def _socket_paths(cls, value: Any) -> Any:
+        """A flag or variable gives the paths as one string, separated by commas."""
+        if isinstance(value, str) and value.strip() != "all":
+            return tuple(p.strip() for p in value.split(",") if p.strip())
+        if isinstance(value, str):
+            return "all"
+        return value
+
+    @field_validator("sandbox_unix_sockets")
+    @classmethod
+    def _absolute_sockets(cls, value: tuple[str, ...] | str) -> tuple[str, ...] | str:
+        if isinstance(value, str):
+            return value
+        for path in value:
+            if not path.startswith("/") or "\0" in path:
+                raise ValueError(f"{path!r} is not an absolute path (or `all`)")
+        return value
+
     @field_validator("secret_files")
     @classmethod
     def _valid_patterns(cls, value: tuple[str, ...]) -> tuple[str, ...]:
@@ -530,7 +575,7 @@ def settings_table() -> str:
         elif isinstance(default, bool):
             shown = f"`{str(default).lower()}`"
         elif isinstance(default, tuple):
-            shown = ", ".join(f"`{item}`" for item in default)
+            shown = ", ".join(f"`{item}`" for item in default) or "—"
         else:
             shown = f"`{default}`"
         rows.append(
