@@ -6,7 +6,8 @@ leaves the conversation valid — :meth:`orchmode.Session.turn` answers every to
 saves the history even when cancelled — and the subagents that finished stay in the journal.
 
 An answer is printed once its turn has ended: as rendered Markdown when stdout is a terminal
-(a half-written answer could not be drawn), exactly as the model wrote it otherwise.
+(a half-written answer could not be drawn), its control characters shown as escapes; exactly
+as the model wrote it otherwise.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from ..records.totals import SessionTotals
 from ..session.api import Session, TurnResult, open_session
 from ..session.resume import interrupted
 from ..views.display import Display, DisplayMode, make_display
+from ..views.escape import visible
 from ..views.markdown import print_answer
 from .failures import unless_the_store_fails
 
@@ -106,7 +108,8 @@ class Chat:
         self.leaving = asyncio.Event()
 
     def say(self, text: str) -> None:
-        print(text, file=self.out, flush=True)
+        """One line of the chat's own on stdout (it may quote what the user typed)."""
+        print(visible(text), file=self.out, flush=True)
 
     def interrupt(self) -> None:
         """Ctrl-C: cancel the running turn; with none running, or the second time, leave."""

@@ -22,6 +22,7 @@ from typing import Any, NoReturn, TypeVar
 from .. import __version__
 from ..core.errors import ConfigError, OrchmodeError
 from ..core.settings import Settings, env_var, flag, flag_names, load_settings
+from ..views.escape import visible
 from .failures import unless_the_store_fails
 
 if typing.TYPE_CHECKING:
@@ -33,11 +34,17 @@ log = logging.getLogger("orchmode")
 T = TypeVar("T")
 
 
+def _say(text: str, stream: typing.TextIO | None = None) -> None:
+    """One line for the user (stdout unless told): whatever it quotes — a session's name, a
+    model's words in an error — its control characters are shown, never obeyed."""
+    print(visible(text), file=stream or sys.stdout)
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse, but a bad flag is one line in orchmode's voice."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"orchmode: {message} — see `{self.prog} --help`\n")
+        self.exit(2, visible(f"orchmode: {message} — see `{self.prog} --help`") + "\n")
 
 
 def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
@@ -423,11 +430,11 @@ def cmd_run(args: argparse.Namespace) -> int:
                 asyncio.run(_resume(settings, workdir, earlier, display_mode=_display_mode(args)))
                 return 0
             if earlier is not None:
-                print(
+                _say(
                     f"orchmode: session {earlier} was interrupted on this same task — "
                     f"`orchmode resume {earlier}` (or `orchmode run --resume`) continues it "
                     "where it stopped; starting a new session",
-                    file=sys.stderr,
+                    sys.stderr,
                 )
         asyncio.run(_run(settings, task, workdir, display_mode=_display_mode(args)))
     finally:
@@ -474,18 +481,18 @@ async def _budget(settings: Settings, workdir: Path) -> None:
     finally:
         await store.close()
     cap = settings.max_subagents
-    print(f"session    {session}")
-    print(f"subagents  {state.subagents} launched of {cap} ({max(0, cap - state.subagents)} left)")
+    _say(f"session    {session}")
+    _say(f"subagents  {state.subagents} launched of {cap} ({max(0, cap - state.subagents)} left)")
     token_cap = settings.max_session_tokens
     tokens = f"{state.tokens:,} used" + (f" of {token_cap:,}" if token_cap else "")
-    print(f"tokens     {tokens}")
+    _say(f"tokens     {tokens}")
     cost_cap = settings.max_cost
     cost = f"${state.cost:.2f} spent" + (f" of ${cost_cap:.2f}" if cost_cap else "")
-    print(f"cost       {cost}")
-    print(f"requests   {totals.all.requests:,} to the model")
+    _say(f"cost       {cost}")
+    _say(f"requests   {totals.all.requests:,} to the model")
     if models := totals.describe_models():
-        print(f"models     {models}")
-    print(f"cache      {totals.describe_cache()}")
+        _say(f"models     {models}")
+    _say(f"cache      {totals.describe_cache()}")
 
 
 def cmd_budget(args: argparse.Namespace) -> int:
@@ -622,17 +629,17 @@ def cmd_runs(args: argparse.Namespace) -> int:
         _histories(settings, _workdir(settings), None, limit=args.limit)
     )
     if not histories:
-        print(f"no runs are recorded in {location} yet — start one with `orchmode run`")
+        _say(f"no runs are recorded in {location} yet — start one with `orchmode run`")
         return 0
     print_table(RUN_COLUMNS, run_rows(histories), sys.stdout)
     cut_off = [h.id for h in histories if h.turns and h.turns[-1].status == "interrupted"]
     if cut_off:
-        print(
+        _say(
             f"(interrupted: {', '.join(cut_off)} — `orchmode resume SESSION` continues one "
             "from its last recorded step)"
         )
     if count > len(histories):
-        print(f"({len(histories)} most recent of {count} sessions; -n {count} shows them all)")
+        _say(f"({len(histories)} most recent of {count} sessions; -n {count} shows them all)")
     return 0
 
 
@@ -645,7 +652,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     if history.turns and history.turns[-1].status == "interrupted":
         pending = asyncio.run(_pending(settings, _workdir(settings), history.id))
         if pending:
-            print(f"in progress when it stopped: {', '.join(pending)}")
+            _say(f"in progress when it stopped: {', '.join(pending)}")
     return 0
 
 
@@ -684,13 +691,13 @@ def cmd_report(args: argparse.Namespace) -> int:
             f"cannot write the report to {output}: {exc.strerror or exc} — pass -o with a "
             "writable path"
         ) from None
-    print(output)
+    _say(str(output))
     return 0
 
 
 def _configure_logging(debug: bool) -> None:
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("orchmode: %(levelname)s: %(message)s"))
+    handler.setFormatter(_VisibleFormatter("orchmode: %(levelname)s: %(message)s"))
     log.addHandler(handler)
     log.setLevel(logging.DEBUG if debug else logging.WARNING)
     log.propagate = False
@@ -705,6 +712,13 @@ def _configure_logging(debug: bool) -> None:
         warnings.filterwarnings(
             "ignore", "A loop is being detached from a child watcher", RuntimeWarning
         )
+
+
+class _VisibleFormatter(logging.Formatter):
+    """Log lines with their control characters shown: a warning may quote an agent's words."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return visible(super().format(record))
 
 
 def _reaped_elsewhere(record: logging.LogRecord) -> bool:
@@ -737,14 +751,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OrchmodeError as exc:
         if args.debug:
             raise
-        print(f"orchmode: {exc}", file=sys.stderr)
+        _say(f"orchmode: {exc}", sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         if _driving:
-            print(
+            _say(
                 f"orchmode: interrupted — session {_driving[0]} is recorded up to its last "
                 f"step; continue it with `orchmode resume {_driving[0]}`",
-                file=sys.stderr,
+                sys.stderr,
             )
         else:
             print(

@@ -13,6 +13,7 @@ from typing import Any, Literal, Protocol, TextIO
 
 from ..core.events import Event
 from ..records.totals import SessionTotals
+from .escape import json_visible, visible
 from .progress import StderrProgress
 
 DisplayMode = Literal["live", "plain", "json"]
@@ -43,7 +44,8 @@ class JsonLines:
         self.write(event_record(event))
 
     def write(self, record: dict[str, Any]) -> None:
-        print(json.dumps(record, ensure_ascii=False), file=self.stream, flush=True)
+        # JSON writes C0 controls as \u00XX itself; the rest are escaped the same way
+        print(json_visible(json.dumps(record, ensure_ascii=False)), file=self.stream, flush=True)
 
 
 class Display(Protocol):
@@ -69,7 +71,7 @@ class PlainDisplay:
         self._progress(event)
 
     def notice(self, text: str) -> None:
-        print(text, file=self.stream, flush=True)
+        print(visible(text), file=self.stream, flush=True)
 
     def stop(self) -> None:
         pass

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 
 from ..records.wording import seconds as seconds  # the read model describes durations too
+from .escape import visible
 
 
 def money(dollars: float) -> str:
@@ -27,7 +28,9 @@ def when(at: float | None, form: str = "%Y-%m-%d %H:%M") -> str:
 
 
 def clip(text: str, width: int) -> str:
-    line = " ".join(text.split())
+    """``text`` on one line of at most ``width`` characters; its control characters shown
+    (a ``\r`` as ``\r``, not taken for a space)."""
+    line = " ".join(visible(text).split())
     return line if len(line) <= width else line[: width - 1] + "…"
 
 

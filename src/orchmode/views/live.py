@@ -44,6 +44,7 @@ from ..core.events import (
 from ..records.history import Resolving
 from ..records.totals import SessionTotals
 from ..records.wording import compaction_text, condensed_text
+from .escape import visible, visible_event
 from .progress import CHANGE_STYLES
 
 QUEUED = "queued"
@@ -202,6 +203,7 @@ class LiveView:
         return cls(totals, Console(file=stream, stderr=True))
 
     def __call__(self, event: Event) -> None:
+        event = visible_event(event)  # its texts are the agents': escaped before they are kept
         with self._lock:
             self._apply(event)
         if isinstance(event, TurnStarted):
@@ -213,6 +215,7 @@ class LiveView:
 
     def notice(self, text: str) -> None:
         console = self.console or Console(stderr=True)
+        text = visible(text)
         if self._live is not None:
             self._live.console.print(Text(text))  # printed above the live region
         else:
@@ -359,7 +362,7 @@ class LiveView:
         title = "commands"
         if self.commands_before:
             title += f" ({self.commands_before} earlier not shown)"
-        table = Table(title=title, title_justify="left", show_header=False, box=None)
+        table = Table(title=Text(title), title_justify="left", show_header=False, box=None)
         for column in ("agent", "command", "took", "status"):
             table.add_column(column, no_wrap=column != "command")
         for done in self.commands:
@@ -395,7 +398,8 @@ class LiveView:
             title += f" · done in {view.duration:.1f} s"
         if view.error:
             title += f" · failed: {_short(view.error, 60)}"
-        table = Table(title=title, title_justify="left", expand=False)
+        # Text, never markup: a script's error can quote the model's words, [brackets] and all
+        table = Table(title=Text(title), title_justify="left", expand=False)
         table.add_column("#", justify="right")
         table.add_column("subtask", max_width=48, no_wrap=True, overflow="ellipsis")
         # Only a call with an agent on a cluster node shows where each ran.
@@ -426,7 +430,7 @@ class LiveView:
                 f"${row.cost:.3f}" if row.cost else "",
                 f"{elapsed:.1f} s" if elapsed is not None else "",
                 Text("$ " + _short(row.running, 60)) if row.running else "",
-                row.verdict or "",
+                Text(row.verdict or ""),
                 *([_change_cell(row.change, row.index in resolved)] if changes else []),
             )
         return table
@@ -436,7 +440,7 @@ class LiveView:
         total = self.totals.all
         elapsed = (self.clock() if now is None else now) - self.began
         budget = f" · budget: {self.budget_line}" if self.budget_line else ""
-        models = self.totals.describe_models()
+        models = visible(self.totals.describe_models())  # the names the API answered with
         return Text(
             f"session · {total.requests} requests · {_tokens(total.usage):,} tokens · "
             f"{total.usage.cache_hit:.0%} cache hit · ${total.cost:.2f} · {elapsed:.1f} s"

@@ -5,7 +5,8 @@ so any HTML in the text (``<script>``, ``<img onerror=…>``, ``List<String>``) 
 text, never dropped and never live. The HTML side, for the report, is stricter still: a link
 is live only when its scheme is http, https or mailto (a relative, ``javascript:`` or
 ``data:`` one stays literal text), and an image never loads — it reads as its alt text and
-its address. Into a pipe or a file an answer is printed exactly as the model wrote it.
+its address. On a terminal an answer's control characters are shown as escapes (see
+:mod:`orchmode.views.escape`); into a pipe or a file it is printed exactly as the model wrote it.
 
 Rich and markdown-it are imported here, so only a command that prints an answer on a
 terminal, or writes a report, pays for them.
@@ -19,6 +20,8 @@ from collections.abc import Sequence
 from functools import cache
 from html import escape
 from typing import TYPE_CHECKING, Any, TextIO
+
+from .escape import visible
 
 if TYPE_CHECKING:
     from markdown_it import MarkdownIt
@@ -51,8 +54,9 @@ def is_terminal(stream: TextIO) -> bool:
 
 
 def print_answer(text: str, stream: TextIO | None = None) -> None:
-    """An answer on ``stream`` (stdout): rendered Markdown on a terminal, as wide as it is;
-    anywhere else exactly ``print(text)``, byte for byte."""
+    """An answer on ``stream`` (stdout): rendered Markdown on a terminal, as wide as it is,
+    its control characters shown as escapes; anywhere else exactly ``print(text)``, byte for
+    byte (a file or a program gets the model's text as it is)."""
     out = stream if stream is not None else sys.stdout
     if not is_terminal(out):
         print(text, file=out, flush=True)
@@ -63,7 +67,7 @@ def print_answer(text: str, stream: TextIO | None = None) -> None:
     console = Console(file=out, highlight=False)
     for _ in range(len(text) - len(body)):  # the blank lines before a second answer
         console.line()
-    console.print(terminal_markdown(body))
+    console.print(terminal_markdown(visible(body)))
     out.flush()
 
 

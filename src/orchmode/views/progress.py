@@ -24,6 +24,7 @@ from ..core.events import (
 )
 from ..records.history import Resolving
 from ..records.wording import change_fate, compaction_text, condensed_text
+from .escape import visible_event
 
 #: A settled change's fate, coloured: merged is good news, a conflict or a refusal is not.
 CHANGE_STYLES = {
@@ -80,6 +81,7 @@ class StderrProgress:
     resolving: Resolving = field(default_factory=Resolving)
 
     def __call__(self, event: Event) -> None:
+        event = visible_event(event)  # its texts are the agents': escaped before use
         self.resolving.follow(event)
         resolution = isinstance(event, SubagentDone) and self.resolving.checks_resolution(
             event.call, event.index, event.role

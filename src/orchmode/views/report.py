@@ -6,9 +6,11 @@ untrusted: it goes through :func:`html.escape`, or — the answers, and the find
 evidence and summaries, which are Markdown — through :mod:`orchmode.views.markdown`, which shows
 any HTML as text, keeps only http, https and mailto links and loads no image. A
 Content-Security-Policy allows only the page's own script (by hash) and no fetches at all,
-so even a missed escape could not run injected code or call out. The page is complete
-without JavaScript; the script only opens an agent's details from its timeline bar and lets
-the legend hide states.
+so even a missed escape could not run injected code or call out. Control characters and
+bidirectional overrides are shown as their escapes (:func:`orchmode.views.escape.visible`),
+as on a terminal: an override would reorder the page's text as it reorders a terminal's.
+The page is complete without JavaScript; the script only opens an agent's details from its
+timeline bar and lets the legend hide states.
 """
 
 from __future__ import annotations
@@ -32,24 +34,25 @@ from ..records.history import (
     SettledChange,
     Turn,
 )
+from .escape import visible
 from .formatting import money, seconds, when
 from .markdown import to_html, to_inline_html
 
 
 def e(value: object) -> str:
-    """Escaped for both text and double-quoted attributes."""
-    return escape(str(value), quote=True)
+    """Escaped for both text and double-quoted attributes, control characters shown."""
+    return escape(visible(str(value)), quote=True)
 
 
 def md_block(text: str, name: str, *, breaks: bool = False) -> str:
     """Model-written Markdown as sanitised HTML in ``<div class="NAME md">``; ``breaks``
     keeps each line break (evidence quotes lines of code and output)."""
-    return f'<div class="{name} md">{to_html(text, breaks=breaks)}</div>'
+    return f'<div class="{name} md">{to_html(visible(text), breaks=breaks)}</div>'
 
 
 def md_inline(text: str, name: str) -> str:
     """Like :func:`md_block`, but a single paragraph stays inline (a claim beside its badge)."""
-    inline = to_inline_html(text)
+    inline = to_inline_html(visible(text))
     if inline is None:
         return md_block(text, name)
     return f'<span class="{name} md">{inline}</span>'

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import IO
 
 from ..records.history import SessionHistory
+from .escape import visible
 from .formatting import clip, money, when
 from .transcript import _STATE_STYLES
 
@@ -59,7 +60,9 @@ def format_columns(
 
 
 def print_table(header: Sequence[str], rows: Sequence[Sequence[str]], stream: IO[str]) -> None:
-    """A Rich table on a terminal (only TASK gives way when narrow); plain columns elsewhere."""
+    """A Rich table on a terminal (only TASK gives way when narrow); plain columns elsewhere.
+    Either way with the cells' control characters escaped: a task may quote anything."""
+    rows = [tuple(visible(cell) for cell in row) for row in rows]
     if not stream.isatty():
         print(format_columns(header, rows), file=stream)
         return

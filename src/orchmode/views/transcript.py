@@ -18,6 +18,7 @@ from ..records.history import (
     CondensedResult,
     SessionHistory,
 )
+from .escape import visible
 from .formatting import clip, money, plural, seconds, when
 from .progress import CHANGE_STYLES
 
@@ -51,7 +52,7 @@ def _line(*pieces: tuple[str, str] | str) -> Line:
 
 def _block(label: str, text: str, indent: str, style: str = "") -> list[Line]:
     """``label`` then ``text``, its later lines indented under the first."""
-    lines = text.splitlines() or [""]
+    lines = visible(text).splitlines() or [""]  # a \r is shown, not taken for a line break
     label = label.ljust(7)
     pad = " " * (len(label) + 1)
     out = [_line(indent, (label, "bold"), " ", (lines[0], style))]
@@ -203,7 +204,9 @@ def plain(lines: Iterable[Line]) -> str:
 
 
 def print_lines(lines: Iterable[Line], stream: IO[str]) -> None:
-    """Styled through Rich on a terminal; plain text into a pipe or a file."""
+    """Styled through Rich on a terminal; plain text into a pipe or a file. Either way every
+    piece is shown with its control characters escaped: most came from agents."""
+    lines = [tuple((visible(text), style) for text, style in line) for line in lines]
     if not stream.isatty():
         print(plain(lines), file=stream)
         return
