@@ -129,7 +129,7 @@ def on_a_terminal(*args: str, cwd: Path, send: tuple[str, ...] = ()) -> str:
     finally:
         child.close(force=True)
     assert child.exitstatus == 0, seen
-    return seen
+    return str(seen)
 
 
 def flat(text: str) -> str:
@@ -180,8 +180,8 @@ def hostile(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Ou
     workdir = tmp_path_factory.mktemp("hostile")
     (workdir / "a.txt").write_text("a\n")
     with scripted_server(scenario()) as server:
-        flags = ("--base-url", server.url, "--plain", "--merge", "all", "--session", SESSION)
-        flags += ("--worker-model", WORKER_MODEL)
+        flags = ["--base-url", server.url, "--plain", "--merge", "all", "--session", SESSION]
+        flags += ["--worker-model", WORKER_MODEL]
         result = orchmode("run", f"task {HOSTILE}", *flags, cwd=workdir)
     assert result.code == 0, result.stderr
     yield workdir, result
