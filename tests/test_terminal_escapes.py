@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from rich.console import Console
 
 from conftest import StartServer, settings_for
-from orchmode.core.events import BashDone, McpCallDone
+from orchmode.core.events import BashDone, McpCallDone, ScriptDone, ScriptStarted, SubagentStarted
 from orchmode.records.totals import SessionTotals
 from orchmode.testing.scenario import OrchestrationScenario
 from orchmode.views.display import PlainDisplay
@@ -299,6 +299,21 @@ async def test_the_live_view_of_a_real_run_shows_the_escapes(
     assert f"orchmode: warning: {SHOWN}" in text
     assert r"error: \x1b]52;c;aGFja2Vk" in text
     assert visible(WORKER_MODEL) in text  # the footer's models line
+
+
+def test_the_live_view_reads_no_agent_text_as_rich_markup() -> None:
+    """A script's error quotes the model's words, a title is the model's: [brackets] and all
+    are shown as written, never taken for Rich's styles."""
+    view = LiveView(SessionTotals())
+    view(ScriptStarted(1, 3))
+    view(SubagentStarted(1, 1, "worker", "[bold]title[/bold]"))
+    view(ScriptDone(1, 0.5, 1, f"[red]boom[/red] {HOSTILE}"))
+    console = Console(file=io.StringIO(), width=250, force_terminal=True, color_system=None)
+    console.print(view.renderable())
+    drawn = console.file.getvalue()  # type: ignore[attr-defined]
+    assert_no_raw(drawn, drawn=True)
+    assert "failed: [red]boom[/red] \\x1b]52;c;" in flat(drawn)
+    assert "[bold]title[/bold]" in drawn
 
 
 def test_plain_lines_and_notices_show_the_escapes_of_an_mcp_error() -> None:
