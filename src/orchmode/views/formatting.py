@@ -29,7 +29,7 @@ def when(at: float | None, form: str = "%Y-%m-%d %H:%M") -> str:
 
 def clip(text: str, width: int) -> str:
     """``text`` on one line of at most ``width`` characters; its control characters shown
-    (a ``\r`` as ``\r``, not taken for a space)."""
+    (a carriage return as ``\\r``, not taken for a space)."""
     line = " ".join(visible(text).split())
     return line if len(line) <= width else line[: width - 1] + "…"
 
