@@ -686,8 +686,13 @@ def user_config_dir(env: Mapping[str, str]) -> Path:
 
 def trust_of(name: str) -> tuple[TrustKind, Stricter]:
     """How far an untrusted project is believed for setting ``name`` (and which way its cap is
-    stricter). A field without a marker counts as protected: forgetting one errs safe."""
-    extra = Settings.model_fields[name].json_schema_extra
+    stricter)."""
+    return trust_marks(Settings.model_fields[name].json_schema_extra)
+
+
+def trust_marks(extra: object) -> tuple[TrustKind, Stricter]:
+    """A field's trust marker read; a field without one (or with a wrong one) counts as
+    protected, so forgetting to mark a new setting errs on the safe side."""
     marks = extra if isinstance(extra, dict) else {}
     kind, stricter = marks.get("trust"), marks.get("stricter", "lower")
     if kind == "safe":
