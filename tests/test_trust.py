@@ -117,7 +117,7 @@ def load(repo: Path, config_dir: Path, **kwargs: Any) -> tuple[Settings, list[st
 
 
 def trust_dir(repo: Path, config_dir: Path) -> None:
-    trust.trust(config_dir, repo, named_files(project_settings(repo)))
+    trust.trust(config_dir, repo, named_files(project_settings(repo)).values())
 
 
 # --------------------------------------------------------------------------- classification
@@ -336,34 +336,39 @@ def test_any_path_is_recorded_and_read_back_as_it_is(text: str) -> None:
 
 # --------------------------------------------------------------------------- the pure rule
 
-_NUMBER = st.one_of(st.none(), st.integers(min_value=1, max_value=10**9))
+_LIMIT = st.one_of(st.none(), st.integers(min_value=1, max_value=10**9))
+_PATTERNS = st.lists(st.sampled_from([".env", "*.pem", "vault/*", "*.key"]), unique=True)
 
 
-@given(name=st.sampled_from(sorted(Settings.model_fields)), value=_NUMBER, base=_NUMBER)
-def test_an_untrusted_value_that_counts_never_loosens_what_the_user_has(
-    name: str, value: int | None, base: int | None
-) -> None:
+def _value_of(name: str) -> st.SearchStrategy[Any]:
+    """Values of the setting's kind: a limit (None, no limit), yes/no, or patterns."""
+    if name == "secret_files":
+        return _PATTERNS.map(tuple)
+    if Settings.model_fields[name].annotation is bool:
+        return st.booleans()
+    return _LIMIT
+
+
+@given(st.data())
+def test_an_untrusted_value_counts_only_when_it_loosens_nothing(data: st.DataObject) -> None:
+    name = data.draw(st.sampled_from(sorted(Settings.model_fields)))
+    value, own = data.draw(_value_of(name)), data.draw(_value_of(name))
+    values: dict[str, Any] = {name: own}
+    counts = admitted(name, value, Settings.model_construct(**values))
     kind, stricter = trust_of(name)
-    annotation = Settings.model_fields[name].annotation
-    if kind == "cap" and annotation is bool:
-        value, base = (None if v is None else bool(v % 2) for v in (value, base))  # type: ignore[assignment]
-    if kind == "cap" and stricter == "more":
-        value, base = (tuple(f"p{i}" for i in range((v or 0) % 5)) for v in (value, base))  # type: ignore[assignment]
-    baseline = Settings.model_construct(**{name: base})
-    counts = admitted(name, value, baseline)
     if kind == "safe":
         assert counts
     elif kind == "protected":
         assert not counts
-    elif stricter == "more":
-        assert counts == set(value or ()).issuperset(base or ())  # type: ignore[arg-type]
-    elif base is None:  # no limit: whatever the project sets is no looser
+    elif stricter == "more":  # more patterns withhold more files
+        assert counts == set(value).issuperset(own)
+    elif own is None:  # the user has no limit: any limit is no looser
         assert counts
     elif value is None:  # no limit over the user's limit
         assert not counts
     else:
         sign = 1 if stricter == "lower" else -1
-        assert counts == (sign * value <= sign * base)
+        assert counts == (sign * value <= sign * own)
 
 
 # --------------------------------------------------------------------------- the attacks, for real
@@ -417,7 +422,8 @@ def test_a_hostile_repository_starts_no_server_runs_unsandboxed_and_leaks_no_sec
     trusted = orchmode("trust", cwd=repo, env=env)
     assert trusted.returncode == 0, trusted.stderr
     assert "sets sandbox, secret_files, mcp_config" in trusted.stdout
-    assert "servers.json" in trusted.stdout
+    assert "servers.json   sha256:" in trusted.stdout
+    assert "named by orchmode.toml's mcp_config" in trusted.stdout
     server.log.clear()
     result = orchmode("run", "review again", "--base-url", server.url, cwd=repo, env=env)
     assert result.returncode == 0, result.stderr
@@ -496,7 +502,8 @@ def test_trust_list_and_revoke_say_what_they_did(
     assert listed.returncode == 0 and "no directory is trusted" in listed.stdout
     done = orchmode("trust", cwd=repo, env=env)
     assert done.returncode == 0, done.stderr
-    assert f"trusted {repo}" in done.stdout and "orchmode.toml" in done.stdout
+    assert f"trusted {repo}, recorded in {config_dir}/trusted.toml:" in done.stdout
+    assert "orchmode.toml  sha256:" in done.stdout and "sets sandbox" in done.stdout
     assert f"{repo}  (trusted " in orchmode("trust", "--list", cwd=repo, env=env).stdout
     write(repo / "orchmode.toml", 'sandbox = "read-only"\n')
     listed = orchmode("trust", "--list", cwd=tmp_path, env=env)

@@ -752,22 +752,24 @@ def cmd_trust(args: argparse.Namespace) -> int:
     if not directory.is_dir():
         raise ConfigError(f"{directory} is not a directory — name the one whose settings to trust")
     values = project_settings(directory)
-    record = trust.trust(config_dir, directory, named_files(values))
-    print(f"trusted {directory} (recorded in {record_file})")
+    named = named_files(values)
+    record = trust.trust(config_dir, directory, named.values())
+    print(f"trusted {directory}, recorded in {record_file}:")
     if not record.files:
-        print("  it has no settings files yet; one added later asks again")
+        print("  no settings files yet; one added later makes it untrusted again")
     protected = [name for name in values if needs_trust(name)]
-    named = {trust.file_key(directory, path) for path in named_files(values)}
+    naming = {trust.file_key(directory, path): setting for setting, path in named.items()}
+    width = max((len(name) for name in record.files), default=0)
     for name, digest in record.files.items():
         note = ""
         if name == "orchmode.toml" and protected:
-            note = f" — sets {', '.join(protected)}"
-        elif name in named:
-            note = " — named by its orchmode.toml"
-        print(f"  {name}  {digest[:19]}…{note}")
+            note = f"  sets {', '.join(protected)}"
+        elif name in naming:
+            note = f"  named by orchmode.toml's {naming[name]}"
+        print(f"  {name:<{width}}  {digest[:19]}…{note}")
     print(
-        "a change to any of these files, or a new settings file, makes it untrusted again "
-        "until you review it and run `orchmode trust` once more"
+        "A change to any of these files, or a new settings file, makes the directory "
+        "untrusted again until you run `orchmode trust` once more."
     )
     return 0
 

@@ -733,15 +733,15 @@ def admitted(name: str, value: Any, baseline: Settings) -> bool:
     return stricter_or_same(stricter, value, getattr(baseline, name))
 
 
-def named_files(values: Mapping[str, Any]) -> list[Path]:
-    """The files a project's settings name that orchmode reads or runs, hashed with its
-    settings files when the directory is trusted: the MCP config (its servers are programs
-    run as you) and a bubblewrap given as a path."""
-    named: list[Path] = []
+def named_files(values: Mapping[str, Any]) -> dict[str, Path]:
+    """The files a project's settings name that orchmode reads or runs, by setting, hashed
+    with its settings files when the directory is trusted: the MCP config (its servers are
+    programs run as you) and a bubblewrap given as a path."""
+    named: dict[str, Path] = {}
     if isinstance(mcp := values.get("mcp_config"), str | Path):
-        named.append(Path(mcp))
+        named["mcp_config"] = Path(mcp)
     if isinstance(bwrap := values.get("sandbox_bwrap"), str) and "/" in bwrap:
-        named.append(Path(bwrap))
+        named["sandbox_bwrap"] = Path(bwrap)
     return named
 
 
@@ -755,7 +755,7 @@ def project_settings(directory: Path) -> dict[str, Any]:
 
 def project_verdict(directory: Path, values: Mapping[str, Any], config_dir: Path) -> Verdict:
     """Whether the user trusts ``directory``'s settings files as they are now."""
-    now = fingerprint(directory, named_files(values))
+    now = fingerprint(directory, named_files(values).values())
     return verdict(read_records(config_dir), directory, now)
 
 
