@@ -341,7 +341,7 @@ def _check_price(settings: Settings) -> None:
     if settings.max_cost is not None and (model := settings.unpriced()) is not None:
         raise ConfigError(
             f"--max-cost needs a price for {model} — add it under "
-            f'[prices."{model}"] in orchmode.toml'
+            f'[prices."{model}"] in ~/.config/orchmode/config.toml'
         )
 
 

@@ -1,5 +1,7 @@
-"""Every knob with its default, in one definition: flags > environment > the project's
-``orchmode.toml`` (as far as it is trusted) > the user's ``config.toml`` > defaults.
+"""Every knob with its default, in one definition, and the layers that set it.
+
+flags > ``ORCHMODE_*`` environment > the project's ``orchmode.toml`` (as far as it is trusted)
+> the user's own ``config.toml`` > defaults.
 
 The command-line flags, the ``ORCHMODE_*`` variables, the TOML keys, the settings table of
 docs/configuration.md and ``--help`` are all derived from the fields of :class:`Settings`, so
@@ -405,7 +407,7 @@ class Settings(BaseModel):
     prices: dict[str, ModelPrice] = Field(
         default_factory=default_prices,
         description="Dollars per million tokens per model: input, output, cache_write, "
-        "cache_read (defaults for current models; `orchmode.toml` only).",
+        "cache_read (defaults for current models; in a TOML file only).",
         json_schema_extra={"flag": False, **PROTECTED},
     )
     executor: ExecutorKind = Field(

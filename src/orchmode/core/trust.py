@@ -1,5 +1,4 @@
-"""Which directories' own settings the user trusts, kept with their files' hashes in the user's
-configuration directory.
+"""Which directories' own settings the user trusts, kept with their settings files' hashes.
 
 A repository under review must not be able to loosen orchmode's safety by shipping settings,
 so a project's settings that weaken it are taken only from a directory the user trusted
