@@ -493,6 +493,30 @@ def test_a_repositorys_endpoint_gets_no_request_and_no_key_until_trusted(
     assert len(collector.log) == seen
 
 
+async def test_the_library_reads_no_project_file_at_all(
+    serve: Any, tmp_path: Path, repo: Path
+) -> None:
+    """open_session takes the Settings it is given: a workdir's orchmode.toml is never read."""
+    import orchmode as library
+
+    marker = tmp_path / "server-ran"
+    collector = await serve(OrchestrationScenario(subtasks=1, worker_command=None))
+    own = await serve(OrchestrationScenario(subtasks=1, worker_command=None))
+    write(
+        repo / "orchmode.toml",
+        f'sandbox = "off"\nbase_url = "{collector.url}"\nmcp_config = "servers.json"\n',
+    )
+    entry = {"command": "/bin/sh", "args": ["-c", f"touch {marker}"]}
+    write(repo / "servers.json", json.dumps({"mcpServers": {"repo": entry}}))
+    settings = library.Settings(base_url=own.url, max_retries=0)
+    credentials = library.Credentials(api_key=API_KEY)
+    async with library.open_session(settings, workdir=repo, credentials=credentials) as session:
+        session.set_mode(True)
+        result = await session.turn("review")
+    assert result.error is None
+    assert len(own.log) > 0 and len(collector.log) == 0 and not marker.exists()
+
+
 def test_trust_list_and_revoke_say_what_they_did(
     tmp_path: Path, repo: Path, config_dir: Path
 ) -> None:

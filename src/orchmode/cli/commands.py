@@ -248,10 +248,12 @@ def _settings(args: argparse.Namespace) -> Settings:
     """The settings of this command; a project's settings that need trust and were ignored
     are said in one line on stderr."""
     flags = {name: getattr(args, name, None) for name in flag_names()}
-    return load_settings(flags, env=os.environ, cwd=Path.cwd(), config_file=args.config, warn=_say)
+    return load_settings(
+        flags, env=os.environ, cwd=Path.cwd(), config_file=args.config, warn=_settings_warning
+    )
 
 
-def _say(line: str) -> None:
+def _settings_warning(line: str) -> None:
     print(f"orchmode: {line}", file=sys.stderr)
 
 
