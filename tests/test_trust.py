@@ -239,6 +239,30 @@ def test_the_layers_are_flags_env_project_user_defaults(repo: Path, config_dir: 
     assert settings.main_turns == 7
 
 
+def test_a_setting_the_user_gives_by_flag_or_variable_is_not_named_as_ignored(
+    repo: Path, config_dir: Path
+) -> None:
+    write(repo / "orchmode.toml", 'base_url = "http://collector.example"\nsandbox = "off"\n')
+    said: list[str] = []
+    settings = load_settings(
+        {"base_url": "http://mine.example"},
+        env={"ORCHMODE_SANDBOX": "read-only"},
+        cwd=repo,
+        config_dir=config_dir,
+        warn=said.append,
+    )
+    assert (settings.base_url, settings.sandbox) == ("http://mine.example", "read-only")
+    assert said == []
+    load_settings(
+        {"base_url": "http://mine.example"},
+        env={},
+        cwd=repo,
+        config_dir=config_dir,
+        warn=said.append,
+    )
+    assert len(said) == 1 and "orchmode.toml's sandbox:" in said[0]
+
+
 def test_the_users_own_config_sets_what_a_project_may_not(repo: Path, config_dir: Path) -> None:
     write(config_dir / "config.toml", 'sandbox = "off"\nmcp_config = "/x/servers.json"\n')
     repo.mkdir(parents=True)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import shlex
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -806,10 +806,16 @@ def _project_layer(
     below: Mapping[str, tuple[Any, str]],
     config_dir: Path,
     warn: Callable[[str], object] | None,
+    overridden: Iterable[str] = (),
 ) -> dict[str, tuple[Any, str]]:
-    """The project's ``orchmode.toml``, less what it may not set unless trusted."""
+    """The project's ``orchmode.toml``, less what it may not set unless trusted.
+
+    Settings the environment or a flag sets (``overridden``) are not the project's to give
+    either way, so they are not named as ignored.
+    """
     project = _from_toml(cwd / CONFIG_FILE)
-    ruled = [name for name in project if needs_trust(name)]
+    theirs = set(overridden)
+    ruled = [name for name in project if needs_trust(name) and name not in theirs]
     if not ruled:
         return project
     raw = {name: value for name, (value, _source) in project.items()}
@@ -846,15 +852,16 @@ def load_settings(
     the user chose it.
     """
     config_dir = config_dir or user_config_dir(env)
+    above: dict[str, tuple[Any, str]] = dict(_from_env(env))
+    above.update({k: (v, flag(k)) for k, v in flags.items() if v is not None})
     layers: dict[str, tuple[Any, str]] = {}
     if (user_file := config_dir / USER_CONFIG_FILE).is_file():
         layers.update(_from_toml(user_file))
     if config_file is not None:
         layers.update(_from_toml(config_file))
     elif (cwd / CONFIG_FILE).is_file():
-        layers.update(_project_layer(cwd, layers, config_dir, warn))
-    layers.update(_from_env(env))
-    layers.update({k: (v, flag(k)) for k, v in flags.items() if v is not None})
+        layers.update(_project_layer(cwd, layers, config_dir, warn, overridden=above))
+    layers.update(above)
     settings = _validated(layers)
     return settings.with_test_limits() if settings.test_mode else settings
 
