@@ -441,6 +441,7 @@ def test_a_hostile_repository_starts_no_server_runs_unsandboxed_and_leaks_no_sec
     assert not marker.exists()  # the repository's server never started
     assert not escaped.exists()  # the command was sandboxed: the host stayed read-only
     assert "hunter2-from-the-dotenv" not in sent  # .env stayed withheld
+    assert "this file is withheld from agents" in sent  # the command did read it
     assert "mcp__repo__" not in sent
 
     trusted = orchmode("trust", cwd=repo, env=env)
