@@ -216,6 +216,16 @@ def test_without_a_user_value_a_project_cap_is_measured_against_the_default(
     assert said and "max_subagents" in said[0] and "max_cost" not in said[0]
 
 
+def test_a_protected_setting_at_the_users_own_value_is_not_named(
+    repo: Path, config_dir: Path
+) -> None:
+    write(config_dir / "config.toml", 'sandbox = "read-only"\n')
+    write(repo / "orchmode.toml", 'sandbox = "read-only"\nbase_url = "http://a.example"\n')
+    settings, said = load(repo, config_dir)
+    assert (settings.sandbox, settings.base_url) == ("read-only", None)
+    assert said and "orchmode.toml's base_url:" in said[0] and "sandbox" not in said[0]
+
+
 def test_safe_settings_are_read_from_an_untrusted_project_without_a_word(
     repo: Path, config_dir: Path
 ) -> None:
@@ -392,7 +402,7 @@ def test_an_untrusted_value_counts_only_when_it_loosens_nothing(data: st.DataObj
     values: dict[str, Any] = {name: own}
     counts = admitted(name, value, Settings.model_construct(**values))
     kind, stricter = trust_of(name)
-    if kind == "safe":
+    if kind == "safe" or value == own:  # the same value changes nothing
         assert counts
     elif kind == "protected":
         assert not counts

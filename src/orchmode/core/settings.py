@@ -737,9 +737,10 @@ def stricter_or_same(stricter: Stricter, value: Any, baseline: Any) -> bool:
 
 def admitted(name: str, value: Any, baseline: Settings) -> bool:
     """Whether an untrusted project's ``value`` for ``name`` counts, over ``baseline`` (what
-    the user's own configuration and the defaults give)."""
+    the user's own configuration and the defaults give). The value the user has anyway
+    counts: it changes nothing, so it is not worth a word."""
     kind, stricter = trust_of(name)
-    if kind == "safe":
+    if kind == "safe" or value == getattr(baseline, name):
         return True
     if kind == "protected":
         return False
