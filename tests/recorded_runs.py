@@ -12,6 +12,7 @@ import re
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -83,6 +84,11 @@ def kill_run_when(ready: Callable[[], bool], *args: str, cwd: Path) -> None:
         process.wait()
 
 
+#: An empty user configuration directory, so the tester's own ~/.config/orchmode (settings,
+#: trusted directories) never changes what a test's orchmode does.
+_NO_USER_CONFIG = tempfile.mkdtemp(prefix="orchmode-test-config-")
+
+
 def base_env(**extra: str) -> dict[str, str]:
     env = {
         k: v
@@ -90,6 +96,7 @@ def base_env(**extra: str) -> dict[str, str]:
         if not k.startswith(("ANTHROPIC_", "ORCHMODE_", "ORCH_"))
     }
     env["ANTHROPIC_API_KEY"] = API_KEY
+    env["XDG_CONFIG_HOME"] = _NO_USER_CONFIG
     env.update(extra)
     return env
 

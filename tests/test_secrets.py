@@ -166,10 +166,15 @@ def test_the_setting_is_a_list_in_the_file_commas_on_the_command_line_and_can_be
     tmp_path: Path,
 ) -> None:
     assert ".env" in Settings().secret_files
-    (tmp_path / "orchmode.toml").write_text('secret_files = ["*.secret", "vault/*"]\n')
-    assert load_settings({}, env={}, cwd=tmp_path).secret_files == ("*.secret", "vault/*")
-    (tmp_path / "orchmode.toml").write_text("secret_files = []\n")
-    assert load_settings({}, env={}, cwd=tmp_path).secret_files == ()
+    # a file the user names (a project's own counts only once trusted: tests/test_trust.py)
+    named = tmp_path / "orchmode.toml"
+    named.write_text('secret_files = ["*.secret", "vault/*"]\n')
+    assert load_settings({}, env={}, cwd=tmp_path, config_file=named).secret_files == (
+        "*.secret",
+        "vault/*",
+    )
+    named.write_text("secret_files = []\n")
+    assert load_settings({}, env={}, cwd=tmp_path, config_file=named).secret_files == ()
     flags = {"secret_files": ".env, *.key"}
     assert load_settings(flags, env={}, cwd=tmp_path).secret_files == (".env", "*.key")
     with pytest.raises(ConfigError, match=r"--secret-files: .*'/' is not a file pattern"):

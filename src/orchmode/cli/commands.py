@@ -48,7 +48,10 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("settings (flags > ORCHMODE_* variables > orchmode.toml)")
+    group = parser.add_argument_group(
+        "settings (flags > ORCHMODE_* variables > ./orchmode.toml, as far as trusted > "
+        "~/.config/orchmode/config.toml)"
+    )
     for name in flag_names():
         field = Settings.model_fields[name]
         help_text = f"{field.description} [{env_var(name)}; default: {field.default}]"
@@ -63,7 +66,11 @@ def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
         else:
             group.add_argument(flag(name), dest=name, metavar=name.upper(), help=help_text)
     group.add_argument(
-        "--config", type=Path, metavar="FILE", help="settings file (default: ./orchmode.toml)"
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help="settings file, taken in full since you named it (default: ./orchmode.toml, "
+        "whose settings that need trust count only once `orchmode trust` recorded it)",
     )
 
 
@@ -149,7 +156,31 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
     _add_display_flags(demo)
     _add_setting_flags(demo)
+    _add_trust_command(commands)
     return parser
+
+
+def _add_trust_command(commands: Any) -> None:
+    trust = commands.add_parser(
+        "trust",
+        help="take a directory's own settings in full (orchmode.toml, .claude/ settings)",
+        description=(
+            "Record DIR (default: this directory) as trusted, with the SHA-256 of each of its "
+            "settings files, in your own configuration (trusted.toml). Until then, the "
+            "settings of its orchmode.toml that could weaken the sandbox, run a program, "
+            "send the conversation or a key elsewhere, or spend more are ignored, one line "
+            "naming them. A change to any of the files recorded, or a new one, asks again."
+        ),
+    )
+    trust.add_argument("directory", nargs="?", type=Path, metavar="DIR", help="the directory")
+    action = trust.add_mutually_exclusive_group()
+    action.add_argument(
+        "--list", action="store_true", help="the trusted directories, and whether each still is"
+    )
+    action.add_argument(
+        "--revoke", action="store_true", help="no longer trust DIR (default: this directory)"
+    )
+    trust.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
 
 
 def _add_display_flags(parser: argparse.ArgumentParser) -> None:
@@ -221,8 +252,16 @@ def _positive(text: str) -> int:
 
 
 def _settings(args: argparse.Namespace) -> Settings:
+    """The settings of this command; a project's settings that need trust and were ignored
+    are said in one line on stderr."""
     flags = {name: getattr(args, name, None) for name in flag_names()}
-    return load_settings(flags, env=os.environ, cwd=Path.cwd(), config_file=args.config)
+    return load_settings(
+        flags, env=os.environ, cwd=Path.cwd(), config_file=args.config, warn=_settings_warning
+    )
+
+
+def _settings_warning(line: str) -> None:
+    _say(f"orchmode: {line}", sys.stderr)
 
 
 _FIXTURE = {
@@ -311,7 +350,7 @@ def _check_price(settings: Settings) -> None:
     if settings.max_cost is not None and (model := settings.unpriced()) is not None:
         raise ConfigError(
             f"--max-cost needs a price for {model} — add it under "
-            f'[prices."{model}"] in orchmode.toml'
+            f'[prices."{model}"] in ~/.config/orchmode/config.toml'
         )
 
 
@@ -695,6 +734,72 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_trust(args: argparse.Namespace) -> int:
+    """``orchmode trust``: record, list or revoke the directories whose settings are taken."""
+    from ..core import trust
+    from ..core.settings import named_files, needs_trust, project_settings, user_config_dir
+
+    config_dir = user_config_dir(os.environ)
+    record_file = trust.trust_file(config_dir)
+    if args.list:
+        if args.directory is not None:
+            raise ConfigError("--list takes no directory — `orchmode trust --list`")
+        records = trust.read_records(config_dir)
+        if not records:
+            _say(f"no directory is trusted (none recorded in {record_file})")
+            return 0
+        for path, record in sorted(records.items()):
+            _say(f"{path}  (trusted {record.trusted_at}): {_trust_state(path, config_dir)}")
+        return 0
+    directory = trust.real_directory(args.directory or Path.cwd())
+    if args.revoke:
+        if trust.revoke(config_dir, directory):
+            _say(f"no longer trusted: {directory} (removed from {record_file})")
+        else:
+            _say(f"{directory} was not trusted; nothing to revoke")
+        return 0
+    if not directory.is_dir():
+        raise ConfigError(f"{directory} is not a directory — name the one whose settings to trust")
+    values = project_settings(directory)
+    named = named_files(values)
+    record = trust.trust(config_dir, directory, named.values())
+    _say(f"trusted {directory}, recorded in {record_file}:")
+    if not record.files:
+        _say("  no settings files yet; one added later makes it untrusted again")
+    protected = [name for name in values if needs_trust(name)]
+    naming = {trust.file_key(directory, path): setting for setting, path in named.items()}
+    width = max((len(name) for name in record.files), default=0)
+    for name, digest in record.files.items():
+        note = ""
+        if name == "orchmode.toml" and protected:
+            note = f"  sets {', '.join(protected)}"
+        elif name in naming:
+            note = f"  named by orchmode.toml's {naming[name]}"
+        _say(f"  {name:<{width}}  {digest[:19]}…{note}")
+    _say(
+        "A change to any of these files, or a new settings file, makes the directory "
+        "untrusted again until you run `orchmode trust` once more."
+    )
+    return 0
+
+
+def _trust_state(path: str, config_dir: Path) -> str:
+    """``trusted``, or why a recorded directory is no longer."""
+    from ..core.settings import project_settings, project_verdict
+    from ..core.wording import listed
+
+    directory = Path(path)
+    if not directory.is_dir():
+        return "gone (the directory no longer exists)"
+    try:
+        found = project_verdict(directory, project_settings(directory), config_dir)
+    except ConfigError as exc:
+        return f"cannot be checked: {exc}"
+    if found.trusted:
+        return "trusted"
+    return f"changed since ({listed(list(found.changed))}): not trusted until trusted again"
+
+
 def _configure_logging(debug: bool) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_VisibleFormatter("orchmode: %(levelname)s: %(message)s"))
@@ -741,6 +846,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "demo": cmd_demo,
         "chat": cmd_chat,
         "resume": cmd_resume,
+        "trust": cmd_trust,
     }
     if args.command is None:
         parser.print_help(sys.stderr)
