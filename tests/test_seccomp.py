@@ -242,6 +242,34 @@ async def test_listed_sockets_are_reachable_and_no_other(
     assert host_connect(other.address) == host_connect(inside.address) == "ok"
 
 
+async def test_a_listed_socket_in_the_tree_leaves_an_agents_copy_as_it_was(
+    shells: Shells, work: Path, tmp_path: Path, listeners: Callable[[str], Listener]
+) -> None:
+    """A copy has no place for the host's socket: none is made in it, and the shell starts."""
+    wanted = listeners(str(work / "db.sock"))
+    lower, below, target = tmp_path / "lower", tmp_path / "below", tmp_path / "mnt"
+    for directory in (lower, below, target):
+        directory.mkdir()
+    (lower / "connect.py").write_text(CONNECT)
+    (lower / ".orchmode").mkdir()  # as a snapshot has, for the state directory's cover
+    settings = Settings(sandbox_unix_sockets=(wanted.address,))
+    base = Sandbox.from_settings(settings, work)
+    assert base is not None
+    for writable in (False, True):
+        upper, scratch = tmp_path / f"upper-{writable}", tmp_path / f"w-{writable}"
+        upper.mkdir()
+        scratch.mkdir()
+        overlay = (  # a read-only overlay needs two layers
+            Overlay((lower,), target, upper, scratch)
+            if writable
+            else Overlay((lower, below), target)
+        )
+        copy = base.in_copy(target, writable=writable, overlay=overlay)
+        assert await connects(shells(work, copy), wanted.address) == ["ENOENT"]
+        assert list(upper.iterdir()) == []
+    assert await connects(shells(work, base), wanted.address) == ["ok"]
+
+
 async def test_a_listed_socket_under_run_is_shown_in_the_emptied_run(
     shells: Shells, work: Path, listeners: Callable[[str], Listener]
 ) -> None:
