@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import os
 import socket
 import statistics
@@ -37,6 +38,7 @@ from orchmode.core.settings import Settings
 from orchmode.shell import seccomp
 from orchmode.shell.bash import BashSession
 from orchmode.shell.bwrap import probe
+from orchmode.shell.policy import SandboxPolicy
 from orchmode.shell.sandbox import Sandbox, ShellSandboxing
 
 STORM = "dd if=/dev/zero of=/dev/null bs=1 count=200000 status=none"
@@ -55,10 +57,40 @@ class Unfiltered(ShellSandboxing):
         return argv
 
 
-def shell(workdir: Path, filtered: bool, **settings: object) -> BashSession:
+@functools.cache
+def one_rule() -> bytes:
+    """A filter of one rule (``kexec_load`` refused): what any filter costs a system call."""
+    import pyseccomp
+
+    filt = pyseccomp.SyscallFilter(pyseccomp.ALLOW)
+    filt.add_rule(pyseccomp.ERRNO(1), "kexec_load")
+    with tempfile.TemporaryFile() as file:
+        filt.export_bpf(file)
+        file.seek(0)
+        return file.read()
+
+
+class OneRule(ShellSandboxing):
+    """The same shell's sandbox under a filter of one rule."""
+
+    def argv(self, tmpdir: str) -> list[str]:
+        argv = super().argv(tmpdir)
+        for fd in self.take_fds():
+            os.close(fd)
+        fd = os.memfd_create("bench-one-rule", os.MFD_CLOEXEC)
+        os.write(fd, one_rule())
+        os.lseek(fd, 0, os.SEEK_SET)
+        self._fds = (fd,)
+        argv[argv.index("--seccomp") + 1] = str(fd)
+        return argv
+
+
+def shell(
+    workdir: Path, filtered: bool, kind: type[ShellSandboxing] = ShellSandboxing, **settings: object
+) -> BashSession:
     sandbox = Sandbox.from_settings(Settings(**settings), workdir)  # type: ignore[arg-type]
     assert sandbox is not None
-    sandboxing = ShellSandboxing(sandbox) if filtered else Unfiltered(sandbox)
+    sandboxing = kind(sandbox) if filtered else Unfiltered(sandbox)
     return BashSession(workdir, timeout=60, sandbox=sandboxing)
 
 
@@ -78,11 +110,13 @@ async def start_ms(workdir: Path, filtered: bool, **settings: object) -> float:
 async def interleaved(
     repeats: int, *runs: Callable[[], Awaitable[float]]
 ) -> list[tuple[float, float]]:
-    """Each run ``repeats`` times, taking turns; (median, spread) per run, spread being
-    half the interquartile range."""
+    """Each run ``repeats`` times, taking turns (in reverse order every other round, so
+    that none always follows the same one); (median, spread) per run, spread being half
+    the interquartile range."""
     times: list[list[float]] = [[] for _ in runs]
-    for _ in range(repeats):
-        for i, run in enumerate(runs):
+    for round_ in range(repeats):
+        order = list(enumerate(runs))
+        for i, run in order[:: -1 if round_ % 2 else 1]:
             times[i].append(await run())
     out = []
     for series in times:
@@ -91,8 +125,12 @@ async def interleaved(
     return out
 
 
-async def command_ms(repeats: int, workdir: Path, command: str) -> list[tuple[float, float]]:
+async def command_ms(
+    repeats: int, workdir: Path, command: str, one_rule: bool = False
+) -> list[tuple[float, float]]:
     sessions = [shell(workdir, True), shell(workdir, False)]
+    if one_rule:
+        sessions.append(shell(workdir, True, OneRule))
     try:
         for session in sessions:
             await session.run("true")  # started
@@ -178,10 +216,12 @@ async def main_async(args: argparse.Namespace) -> None:
         print(line("true", *await command_ms(args.commands, workdir, "true")))
         pythons = await command_ms(max(args.commands // 4, 10), workdir, "python3 -c pass")
         print(line("python3 -c pass", *pythons))
-        storm = await command_ms(max(args.commands // 10, 10), workdir, STORM)
-        print(line("dd, 400,000 system calls", *storm))
+        storm = await command_ms(max(args.commands // 10, 10), workdir, STORM, one_rule=True)
+        print(line("dd, 400,000 system calls", storm[0], storm[1]))
+        print(line("the same under a one-rule filter", storm[2], storm[1]))
         extra = (storm[0][0] - storm[1][0]) / STORM_CALLS * 1e6
-        print(f"  = {extra:.0f} ns per system call: seccomp's own entry cost, any filter's")
+        floor = (storm[2][0] - storm[1][0]) / STORM_CALLS * 1e6
+        print(f"  = {extra:.0f} ns per system call, of which {floor:.0f} ns any filter costs")
         wanted = Path("/var/tmp", f"orchmode-bench-{os.getpid()}.sock")
         with socket.socket(socket.AF_UNIX) as listener, contextlib.ExitStack() as cleanup:
             listener.bind(str(wanted))
@@ -189,9 +229,17 @@ async def main_async(args: argparse.Namespace) -> None:
             listener.listen()
             with open("/proc/net/unix", encoding="utf-8") as table:
                 bound = sum(1 for _ in table) - 1
+            policy = SandboxPolicy(
+                mode="workspace-write", workdir=workdir, unix_sockets=(str(wanted),)
+            )
+            started = time.perf_counter()
+            for _ in range(200):
+                policy.socket_masks()
+            masks = (time.perf_counter() - started) / 200 * 1e6
             print(
                 f"a shell's start-up with sandbox_unix_sockets = [one socket] "
-                f"({bound} sockets bound on this host; median of {args.shells})"
+                f"({bound} sockets bound on this host; median of {args.shells}): the "
+                f"table read and the others covered in {masks:.0f} µs"
             )
             listed, blocked = await interleaved(
                 args.shells,

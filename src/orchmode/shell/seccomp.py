@@ -178,7 +178,7 @@ def native_arch() -> str:
     if arch is None:
         raise SeccompUnavailable(
             f"the bash sandbox is unavailable: its seccomp filter covers x86_64 and aarch64, "
-            f"not {machine or 'this architecture'} — {_FIX}"
+            f"not {machine or 'this architecture'} — run orchmode on one of those, {_FIX}"
         )
     return arch
 
@@ -227,7 +227,7 @@ def program(block_unix: bool = True, arch: str | None = None) -> bytes:
         except OSError as exc:
             raise SeccompUnavailable(
                 f"the bash sandbox is unavailable: its seccomp filter could not be exported "
-                f"({exc}) — {_FIX}"
+                f"({exc}) — check libseccomp2's install, {_FIX}"
             ) from None
         file.seek(0)
         data: bytes = file.read()
@@ -276,6 +276,6 @@ def unavailable() -> str | None:
         if not any(line.startswith("Seccomp:") for line in status):
             return (
                 "the bash sandbox is unavailable: this kernel has no seccomp "
-                f"(CONFIG_SECCOMP_FILTER) for its filter — {_FIX}"
+                f"(CONFIG_SECCOMP_FILTER) for its filter — use a kernel built with it, {_FIX}"
             )
     return None
