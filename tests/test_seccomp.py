@@ -394,6 +394,34 @@ async def test_kernel_surface_no_command_needs_is_refused(shells: Shells, work: 
     assert shell.running
 
 
+# A 32-bit system call from a 64-bit process: getpid through int 0x80, where the number 20
+# means getpid (on x86_64, 20 is writev). No filter could read such a call by its number.
+INT80 = r"""
+import ctypes, mmap
+code = bytes.fromhex("b814000000cd80c3")  # mov eax, 20; int 0x80; ret
+buf = mmap.mmap(-1, mmap.PAGESIZE, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+buf.write(code)
+print("pid", ctypes.CFUNCTYPE(ctypes.c_int)(ctypes.addressof(ctypes.c_char.from_buffer(buf)))())
+"""
+
+
+async def test_a_call_through_the_32_bit_abi_kills_the_process(shells: Shells, work: Path) -> None:
+    if seccomp.native_arch() != "x86_64":
+        pytest.skip("int 0x80 is x86's")
+    (work / "int80.py").write_text(INT80)
+    host = subprocess.run(
+        [sys.executable, "int80.py"], cwd=work, capture_output=True, text=True, timeout=30
+    )
+    if host.returncode != 0:
+        pytest.skip("this kernel runs no 32-bit calls (no IA32 emulation) in the first place")
+    assert host.stdout.startswith("pid ")
+    shell = shells(work)
+    result = await shell.run("python3 int80.py; echo status $?")
+    assert "Bad system call" in result.output
+    assert result.output.endswith("status 159")  # 128 + SIGSYS
+    assert (await shell.run("echo still here")).output == "still here"
+
+
 # ------------------------------------------------------------------ descriptors
 
 

@@ -25,7 +25,7 @@ What it refuses, and why (``docs/sandbox.md`` has the same table for users):
 - ``clone3`` always, with ``ENOSYS``: its flags are in memory, where seccomp cannot read
   them, so it cannot be allowed without namespaces; "not implemented" makes glibc (2.34+)
   and other runtimes fall back to ``clone``, whose flags are in a register the filter
-  does check (Docker, Flatpak and sandbox-runtime do the same);
+  does check (Docker and Flatpak do the same);
 - ``ioctl(TIOCSTI)`` and ``ioctl(TIOCLINUX)``: typing into a terminal's input.
 
 Each refusal answers ``EPERM`` (``ENOSYS`` for ``clone3``) rather than killing, so a
