@@ -7,7 +7,8 @@ interleaved so that the machine's drift falls on both:
    answered, as an agent's first command waits for it. The filter adds building its
    program (once per process, printed apart), a memfd per shell, and bubblewrap reading
    and loading it. Target: <= +1 ms per shell.
-   The same for bubblewrap alone (``bwrap … -- true``), which has less noise around it.
+   The same for bubblewrap alone (``bwrap … -- true``), which has less noise around it,
+   and its CPU time, which a busy machine's other processes do not stretch.
 2. **A command** in a running shell: ``true``, ``python3 -c pass`` (an interpreter's
    start, some thousand system calls), and the worst case, 400,000 system calls (``dd``
    copying a byte at a time), each of which enters the filter. Target: no measurable cost
@@ -150,8 +151,10 @@ async def command_ms(
             await session.close()
 
 
-def bwrap_ms(filtered: bool) -> float:
-    """Milliseconds for bubblewrap to set up the shells' sandbox and run ``true`` in it."""
+def bwrap_ms(filtered: bool, cpu: bool = False) -> float:
+    """Milliseconds for bubblewrap to set up the shells' sandbox and run ``true`` in it:
+    of the clock, or (``cpu``) of CPU time, bubblewrap's and its children's, which the
+    other processes on a busy machine do not stretch."""
     found = probe()
     assert found.bwrap is not None, found.problem
     argv = [found.bwrap, *found.flags, "--ro-bind", "/", "/", "--dev", "/dev"]
@@ -162,8 +165,12 @@ def bwrap_ms(filtered: bool) -> float:
         argv += ["--seccomp", str(fds[0])]
     try:
         started = time.perf_counter()
-        subprocess.run([*argv, "--", "true"], pass_fds=fds, check=True)
-        return (time.perf_counter() - started) * 1000
+        process = subprocess.Popen([*argv, "--", "true"], pass_fds=fds)
+        _, status, usage = os.wait4(process.pid, 0)
+        process.returncode = os.waitstatus_to_exitcode(status)
+        elapsed = time.perf_counter() - started
+        assert process.returncode == 0
+        return (usage.ru_utime + usage.ru_stime if cpu else elapsed) * 1000
     finally:
         for fd in fds:
             os.close(fd)
@@ -212,6 +219,12 @@ async def main_async(args: argparse.Namespace) -> None:
             lambda: sync(lambda: bwrap_ms(False)),
         )
         print(line("bubblewrap alone, bwrap -- true", filtered, bare))
+        filtered, bare = await interleaved(
+            args.shells * 3,
+            lambda: sync(lambda: bwrap_ms(True, cpu=True)),
+            lambda: sync(lambda: bwrap_ms(False, cpu=True)),
+        )
+        print(line("the same, CPU time", filtered, bare))
         print(f"a command in a running shell (median of {args.commands}, interleaved)")
         print(line("true", *await command_ms(args.commands, workdir, "true")))
         pythons = await command_ms(max(args.commands // 4, 10), workdir, "python3 -c pass")
