@@ -636,6 +636,22 @@ def test_an_architecture_the_filter_does_not_cover_refuses_to_run(tmp_path: Path
     assert "not i686" in lines[0] and "--sandbox off" in lines[0]
 
 
+def test_without_libseccomp_the_probe_names_the_package_and_the_opt_out() -> None:
+    """``sys.modules[name] = None`` makes Python's import fail, as on a machine without it."""
+    code = (
+        "import sys; sys.modules['pyseccomp'] = None\n"
+        "from orchmode.shell.bwrap import probe\n"
+        "print(probe().problem)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    problem = done.stdout.strip()
+    assert problem.startswith("the bash sandbox is unavailable: its seccomp filter needs ")
+    assert "apt install libseccomp2" in problem and "--sandbox off" in problem
+    assert "\n" not in problem
+
+
 def test_the_setting_reaches_the_policy(work: Path) -> None:
     listed = Settings(sandbox_unix_sockets="/var/tmp/a.sock, /srv/b.sock")
     policy = SandboxPolicy.from_settings(listed, work)
