@@ -636,20 +636,32 @@ def test_an_architecture_the_filter_does_not_cover_refuses_to_run(tmp_path: Path
     assert "not i686" in lines[0] and "--sandbox off" in lines[0]
 
 
-def test_without_libseccomp_the_probe_names_the_package_and_the_opt_out() -> None:
+def test_without_libseccomp_nothing_runs_and_the_reason_names_the_package_and_the_opt_out(
+    work: Path,
+) -> None:
     """``sys.modules[name] = None`` makes Python's import fail, as on a machine without it."""
     code = (
-        "import sys; sys.modules['pyseccomp'] = None\n"
+        "import asyncio, sys; sys.modules['pyseccomp'] = None\n"
+        "from orchmode.core.settings import Settings\n"
+        "from orchmode.shell.bash import BashSession\n"
         "from orchmode.shell.bwrap import probe\n"
-        "print(probe().problem)"
+        "from orchmode.shell.sandbox import Sandbox\n"
+        "print(probe().problem)\n"
+        "async def main():\n"
+        "    sandbox = Sandbox.from_settings(Settings(), '.')\n"
+        "    async with BashSession('.', sandbox=sandbox.for_shell()) as shell:\n"
+        "        print((await shell.run('touch ran')).output)\n"
+        "asyncio.run(main())\n"
     )
     done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+        [sys.executable, "-c", code], cwd=work, capture_output=True, text=True, timeout=60
     )
-    problem = done.stdout.strip()
+    assert done.returncode == 0, done.stderr
+    problem, result = done.stdout.strip().splitlines()
     assert problem.startswith("the bash sandbox is unavailable: its seccomp filter needs ")
     assert "apt install libseccomp2" in problem and "--sandbox off" in problem
-    assert "\n" not in problem
+    assert result == f"(error: could not start the shell: {problem})"
+    assert not (work / "ran").exists()
 
 
 def test_the_setting_reaches_the_policy(work: Path) -> None:

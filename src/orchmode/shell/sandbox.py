@@ -223,7 +223,10 @@ class ShellSandboxing:
         return self._mode
 
     def argv(self, tmpdir: str) -> list[str]:
-        if self._cgroup_dirs is None and self._sandbox.probe().ok:
+        found = self._sandbox.probe()
+        if found.problem is not None:
+            raise SandboxUnavailable(found.problem)
+        if self._cgroup_dirs is None:
             cgroups = _cgroups()
             policy = self._sandbox.policy
             self._cgroup_dirs = (

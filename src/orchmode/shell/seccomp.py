@@ -49,6 +49,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from .cgroups import SandboxUnavailable
+
 __all__ = [
     "ARCHES",
     "REFUSED",
@@ -155,7 +157,7 @@ _UNIX_SOCKETS = Refusal(
 _FIX = "or pass --sandbox off to run commands unsandboxed"
 
 
-class SeccompUnavailable(Exception):
+class SeccompUnavailable(SandboxUnavailable):
     """The filter cannot be built or applied here; the message says why and what to do."""
 
 
