@@ -601,6 +601,15 @@ def test_only_the_low_half_of_an_int_argument_decides(
     assert got == (refused if flags & new else ALLOW)
 
 
+def test_the_docs_table_names_every_refused_call() -> None:
+    page = (Path(__file__).resolve().parents[1] / "docs" / "sandbox.md").read_text("utf-8")
+    table = page.split("## System calls and Unix sockets")[1].split("\n\n")[2]
+    for refusal in seccomp.REFUSED:
+        for name in refusal.calls:
+            assert f"`{name}" in table, name
+    assert "`socket(AF_UNIX, …)`" in table and "`ENOSYS`" in table
+
+
 def test_the_filter_decodes_to_its_rules_in_libseccomps_own_words() -> None:
     text = seccomp.export_pfc(True, "x86_64")
     assert "if ($arch == 3221225534)" in text

@@ -54,8 +54,10 @@ from .cgroups import SandboxUnavailable
 __all__ = [
     "ARCHES",
     "REFUSED",
+    "Refusal",
     "SeccompUnavailable",
     "export_pfc",
+    "native_arch",
     "open_program",
     "program",
     "unavailable",
