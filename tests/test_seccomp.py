@@ -312,6 +312,18 @@ async def test_the_hosts_abstract_sockets_are_out_of_the_sandboxs_network_namesp
     assert await connects(shell, abstract.address) == [expected]
 
 
+async def test_with_the_network_shared_only_the_filter_keeps_abstract_sockets_out(
+    shells: Shells, work: Path, listeners: Callable[[str], Listener]
+) -> None:
+    """What docs/sandbox.md says a list does not cover: ``--allow-network`` shares the
+    host's network namespace, and with it the host's abstract names."""
+    abstract = listeners("\0orchmode-test-" + secrets.token_hex(6))
+    refused = shells(work, allow_network=True)
+    assert await connects(refused, abstract.address) == ["EPERM"]
+    every = shells(work, allow_network=True, sandbox_unix_sockets="all")
+    assert await connects(every, abstract.address) == ["ok"]
+
+
 async def test_socket_masks_follow_the_hosts_sockets_at_each_shell_start(
     work: Path, sockets_dir: Path, listeners: Callable[[str], Listener]
 ) -> None:
