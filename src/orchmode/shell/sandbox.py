@@ -12,18 +12,27 @@ milliseconds per shell:
   agent cannot rewrite the journal or the budget;
 - a new network namespace holds nothing but its own loopback: no DNS, no internet, none
   of the host's loopback services;
+- a seccomp filter, which bubblewrap loads before the shell starts, refuses the system
+  calls no command needs: ``socket(AF_UNIX)`` (a socket anywhere in the read-only file
+  system could be connected to), ``ptrace`` and its kin, mounts, new namespaces, io_uring
+  and more. ``sandbox_unix_sockets`` lifts the Unix socket refusal for all sockets, or
+  for those it lists, binding them in and covering the host's others;
 - a new PID namespace and ``--die-with-parent``: when the shell is killed, or orchmode
   dies, everything the shell started dies with it;
 - CPU time is an rlimit per process; memory and the number of processes are a cgroup per
   shell where orchmode can make one, and rlimits otherwise.
 
-Whether bubblewrap works here is probed once per process and cached. A missing binary or
-a kernel that refuses namespaces is reported in one line, and a command never falls back
-to running unsandboxed: ``--sandbox off`` is the explicit opt-out.
+Whether bubblewrap works here, under the filter, is probed once per process and cached. A
+missing binary, a kernel that refuses namespaces or a filter that cannot be applied is
+reported in one line, and a command never falls back to running unsandboxed:
+``--sandbox off`` is the explicit opt-out.
 
 The probe lives in :mod:`orchmode.shell.bwrap`, the mounts and ulimits in
-:mod:`orchmode.shell.policy`, and the per-shell cgroups in :mod:`orchmode.shell.cgroups`;
-this module puts them together.
+:mod:`orchmode.shell.policy`, the filter in :mod:`orchmode.shell.seccomp`, and the
+per-shell cgroups in :mod:`orchmode.shell.cgroups`; this module puts them together. The
+filter reaches bubblewrap on a descriptor of its own per shell (``--seccomp FD``), passed
+through the cgroup and overlay wrappers by the spawn and closed by bubblewrap once read:
+no other descriptor of orchmode's reaches a sandbox.
 """
 
 from __future__ import annotations
@@ -38,6 +47,7 @@ from pathlib import Path
 from ..core.overlay import Overlay
 from ..core.secrets import Secrets
 from ..core.settings import Settings
+from . import seccomp
 from .bwrap import Probe, probe
 from .cgroups import SandboxUnavailable, _cgroups, _make_shell_cgroups, _remove_cgroups
 from .policy import _MIB, STATE_DIR, SandboxPolicy
@@ -123,8 +133,15 @@ class Sandbox:
     def for_shell(self) -> ShellSandboxing:
         return ShellSandboxing(self)
 
-    def argv(self, tmpdir: str, cgroup_dirs: list[Path] | None = None) -> list[str]:
-        """The command line that runs what follows it (bash) in the sandbox."""
+    def argv(
+        self, tmpdir: str, cgroup_dirs: list[Path] | None = None, *, seccomp_fd: int
+    ) -> list[str]:
+        """The command line that runs what follows it (bash) in the sandbox.
+
+        ``seccomp_fd`` holds the filter's program (:func:`orchmode.shell.seccomp.open_program`),
+        and must reach bubblewrap open, at that number: through the wrappers (which keep
+        their descriptors) by the spawn's ``pass_fds``. bubblewrap closes it once read.
+        """
         found = self.probe()
         if found.problem is not None or found.bwrap is None:
             raise SandboxUnavailable(found.problem)
@@ -166,7 +183,9 @@ class Sandbox:
             wrapper += [str(len(cgroup_dirs)), *map(str, cgroup_dirs)]
         sandboxed = [
             *self._prefix,
+            *policy.socket_masks(),
             *["--ro-bind", tmpdir, tmpdir],  # the shell's command files, last: on top
+            *["--seccomp", str(seccomp_fd)],
             *self._suffix,
             *inner,
         ]
@@ -189,6 +208,8 @@ class ShellSandboxing:
         self._cgroup_dirs: list[Path] | None = None
         #: The secret files the last shell started hides (None: none started yet).
         self._hidden: tuple[str, ...] | None = None
+        #: Descriptors the last command line names, not yet taken by its spawn.
+        self._fds: tuple[int, ...] = ()
 
     @property
     def _sandbox(self) -> Sandbox:
@@ -202,7 +223,10 @@ class ShellSandboxing:
         return self._mode
 
     def argv(self, tmpdir: str) -> list[str]:
-        if self._cgroup_dirs is None and self._sandbox.probe().ok:
+        found = self._sandbox.probe()
+        if found.problem is not None:
+            raise SandboxUnavailable(found.problem)
+        if self._cgroup_dirs is None:
             cgroups = _cgroups()
             policy = self._sandbox.policy
             self._cgroup_dirs = (
@@ -211,7 +235,26 @@ class ShellSandboxing:
                 else []
             )
         self._hidden = self._sandbox.policy.withheld
-        return self._sandbox.argv(tmpdir, self._cgroup_dirs)
+        self._close_fds()
+        fd = seccomp.open_program(self._sandbox.policy.blocks_unix_sockets)
+        try:
+            argv = self._sandbox.argv(tmpdir, self._cgroup_dirs, seccomp_fd=fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fds = (fd,)
+        return argv
+
+    def take_fds(self) -> tuple[int, ...]:
+        """The descriptors the last :meth:`argv` names (the seccomp filter's): the caller
+        passes them to the shell's process, then closes them."""
+        fds, self._fds = self._fds, ()
+        return fds
+
+    def _close_fds(self) -> None:
+        for fd in self.take_fds():
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
     def newly_withheld(self) -> tuple[str, ...]:
         """The secret files found since the last shell started (it shows them as they are)."""
@@ -222,6 +265,7 @@ class ShellSandboxing:
 
     def release(self) -> None:
         """Remove the shell's cgroup (its processes are dead: the session has closed)."""
+        self._close_fds()
         if self._cgroup_dirs:
             _remove_cgroups(self._cgroup_dirs)
         self._cgroup_dirs = None
