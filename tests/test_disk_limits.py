@@ -380,9 +380,8 @@ async def test_the_watch_stops_once_and_keeps_its_reason(tmp_path: Path) -> None
     )
     assert await watch.check() is None
     reason = await watch.check()
-    assert (
-        reason
-        == "orchmode stopped this agent: it wrote 70.0 MB in its workspace, past agent_write_mb (64)"
+    assert reason == (
+        "orchmode stopped this agent: it wrote 70.0 MB in its workspace, past agent_write_mb (64)"
     )
     assert await watch.check() == reason and stopped == [reason]
 
