@@ -38,7 +38,8 @@ CHANGE_TOTAL_FILES = 5
 #: nears (at the rate last seen), and never spends more than :data:`WATCH_SHARE` of the
 #: time walking: a large copy is looked at less often.
 WATCH_MIN = 0.05
-WATCH_MAX = 1.0
+WATCH_BASE = 0.1
+WATCH_MAX = 5.0
 WATCH_SHARE = 0.02
 
 
@@ -222,11 +223,13 @@ class WriteWatch:
         """Seconds until the next look: sooner as the cap or the floor nears at the rate
         last seen, later when a look costs more (at most :data:`WATCH_SHARE` of the time
         walking)."""
-        pause = max(WATCH_MAX if self.measure is None else 0.25, self.cost / WATCH_SHARE)
+        pause = max(WATCH_BASE, self.cost / WATCH_SHARE)
+        # half the time the rate last seen would take to reach the limit: the looks
+        # close in on it
         if self.measure is not None and self._rate > 0:
-            pause = min(pause, (self.limits.write - self.written) / self._rate)
+            pause = min(pause, (self.limits.write - self.written) / self._rate / 2)
         if self._falling > 0:
-            pause = min(pause, (self._free - self.limits.floor) / self._falling)
+            pause = min(pause, (self._free - self.limits.floor) / self._falling / 2)
         return min(WATCH_MAX, max(WATCH_MIN, pause))
 
     async def run(self) -> None:
