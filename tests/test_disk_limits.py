@@ -12,6 +12,7 @@ import re
 import subprocess
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conftest import StartServer
-from orchmode.core.results import Change
+from orchmode.core.results import AgentResult, Change, Status
 from orchmode.core.settings import Settings
 from orchmode.executors.host import ShellFactory
 from orchmode.fanout.changes import left_out_note
@@ -27,9 +28,12 @@ from orchmode.shell.bash import BashSession
 from orchmode.shell.bwrap import probe
 from orchmode.shell.policy import SandboxPolicy
 from orchmode.shell.sandbox import Sandbox
+from orchmode.store.schema import result_of, result_row
+from orchmode.testing.replies import Reply, ScriptedRequest
+from orchmode.testing.scenario import OrchestrationScenario, first_user_text, role_of, tool_call
 from orchmode.testing.store_faults import FaultUnavailable, tmpfs
 from orchmode.trees.limits import MB, DiskLimits, WriteWatch, left_out_of, written_size
-from test_isolation import editing, nothing_left, repo, run, tool_result_text
+from test_isolation import command_of, editing, nothing_left, repo, run, tool_result_text
 from test_script import started
 
 MiB = 1 << 20
@@ -135,6 +139,59 @@ async def test_a_worker_past_agent_write_mb_is_stopped_told_and_its_report_says_
     assert (workdir / "ok.txt").read_text() == "ok\n"
     assert not (workdir / "big.bin").exists()
     nothing_left(workdir)
+
+
+@dataclass
+class Stubborn(OrchestrationScenario):
+    """Workers whose subtask says ``STUBBORN`` run a second command, and a third, instead
+    of reporting once they are told they were stopped."""
+
+    def worker(self, request: ScriptedRequest) -> Reply:
+        subtask = first_user_text(request)
+        steps = sum(1 for m in request.messages if m.get("role") == "assistant")
+        if "STUBBORN" in subtask and 0 < steps < 3:
+            return tool_call("bash", {"command": f"echo again > again{steps}.txt"})
+        return super().worker(request)
+
+
+async def test_a_stopped_worker_that_does_not_report_ends_failed_and_its_change_is_not_merged(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    workdir = repo(tmp_path / "work", {"README": "x\n"})
+    subtasks = [
+        "Fill STUBBORN $ echo fixed > fixed.txt; head -c 100M /dev/zero > big.bin",
+        "Note $ echo ok > ok.txt",
+    ]
+    server = await serve(Stubborn(subtasks=subtasks, scout_command=None, worker_command=command_of))
+    settled, _ = await run(server, tmp_path, workdir, agent_write_mb=64, change_file_max_mb=8)
+    result = tool_result_text(server)
+    worker = worker_line(result, 1)
+    assert worker.splitlines()[1] == (
+        "[orchmode stopped this agent: it wrote 64.0 MB in its workspace, past agent_write_mb "
+        "(64). It was stopped before it called report_findings]"
+    )
+    assert [(e.index, e.fate) for e in settled] == [(1, "not merged"), (2, "merged")]
+    line = change_line(result, 1)
+    assert "not merged (the agent did not finish): 1 file (+1 −0): fixed.txt" in line
+    assert "its patch is kept at" in line and "big.bin (64.0 MB" in line
+    patch = Path(settled[0].path).read_text()
+    assert "fixed.txt" in patch and "again" not in patch  # its later command never ran
+    # told once; its next call ended the run: no third request
+    requests = [e for e in server.log if "STUBBORN" in str(e.body["messages"][0]["content"])]
+    assert len([e for e in requests if role_of(e.body) == "worker"]) == 2
+    assert not (workdir / "fixed.txt").exists() and (workdir / "ok.txt").exists()
+    nothing_left(workdir)
+
+
+def test_the_files_left_out_of_a_change_are_kept_with_it_in_the_journal() -> None:
+    change = Change("abc", "patch", ("big.bin (3.0 GB, over change_file_max_mb = 100)",))
+    row = result_row("k", "worker", "p", AgentResult("r", Status.FINISHED, change=change), 0.0)
+    back = result_of(("r", 1, 0, 0, 0, 0, row[-1]))
+    assert back.change is not None and back.change.left_out == change.left_out
+    plain = result_row(
+        "k", "worker", "p", AgentResult("r", Status.FINISHED, change=Change("a", "")), 0
+    )
+    assert "left_out" not in str(plain[-1])
 
 
 async def test_many_small_files_adding_up_past_agent_write_mb_trip_the_watch_mid_command(

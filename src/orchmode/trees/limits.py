@@ -34,12 +34,12 @@ MB = 1 << 20
 #: patch whole, and SQLite holds a value of 1 GB at most: 500 MB of files, once deflated
 #: and written as base 85, stays below it).
 CHANGE_TOTAL_FILES = 5
-#: The watch's pause between two looks, at least and at most. It looks sooner as the cap
-#: nears (at the rate last seen), and never spends more than :data:`WATCH_SHARE` of the
-#: time walking: a large copy is looked at less often.
+#: The watch's pause between two looks: :data:`WATCH_BASE`, or longer so that it spends at
+#: most :data:`WATCH_SHARE` of the time walking (a large copy is looked at less often);
+#: shorter as the cap or the floor nears at the rate last seen, but not below
+#: :data:`WATCH_MIN`.
 WATCH_MIN = 0.05
 WATCH_BASE = 0.1
-WATCH_MAX = 5.0
 WATCH_SHARE = 0.02
 
 
@@ -230,7 +230,7 @@ class WriteWatch:
             pause = min(pause, (self.limits.write - self.written) / self._rate / 2)
         if self._falling > 0:
             pause = min(pause, (self._free - self.limits.floor) / self._falling / 2)
-        return min(WATCH_MAX, max(WATCH_MIN, pause))
+        return max(WATCH_MIN, pause)
 
     async def run(self) -> None:
         """Look every so often until the agent is stopped, or this is cancelled."""
