@@ -365,6 +365,22 @@ async def test_below_the_floor_no_writing_agent_runs_a_command_and_the_main_agen
     assert not (workdir / ".orchmode" / "there.txt").exists()
 
 
+async def test_in_shared_isolation_a_worker_below_the_floor_is_stopped_before_it_writes(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    workdir = repo(tmp_path / "work", {"README": "x\n"})
+    free = os.statvfs(workdir).f_bavail * os.statvfs(workdir).f_frsize
+    floor = free // MiB + 1024  # a gigabyte more than this disk has free
+    server = await serve(editing(["Note $ echo ok > ok.txt"]))
+    await run(server, tmp_path, workdir, isolation="shared", min_free_disk_mb=floor)
+    worker = worker_line(tool_result_text(server), 1)
+    assert (
+        "[orchmode stopped this agent: the disk holding the working directory has" in worker
+        and f"below min_free_disk_mb ({floor})" in worker
+    ), worker
+    assert not (workdir / "ok.txt").exists()
+
+
 async def test_a_command_running_when_the_disk_passes_the_floor_is_stopped(
     tmp_path: Path, small_disk: Path
 ) -> None:
