@@ -135,14 +135,10 @@ class ShellFactory:
         With the sandbox off nothing can hold it to that: a plain shell, as every agent's."""
         return self._shell(self.sandbox.read_only() if self.sandbox is not None else None)
 
-    @property
-    def limits(self) -> DiskLimits:
-        return DiskLimits.from_settings(self.settings)
-
     def floor_guard(self, disk: Path, what: str) -> Callable[[], str | None]:
         """A writing shell's guard: no command runs, nor goes on running, while the disk
         holding ``disk`` (``what``) has less free than ``min_free_disk_mb``."""
-        limits = self.limits
+        limits = DiskLimits.from_settings(self.settings)
 
         def guard() -> str | None:
             problem = floor_problem(disk, limits, what)
@@ -324,8 +320,8 @@ class AgentHost:
     ) -> WriteWatch | None:
         """What watches an agent that writes: what it wrote in its workspace (when it has
         one) against ``agent_write_mb``, and the free disk against ``min_free_disk_mb``;
-        past either, its shell is stopped at once, and its run ends at its next tool call.
-        None for an agent that cannot write."""
+        past either, its shell is stopped at once, and it may only report (see
+        :class:`Subagent`). None for an agent that cannot write."""
         limits = DiskLimits.from_settings(self.settings)
         if workspace is not None:
             if not workspace.spec.writable:

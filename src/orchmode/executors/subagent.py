@@ -58,8 +58,8 @@ class Subagent:
     choice: ModelChoice | None = None
     #: The agent definition it runs in, whose ``tools`` may leave out some MCP tools.
     agent: AgentDefinition | None = None
-    #: Watches what it writes (None: it cannot write). Once the watch stops it (its disk
-    #: cap reached, or the disk nearly full), its run ends at its next tool call.
+    #: Watches what it writes (None: it cannot write). Once the watch stops it (past its
+    #: disk cap, or the disk nearly full), it is told so, and may only report.
     watch: WriteWatch | None = None
     #: Set when its last allowed report was still invalid: the run failed with this.
     _rejected: str | None = field(default=None, init=False, repr=False)

@@ -8,6 +8,7 @@ import os
 import secrets
 import shlex
 import shutil
+import signal
 import subprocess
 import tempfile
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -41,7 +42,7 @@ _RESET_NOTE = "so the working directory and environment are reset"
 # How often a running command's guard is asked whether it must stop (a statvfs: cheap).
 _GUARD_PAUSE = 0.5
 # The exit code of a process killed by SIGXFSZ: it wrote past the sandbox's file size limit.
-_TOO_LARGE = 128 + 25
+_TOO_LARGE = 128 + signal.SIGXFSZ
 _TOO_LARGE_NOTE = (
     "(exit code 153: a process was stopped for writing a file past the largest size one "
     "file may have here, agent_write_mb; nothing past that size was written)"
@@ -518,8 +519,8 @@ class BashSession:
             elif died_by_itself and rc is not None and self._stopped is not None:
                 code = 128 - rc
                 notes.append(
-                    f"({self._stopped}: the command was stopped, with everything the shell "
-                    f"started; the next command starts a fresh shell, {_RESET_NOTE})"
+                    f"({self._stopped}; the command was stopped, with everything the shell "
+                    f"started, and the next command starts a fresh shell, {_RESET_NOTE})"
                 )
                 self._stopped = None
             elif died_by_itself and rc is not None:
@@ -552,7 +553,7 @@ class BashSession:
             elif not await _wait_event(proto.wake, min(remaining, _GUARD_PAUSE)):
                 reason = self._guard() if self._stopped is None else None
                 if reason is not None:
-                    self.stop(f"{reason}")
+                    self.stop(reason)
         return True
 
     @staticmethod
