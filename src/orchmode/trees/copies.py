@@ -28,6 +28,7 @@ import contextlib
 import logging
 import os
 import shutil
+import stat
 import time
 import uuid
 from collections.abc import Sequence
@@ -745,7 +746,7 @@ class Trees:
                 continue
             with contextlib.suppress(OSError):
                 info = os.lstat(copy.path / name)
-                if not os.path.isdir(copy.path / name):
+                if not stat.S_ISDIR(info.st_mode):
                     sizes[name] = info.st_size
         return left_out_of(sizes, limits)
 

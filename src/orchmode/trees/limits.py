@@ -7,8 +7,9 @@ Three limits, each enforced where it is cheapest and exact (see ``docs/isolation
   process of an agent's grows a file past it (``File too large``);
 - **all it writes** is measured by a :class:`WriteWatch`: a walk of the overlay's upper
   layer (which holds only what the agent wrote), or of its copy, on a thread, every so
-  often and after each command; once it reaches ``agent_write_mb``, or the disk holding
-  the workspace has less than ``min_free_disk_mb`` free, the agent is stopped;
+  often and after each command; once it passes ``agent_write_mb``, or the disk holding
+  the workspace has less than ``min_free_disk_mb`` free, the agent's shell is stopped and
+  it may only report (:class:`orchmode.executors.subagent.Subagent`);
 - **a change** holds no file over ``change_file_max_mb``, and no more than
   :data:`CHANGE_TOTAL_FILES` times that in all (:func:`left_out_of`): a larger file is
   left out of the patch and named, never handed to git to hash and diff (a 3 GB file is
@@ -22,7 +23,7 @@ import contextlib
 import os
 import stat
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -79,25 +80,20 @@ def mb(size: int) -> str:
 # -------------------------------------------------------------------------- measuring
 
 
-def written_size(root: Path, skip: Iterable[str] = ()) -> int:
+def written_size(root: Path) -> int:
     """Bytes of the files under ``root``: what an agent wrote there, as git would have to
-    read it (a sparse file counts its size), each hard-linked file once; ``skip`` names
-    top-level entries left out.
+    read it (a sparse file counts its size), each hard-linked file once.
 
     One ``scandir`` per directory, whose entries carry their kind; only files are stat'ed.
     """
-    skipped = frozenset(skip)
     total = 0
     linked: set[tuple[int, int]] = set()
     stack = [root]
-    top = True
     while stack:
         directory = stack.pop()
         try:
             with os.scandir(directory) as entries:
                 for entry in entries:
-                    if top and entry.name in skipped:
-                        continue
                     try:
                         if entry.is_dir(follow_symlinks=False):
                             stack.append(Path(entry.path))
@@ -112,7 +108,6 @@ def written_size(root: Path, skip: Iterable[str] = ()) -> int:
                     total += info.st_size
         except OSError:
             pass  # removed while walked, or unreadable: what is not there takes nothing
-        top = False
     return total
 
 
