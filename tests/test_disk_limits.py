@@ -245,6 +245,9 @@ async def test_a_file_over_change_file_max_mb_is_left_out_named_and_the_report_k
     assert "new.bin (20.0 MB, over change_file_max_mb = 8)" in line, line
     assert "data.bin (12.0 MB, over change_file_max_mb = 8)" in line, line
     assert "left out of the change as too big for a patch" in line
+    (verifier,) = started(server, "verifier")
+    assert "Left out of the change as too big for a patch" in verifier
+    assert "new.bin (20.0 MB, over change_file_max_mb = 8)" in verifier
     assert (workdir / "fix.txt").read_text() == "fix\n"
     assert os.readlink(workdir / "link") == "fix.txt"
     assert (workdir / "data.bin").read_text() == "small\n"
