@@ -28,6 +28,7 @@ from orchmode.shell.bash import ShellResult
 from orchmode.shell.bwrap import overlay_problem, probe
 from orchmode.trees.copies import Trees
 from orchmode.trees.layers import scan_upper
+from orchmode.trees.limits import DiskLimits
 from orchmode.trees.patches import summarise
 from orchmode.trees.workspaces import OverlayWorkspace, Spec, Workspace, Workspaces
 from test_isolation import GIT, git_out, repo
@@ -78,7 +79,8 @@ class Agents:
     def __init__(self, workdir: Path, *, overlays: bool = True, **settings: object) -> None:
         self.settings = Settings(workdir=workdir, **settings)  # type: ignore[arg-type]
         self.trees = Trees(workdir)
-        self.workspaces = Workspaces(self.trees, overlays=overlays)
+        limits = DiskLimits.from_settings(self.settings)
+        self.workspaces = Workspaces(self.trees, overlays=overlays, limits=limits)
         self.shells = ShellFactory.build(self.settings, self.trees.workdir, ())
 
     async def snapshot(self) -> Spec:
@@ -331,7 +333,7 @@ async def test_a_200_mb_file_written_in_place_is_one_small_change(
             handle.write(line)
     subprocess.run([*GIT, "add", "big.txt"], cwd=workdir, check=True)
     subprocess.run([*GIT, "commit", "-qm", "big"], cwd=workdir, check=True)
-    agents = agents_in(workdir)
+    agents = agents_in(workdir, change_file_max_mb=256)  # a change may hold the file
     # Overwrite 5 bytes in the middle of the file, in place.
     change = await agents.change(
         "printf 'HELLO' | dd of=big.txt bs=1 seek=104857600 conv=notrunc status=none"

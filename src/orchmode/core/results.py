@@ -25,6 +25,9 @@ class Change:
 
     base: str
     patch: str
+    #: The files the agent wrote that were too big for the patch, each with its size and
+    #: the limit it passed (``big.bin (3.0 GB, over change_file_max_mb = 100)``).
+    left_out: tuple[str, ...] = field(default=(), compare=False)
 
     @property
     def empty(self) -> bool:

@@ -36,6 +36,7 @@ from ..store import Store
 from ..store.claims import keep_claim
 from ..tools.mcptools import with_mcp_tools
 from ..trees.copies import Trees
+from ..trees.limits import DiskLimits, WriteWatch, floor_problem, watching
 from ..trees.workspaces import Spec, Workspace, Workspaces
 from . import Job, TreeJob
 from .pool import Ready, SandboxPool
@@ -134,7 +135,21 @@ class ShellFactory:
         With the sandbox off nothing can hold it to that: a plain shell, as every agent's."""
         return self._shell(self.sandbox.read_only() if self.sandbox is not None else None)
 
+    def floor_guard(self, disk: Path, what: str) -> Callable[[], str | None]:
+        """A writing shell's guard: no command runs, nor goes on running, while the disk
+        holding ``disk`` (``what``) has less free than ``min_free_disk_mb``."""
+        limits = DiskLimits.from_settings(self.settings)
+
+        def guard() -> str | None:
+            problem = floor_problem(disk, limits, what)
+            if problem is None:
+                return None
+            return f"orchmode: {problem} — free some disk, or lower min_free_disk_mb"
+
+        return guard
+
     def _shell(self, sandbox: Sandbox | None) -> BashSession:
+        writes = sandbox is None or sandbox.mode == "workspace-write"
         return self._made(
             BashSession(
                 self.workdir,
@@ -143,6 +158,7 @@ class ShellFactory:
                 env=self.env,
                 sandbox=sandbox.for_shell() if sandbox is not None else None,
                 masker=self.masker,
+                guard=self.floor_guard(self.workdir, "the working directory") if writes else None,
             )
         )
 
@@ -175,6 +191,7 @@ class ShellFactory:
 
             sandbox = ShellSandboxing(build, base.mode)
             cwd = self.workdir
+        writes = workspace.spec.writable
         return self._made(
             BashSession(
                 cwd,
@@ -184,6 +201,7 @@ class ShellFactory:
                 sandbox=sandbox,
                 prepare=prepare,
                 masker=self.masker,
+                guard=self.floor_guard(workspace.disk, "its workspace") if writes else None,
             )
         )
 
@@ -252,7 +270,9 @@ class AgentHost:
                     choice=choice,
                     agent=job.agent,
                 )
-                result = await agent.run(job.prompt)
+                agent.watch = self._watch(job, shell, workspace)
+                async with watching(agent.watch):
+                    result = await agent.run(job.prompt)
             except AuthError:
                 raise  # retrying cannot help: stop the whole run
             except BudgetExhausted as exc:
@@ -295,6 +315,25 @@ class AgentHost:
         self._housekeeping.add(task)
         task.add_done_callback(self._housekeeping.discard)
 
+    def _watch(
+        self, job: Job, shell: BashSession, workspace: Workspace | None
+    ) -> WriteWatch | None:
+        """What watches an agent that writes: what it wrote in its workspace (when it has
+        one) against ``agent_write_mb``, and the free disk against ``min_free_disk_mb``;
+        past either, its shell is stopped at once, and it may only report (see
+        :class:`Subagent`). None for an agent that cannot write."""
+        limits = DiskLimits.from_settings(self.settings)
+        if workspace is not None:
+            if not workspace.spec.writable:
+                return None
+            return WriteWatch(limits, workspace.disk, workspace.written, shell.stop)
+        factory = self.make_shell
+        if _reads_only(job) or not isinstance(factory, ShellFactory):
+            return None
+        if factory.sandbox is not None and factory.sandbox.mode != "workspace-write":
+            return None
+        return WriteWatch(limits, factory.workdir, None, shell.stop, where="the working directory")
+
     def _pool_kind(self, job: Job) -> Hashable | None:
         """Which pooled shells suit ``job``: any shell for a shared tree, one in a fresh
         workspace of its snapshot for a worker; None for any other workspace, and for a
@@ -325,7 +364,9 @@ class AgentHost:
             assert self.trees is not None and isinstance(self.make_shell, ShellFactory)
             await self.trees.open()
             reason = await asyncio.to_thread(self._overlay_problem)
-            self.workspaces = Workspaces(self.trees, overlays=reason is None)
+            self.workspaces = Workspaces(
+                self.trees, overlays=reason is None, limits=DiskLimits.from_settings(self.settings)
+            )
             if reason is not None:
                 log.info("agents' workspaces are full copies: %s", reason)
             events.emit(WorkspacesChosen(reason is None, reason or ""))
@@ -402,7 +443,9 @@ class AgentHost:
                 result.usage,
             )
         verified = self.settings.verify and (job.agent is None or job.agent.verify)
-        keep = verified and job.tree.writable and not job.tree.patch
+        # one that did not finish is not verified: its workspace (perhaps at its disk cap)
+        # goes at once
+        keep = verified and job.tree.writable and not job.tree.patch and result.finished
         try:
             change = await workspace.close(keep_for=job.tree.chain if keep else None)
         except OrchmodeError as exc:

@@ -8,7 +8,7 @@ brings to it — its tools — and what its ending comes to as an :class:`AgentR
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +21,13 @@ from ..model.context import Meter, Window
 from ..model.gateway import ModelChoice, ModelGateway
 from ..shell.bash import BashSession
 from ..tools.calls import run_bash, tool_result
+from ..trees.limits import WriteWatch
+
+#: What a stopped agent is told, after why.
+LAST_CHANCE = (
+    "Its shell was stopped, and no command or tool of it runs any more: call "
+    "report_findings now with what it found (any other call ends its run)"
+)
 
 if TYPE_CHECKING:
     from ..core.agents import AgentDefinition
@@ -51,8 +58,15 @@ class Subagent:
     choice: ModelChoice | None = None
     #: The agent definition it runs in, whose ``tools`` may leave out some MCP tools.
     agent: AgentDefinition | None = None
+    #: Watches what it writes (None: it cannot write). Once the watch stops it (past its
+    #: disk cap, or the disk nearly full), it is told so, and may only report.
+    watch: WriteWatch | None = None
     #: Set when its last allowed report was still invalid: the run failed with this.
     _rejected: str | None = field(default=None, init=False, repr=False)
+    #: Set when its run was ended because the watch had stopped it.
+    _cut: bool = field(default=False, init=False, repr=False)
+    #: The round of tool calls in which it was told it was stopped (its results list).
+    _told_in: Sequence[Block] | None = field(default=None, init=False, repr=False)
 
     async def run(self, prompt: str) -> AgentResult:
         messages: list[Message] = [{"role": "user", "content": prompt}]
@@ -85,18 +99,28 @@ class Subagent:
         """
         attempts = ReportAttempts(self.schema)
 
-        async def bash(tool_use: Block, _gathered: object) -> Block:
-            return await run_bash(self.shell, tool_use, agent=self.name, events=self.events)
+        async def bash(tool_use: Block, gathered: Sequence[Block]) -> Block | Finish:
+            refused = self._refused(tool_use, gathered)
+            if refused is not None:
+                return refused
+            block = await run_bash(self.shell, tool_use, agent=self.name, events=self.events)
+            if self.watch is not None and await self.watch.check() is not None:
+                # what it wrote with this command stopped it: it is told so, with the output
+                self._told_in = gathered
+                text = f"{block['content']}\n({self.watch.reason}. {LAST_CHANCE})"
+                return tool_result(tool_use["id"], text, is_error=True)
+            return block
 
         async def report_findings(tool_use: Block, _gathered: object) -> Block | Finish:
+            # still taken once the agent is stopped: a report costs no disk
             if self.schema is None:  # untyped: asked again as often as it takes, as always
                 untyped = parse_report(tool_use["input"])
                 if isinstance(untyped, Report):
-                    return Finish(json.dumps(untyped.model_dump(), ensure_ascii=False))
+                    return self._report(untyped)
                 return tool_result(tool_use["id"], untyped, is_error=True)
             report = attempts.take(tool_use["input"])
             if isinstance(report, TypedReport):
-                return Finish(json.dumps(report.model_dump(), ensure_ascii=False))
+                return self._report(report)
             if report.final:
                 self._rejected = report.message
                 return Finish(report.message)
@@ -106,7 +130,10 @@ class Subagent:
         mcp = self.mcp
         if mcp is not None:
 
-            async def mcp_tool(tool_use: Block, _gathered: object) -> Block:
+            async def mcp_tool(tool_use: Block, gathered: Sequence[Block]) -> Block | Finish:
+                refused = self._refused(tool_use, gathered)
+                if refused is not None:
+                    return refused
                 role = self.agent
                 if role is not None and not role.allows(str(tool_use["name"])):
                     return tool_result(
@@ -120,9 +147,39 @@ class Subagent:
             prefixes["mcp__"] = mcp_tool
         return Toolbox(self.tools, {"bash": bash, "report_findings": report_findings}, prefixes)
 
+    def _refused(self, tool_use: Block, gathered: Sequence[Block]) -> Block | Finish | None:
+        """The answer to a call other than its report once the watch has stopped the agent
+        (None until then): it is told, once, that it may only report; a call in a later
+        round ends its run."""
+        watch = self.watch
+        if watch is None or watch.reason is None:
+            return None
+        if self._told_in is not None and self._told_in is not gathered:
+            self._cut = True
+            return Finish("")
+        self._told_in = gathered
+        return tool_result(tool_use["id"], f"({watch.reason}. {LAST_CHANCE})", is_error=True)
+
+    def _report(self, report: Report) -> Finish:
+        """Its report as its run's value; once the watch stopped it, its summary says so
+        first (the main agent and the verifier read it there)."""
+        reason = self.watch.reason if self.watch is not None else None
+        if reason is not None:
+            report = report.model_copy(update={"summary": f"[{reason}] {report.summary}"})
+        return Finish(json.dumps(report.model_dump(), ensure_ascii=False))
+
     def _result(self, done: LoopResult) -> AgentResult:
         """How the run ended, as a subagent's result."""
         ending, turns, usage = done.ending, done.turns, done.usage
+        watch = self.watch
+        stopped = watch.reason if watch is not None else None
+        if stopped is not None and (self._cut or ending is not Ending.FINISHED):
+            return AgentResult(
+                f"[{stopped}. It was stopped before it called report_findings]",
+                Status.FAILED,
+                turns,
+                usage,
+            )
         if ending is Ending.FINISHED and self._rejected is not None:
             return AgentResult(self._rejected, Status.FAILED, turns, usage)
         if ending is Ending.FINISHED:

@@ -180,11 +180,23 @@ async def merge_changes(
     for candidate, reason in zip(candidates, held, strict=True):
         change = candidate.change
         if change is None or change.empty:
-            lines.append(f"[change {candidate.index}] no change")
+            lines.append(f"[change {candidate.index}] no change{left_out_note(change)}")
             continue
         settled = outcomes.get(candidate.index) if reason is None else None
-        lines.append(_settle(results, policy, call, candidate, change, reason, settled, events))
+        line = _settle(results, policy, call, candidate, change, reason, settled, events)
+        lines.append(line + left_out_note(change))
     return lines
+
+
+def left_out_note(change: Change | None) -> str:
+    """What a change's line adds for the files left out of it as too big for a patch
+    (they stay in the agent's workspace only): "" when none was."""
+    if change is None or not change.left_out:
+        return ""
+    return (
+        f"; left out of the change as too big for a patch (not merged, not kept): "
+        f"{', '.join(change.left_out)}"
+    )
 
 
 async def _merge_all(trees: Trees, changes: list[Change]) -> list[Merge]:

@@ -187,6 +187,11 @@ class FanoutEngine:
         note = ""
         if change is not None and not change.empty:
             note = change_note(describe_change(change), change.digest[:12], change.base)
+        if change is not None and change.left_out:
+            note += (
+                "\nLeft out of the change as too big for a patch (not part of what is "
+                f"judged, though you may see it in the copy): {', '.join(change.left_out)}"
+            )
         if task.schema is not None:
             note += data_note(task.schema)
         return verify_prompt(task.prompt, quote_result(worker.text, limit, path), note)
@@ -591,6 +596,8 @@ class FanoutEngine:
                 "files": describe_change(change),
                 "patch": self.results.write_patch(key, change.patch),
             }
+        if change is not None and change.left_out:
+            record["left_out"] = list(change.left_out)
         # Written on a worker thread (a temp file, a write, a rename: kernel time), off the
         # chain's path; finish_housekeeping() waits for it, so the file is there when the
         # call returns.

@@ -8,6 +8,7 @@ import os
 import secrets
 import shlex
 import shutil
+import signal
 import subprocess
 import tempfile
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -38,6 +39,14 @@ _STRAY_CAP = 64 * 1024
 _OUT_FD = 19
 
 _RESET_NOTE = "so the working directory and environment are reset"
+# How often a running command's guard is asked whether it must stop (a statvfs: cheap).
+_GUARD_PAUSE = 0.5
+# The exit code of a process killed by SIGXFSZ: it wrote past the sandbox's file size limit.
+_TOO_LARGE = 128 + signal.SIGXFSZ
+_TOO_LARGE_NOTE = (
+    "(exit code 153: a process was stopped for writing a file past the largest size one "
+    "file may have here, agent_write_mb; nothing past that size was written)"
+)
 _USAGE = 'send {"command": "<shell command>"} to run a command, or {"restart": true}'
 
 
@@ -208,6 +217,7 @@ class BashSession:
         sandbox: ShellSandbox | None = None,
         prepare: Callable[[], Awaitable[None]] | None = None,
         masker: Masker | None = None,
+        guard: Callable[[], str | None] | None = None,
     ) -> None:
         if timeout <= 0:
             raise ValueError(f"timeout must be positive, got {timeout!r}")
@@ -223,6 +233,11 @@ class BashSession:
         self._prepare = prepare
         #: Secrets masked in every result, before it reaches the model or the records.
         self._masker = masker
+        #: Asked before each command, and every half second while one runs: a reason it
+        #: returns (the disk nearly full) refuses the command, or stops the one running.
+        self._guard = guard
+        #: Why the shell was stopped from outside (:meth:`stop`), until a result says so.
+        self._stopped: str | None = None
         self._closed = False
         self._lock = asyncio.Lock()
         self._shell: _Shell | None = None
@@ -319,6 +334,16 @@ class BashSession:
             if self._shell is not None:
                 await self._discard(self._shell)
             await asyncio.to_thread(self._remove_files)  # kernel work, off the event loop
+
+    def stop(self, reason: str) -> None:
+        """Kill the shell's processes now, those in the background too, for ``reason``:
+        the command running, if one is, ends with ``reason`` in its result; the next
+        command starts a fresh shell."""
+        self._stopped = reason
+        shell = self._shell
+        if shell is not None:
+            shell.kill(sweep=False)
+            shell.protocol.wake.set()
 
     def abandon(self) -> None:
         """Kill the shell and remove its files now, without waiting: for a shutdown in
@@ -430,6 +455,10 @@ class BashSession:
         loop = asyncio.get_running_loop()
         started = loop.time()
         notes: list[str] = []
+        refused = self._guard() if self._guard is not None else None
+        if refused is not None:
+            return _error(f"({refused}; the command was not run)")
+        self._stopped = None
         shell = self._shell
         if shell is not None and not shell.alive():
             await self._discard(shell)
@@ -500,6 +529,13 @@ class BashSession:
                 notes.append(
                     f"(the shell exited; the next command starts a fresh shell, {_RESET_NOTE})"
                 )
+            elif died_by_itself and rc is not None and self._stopped is not None:
+                code = 128 - rc
+                notes.append(
+                    f"({self._stopped}; the command was stopped, with everything the shell "
+                    f"started, and the next command starts a fresh shell, {_RESET_NOTE})"
+                )
+                self._stopped = None
             elif died_by_itself and rc is not None:
                 code = 128 - rc
                 notes.append(
@@ -509,6 +545,11 @@ class BashSession:
             else:
                 code = None
                 notes.append(f"(the shell closed its output and was restarted, {_RESET_NOTE})")
+        if self._stopped is not None:  # it ended as it was stopped: the shell is gone
+            notes.append(f"({self._stopped}; the next command starts a fresh shell)")
+            self._stopped = None
+        if code == _TOO_LARGE and self._sandbox is not None:
+            notes.append(_TOO_LARGE_NOTE)
         return self._result(notes, collector, code, False, loop.time() - started, masker)
 
     async def _wait(self, shell: _Shell, collector: _OutputCollector, deadline: float) -> bool:
@@ -520,7 +561,12 @@ class BashSession:
             if remaining <= 0:
                 return False
             proto.wake.clear()
-            await _wait_event(proto.wake, remaining)
+            if self._guard is None:
+                await _wait_event(proto.wake, remaining)
+            elif not await _wait_event(proto.wake, min(remaining, _GUARD_PAUSE)):
+                reason = self._guard() if self._stopped is None else None
+                if reason is not None:
+                    self.stop(reason)
         return True
 
     @staticmethod

@@ -67,6 +67,8 @@ class SandboxPolicy:
     cpu_seconds: int = 300
     memory_mb: int = 4096
     processes: int = 512
+    #: The largest file a process of the shell may write, in MB (RLIMIT_FSIZE; 0: none).
+    file_mb: int = 0
     bwrap: str = "bwrap"
     #: Directories hidden behind empty ones; the first is ``HOME`` inside the sandbox.
     homes: tuple[Path, ...] = field(default_factory=lambda: tuple(_home_dirs(os.environ)))
@@ -111,6 +113,7 @@ class SandboxPolicy:
             cpu_seconds=settings.sandbox_cpu_seconds,
             memory_mb=settings.sandbox_memory_mb,
             processes=settings.sandbox_processes,
+            file_mb=settings.agent_write_mb,
             bwrap=settings.sandbox_bwrap,
             homes=tuple(_home_dirs(os.environ if env is None else env)),
             unix_sockets=settings.sandbox_unix_sockets,
@@ -325,6 +328,16 @@ class SandboxPolicy:
             limits.append(f"ulimit -d {self.memory_mb * 1024}")
         if not cgroup_pids:
             limits.append(f"ulimit -u {self.processes}")
+        if self.file_mb > 0:
+            # No file past agent_write_mb ("File too large"), and no core dump written into
+            # the tree. bash counts -f in KiB; a POSIX sh (dash, bash as sh) in 512-byte
+            # blocks: the script runs in either.
+            kib = self.file_mb * 1024
+            limits.append(
+                f'case "${{BASH_VERSION-}}:${{SHELLOPTS-}}" in :*|*posix*) '
+                f"ulimit -f {kib * 2};; *) ulimit -f {kib};; esac"
+            )
+            limits.append("ulimit -c 0")
         return _LIMITS_SCRIPT.format(limits=" && ".join(limits))
 
 

@@ -137,7 +137,12 @@ def result_row(
     """UPSERT_RESULT's parameters for ``result``."""
     u = result.usage
     change = result.change
-    encoded = "" if change is None else json.dumps({"base": change.base, "patch": change.patch})
+    encoded = ""
+    if change is not None:
+        fields: dict[str, object] = {"base": change.base, "patch": change.patch}
+        if change.left_out:
+            fields["left_out"] = list(change.left_out)
+        encoded = json.dumps(fields)
     return (
         key, role, prompt, result.text, result.turns, u.input_tokens, u.output_tokens,
         u.cache_read_tokens, u.cache_write_tokens, now, encoded,
@@ -150,7 +155,8 @@ def result_of(row: Sequence[Any]) -> AgentResult:
     if row[6]:
         try:
             value = json.loads(row[6])
-            change = Change(str(value["base"]), str(value["patch"]))
+            left_out = tuple(str(n) for n in value.get("left_out", ()))
+            change = Change(str(value["base"]), str(value["patch"]), left_out)
         except (ValueError, KeyError, TypeError):
             change = None
     return AgentResult(row[0], Status.FINISHED, row[1], TokenUsage(*row[2:6]), change=change)

@@ -28,6 +28,7 @@ import contextlib
 import logging
 import os
 import shutil
+import stat
 import time
 import uuid
 from collections.abc import Sequence
@@ -41,6 +42,7 @@ from ..core.secrets import Secrets
 from ..core.wording import listed
 from .git import TreeError, _Work, git, on_thread
 from .layers import PATCH_FLAGS, PATCH_FORM, read_layer
+from .limits import DiskLimits, left_out_of
 from .patches import FileChange, PatchSummary, refusals, summary_of
 from .runs import (
     held_lock,
@@ -595,7 +597,7 @@ class Trees:
         if derived is None:
             base_tree = await self.tree_of(base)
             env = self._store_env()
-            tree, _ = await on_thread(
+            tree, _, _ = await on_thread(
                 lambda work: read_layer(work, layer, base_tree, env, self.home, _nothing_ignored)
             )
             derived = self._derived[layer] = (await self._commit(tree, base), tree)
@@ -699,16 +701,18 @@ class Trees:
         shutil.copyfile(self.store / "info" / "exclude", dot_git / "info" / "exclude")
         shutil.copyfile(index, dot_git / "index")
 
-    async def change_of(self, copy: Copy) -> Change:
+    async def change_of(self, copy: Copy, limits: DiskLimits | None = None) -> Change:
         """The copy's difference from where it started: every addition, deletion, rename,
-        mode change and binary file, as one patch."""
-        return await on_thread(lambda work: self._read_change(work, copy))
+        mode change and binary file, as one patch; a file too big for it (see
+        :func:`.limits.left_out_of`) is left out, and named."""
+        return await on_thread(lambda work: self._read_change(work, copy, limits))
 
-    def _read_change(self, work: _Work, copy: Copy) -> Change:
+    def _read_change(self, work: _Work, copy: Copy, limits: DiskLimits | None) -> Change:
         env = {**self._store_env(copy.index), "GIT_WORK_TREE": str(copy.path)}
         # the places made for secret files' notes are not the agent's writes
         stand_ins = self._stand_ins.get(copy.path, ())
-        withheld = [f":(exclude,literal){n}" for n in stand_ins]
+        too_big = self._too_big(work, copy, env, stand_ins, limits) if limits else {}
+        withheld = [f":(exclude,literal){n}" for n in (*stand_ins, *too_big)]
         work.git("add", "-A", "--", ".", *withheld, env=env, cwd=copy.path)
         # Pinned so that no setting of the user's changes the patch's form.
         _, out = work.git(
@@ -717,7 +721,34 @@ class Trees:
             "-M", "--no-color", "--no-ext-diff", "--no-textconv", "--src-prefix=a/",
             "--dst-prefix=b/", copy.start, env=env, cwd=copy.path,
         )  # fmt: skip
-        return Change(copy.start, out.decode(errors="surrogateescape"))
+        return Change(copy.start, out.decode(errors="surrogateescape"), tuple(too_big.values()))
+
+    def _too_big(
+        self,
+        work: _Work,
+        copy: Copy,
+        env: dict[str, str],
+        stand_ins: Sequence[str],
+        limits: DiskLimits,
+    ) -> dict[str, str]:
+        """The files the agent changed or made in ``copy`` that are too big for its change,
+        measured before git hashes any of them (``git status`` compares sizes first, and
+        reads no file whose size changed)."""
+        _, out = work.git(
+            "status", "--porcelain=v2", "-z", "--no-renames", "--untracked-files=all",
+            "--ignore-submodules=all", "--", ".", env=env, cwd=copy.path,
+        )  # fmt: skip
+        changed, untracked, _ = _parse_status(out)
+        skipped = set(stand_ins)
+        sizes: dict[str, int] = {}
+        for name in (*changed, *untracked):
+            if name in skipped:
+                continue
+            with contextlib.suppress(OSError):
+                info = os.lstat(copy.path / name)
+                if not stat.S_ISDIR(info.st_mode):
+                    sizes[name] = info.st_size
+        return left_out_of(sizes, limits)
 
     def remove(self, copy: Copy) -> None:
         remove_tree(copy.path)

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .git import TreeError, _Work
+from .limits import DiskLimits, left_out_of
 
 #: overlayfs marks a directory that hides what the layers below hold there.
 OPAQUE = "user.overlay.opaque"
@@ -318,16 +319,20 @@ def read_layer(
     store_env: Mapping[str, str],
     cwd: Path,
     ignored: Callable[[_Work, list[bytes], bool], set[bytes]],
-) -> tuple[str, str]:
-    """The tree ``upper`` makes of the tree ``base``, and the patch between them.
+    limits: DiskLimits | None = None,
+) -> tuple[str, str, tuple[str, ...]]:
+    """The tree ``upper`` makes of the tree ``base``, the patch between them, and the files
+    left out of it as too big (see :func:`.limits.left_out_of`; none without ``limits``).
 
     ``ignored(work, paths, exact)`` says which of the new files (paths relative to the
     tree) git ignores; ``exact`` when the layer touched a ``.gitignore``, so that only the
-    merged view can tell.
+    merged view can tell. A file too big is measured here, in the layer, and never handed
+    to git: it stays as the snapshot had it.
     """
     root = scan_upper(upper)
     if not root.children:
-        return base, ""
+        return base, "", ()
+    left: tuple[str, ...] = ()
     with tempfile.TemporaryDirectory(prefix="orchmode-layer-") as scratch_dir:
         scratch = Path(scratch_dir)
         reader = TreeReader(work, store_env, cwd)
@@ -336,6 +341,10 @@ def read_layer(
             new = [path for path, _ in puts_of(root) if path not in tracked]
             if new:
                 drop(root, ignored(work, new, has_gitignore(root)))
+            if limits is not None:
+                too_big = left_out_of(_sizes(root), limits)
+                drop(root, (os.fsencode(path) for path in too_big))
+                left = tuple(too_big.values())
             blobs = hash_contents(work, root, store_env, cwd, scratch)
             writer = TreeWriter(scratch)
             tree = rewrite(root, base, reader, blobs, writer)
@@ -343,11 +352,21 @@ def read_layer(
             reader.close()
         writer.flush(work, store_env, cwd)
     if tree == base:
-        return base, ""
+        return base, "", left
     _, out = work.git(
         *PATCH_FORM, "diff-tree", "-p", *PATCH_FLAGS, base, tree, env=store_env, cwd=cwd
     )
-    return tree, out.decode(errors="surrogateescape")
+    return tree, out.decode(errors="surrogateescape"), left
+
+
+def _sizes(root: _Node) -> dict[str, int]:
+    """The size of each file the layer puts (by path); a link's is its target's length."""
+    sizes: dict[str, int] = {}
+    for path, node in puts_of(root):
+        assert node.put is not None
+        with contextlib.suppress(OSError):
+            sizes[os.fsdecode(path)] = os.lstat(node.put[1]).st_size
+    return sizes
 
 
 def check_ignore(

@@ -17,6 +17,7 @@ runs here is shown the very layer (or copy) its worker left, read-only.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -29,6 +30,7 @@ from ..core.results import Change
 from .copies import Copy, Trees
 from .git import TreeError, _Work, on_thread
 from .layers import check_ignore, read_layer
+from .limits import DiskLimits, written_size
 from .runs import remove_tree
 from .snapshots import Lower
 
@@ -88,6 +90,16 @@ class Workspace(ABC):
     def discard(self) -> None:
         """Remove it without reading anything (an agent that never ran, or a verifier's)."""
 
+    def written(self) -> int:
+        """Bytes the agent has written in it so far (what it takes on disk); called on a
+        thread, while the agent runs."""
+        return 0
+
+    @property
+    def disk(self) -> Path:
+        """A path on the file system that holds the agent's writes."""
+        return self.workspaces.trees.run
+
     def _kept_or_gone(self, change: Change, keep_for: str | None) -> Change:
         """``change``, once the workspace is kept for its verifier, or else removed (a
         resolver's, which shows a patch, is never kept: its verifier is shown the whole)."""
@@ -102,9 +114,11 @@ class Workspaces:
     """Makes the workspaces of one host, of the kind that works here, and keeps workers'
     workspaces for their verifiers."""
 
-    def __init__(self, trees: Trees, *, overlays: bool) -> None:
+    def __init__(self, trees: Trees, *, overlays: bool, limits: DiskLimits | None = None) -> None:
         self.trees = trees
         self.overlays = overlays
+        #: What an agent may write, and the largest file its change may hold.
+        self.limits = limits if limits is not None else DiskLimits()
         self._kept: dict[tuple[str, str, str], Workspace] = {}
 
     def workspace(self, stem: str, spec: Spec) -> Workspace:
@@ -207,11 +221,11 @@ class OverlayWorkspace(Workspace):
             return None
         try:
             base, base_tree = await self._shown_commit()
-            tree, patch = await on_thread(lambda work: self._read(work, base_tree))
+            tree, patch, left = await on_thread(lambda work: self._read(work, base_tree))
         except BaseException:
             self.discard()
             raise
-        change = Change(base, patch)
+        change = Change(base, patch, left)
         if patch:
             self.trees.know(change, tree)
         return self._kept_or_gone(change, keep_for)
@@ -237,7 +251,14 @@ class OverlayWorkspace(Workspace):
                 self._shown = await self.trees.derive(spec.base, patched)
         return self._shown
 
-    def _read(self, work: _Work, base_tree: str) -> tuple[str, str]:
+    def written(self) -> int:
+        # The upper layer holds only what the agent wrote (copied up whole), and the work
+        # directory what overlayfs is copying up at that moment.
+        if self._view is None or not self.spec.writable:
+            return 0
+        return written_size(self.upper) + written_size(self._work)
+
+    def _read(self, work: _Work, base_tree: str) -> tuple[str, str, tuple[str, ...]]:
         trees = self.trees
         content = self.layers  # mount points hold no ignore rules: they change nothing
 
@@ -256,7 +277,15 @@ class OverlayWorkspace(Workspace):
                 with contextlib.suppress(OSError):
                     target.rmdir()
 
-        return read_layer(work, self.upper, base_tree, trees.store_env(), trees.home, ignored)
+        return read_layer(
+            work,
+            self.upper,
+            base_tree,
+            trees.store_env(),
+            trees.home,
+            ignored,
+            self.workspaces.limits,
+        )
 
 
 class _Verifying(Workspace):
@@ -264,6 +293,7 @@ class _Verifying(Workspace):
 
     def __init__(self, worker: Workspace, spec: Spec) -> None:
         self.worker = worker
+        self.workspaces = worker.workspaces
         self.spec = spec
         view = worker.view
         self._target: Path | None = None
@@ -305,6 +335,8 @@ class CopyWorkspace(Workspace):
         self.spec = spec
         self.copy: Copy = self.trees.plan_copy(stem, spec.base)
         self._made = False
+        #: What the copy took on disk once made: the agent's writes are what it adds.
+        self._start_size = 0
 
     @property
     def view(self) -> View:
@@ -326,14 +358,21 @@ class CopyWorkspace(Workspace):
         else:
             self.copy = Copy(self.copy.path, spec.base, self.copy.index)
             await self.trees.make_copy(self.copy, spec.patch, spec.ignored)
+        if spec.writable:
+            self._start_size = await asyncio.to_thread(written_size, self.copy.path)
         self._made = True
+
+    def written(self) -> int:
+        if not self._made or not self.spec.writable:
+            return 0
+        return max(0, written_size(self.copy.path) - self._start_size)
 
     async def close(self, *, keep_for: str | None = None) -> Change | None:
         if not self._made or not self.spec.writable:
             self.discard()
             return None
         try:
-            change = await self.trees.change_of(self.copy)
+            change = await self.trees.change_of(self.copy, self.workspaces.limits)
         except BaseException:
             self.discard()
             raise
