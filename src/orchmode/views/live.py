@@ -30,6 +30,7 @@ from ..core.events import (
     FanoutStarted,
     McpCallDone,
     McpCallStarted,
+    ModelRefused,
     ModelRequestDone,
     ResultCondensed,
     Role,
@@ -204,6 +205,8 @@ class LiveView:
     def __call__(self, event: Event) -> None:
         with self._lock:
             self._apply(event)
+        if isinstance(event, ModelRefused):  # a line above the live region, as it happens
+            self.notice(f"[{event.agent}] {event.text}")
         if isinstance(event, TurnStarted):
             self._start()
         elif isinstance(event, TurnDone):
