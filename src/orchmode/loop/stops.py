@@ -56,7 +56,7 @@ STOPS: MappingProxyType[str, StopRule] = MappingProxyType(
             Step.STOP,
             Status.REFUSAL,
             kept=False,
-            note="[orchmode: refused by the model; the reply was dropped]",
+            note="[orchmode: the model declined to continue (refusal)]",
         ),
         "model_context_window_exceeded": StopRule(
             Step.STOP,
@@ -74,7 +74,9 @@ _UNKNOWN = StopRule(Step.STOP)
 def refusal_note(refusal: ModelRefused) -> str:
     """What a refused agent's result says in place of the dropped reply: the API's reasons
     (``stop_details``), so the main agent (and the user) can tell what was declined."""
-    return f"[orchmode: {refusal.text}; the reply was dropped]"
+    why = f"refusal, category {refusal.category}" if refusal.category else "refusal"
+    said = f": {refusal.explanation}" if refusal.explanation else ""
+    return f"[orchmode: the model declined to continue ({why}){said}]"
 
 
 _NO_TOOLS = StopRule(Step.STOP)
