@@ -77,9 +77,7 @@ def block_shapes() -> dict[str, BlockShape]:
         if not isinstance(kind, str):
             continue
         required = frozenset(
-            key
-            for key, hint in hints.items()
-            if typing.get_origin(hint) in _REQUIRED
+            key for key, hint in hints.items() if typing.get_origin(hint) in _REQUIRED
         )
         allowed = frozenset(hints)
         known = shapes.get(kind)
@@ -273,9 +271,7 @@ def _check_messages(body: dict[str, Any], shapes: Mapping[str, BlockShape]) -> N
     _check_prefill(messages[-1], len(messages) - 1)
 
 
-def _check_content(
-    content: object, role: str, path: str, shapes: Mapping[str, BlockShape]
-) -> None:
+def _check_content(content: object, role: str, path: str, shapes: Mapping[str, BlockShape]) -> None:
     if isinstance(content, str):
         if not content:
             raise _fail(f"{path}: all messages must have non-empty content")
