@@ -240,8 +240,8 @@ class ScriptedServer:
         self.host = host
         self.port = port
         self.cache = PromptCache()
-        #: Block types a replayed recording sent that the SDK does not declare, as sent:
-        #: the validation takes them back in that shape (see :class:`.replies.Recorded`).
+        #: Block types and fields a replayed recording sent that the SDK does not declare,
+        #: as sent: the validation takes them back (see :class:`.replies.Recorded`).
         self.learned_blocks: dict[str, BlockShape] = {}
         self._lock = threading.Lock()
         self._log: list[LoggedRequest] = []
@@ -708,8 +708,9 @@ class ScriptedServer:
         with self._lock:
             for block in recorded.blocks():
                 kind = block.get("type")
-                if isinstance(kind, str) and kind not in known:
-                    seen = self.learned_blocks.get(kind, (frozenset(), frozenset({"type"})))
+                if isinstance(kind, str):
+                    empty: BlockShape = (frozenset(), frozenset({"type"}))
+                    seen = self.learned_blocks.get(kind) or known.get(kind) or empty
                     self.learned_blocks[kind] = (seen[0] | block.keys(), seen[1])
         events: list[SseEvent] = recorded.fresh()
         start = next((d for n, d in events if n == "message_start" and isinstance(d, dict)), None)
