@@ -1,0 +1,466 @@
+"""Replies of every shape: each recorded stream, as the main agent's reply and as a worker's.
+
+Every fixture under ``tests/fixtures/streams`` is replayed by the scripted server (event for
+event) through ``orchmode run`` and through the library, against the server's strict
+request validation. What must hold: the run ends with exit 0 or a named reason and its
+documented exit code; no traceback; no 400 caused by what orchmode sent back; a kept reply
+goes back in the next request exactly as the API sent it (assembled here by a reference
+reading of the events, independently of the gateway); a dropped one does not go back.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pydantic
+import pytest
+from anthropic.types.beta.beta_content_block import BetaContentBlock
+from anthropic.types.content_block import ContentBlock
+
+import orchmode
+from conftest import API_KEY, StartServer, gateway_for, settings_for
+from orchmode.core.errors import ModelRequestError, StreamInterrupted
+from orchmode.core.events import EventBus, ModelRefused, ModelRequestRetried
+from orchmode.core.wire import Block
+from orchmode.testing import LoggedRequest, Recorded, ScriptedRequest, ScriptedServer
+from orchmode.testing.replies import Answer
+from orchmode.testing.scenario import OrchestrationScenario, first_user_text, role_of
+from orchmode.testing.validate import InvalidRequest, block_shapes, validate_request
+from recorded_runs import orchmode as run_orchmode
+
+FIXTURES = sorted((Path(__file__).parent / "fixtures" / "streams").glob("*.sse"))
+DROPPED = {"max_tokens", "refusal", "model_context_window_exceeded"}
+SUBTASKS = 2
+
+
+# --------------------------------------------------------------------------- reading a fixture
+
+
+def assembled(recorded: Recorded) -> list[Block]:
+    """The reply's blocks as the API means them, read plainly from the events: the
+    reference the gateway's assembly is held to. Whitespace-only text is left out (the
+    API refuses it in a request)."""
+    blocks: dict[int, Block] = {}
+    parts: dict[int, str] = {}
+    for name, data in recorded.events:
+        if not isinstance(data, dict):
+            continue
+        if name == "content_block_start":
+            blocks[data["index"]] = json.loads(json.dumps(data["content_block"]))
+        elif name == "content_block_delta":
+            block, delta = blocks[data["index"]], data["delta"]
+            kind = delta["type"]
+            if kind == "text_delta":
+                block["text"] += delta["text"]
+            elif kind == "input_json_delta":
+                parts[data["index"]] = parts.get(data["index"], "") + delta["partial_json"]
+            elif kind == "thinking_delta":
+                block["thinking"] += delta["thinking"]
+            elif kind == "signature_delta":
+                block["signature"] = delta["signature"]
+            elif kind == "citations_delta":
+                block["citations"] = [*(block.get("citations") or []), delta["citation"]]
+            elif kind == "compaction_delta":
+                if delta.get("content") is not None:
+                    block["content"] = (block.get("content") or "") + delta["content"]
+                if delta.get("encrypted_content") is not None:
+                    block["encrypted_content"] = delta["encrypted_content"]
+        elif name == "content_block_stop" and data["index"] in parts:
+            blocks[data["index"]]["input"] = json.loads(parts.pop(data["index"]))
+    return [
+        b
+        for _, b in sorted(blocks.items())
+        if not (b.get("type") == "text" and not b["text"].strip())
+    ]
+
+
+def stop_of(recorded: Recorded) -> str | None:
+    """The stop reason the recording ends with; None for a stream that breaks off."""
+    names = [name for name, _ in recorded.events]
+    if "error" in names:
+        return None
+    for name, data in recorded.events:
+        if name == "message_delta" and isinstance(data, dict):
+            return str(data["delta"]["stop_reason"])
+    return None
+
+
+def refusal_of(recorded: Recorded) -> dict[str, Any] | None:
+    for name, data in recorded.events:
+        if name == "message_delta" and isinstance(data, dict):
+            details = data["delta"].get("stop_details")
+            return details if isinstance(details, dict) else None
+    return None
+
+
+# --------------------------------------------------------------------------- the responder
+
+
+@dataclass
+class Replaying:
+    """The recording answers ``role``'s first request (every one of its requests when
+    ``always``); the scripted orchestration answers everything else."""
+
+    recorded: Recorded
+    role: str
+    always: bool = False
+    scenario: OrchestrationScenario = field(
+        default_factory=lambda: OrchestrationScenario(subtasks=SUBTASKS)
+    )
+    #: The first user text of the agent the recording answered (the worker's subtask).
+    target: str | None = None
+
+    def __call__(self, request: ScriptedRequest) -> Answer:
+        if role_of(request.body) == self.role:
+            first = first_user_text(request)
+            if self.target is None:
+                self.target = first
+                return self.recorded
+            if self.always and first == self.target:
+                return self.recorded
+        return self.scenario(request)
+
+
+def bodies_of(server: ScriptedServer, role: str, target: str | None) -> list[dict[str, Any]]:
+    """The request bodies the agent the recording answered sent, in order."""
+    return [
+        e.body
+        for e in server.log
+        if e.path == "/v1/messages"
+        and role_of(e.body) == role
+        and (role == "main" or first_user_text(_scripted(e)) == target)
+    ]
+
+
+def _scripted(entry: LoggedRequest) -> ScriptedRequest:
+    return ScriptedRequest(entry.index, entry.body, entry.headers)
+
+
+def assistant_turns(body: dict[str, Any]) -> list[Any]:
+    return [m["content"] for m in body["messages"] if m["role"] == "assistant"]
+
+
+def check_sent_back(
+    server: ScriptedServer, recorded: Recorded, role: str, target: str | None
+) -> None:
+    """Nothing orchmode sent was refused; a kept reply went back exactly as it came, a
+    dropped one did not go back at all."""
+    refused = [e.outcome for e in server.log if e.status == 400]
+    assert not refused, refused
+    expected = assembled(recorded)
+    later = bodies_of(server, role, target)[1:]
+    sent_back = [turn for body in later for turn in assistant_turns(body)]
+    stop = stop_of(recorded)
+    if stop in DROPPED or stop is None:
+        assert expected not in sent_back
+    elif later:  # a worker that ended with its text sends nothing more
+        assert expected in sent_back, (expected, later[0]["messages"])
+    else:
+        assert role == "worker" and stop == "end_turn"
+
+
+# ----------------------------------------------------------------- through `orchmode run`
+
+
+@pytest.mark.parametrize("role", ["main", "worker"])
+@pytest.mark.parametrize("fixture", FIXTURES, ids=lambda p: p.stem)
+def test_every_recorded_reply_runs_through_orchmode_run(
+    fixture: Path, role: str, scripted: Callable[..., ScriptedServer], tmp_path: Path
+) -> None:
+    recorded = Recorded.load(fixture)
+    stop = stop_of(recorded)
+    # A stream that breaks off is replayed on every try, so its reason must surface.
+    replaying = Replaying(recorded, role, always=stop is None)
+    server = scripted(replaying)
+    result = run_orchmode(
+        "run", "review this", "--base-url", server.url, "--stream-retries", "0", cwd=tmp_path
+    )
+    assert "Traceback" not in result.stderr
+    check_sent_back(server, recorded, role, replaying.target)
+    if stop is None and role == "main":
+        # The documented exit code of an endpoint that keeps failing, and what it lacked.
+        assert result.returncode == 4, result.stderr
+        line = result.stderr.strip().splitlines()[-1]
+        assert line.startswith("orchmode: the response stream from ")
+        names = {"error_mid_stream": "reported an error: ", "stop_without": "message_delta"}
+        assert any(n in line for k, n in names.items() if fixture.stem.startswith(k)), line
+        return
+    assert result.returncode == 0, result.stderr
+    details = refusal_of(recorded)
+    if stop == "refusal" and details is not None:
+        said = f"[{role if role == 'main' else 'worker 1.1'}] refused by the model"
+        assert f"{said} ({details['category']}): {details['explanation']}" in result.stderr
+        if role == "main":
+            assert details["explanation"] in result.stdout
+            assert "no summary turn" in result.stderr
+            assert len(bodies_of(server, "main", None)) == 1  # no summary turn was asked for
+        else:
+            verifiers = [e for e in server.log if role_of(e.body) == "verifier"]
+            assert len(verifiers) == SUBTASKS - 1  # the refused worker's is not run
+            synthesis = bodies_of(server, "main", None)[2]
+            result_text = json.dumps(synthesis["messages"][-1])
+            assert details["explanation"] in result_text and "category cyber" in result_text
+            assert "nothing to verify" in result_text
+
+
+# --------------------------------------------------------------------------- through the library
+
+
+@pytest.mark.parametrize("role", ["main", "worker"])
+@pytest.mark.parametrize("fixture", FIXTURES, ids=lambda p: p.stem)
+async def test_every_recorded_reply_runs_through_the_library(
+    fixture: Path, role: str, serve: StartServer, tmp_path: Path
+) -> None:
+    recorded = Recorded.load(fixture)
+    replaying = Replaying(recorded, role)
+    server = await serve(replaying)
+    retried: list[ModelRequestRetried] = []
+    refusals: list[ModelRefused] = []
+    settings = orchmode.Settings(base_url=server.url, journal=tmp_path / "journal.db")
+    credentials = orchmode.Credentials(api_key=API_KEY)
+    async with orchmode.open_session(settings, workdir=tmp_path, credentials=credentials) as s:
+        s.subscribe(retried.append, ModelRequestRetried)
+        s.subscribe(refusals.append, ModelRefused)
+        s.set_mode(True)
+        first = await s.turn("review this")
+        s.set_mode(False)
+        second = await s.turn("sum it up")
+    assert first.ok and second.ok, (first.text, second.text)
+    check_sent_back(server, recorded, role, replaying.target)
+    stop = stop_of(recorded)
+    if stop is None:  # tried again, and the retry says what the stream lacked
+        (retry,) = [r for r in retried if r.reason == "interrupted"]
+        if fixture.stem.startswith("stop_without"):
+            assert "ended without a message_delta (no stop reason or final usage)" in retry.detail
+        else:
+            assert "reported an error" in retry.detail and "Overloaded" in retry.detail
+    details = refusal_of(recorded)
+    if stop == "refusal" and details is not None:
+        (refusal,) = refusals
+        assert (refusal.category, refusal.explanation) == (
+            details["category"],
+            details["explanation"],
+        )
+        if role == "main":
+            assert first.stop == "refusal" and details["explanation"] in first.text
+
+
+# ------------------------------------------------------------- every block the SDK declares
+
+
+def _members(union: object) -> tuple[type[pydantic.BaseModel], ...]:
+    inner = typing.get_args(union)[0] if hasattr(union, "__metadata__") else union
+    return typing.get_args(inner)
+
+
+def _sample(hint: Any, depth: int = 0) -> Any:
+    """A value of ``hint`` with every optional field filled in: the widest block the API
+    could send of that type."""
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if hasattr(hint, "__metadata__"):
+        return _sample(args[0], depth)
+    if origin is typing.Literal:
+        return args[0]
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        real = [a for a in args if a is not type(None)]
+        return _sample(real[0], depth) if real else None
+    if origin is list:
+        return [_sample(args[0], depth + 1)] if depth < 4 else []
+    if origin is dict:
+        return {"key": "value"}
+    if isinstance(hint, type) and issubclass(hint, pydantic.BaseModel):
+        return {
+            (info.alias or name): _sample(info.annotation, depth + 1)
+            for name, info in hint.model_fields.items()
+        }
+    return {str: "s", int: 7, float: 0.5, bool: True}.get(hint, {"any": "object"})
+
+
+SDK_BLOCKS = sorted(
+    {m for union in (ContentBlock, BetaContentBlock) for m in _members(union)},
+    key=lambda m: m.__name__,
+)
+
+
+def _stream_of(blocks: list[Block], stop: str = "end_turn") -> Recorded:
+    """A stream that sends each block whole in its ``content_block_start`` (no deltas)."""
+    events: list[tuple[str, dict[str, Any] | str]] = [
+        (
+            "message_start",
+            {
+                "type": "message_start",
+                "message": {
+                    "id": "msg_every_block",
+                    "type": "message",
+                    "role": "assistant",
+                    "content": [],
+                    "model": "claude-opus-5-5",
+                    "stop_reason": None,
+                    "stop_sequence": None,
+                    "usage": {"input_tokens": 10, "output_tokens": 1},
+                },
+            },
+        )
+    ]
+    for i, block in enumerate(blocks):
+        events.append(
+            (
+                "content_block_start",
+                {"type": "content_block_start", "index": i, "content_block": block},
+            )
+        )
+        events.append(("content_block_stop", {"type": "content_block_stop", "index": i}))
+    delta = {"stop_reason": stop, "stop_sequence": None}
+    events.append(
+        ("message_delta", {"type": "message_delta", "delta": delta, "usage": {"output_tokens": 5}})
+    )
+    events.append(("message_stop", {"type": "message_stop"}))
+    return Recorded(events, name="every block")
+
+
+def test_the_round_trip_covers_every_block_type_the_sdk_declares() -> None:
+    kinds = {_sample(m.model_fields["type"].annotation) for m in SDK_BLOCKS}
+    assert {"fallback", "compaction", "mcp_tool_use", "container_upload"} <= kinds
+    assert kinds <= set(block_shapes())  # each can be sent back: the API takes it in a request
+
+
+@pytest.mark.parametrize("model", SDK_BLOCKS, ids=lambda m: m.__name__)
+@pytest.mark.parametrize("beta", [False, True], ids=["messages", "beta.messages"])
+async def test_every_block_type_the_sdk_declares_goes_back_exactly_as_sent(
+    model: type[pydantic.BaseModel], beta: bool, serve: StartServer, tmp_path: Path
+) -> None:
+    """The widest block of each type, with a null and an unknown field of a newer API, comes
+    back field for field (``from``, not ``from_``), through the plain and the beta endpoint."""
+    block = _sample(model)
+    block["sent_by_a_newer_api"] = {"nested": [1, None]}
+    if block["type"] == "text":
+        block["citations"] = None  # an explicit null goes back as the null it was
+    stream = _stream_of([block, {"type": "text", "text": "after it"}])
+    server = await serve(lambda _request: stream)
+    gateway = gateway_for(settings_for(server, tmp_path))
+    edits = [{"type": "clear_tool_uses_20250919"}] if beta else None
+    messages: list[Any] = [{"role": "user", "content": "go"}]
+    reply = await gateway.complete(
+        agent="main", system="s", messages=messages, tools=[], context_edits=edits
+    )
+    assert reply.content == [block, {"type": "text", "text": "after it"}]
+    # Sent back, the strict server takes it (it learnt the field the stream sent).
+    answer: Any = "on"
+    if block["type"] == "tool_use":  # the API wants its result in the very next message
+        answer = [{"type": "tool_result", "tool_use_id": block["id"], "content": "ok"}]
+    messages += [
+        {"role": "assistant", "content": reply.content},
+        {"role": "user", "content": answer},
+    ]
+    again = await gateway.complete(agent="main", system="s", messages=messages, tools=[])
+    assert again.content
+    assert server.log[-1].body["messages"][1]["content"][0] == block
+
+
+def test_a_block_sent_back_under_the_sdks_python_name_is_refused_as_the_api_refuses_it() -> None:
+    fallback = {"type": "fallback", "from_": {"model": "a"}, "to": {"model": "b"}}
+    body = {
+        "model": "m",
+        "max_tokens": 10,
+        "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": [fallback]},
+            {"role": "user", "content": "go on"},
+        ],
+    }
+    with pytest.raises(InvalidRequest, match=r"messages\.1\.content\.0\.fallback\.from_: Extra"):
+        validate_request(body)
+    fallback["from"] = fallback.pop("from_")
+    validate_request(body)
+    with pytest.raises(InvalidRequest, match="'hologram' found using 'type' does not match"):
+        validate_request(
+            {
+                **body,
+                "messages": [
+                    *body["messages"][:1],
+                    {"role": "assistant", "content": [{"type": "hologram"}]},
+                ],
+            }
+        )
+
+
+# --------------------------------------------------------------------------- 400s and the beta
+
+
+async def test_a_400_that_names_the_beta_turns_context_editing_off_and_the_retry_goes_through(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    server = await serve(lambda _r: OrchestrationScenario().main(_r), context_management=False)
+    gateway = gateway_for(settings_for(server, tmp_path))
+    edits = [{"type": "clear_tool_uses_20250919"}]
+    reply = await gateway.complete(
+        agent="main",
+        system="s",
+        messages=[{"role": "user", "content": "hi"}],
+        tools=[],
+        context_edits=edits,
+    )
+    assert reply.content and gateway.context_editing is False
+    assert [e.status for e in server.log] == [400, 200]
+    assert "context_management" not in server.log[1].body
+
+
+async def test_any_other_400_is_reported_as_the_api_worded_it_and_context_editing_stays_on(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    server = await serve(lambda _r: OrchestrationScenario().main(_r))
+    gateway = gateway_for(settings_for(server, tmp_path))
+    bad = {"type": "fallback", "from_": {"model": "a"}, "to": {"model": "b"}}
+    with pytest.raises(ModelRequestError) as caught:
+        await gateway.complete(
+            agent="main",
+            system="s",
+            messages=[
+                {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": [bad]},
+                {"role": "user", "content": "on"},
+            ],
+            tools=[],
+            context_edits=[{"type": "clear_tool_uses_20250919"}],
+        )
+    assert str(caught.value) == (
+        "the API rejected a request (400): "
+        "messages.1.content.0.fallback.from_: Extra inputs are not permitted"
+    )
+    assert gateway.context_editing is True
+    assert [e.status for e in server.log] == [400]  # not sent again without the beta
+
+
+# --------------------------------------------------------------------------- incomplete streams
+
+
+@pytest.mark.parametrize(
+    ("events", "missing"),
+    [
+        ([], "ended without a message_start (no message id)"),
+        (["message_start"], "ended without a message_delta or message_stop (no stop reason"),
+        (["message_start", "message_stop"], "ended without a message_delta (no stop reason or"),
+        (["message_start", "content_block_start"], "ended inside content block 0 (text), before"),
+    ],
+)
+async def test_an_incomplete_stream_says_what_it_lacked(
+    events: list[str], missing: str, serve: StartServer, tmp_path: Path
+) -> None:
+    whole = Recorded.load(FIXTURES[0].parent / "text_only.sse")
+    kept = [(name, data) for name, data in whole.events if name in events]
+    # Each kind once, in the recorded order: a stream cut where the case says.
+    seen: set[str] = set()
+    cut = [e for e in kept if not (e[0] in seen or seen.add(e[0]))]
+    server = await serve(lambda _r: Recorded(cut))
+    gateway = gateway_for(settings_for(server, tmp_path, stream_retries=0), EventBus())
+    with pytest.raises(StreamInterrupted, match=re.escape(missing)):
+        await gateway.complete(
+            agent="main", system="s", messages=[{"role": "user", "content": "hi"}], tools=[]
+        )
