@@ -10,6 +10,8 @@ reading of the events, independently of the gateway); a dropped one does not go 
 
 from __future__ import annotations
 
+import io
+import itertools
 import json
 import re
 import typing
@@ -20,20 +22,45 @@ from typing import Any
 
 import pydantic
 import pytest
+from anthropic.types.beta import BetaRawMessageStreamEvent
 from anthropic.types.beta.beta_content_block import BetaContentBlock
 from anthropic.types.content_block import ContentBlock
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from rich.console import Console
 
 import orchmode
 from conftest import API_KEY, StartServer, gateway_for, settings_for
 from orchmode.core.errors import ModelRequestError, StreamInterrupted
-from orchmode.core.events import EventBus, ModelRefused, ModelRequestRetried
+from orchmode.core.events import (
+    EventBus,
+    ModelRefused,
+    ModelRequestRetried,
+    TurnDone,
+    TurnStarted,
+)
 from orchmode.core.wire import Block
+from orchmode.model.gateway import _ReplyBuilder
+from orchmode.records.totals import SessionTotals
 from orchmode.testing import LoggedRequest, Recorded, ScriptedRequest, ScriptedServer
 from orchmode.testing.replies import Answer
 from orchmode.testing.scenario import OrchestrationScenario, first_user_text, role_of
 from orchmode.testing.validate import InvalidRequest, block_shapes, validate_request
+from orchmode.views.live import LiveView
+from orchmode.views.progress import StderrProgress
 from recorded_runs import orchmode as run_orchmode
 
+#: A ``message_start``'s message, before any content.
+MESSAGE: dict[str, Any] = {
+    "id": "msg_every_block",
+    "type": "message",
+    "role": "assistant",
+    "content": [],
+    "model": "claude-opus-5-5",
+    "stop_reason": None,
+    "stop_sequence": None,
+    "usage": {"input_tokens": 10, "output_tokens": 1},
+}
 FIXTURES = sorted((Path(__file__).parent / "fixtures" / "streams").glob("*.sse"))
 DROPPED = {"max_tokens", "refusal", "model_context_window_exceeded"}
 SUBTASKS = 2
@@ -307,19 +334,7 @@ def _stream_of(blocks: list[Block], stop: str = "end_turn") -> Recorded:
     events: list[tuple[str, dict[str, Any] | str]] = [
         (
             "message_start",
-            {
-                "type": "message_start",
-                "message": {
-                    "id": "msg_every_block",
-                    "type": "message",
-                    "role": "assistant",
-                    "content": [],
-                    "model": "claude-opus-5-5",
-                    "stop_reason": None,
-                    "stop_sequence": None,
-                    "usage": {"input_tokens": 10, "output_tokens": 1},
-                },
-            },
+            {"type": "message_start", "message": MESSAGE},
         )
     ]
     for i, block in enumerate(blocks):
@@ -476,3 +491,98 @@ async def test_an_incomplete_stream_says_what_it_lacked(
         await gateway.complete(
             agent="main", system="s", messages=[{"role": "user", "content": "hi"}], tools=[]
         )
+
+
+# --------------------------------------------------------------------------- the refusal line
+
+
+def test_a_refusal_is_one_plain_line_naming_the_agent_category_and_explanation() -> None:
+    refused = ModelRefused("worker 1.2", "cyber", "The request asks for exploit code.")
+    line = StderrProgress.describe(refused)
+    assert line == "[worker 1.2] refused by the model (cyber): The request asks for exploit code."
+    assert StderrProgress.describe(ModelRefused("main", "", "")) == "[main] refused by the model"
+
+
+def test_the_live_view_prints_a_refusal_above_its_region() -> None:
+    stream = io.StringIO()
+    console = Console(file=stream, width=160, force_terminal=True, color_system=None)
+    view = LiveView(SessionTotals(), console)
+    view(TurnStarted("review", ()))
+    view(ModelRefused("worker 1.1", "bio", "Lab methods."))
+    view(TurnDone("end_turn", 3))
+    assert "[worker 1.1] refused by the model (bio): Lab methods." in stream.getvalue()
+
+
+# --------------------------------------------------------------------------- assembly, any split
+
+
+def _split(text: str, cuts: list[int]) -> list[str]:
+    points = sorted({0, len(text), *(c % (len(text) + 1) for c in cuts)})
+    return [text[a:b] for a, b in itertools.pairwise(points)]
+
+
+_EVENTS = pydantic.TypeAdapter(BetaRawMessageStreamEvent)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    text=st.text(min_size=1, max_size=40).filter(str.strip),
+    tool_input=st.dictionaries(st.text(max_size=8), st.integers() | st.text(max_size=8)),
+    summary=st.text(max_size=30),
+    cuts=st.lists(st.integers(min_value=0, max_value=200), max_size=6),
+)
+def test_the_gateway_assembles_a_reply_as_the_events_mean_it_however_they_are_split(
+    text: str, tool_input: dict[str, Any], summary: str, cuts: list[int]
+) -> None:
+    """Text, a tool call's JSON and a compaction summary cut into any pieces come back
+    whole, and equal to the reference reading of the same events."""
+    start = {"type": "message_start", "message": {**MESSAGE, "id": "msg_split"}}
+    events: list[tuple[str, dict[str, Any] | str]] = [("message_start", start)]
+
+    def block(i: int, opening: dict[str, Any], deltas: list[dict[str, Any]]) -> None:
+        events.append(
+            (
+                "content_block_start",
+                {"type": "content_block_start", "index": i, "content_block": opening},
+            )
+        )
+        for d in deltas:
+            events.append(
+                ("content_block_delta", {"type": "content_block_delta", "index": i, "delta": d})
+            )
+        events.append(("content_block_stop", {"type": "content_block_stop", "index": i}))
+
+    block(
+        0,
+        {"type": "compaction", "content": None, "encrypted_content": None},
+        [
+            {"type": "compaction_delta", "content": p, "encrypted_content": None}
+            for p in _split(summary, cuts)
+        ]
+        + [{"type": "compaction_delta", "encrypted_content": "e"}],
+    )
+    block(
+        1,
+        {"type": "text", "text": ""},
+        [{"type": "text_delta", "text": p} for p in _split(text, cuts)],
+    )
+    block(
+        2,
+        {"type": "tool_use", "id": "toolu_split", "name": "bash", "input": {}},
+        [
+            {"type": "input_json_delta", "partial_json": p}
+            for p in _split(json.dumps(tool_input), cuts)
+        ],
+    )
+    delta = {"stop_reason": "tool_use", "stop_sequence": None}
+    events.append(
+        ("message_delta", {"type": "message_delta", "delta": delta, "usage": {"output_tokens": 3}})
+    )
+    events.append(("message_stop", {"type": "message_stop"}))
+    builder = _ReplyBuilder()
+    for _, data in events:
+        builder.feed(_EVENTS.validate_python(data))
+    assert builder.missing() is None
+    reply = builder.reply()
+    assert reply.content == assembled(Recorded(events))
+    assert reply.content[1]["text"] == text and reply.content[2]["input"] == tool_input
