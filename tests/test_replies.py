@@ -63,6 +63,12 @@ MESSAGE: dict[str, Any] = {
 }
 FIXTURES = sorted((Path(__file__).parent / "fixtures" / "streams").glob("*.sse"))
 DROPPED = {"max_tokens", "refusal", "model_context_window_exceeded"}
+#: What the error says of each recording that is not a whole response.
+BROKEN = {
+    "error_mid_stream": "reported an error: Overloaded",
+    "stop_without_message_delta": "ended without a message_delta (no stop reason or final usage)",
+    "block_never_stopped": "ended inside content block 1 (text), before its content_block_stop",
+}
 SUBTASKS = 2
 
 
@@ -228,8 +234,7 @@ def test_every_recorded_reply_runs_through_orchmode_run(
         assert result.returncode == 4, result.stderr
         line = result.stderr.strip().splitlines()[-1]
         assert line.startswith("orchmode: the response stream from ")
-        names = {"error_mid_stream": "reported an error: ", "stop_without": "message_delta"}
-        assert any(n in line for k, n in names.items() if fixture.stem.startswith(k)), line
+        assert BROKEN[fixture.stem] in line, line
         return
     assert result.returncode == 0, result.stderr
     details = refusal_of(recorded)
@@ -276,10 +281,7 @@ async def test_every_recorded_reply_runs_through_the_library(
     stop = stop_of(recorded)
     if stop is None:  # tried again, and the retry says what the stream lacked
         (retry,) = [r for r in retried if r.reason == "interrupted"]
-        if fixture.stem.startswith("stop_without"):
-            assert "ended without a message_delta (no stop reason or final usage)" in retry.detail
-        else:
-            assert "reported an error" in retry.detail and "Overloaded" in retry.detail
+        assert BROKEN[fixture.stem] in retry.detail
     details = refusal_of(recorded)
     if stop == "refusal" and details is not None:
         (refusal,) = refusals
@@ -351,6 +353,16 @@ def _stream_of(blocks: list[Block], stop: str = "end_turn") -> Recorded:
     )
     events.append(("message_stop", {"type": "message_stop"}))
     return Recorded(events, name="every block")
+
+
+def test_the_recordings_cover_every_shape_and_each_broken_one_names_its_reason() -> None:
+    recordings = [Recorded.load(f) for f in FIXTURES]
+    stops = {stop_of(r) for r in recordings}
+    assert {"end_turn", "tool_use", "pause_turn", None} | DROPPED <= stops
+    assert {r.name for r in recordings if stop_of(r) is None} == set(BROKEN)
+    kinds = {b["type"] for r in recordings for b in assembled(r)}
+    assert {"fallback", "compaction", "mcp_tool_use", "web_fetch_tool_result"} <= kinds
+    assert "hologram" in kinds  # a block type no SDK declares
 
 
 def test_the_round_trip_covers_every_block_type_the_sdk_declares() -> None:
@@ -477,6 +489,7 @@ async def test_any_other_400_is_reported_as_the_api_worded_it_and_context_editin
         (["message_start"], "ended without a message_delta or message_stop (no stop reason"),
         (["message_start", "message_stop"], "ended without a message_delta (no stop reason or"),
         (["message_start", "content_block_start"], "ended inside content block 0 (text), before"),
+        (["message_start", "content_block_delta"], "a delta for content block 0, which it never"),
     ],
 )
 async def test_an_incomplete_stream_says_what_it_lacked(

@@ -131,7 +131,8 @@ class _ReplyBuilder:
         self.model = ""
         self.stop_reason: str | None = None
         self.stop_details: dict[str, Any] | None = None
-        self.blocks: list[Block] = []
+        #: The blocks by their index in the response (the API numbers them from 0).
+        self.blocks: dict[int, Block] = {}
         self.json_parts: dict[int, list[str]] = {}
         self.open: set[int] = set()
         self.usage: dict[str, int] = {}
@@ -147,7 +148,12 @@ class _ReplyBuilder:
         kind = event.type
         if kind == "content_block_delta":
             delta = event.delta
-            block = self.blocks[event.index]
+            block = self.blocks.get(event.index)
+            if block is None:
+                raise StreamInterrupted(
+                    f"the response stream sent a delta for content block {event.index}, "
+                    "which it never started (no content_block_start)"
+                )
             dtype = delta.type
             if dtype == "text_delta":
                 block["text"] = block.get("text", "") + delta.text
@@ -164,13 +170,12 @@ class _ReplyBuilder:
             elif dtype == "compaction_delta":
                 _add_compaction(block, _as_json(delta))
         elif kind == "content_block_start":
-            block = _as_json(event.content_block)
             self.open.add(event.index)
-            self.blocks.append(block)
+            self.blocks[event.index] = _as_json(event.content_block)
         elif kind == "content_block_stop":
             self.open.discard(event.index)
             parts = self.json_parts.pop(event.index, None)
-            if parts is not None:
+            if parts is not None and event.index in self.blocks:
                 self.blocks[event.index]["input"] = _tool_input("".join(parts))
         elif kind == "message_start":
             self.started = True
@@ -226,7 +231,8 @@ class _ReplyBuilder:
         return None
 
     def reply(self) -> ModelReply:
-        content = [b for b in (_request_block(b) for b in self.blocks) if b is not None]
+        ordered = (self.blocks[i] for i in sorted(self.blocks))
+        content = [b for b in map(_request_block, ordered) if b is not None]
         usage = TokenUsage(
             input_tokens=self.usage.get("input_tokens", 0),
             output_tokens=self.usage.get("output_tokens", 0),
