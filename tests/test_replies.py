@@ -40,6 +40,7 @@ from orchmode.core.events import (
     TurnStarted,
 )
 from orchmode.core.wire import Block
+from orchmode.fanout.condense import SUMMARY_CAP, AgentEntry, SubtaskEntry, fit_result
 from orchmode.model.gateway import _ReplyBuilder
 from orchmode.records.totals import SessionTotals
 from orchmode.testing import LoggedRequest, Recorded, ScriptedRequest, ScriptedServer
@@ -599,3 +600,12 @@ def test_the_gateway_assembles_a_reply_as_the_events_mean_it_however_they_are_sp
     reply = builder.reply()
     assert reply.content == assembled(Recorded(events))
     assert reply.content[1]["text"] == text and reply.content[2]["input"] == tool_input
+
+
+def test_a_condensed_workflow_result_keeps_a_refused_workers_reasons_whole() -> None:
+    note = "[orchmode: the model declined to continue (refusal, category bio): Lab methods.]"
+    refused = SubtaskEntry("Check item 1", AgentEntry("x" * 5000 + "\n" + note, "w1.md"))
+    others = [SubtaskEntry(f"Check item {i}", AgentEntry("y" * 5000)) for i in (2, 3)]
+    done = fit_result([], [refused, *others], [], 900, saved_at="r.md", directory="d")
+    assert done.condensed and note in done.text
+    assert "x" * (SUMMARY_CAP + 1) not in done.text  # the text before it is still cut
