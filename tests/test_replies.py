@@ -359,7 +359,7 @@ def _stream_of(blocks: list[Block], stop: str = "end_turn") -> Recorded:
 def test_the_recordings_cover_every_shape_and_each_broken_one_names_its_reason() -> None:
     recordings = [Recorded.load(f) for f in FIXTURES]
     stops = {stop_of(r) for r in recordings}
-    assert {"end_turn", "tool_use", "pause_turn", None} | DROPPED <= stops
+    assert {"end_turn", "tool_use", "pause_turn", "compaction", None} | DROPPED <= stops
     assert {r.name for r in recordings if stop_of(r) is None} == set(BROKEN)
     kinds = {b["type"] for r in recordings for b in assembled(r)}
     assert {"fallback", "compaction", "mcp_tool_use", "web_fetch_tool_result"} <= kinds
