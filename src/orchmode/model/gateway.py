@@ -148,16 +148,18 @@ class _ReplyBuilder:
         kind = event.type
         if kind == "content_block_delta":
             delta = event.delta
-            block = self.blocks.get(event.index)
-            if block is None:
+            try:
+                block = self.blocks[event.index]
+            except KeyError:
                 raise StreamInterrupted(
                     f"the response stream sent a delta for content block {event.index}, "
                     "which it never started (no content_block_start)"
-                )
+                ) from None
             dtype = delta.type
             if dtype == "text_delta":
-                block["text"] = block.get("text", "") + delta.text
-                return cast(str, delta.text)
+                text = cast(str, delta.text)
+                block["text"] = block.get("text", "") + text
+                return text
             if dtype == "input_json_delta":
                 self.json_parts.setdefault(event.index, []).append(delta.partial_json)
             elif dtype == "thinking_delta":
