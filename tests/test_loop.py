@@ -36,7 +36,14 @@ STOP_REASONS = st.one_of(st.none(), st.sampled_from(sorted(STOPS)), st.text(max_
 
 
 def test_every_stop_reason_the_api_documents_has_its_rule() -> None:
-    assert set(STOPS) == {"end_turn", "stop_sequence", "tool_use", "pause_turn", *DROPPED}
+    """Read from the SDK's own declarations, beta and not: a new stop reason fails here."""
+    from typing import get_args
+
+    from anthropic.types import StopReason
+    from anthropic.types.beta import BetaStopReason
+
+    assert set(STOPS) == {*get_args(StopReason), *get_args(BetaStopReason)}
+    assert set(STOPS) > DROPPED
 
 
 @given(stop=STOP_REASONS, has_tool_calls=st.booleans())
@@ -45,7 +52,7 @@ def test_the_stop_table_goes_on_only_for_tool_calls_and_pauses(
 ) -> None:
     rule = rule_for(stop, has_tool_calls)
     assert (rule.step is Step.TOOLS) == (stop == "tool_use" and has_tool_calls)
-    assert (rule.step is Step.CONTINUE) == (stop == "pause_turn")
+    assert (rule.step is Step.CONTINUE) == (stop in ("pause_turn", "compaction"))
     # A truncated or refused reply is never kept, and is the only kind not kept.
     assert rule.kept == (stop not in DROPPED)
     assert (rule.status is Status.FINISHED) == rule.kept

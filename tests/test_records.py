@@ -28,6 +28,7 @@ from orchmode.core.events import (
     McpCallDone,
     McpCallStarted,
     McpServerFailed,
+    ModelRefused,
     ModelRequestDone,
     ModelRequestFailed,
     ModelRequestRetried,
@@ -190,6 +191,11 @@ EARLIER_ROWS: list[tuple[events.Event, str]] = [
         ModelRequestRetried("worker 1.2", "overloaded", 2.5, 1, "the API is overloaded (529)"),
         '{"agent": "worker 1.2", "reason": "overloaded", "wait": 2.5, "attempt": 1, '
         '"detail": "the API is overloaded (529)"}',
+    ),
+    (
+        ModelRefused("worker 1.2", "cyber", "This request was refused due to policy."),
+        '{"agent": "worker 1.2", "category": "cyber", '
+        '"explanation": "This request was refused due to policy."}',
     ),
     (
         ModelRequestFailed("main", "claude-opus-5-5", "AuthError", "rejected", 0.5),

@@ -328,12 +328,19 @@ async def _run(
             if first.error is not None:
                 raise first.error
             _print_answer(first.text)
-            conversation.meta["phase"] = 2
-            session.set_mode(False)
-            second = await unless_the_store_fails(session, session.turn(SUMMARY_TASK))
-            if second.error is not None:
-                raise second.error
-            _print_answer(f"\n---\n\n{second.text}")
+            if first.stop == "refusal":
+                # The refused answer was dropped: a summary of it has nothing to stand on.
+                display.notice(
+                    "[session] no summary turn: the model refused the task (the reason is "
+                    "in the answer above)"
+                )
+            else:
+                conversation.meta["phase"] = 2
+                session.set_mode(False)
+                second = await unless_the_store_fails(session, session.turn(SUMMARY_TASK))
+                if second.error is not None:
+                    raise second.error
+                _print_answer(f"\n---\n\n{second.text}")
             conversation.meta["phase"] = "done"
             await conversation.save()
             display.notice(f"[session] {totals.describe()}")

@@ -112,6 +112,23 @@ class ModelRequestRetried:
 
 
 @dataclass(frozen=True)
+class ModelRefused:
+    """The model declined to go on (stop reason ``refusal``): the API's ``stop_details``,
+    its policy ``category`` and ``explanation`` (either may be empty: not every refusal
+    names one)."""
+
+    agent: str
+    category: Text
+    explanation: Text
+
+    @property
+    def text(self) -> str:
+        """``refused by the model (cyber): <explanation>``, as the user and the agent see it."""
+        line = "refused by the model" + (f" ({self.category})" if self.category else "")
+        return f"{line}: {self.explanation}" if self.explanation else line
+
+
+@dataclass(frozen=True)
 class ModelRequestFailed:
     """A model request gave up: the error's kind (its exception's name) and message."""
 
@@ -340,6 +357,7 @@ class WorkspacesChosen:
 Event = (
     ModelRequestDone
     | ModelRequestRetried
+    | ModelRefused
     | ModelRequestFailed
     | BashStarted
     | BashDone

@@ -161,7 +161,12 @@ def _take_apart(label: str, entry: AgentEntry) -> _Agent:
     file = Path(entry.path).name if entry.path else ""
     report = _report(entry.text)
     if report is None:
-        return _Agent(label, file, _cap(entry.text.strip(), SUMMARY_CAP))
+        # orchmode's closing note (a refusal's reasons, a cut reply) is kept whole.
+        body, _, note = entry.text.strip().rpartition("\n")
+        if not (note.startswith("[orchmode: ") and note.endswith("]")):
+            body, note = entry.text.strip(), ""
+        kept = _cap(body, SUMMARY_CAP) + (f"\n{note}" if note else "")
+        return _Agent(label, file, kept.strip())
     summary, findings = report
     data = _data(entry.text) or ""
     return _Agent(label, file, _cap(summary, SUMMARY_CAP), findings, [False] * len(findings), data)

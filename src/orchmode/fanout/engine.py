@@ -60,6 +60,9 @@ if TYPE_CHECKING:
 #: Times a subagent is run again after its node was lost, before it counts as failed.
 RERUNS = 3
 SKIPPED = Status.SKIPPED
+#: A worker ending so is not sent to a verifier: failed, not run, or refused by the model
+#: (nothing to verify; its slot says why).
+_NOT_VERIFIED = (Status.FAILED, SKIPPED, Status.REFUSAL)
 #: How often an agent waiting on another's claim looks for the result: first, at most.
 CLAIM_POLL_FIRST = 0.05
 CLAIM_POLL_MAX = 1.0
@@ -417,7 +420,7 @@ class FanoutEngine:
                     self._done(call, index, role, prompt, key, result, 0.0)
                     return result
                 outcome = await self._run_job(call, index, job, heartbeat)
-                if hand_on is not None and outcome.result.status not in (Status.FAILED, SKIPPED):
+                if hand_on is not None and outcome.result.status not in _NOT_VERIFIED:
                     hand_on.queue_next(VERIFIER_PRIORITY)
         except BaseException:  # cancelled or broken: let the next run take it at once
             self._background(self.store.release(key, holder))

@@ -188,6 +188,12 @@ class Workflow(FanoutEngine):
                 return worker, AgentResult(
                     "[orchmode: not verified, because it was not run]", SKIPPED
                 )
+            if worker.status is Status.REFUSAL:
+                return worker, AgentResult(
+                    "[orchmode: not verified, because the model refused the subtask: "
+                    "there is nothing to verify]",
+                    Status.REFUSAL,
+                )
             isolation = "worktree" if tree is not None else "shared"
             if tree is not None:
                 tree = await tree.with_snapshot()

@@ -14,15 +14,15 @@ cancellation, a tool that raised.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from ..core.errors import AuthError, OrchmodeError, PromptTooLong
-from ..core.events import TokenUsage
+from ..core.events import ModelRefused, TokenUsage
 from ..core.wire import Block, Message
 from ..model.gateway import ModelChoice, ModelGateway, ModelReply
 from .room import Room
-from .stops import Step, StopRule, rule_for
+from .stops import Step, StopRule, refusal_note, rule_for
 from .toolbox import Toolbox
 
 
@@ -58,6 +58,8 @@ class LoopResult:
     #: STOPPED: the last response had no content at all.
     empty: bool = False
     error: OrchmodeError | None = None
+    #: STOPPED by a refusal: the API's reasons (its ``stop_details``), also in ``rule.note``.
+    refusal: ModelRefused | None = None
 
 
 class Hooks:
@@ -119,6 +121,9 @@ class AgentLoop:
             self.room.measured(messages, sent, reply)
             last_text = reply.text or last_text
             rule = rule_for(reply.stop_reason, bool(reply.tool_uses))
+            refusal = reply.refusal
+            if refusal is not None:
+                rule = replace(rule, note=refusal_note(refusal))
             if rule.compact_first and not retried and self.room.compact(messages, refused=True):
                 retried = True
                 continue
@@ -136,7 +141,15 @@ class AgentLoop:
                     await self.hooks.changed()
                 stop = reply.stop_reason or "end_turn"
                 return LoopResult(
-                    Ending.STOPPED, turns, requests, usage, text, stop, rule, not reply.content
+                    Ending.STOPPED,
+                    turns,
+                    requests,
+                    usage,
+                    text,
+                    stop,
+                    rule,
+                    not reply.content,
+                    refusal=refusal,
                 )
             paused.clear()
             messages.append({"role": "assistant", "content": reply.content})

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from types import MappingProxyType
 
+from ..core.events import ModelRefused
 from ..core.prompts import MAX_TOKENS_NOTE
 from ..core.results import Status
 
@@ -47,6 +48,9 @@ STOPS: MappingProxyType[str, StopRule] = MappingProxyType(
         "stop_sequence": StopRule(Step.STOP),
         "tool_use": StopRule(Step.TOOLS),
         "pause_turn": StopRule(Step.CONTINUE),
+        # The API's own compaction paused the turn after summarising (beta): the reply,
+        # its compaction block included, goes back as it came and the turn goes on.
+        "compaction": StopRule(Step.CONTINUE),
         "max_tokens": StopRule(Step.STOP, Status.MAX_TOKENS, kept=False, note=MAX_TOKENS_NOTE),
         "refusal": StopRule(
             Step.STOP,
@@ -65,6 +69,16 @@ STOPS: MappingProxyType[str, StopRule] = MappingProxyType(
     }
 )
 _UNKNOWN = StopRule(Step.STOP)
+
+
+def refusal_note(refusal: ModelRefused) -> str:
+    """What a refused agent's result says in place of the dropped reply: the API's reasons
+    (``stop_details``), so the main agent (and the user) can tell what was declined."""
+    why = f"refusal, category {refusal.category}" if refusal.category else "refusal"
+    said = f": {refusal.explanation}" if refusal.explanation else ""
+    return f"[orchmode: the model declined to continue ({why}){said}]"
+
+
 _NO_TOOLS = StopRule(Step.STOP)
 
 

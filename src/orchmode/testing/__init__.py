@@ -1,7 +1,16 @@
 """Test doubles for orchmode: a scripted Anthropic Messages API server over real HTTP."""
 
 from .faults import MIXED, FaultSchedule
-from .replies import Fault, FaultKind, LoggedRequest, Reply, Responder, ScriptedRequest, StopReason
+from .replies import (
+    Fault,
+    FaultKind,
+    LoggedRequest,
+    Recorded,
+    Reply,
+    Responder,
+    ScriptedRequest,
+    StopReason,
+)
 from .server import ScriptedServer
 from .validate import InvalidRequest, validate_request
 
@@ -12,6 +21,7 @@ __all__ = [
     "FaultSchedule",
     "InvalidRequest",
     "LoggedRequest",
+    "Recorded",
     "Reply",
     "Responder",
     "ScriptedRequest",

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import cast
 
 from .faults import FaultSchedule
-from .replies import Fault, Reply, Responder, ScriptedRequest
+from .replies import Answer, Reply, Responder, ScriptedRequest
 from .server import ScriptedServer
 
 DEFAULT_RESPONDER = "orchmode.testing.scenario:demo_responder"
@@ -54,7 +54,7 @@ def load_responder(spec: str, *, optional: bool = False) -> Responder:
 def with_latency(responder: Responder, latency: float) -> Responder:
     """Add ``latency`` seconds to every reply or fault, on top of its own delay."""
 
-    async def delayed(request: ScriptedRequest) -> Reply | Fault:
+    async def delayed(request: ScriptedRequest) -> Answer:
         answer = responder(request)
         if inspect.isawaitable(answer):
             answer = await answer

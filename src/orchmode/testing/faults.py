@@ -18,7 +18,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from .replies import Fault, Reply, Responder, ScriptedRequest
+from .replies import Answer, Fault, Responder, ScriptedRequest
 
 #: Every way the API fails, once each: what ``mixed`` cycles through.
 MIXED: tuple[Fault, ...] = (
@@ -74,7 +74,7 @@ class FaultSchedule:
             self.injected.append(fault.kind)
         return fault
 
-    async def __call__(self, request: ScriptedRequest) -> Reply | Fault:
+    async def __call__(self, request: ScriptedRequest) -> Answer:
         fault = self.fault_for(request)
         if fault is not None:
             return fault

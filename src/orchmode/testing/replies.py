@@ -8,9 +8,11 @@ and checked without a server.
 from __future__ import annotations
 
 import copy
+import json
 import secrets
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, Literal, get_args
 
 from ..core.events import TokenUsage
@@ -21,6 +23,7 @@ __all__ = [
     "Fault",
     "FaultKind",
     "LoggedRequest",
+    "Recorded",
     "Reply",
     "Responder",
     "ScriptedRequest",
@@ -35,6 +38,7 @@ StopReason = Literal[
     "pause_turn",
     "refusal",
     "model_context_window_exceeded",
+    "compaction",
 ]
 FaultKind = Literal["overloaded", "rate_limit", "server_error", "drop", "sse_error"]
 
@@ -149,6 +153,78 @@ class Fault:
             raise ValueError(f"Fault.kind must be one of {sorted(_FAULT_KINDS)}")
         if self.after_events < 0:
             raise ValueError("Fault.after_events must be >= 0")
+
+
+#: One server-sent event: its name and its data (a JSON object, or the text as it came).
+SseEvent = tuple[str, dict[str, Any] | str]
+
+
+@dataclass
+class Recorded:
+    """A recorded response stream, replayed event for event: every block, delta, ping,
+    ``error`` and unknown event as it was sent, in order (only ``message_start``'s message
+    id is made fresh, so the cache diagnostics can tell responses apart).
+
+    Load one with :meth:`load` (an SSE file, as ``curl -N`` saves it) or :meth:`from_sse`.
+    It answers a streaming request only. A content block whose type the installed SDK does
+    not know is taken by the server's validation as the shape it was sent in: a server that
+    sends a block knows it.
+    """
+
+    events: list[SseEvent] = field(default_factory=list)
+    delay: float = 0.0
+    event_delay: float = 0.0
+    #: Where it was read from (named in errors and test ids).
+    name: str = ""
+
+    @classmethod
+    def from_sse(cls, text: str, **kwargs: Any) -> Recorded:
+        """The events of an SSE text: ``event:`` and ``data:`` lines, blank-line separated."""
+        events: list[SseEvent] = []
+        for chunk in text.replace("\r\n", "\n").split("\n\n"):
+            name, data = "", []
+            for line in chunk.split("\n"):
+                if line.startswith("event:"):
+                    name = line[6:].strip()
+                elif line.startswith("data:"):
+                    data.append(line[5:].lstrip(" "))
+            if not name and not data:
+                continue
+            raw = "\n".join(data)
+            try:
+                value: dict[str, Any] | str = json.loads(raw)
+            except ValueError:
+                value = raw
+            if not name and isinstance(value, dict):
+                name = str(value.get("type", "message"))
+            events.append((name, value))
+        return cls(events, **kwargs)
+
+    @classmethod
+    def load(cls, path: str | Path, **kwargs: Any) -> Recorded:
+        source = Path(path)
+        kwargs.setdefault("name", source.stem)
+        return cls.from_sse(source.read_text(encoding="utf-8"), **kwargs)
+
+    def blocks(self) -> list[Block]:
+        """The content blocks as their ``content_block_start`` events opened them."""
+        return [
+            data["content_block"]
+            for name, data in self.events
+            if name == "content_block_start"
+            and isinstance(data, dict)
+            and isinstance(data.get("content_block"), dict)
+        ]
+
+    def fresh(self) -> list[SseEvent]:
+        """The events to send: a copy, with a new message id in ``message_start``."""
+        events = copy.deepcopy(self.events)
+        for name, data in events:
+            if name == "message_start" and isinstance(data, dict):
+                message = data.get("message")
+                if isinstance(message, dict):
+                    message["id"] = _new_id("msg")
+        return events
 
 
 def _flatten_text(content: Any) -> str:
@@ -276,4 +352,5 @@ class LoggedRequest:
         )
 
 
-Responder = Callable[[ScriptedRequest], Reply | Fault | Awaitable[Reply | Fault]]
+Answer = Reply | Fault | Recorded
+Responder = Callable[[ScriptedRequest], Answer | Awaitable[Answer]]

@@ -31,7 +31,7 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, replace
 from types import TracebackType
 from typing import Any
@@ -55,8 +55,24 @@ from .providers import (
     messages_body,
     route_of,
 )
-from .replies import Fault, LoggedRequest, Reply, Responder, ScriptedRequest, _new_id
-from .validate import InvalidRequest, check_context_management, validate_request
+from .replies import (
+    Answer,
+    Fault,
+    LoggedRequest,
+    Recorded,
+    Reply,
+    Responder,
+    ScriptedRequest,
+    SseEvent,
+    _new_id,
+)
+from .validate import (
+    BlockShape,
+    InvalidRequest,
+    block_shapes,
+    check_context_management,
+    validate_request,
+)
 
 __all__ = [
     "AwsKeys",
@@ -82,8 +98,9 @@ _DEFAULT_PARTIAL = Reply.text(
 )
 
 
-def _sse(name: str, data: dict[str, Any]) -> bytes:
-    return f"event: {name}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
+def _sse(name: str, data: dict[str, Any] | str) -> bytes:
+    text = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
+    return f"event: {name}\ndata: {text}\n\n".encode()
 
 
 def _error_body(kind: str, message: str, request_id: str) -> dict[str, Any]:
@@ -223,6 +240,9 @@ class ScriptedServer:
         self.host = host
         self.port = port
         self.cache = PromptCache()
+        #: Block types and fields a replayed recording sent that the SDK does not declare,
+        #: as sent: the validation takes them back (see :class:`.replies.Recorded`).
+        self.learned_blocks: dict[str, BlockShape] = {}
         self._lock = threading.Lock()
         self._log: list[LoggedRequest] = []
         self._in_flight = 0
@@ -518,7 +538,7 @@ class ScriptedServer:
     def _prepare(self, betas: set[str], body: Any, counting: bool) -> EditedPrompt:
         """Validate, then apply context edits: the real API clears before it counts."""
         try:
-            valid = validate_request(body, count_tokens=counting)
+            valid = validate_request(body, count_tokens=counting, more_blocks=self.learned_blocks)
             edits = check_context_management(valid, betas, supported=self.context_management)
         except InvalidRequest as exc:
             raise _invalid(str(exc)) from None
@@ -609,12 +629,14 @@ class ScriptedServer:
                     f"not exist): unknown {what} {given!r}.",
                 )
 
-    async def _ask(self, scripted: ScriptedRequest) -> Reply | Fault:
+    async def _ask(self, scripted: ScriptedRequest) -> Answer:
         answer: Any = self.responder(scripted)
         if inspect.isawaitable(answer):
             answer = await answer
-        if not isinstance(answer, Reply | Fault):
-            raise TypeError(f"responder returned {type(answer).__name__}, not Reply or Fault")
+        if not isinstance(answer, Reply | Fault | Recorded):
+            raise TypeError(
+                f"responder returned {type(answer).__name__}, not Reply, Fault or Recorded"
+            )
         return answer
 
     async def _serve(
@@ -642,6 +664,8 @@ class ScriptedServer:
             ) from None
         await asyncio.sleep(answer.delay)
         streaming = bool(body.get("stream", False))
+        if isinstance(answer, Recorded):
+            return await self._replay(request, index, answer, streaming, request_id, route)
         if isinstance(answer, Fault):
             return await self._fault(request, index, prompt, answer, streaming, request_id, route)
         prepared = self._answer(prompt, answer)
@@ -660,6 +684,43 @@ class ScriptedServer:
         )
         outcome = "ok" if delivered else "disconnected"
         self._finish(index, 200, outcome, **prepared.logged())
+        return response
+
+    async def _replay(
+        self,
+        request: web.Request,
+        index: int,
+        recorded: Recorded,
+        streaming: bool,
+        request_id: str,
+        route: Route,
+    ) -> web.StreamResponse:
+        """Send a recorded stream as it was recorded; learn the block types it holds."""
+        if not streaming:
+            raise _Outcome(
+                500,
+                "api_error",
+                f"the recorded stream {recorded.name or ''} answers streaming requests only",
+                "error:recorded stream for a non-streaming request",
+                {"x-should-retry": "false"},
+            )
+        known = block_shapes()
+        with self._lock:
+            for block in recorded.blocks():
+                kind = block.get("type")
+                if isinstance(kind, str):
+                    empty: BlockShape = (frozenset(), frozenset({"type"}))
+                    seen = self.learned_blocks.get(kind) or known.get(kind) or empty
+                    self.learned_blocks[kind] = (seen[0] | block.keys(), seen[1])
+        events: list[SseEvent] = recorded.fresh()
+        start = next((d for n, d in events if n == "message_start" and isinstance(d, dict)), None)
+        message = start.get("message") if start is not None else None
+        message_id = message.get("id") if isinstance(message, dict) else None
+        response, delivered = await self._send_events(
+            request, request_id, events, recorded.event_delay, route=route, pings=False
+        )
+        outcome = "ok" if delivered else "disconnected"
+        self._finish(index, 200, outcome, message_id=message_id)
         return response
 
     def _answer(self, prompt: EditedPrompt, reply: Reply) -> _Answer:
@@ -725,11 +786,12 @@ class ScriptedServer:
         self,
         request: web.Request,
         request_id: str,
-        events: list[tuple[str, dict[str, Any]]],
+        events: Sequence[SseEvent],
         event_delay: float,
         *,
         abort: bool = False,
         route: Route | None = None,
+        pings: bool = True,
     ) -> tuple[web.StreamResponse, bool]:
         """Stream events, pings interleaved: one write each when they are paced or cut.
 
@@ -758,7 +820,7 @@ class ScriptedServer:
             frames = []
             for n, (name, data) in enumerate(events, start=1):
                 frame = _sse(name, data)
-                ping = n == 1 if self.ping_every == 0 else n % self.ping_every == 0
+                ping = pings and (n == 1 if self.ping_every == 0 else n % self.ping_every == 0)
                 frames.append(frame + _sse("ping", {"type": "ping"}) if ping else frame)
         try:
             await response.prepare(request)
@@ -825,14 +887,14 @@ def _with_invocation_metrics(
     ]
 
 
-def _bedrock_event(name: str, data: dict[str, Any]) -> bytes:
+def _bedrock_event(name: str, data: dict[str, Any] | str) -> bytes:
     """One event as a Bedrock frame; an ``error`` event (the API's mid-stream overload)
     becomes the exception Bedrock sends in its place."""
     if name == "error":
         return bedrock_exception_frame(
             "serviceUnavailableException", "Bedrock is unable to process your request."
         )
-    return bedrock_frame(data)
+    return bedrock_frame(data if isinstance(data, dict) else {"type": name, "data": data})
 
 
 def _abort(request: web.Request) -> None:

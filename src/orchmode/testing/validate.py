@@ -14,13 +14,22 @@ enforces the ``anthropic-beta`` header that unlocks it.
 from __future__ import annotations
 
 import re
+import typing
+from collections.abc import Mapping
+from functools import cache
 from typing import Any
+
+import typing_extensions
+from anthropic.types.beta.beta_content_block_param import BetaContentBlockParam
+from anthropic.types.content_block_param import ContentBlockParam
 
 from .cache import ClearToolUses
 
 __all__ = [
     "CONTEXT_MANAGEMENT_BETA",
+    "BlockShape",
     "InvalidRequest",
+    "block_shapes",
     "check_context_management",
     "validate_request",
 ]
@@ -40,14 +49,61 @@ class InvalidRequest(ValueError):
     """A request the real API would refuse with 400 ``invalid_request_error``."""
 
 
+#: One kind of content block as a request may hold it: the fields it may have, by the names
+#: the API spells (``from``, not the SDK's ``from_``), and those it must.
+BlockShape = tuple[frozenset[str], frozenset[str]]
+
+
+def _literal_of(hint: object) -> object:
+    while typing.get_origin(hint) is not typing.Literal and typing.get_args(hint):
+        hint = typing.get_args(hint)[0]
+    return typing.get_args(hint)[0] if typing.get_origin(hint) is typing.Literal else None
+
+
+_REQUIRED: tuple[object, ...] = (typing.Required, typing_extensions.Required)
+
+
+@cache
+def block_shapes() -> dict[str, BlockShape]:
+    """Every content block a request may hold, read from the installed SDK's request types
+    (beta and not), so a block type the SDK adds is known here the day it is installed."""
+    shapes: dict[str, BlockShape] = {}
+    members = (*typing.get_args(ContentBlockParam), *typing.get_args(BetaContentBlockParam))
+    for param in members:
+        if not typing_extensions.is_typeddict(param):
+            continue  # the union also takes the response models themselves
+        hints = typing_extensions.get_type_hints(param, include_extras=True)
+        kind = _literal_of(hints.get("type"))
+        if not isinstance(kind, str):
+            continue
+        required = frozenset(
+            key for key, hint in hints.items() if typing.get_origin(hint) in _REQUIRED
+        )
+        allowed = frozenset(hints)
+        known = shapes.get(kind)
+        shapes[kind] = (
+            (allowed, required) if known is None else (known[0] | allowed, known[1] & required)
+        )
+    return shapes
+
+
 def _fail(message: str) -> InvalidRequest:
     return InvalidRequest(message)
 
 
-def validate_request(body: object, *, count_tokens: bool = False) -> dict[str, Any]:
+def validate_request(
+    body: object,
+    *,
+    count_tokens: bool = False,
+    more_blocks: Mapping[str, BlockShape] | None = None,
+) -> dict[str, Any]:
     """Return ``body`` typed as a dict, or raise :class:`InvalidRequest` explaining why not.
 
-    ``count_tokens`` validates a ``/v1/messages/count_tokens`` body instead.
+    ``count_tokens`` validates a ``/v1/messages/count_tokens`` body instead. Content blocks
+    are held to the shapes the SDK declares (:func:`block_shapes`): an unknown field, or a
+    field under the SDK's Python name instead of the API's (``from_``), is refused as the
+    API refuses it. ``more_blocks`` adds shapes this SDK does not know (a newer API's, which
+    the server itself sent).
     """
     if not isinstance(body, dict):
         raise _fail("Request body must be a JSON object")
@@ -56,7 +112,7 @@ def validate_request(body: object, *, count_tokens: bool = False) -> dict[str, A
     _check_tools(body.get("tools"))
     _check_top_level_cache_control(body.get("cache_control"))
     _check_diagnostics(body.get("diagnostics"))
-    _check_messages(body)
+    _check_messages(body, {**block_shapes(), **(more_blocks or {})})
     return body
 
 
@@ -189,7 +245,7 @@ def _tool_result_ids(message: object) -> list[str]:
     ]
 
 
-def _check_messages(body: dict[str, Any]) -> None:
+def _check_messages(body: dict[str, Any], shapes: Mapping[str, BlockShape]) -> None:
     messages: list[Any] = body["messages"]
     seen_tool_use_ids: set[str] = set()
     for i, message in enumerate(messages):
@@ -207,7 +263,7 @@ def _check_messages(body: dict[str, Any]) -> None:
             raise _fail(f"{path}: a system message must directly follow a user message")
         if "content" not in message:
             raise _fail(f"{path}.content: Field required")
-        _check_content(message["content"], role, path)
+        _check_content(message["content"], role, path, shapes)
         if role == "assistant":
             _check_tool_uses(messages, i, seen_tool_use_ids)
         elif role == "user":
@@ -215,7 +271,7 @@ def _check_messages(body: dict[str, Any]) -> None:
     _check_prefill(messages[-1], len(messages) - 1)
 
 
-def _check_content(content: object, role: str, path: str) -> None:
+def _check_content(content: object, role: str, path: str, shapes: Mapping[str, BlockShape]) -> None:
     if isinstance(content, str):
         if not content:
             raise _fail(f"{path}: all messages must have non-empty content")
@@ -235,12 +291,32 @@ def _check_content(content: object, role: str, path: str) -> None:
             raise _fail(f"{block_path}.type: Field required")
         if role == "system" and kind != "text":
             raise _fail(f"{block_path}.type: system messages may only contain text blocks")
+        _check_shape(block, kind, block_path, shapes)
         if kind == "text":
             _check_text_block(block, block_path)
         elif kind == "tool_use":
             _check_tool_use_block(block, role, block_path)
         elif kind == "tool_result":
             _check_tool_result_block(block, role, block_path)
+
+
+def _check_shape(
+    block: dict[str, Any], kind: str, path: str, shapes: Mapping[str, BlockShape]
+) -> None:
+    """The block's type is one the API takes, with its required fields and no others."""
+    shape = shapes.get(kind)
+    if shape is None:
+        expected = ", ".join(f"'{k}'" for k in sorted(shapes))
+        raise _fail(
+            f"{path}: Input tag '{kind}' found using 'type' does not match any of the"
+            f" expected tags: {expected}"
+        )
+    allowed, required = shape
+    for key in block:
+        if key not in allowed:
+            raise _fail(f"{path}.{kind}.{key}: Extra inputs are not permitted")
+    for key in sorted(required - block.keys()):
+        raise _fail(f"{path}.{kind}.{key}: Field required")
 
 
 def _check_tool_use_block(block: dict[str, Any], role: str, path: str) -> None:

@@ -30,6 +30,7 @@ from ..core.events import (
     FanoutStarted,
     McpCallDone,
     McpCallStarted,
+    ModelRefused,
     ModelRequestDone,
     ResultCondensed,
     Role,
@@ -206,6 +207,8 @@ class LiveView:
         event = visible_event(event)  # its texts are the agents': escaped before they are kept
         with self._lock:
             self._apply(event)
+        if isinstance(event, ModelRefused):  # a line above the live region, as it happens
+            self.notice(f"[{event.agent}] {event.text}")
         if isinstance(event, TurnStarted):
             self._start()
         elif isinstance(event, TurnDone):

@@ -14,6 +14,7 @@ from ..core.events import (
     FanoutDone,
     FanoutStarted,
     McpCallDone,
+    ModelRefused,
     ModelRequestDone,
     ResultCondensed,
     ScriptDone,
@@ -141,6 +142,8 @@ class StderrProgress:
                 return " ".join(line.split())  # one line, whatever the file names hold
             case WorkspacesChosen():
                 return f"[isolation] {workspaces_text(event)}"
+            case ModelRefused(agent=agent):
+                return f"[{agent}] {_one_line(event.text)}"
             case ModelRequestDone(agent=agent, cache_miss=str(reason), cache_missed_tokens=n):
                 return f"[{agent}] prompt cache miss: {reason} ({n:,} tokens not read from cache)"
         return None
