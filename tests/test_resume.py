@@ -388,3 +388,29 @@ def test_agents_queued_when_a_run_was_killed_are_not_counted_against_its_budget(
     ledger = orchmode("budget", cwd=tmp_path)
     launched = re.search(r"subagents\s+(\d+) launched", ledger.stdout)
     assert launched is not None and 16 <= int(launched[1]) <= 18, ledger.stdout
+
+
+@pytest.mark.slow
+def test_a_resumed_run_whose_synthesis_is_refused_asks_for_no_summary_turn(
+    scripted: Callable[..., ScriptedServer], tmp_path: Path
+) -> None:
+    scenario = Replanning(synthesis_delay=60)
+    server = scripted(scenario)
+
+    def synthesis_in_flight() -> bool:
+        return any(
+            e.outcome == "pending" and "[agent 1:" in str(e.body.get("messages", [])[-1:])
+            for e in server.log
+        )
+
+    kill_run_when(
+        synthesis_in_flight, "review this", "--base-url", server.url, *LEASE, cwd=tmp_path
+    )
+    refused = Reply([{"type": "text", "text": "I will not go on with this."}], "refusal")
+    scenario.main = lambda request: refused  # type: ignore[method-assign]
+    since = len(server.log)
+    result = orchmode("resume", "--base-url", server.url, *LEASE, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "no summary turn: the model refused the task" in result.stderr
+    # the refused synthesis only: a summary of an answer that was dropped is never asked for
+    assert [role_of(b) for b in resumed_requests(server, since)] == ["main"]

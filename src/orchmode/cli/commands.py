@@ -28,6 +28,8 @@ from .failures import unless_the_store_fails
 if typing.TYPE_CHECKING:
     from ..model.providers import Credentials
     from ..records.history import SessionHistory
+    from ..session.agent import TurnResult
+    from ..session.api import Session
     from ..views.display import Display, DisplayMode
 
 log = logging.getLogger("orchmode")
@@ -296,7 +298,6 @@ async def _run(
     Progress and orchmode's own notices (``opening`` first) go to stderr in
     ``display_mode``; the answers go to stdout.
     """
-    from ..core.prompts import SUMMARY_TASK
     from ..model.providers import Credentials
     from ..records.totals import SessionTotals
     from ..session.api import open_session
@@ -328,19 +329,7 @@ async def _run(
             if first.error is not None:
                 raise first.error
             _print_answer(first.text)
-            if first.stop == "refusal":
-                # The refused answer was dropped: a summary of it has nothing to stand on.
-                display.notice(
-                    "[session] no summary turn: the model refused the task (the reason is "
-                    "in the answer above)"
-                )
-            else:
-                conversation.meta["phase"] = 2
-                session.set_mode(False)
-                second = await unless_the_store_fails(session, session.turn(SUMMARY_TASK))
-                if second.error is not None:
-                    raise second.error
-                _print_answer(f"\n---\n\n{second.text}")
+            await _summary_turn(session, display, first)
             conversation.meta["phase"] = "done"
             await conversation.save()
             display.notice(f"[session] {totals.describe()}")
@@ -350,6 +339,26 @@ async def _run(
                 )
         finally:
             display.stop()
+
+
+async def _summary_turn(session: Session, display: Display, first: TurnResult) -> None:
+    """`run`'s second turn, the mode off: a brief summary of the first answer — none when the
+    model refused the task, for the refused answer was dropped and a summary of it has
+    nothing to stand on."""
+    from ..core.prompts import SUMMARY_TASK
+
+    if first.stop == "refusal":
+        display.notice(
+            "[session] no summary turn: the model refused the task (the reason is in the "
+            "answer above)"
+        )
+        return
+    session.conversation.meta["phase"] = 2
+    session.set_mode(False)
+    second = await unless_the_store_fails(session, session.turn(SUMMARY_TASK))
+    if second.error is not None:
+        raise second.error
+    _print_answer(f"\n---\n\n{second.text}")
 
 
 def _check_price(settings: Settings) -> None:
@@ -392,7 +401,6 @@ async def _resume(
     credentials: Credentials | None = None,
 ) -> None:
     """``orchmode resume``: the interrupted session, continued from its last step."""
-    from ..core.prompts import SUMMARY_TASK
     from ..model.providers import Credentials
     from ..records.totals import SessionTotals
     from ..session.api import open_session
@@ -434,12 +442,7 @@ async def _resume(
                 _print_run_answers(conversation.answer_of_turn(1) or "", result.text)
             elif meta.get("command") == "run":
                 _print_answer(result.text)
-                meta["phase"] = 2
-                session.set_mode(False)
-                second = await unless_the_store_fails(session, session.turn(SUMMARY_TASK))
-                if second.error is not None:
-                    raise second.error
-                _print_answer(f"\n---\n\n{second.text}")
+                await _summary_turn(session, display, result)
             else:
                 _print_answer(result.text)
             if meta.get("command") == "run":
