@@ -15,7 +15,7 @@ from orchmode.core.events import EventBus, ScriptDone, ScriptStarted, SubagentDo
 from orchmode.core.prompts import WORKFLOW_DESCRIPTION
 from orchmode.session.agent import Conversation as Session
 from orchmode.session.agent import TurnResult
-from orchmode.testing import ScriptedRequest, ScriptedServer
+from orchmode.testing import Reply, ScriptedRequest, ScriptedServer
 from orchmode.testing.scenario import OrchestrationScenario, first_user_text, role_of
 from recorded_runs import kill_run_when, orchmode, worker_prompts
 
@@ -373,3 +373,25 @@ def test_a_script_killed_mid_run_recomputes_no_finished_agent(tmp_path: Path) ->
         tool_result = main[2]["messages"][-1]["content"][0]["content"]  # scout, call, answer
         assert result_value(tool_result) == {"firsts": 10, "follow": 10}
         assert re.search(r"\[workflow 1\] script done in [\d.]+ s, 20 agents", result.stderr)
+
+
+class RefusingWorkers(OrchestrationScenario):
+    """Workers whose model refuses their subtask."""
+
+    def worker(self, request: ScriptedRequest) -> Reply:
+        return Reply([{"type": "text", "text": "I cannot help with that."}], "refusal")
+
+
+async def test_verify_of_a_refused_agent_says_it_was_refused_and_starts_no_verifier(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    source = 'r = agent("Check area parser")\nverify("Check area parser", r)'
+    server = await serve(RefusingWorkers(script=source, worker_command=None, scout_command=None))
+    await run_session(server, tmp_path)
+    value = result_value(workflow_block(server)["content"])
+    assert value == {
+        "error": "[orchmode: not verified, because the model refused the subtask: there is "
+        "nothing to verify]",
+        "status": "not_run",
+    }
+    assert started(server, "verifier") == []

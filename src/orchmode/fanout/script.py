@@ -539,10 +539,12 @@ class ScriptRun:
     async def _verify(self, prompt: object, result: object) -> dict[str, Any]:
         subtask = _prompt("verify", prompt)
         if isinstance(result, dict) and "error" in result:
-            return {
-                "error": "[orchmode: not verified, because the agent failed]",
-                "status": "not_run",
-            }
+            why = (
+                "the model refused the subtask: there is nothing to verify"
+                if result.get("status") == Status.REFUSAL.value
+                else "the agent failed"
+            )
+            return {"error": f"[orchmode: not verified, because {why}]", "status": "not_run"}
         if not self.engine.settings.verify:
             return {
                 "error": "[orchmode: not verified — verification is switched off in this "
