@@ -27,6 +27,11 @@ What it refuses, and why (``docs/sandbox.md`` has the same table for users):
   and other runtimes fall back to ``clone``, whose flags are in a register the filter
   does check (Docker and Flatpak do the same);
 - ``ioctl(TIOCSTI)`` and ``ioctl(TIOCLINUX)``: typing into a terminal's input.
+- the setuid and setgid bits, by ``chmod``, ``open``, ``creat`` or ``mknod`` and their
+  ``*at`` forms (``openat2``, whose mode is in memory, answers ``ENOSYS``): the sandbox's
+  mounts are ``nosuid``, but a setuid file left in the working directory keeps its bit on
+  the host, where anyone who can reach it runs it as the user orchmode ran as (root, often,
+  in a container or CI);
 
 Each refusal answers ``EPERM`` (``ENOSYS`` for ``clone3``) rather than killing, so a
 program sees an ordinary error it can report. The filter covers the machine's own
@@ -44,6 +49,7 @@ import functools
 import os
 import platform
 import socket
+import stat
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -81,6 +87,13 @@ _CLONE_NEWTIME = 0x00000080
 _TIOCSTI = 0x5412
 _TIOCLINUX = 0x541C
 _LOW32 = 0xFFFFFFFF
+_SETID_WHY = (
+    "leaving a setuid or setgid file behind (the sandbox's nosuid mount stops one inside "
+    "it, not on the host, where it would run as the user orchmode ran as)"
+)
+#: Calls newer than some libseccomp releases (2.5.4 has no fchmodat2), by number: the
+#: unified numbering that x86_64 and aarch64 share for every call added since Linux 5.1.
+_NEWER_CALLS = {"openat2": 437, "fchmodat2": 452}
 
 
 @dataclass(frozen=True)
@@ -145,6 +158,26 @@ REFUSED: tuple[Refusal, ...] = (
         error=errno.ENOSYS,
     ),
     Refusal(
+        ("chmod", "fchmod", "creat", "mknod"),
+        _SETID_WHY,
+        when=((1, stat.S_ISUID, stat.S_ISUID), (1, stat.S_ISGID, stat.S_ISGID)),
+    ),
+    Refusal(
+        ("fchmodat", "fchmodat2", "open", "mknodat"),
+        _SETID_WHY,
+        when=((2, stat.S_ISUID, stat.S_ISUID), (2, stat.S_ISGID, stat.S_ISGID)),
+    ),
+    Refusal(
+        ("openat",),
+        _SETID_WHY,
+        when=((3, stat.S_ISUID, stat.S_ISUID), (3, stat.S_ISGID, stat.S_ISGID)),
+    ),
+    Refusal(
+        ("openat2",),
+        "its mode is in memory, out of the filter's sight: callers fall back to openat",
+        error=errno.ENOSYS,
+    ),
+    Refusal(
         ("ioctl",),
         "typing into a terminal (TIOCSTI, TIOCLINUX)",
         when=((1, _LOW32, _TIOCSTI), (1, _LOW32, _TIOCLINUX)),
@@ -205,7 +238,9 @@ def _build(block_unix: bool, arch: str) -> Any:
             # Named through the native numbering; libseccomp translates for ``arch`` and
             # leaves out a call that an architecture does not have.
             number = sc.resolve_syscall(sc.Arch.NATIVE, call)
-            if number == -1:  # unknown to this libseccomp: it is too old for the kernel
+            if number == -1:  # unknown to this libseccomp: it is older than the call
+                number = _NEWER_CALLS.get(call, -1)
+            if number == -1:
                 continue
             if refusal.when is None:
                 filt.add_rule(action, number)
