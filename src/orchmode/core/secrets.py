@@ -14,12 +14,14 @@ Two lines of defence, one for each way a secret leaks:
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import itertools
 import os
 import re
+import subprocess
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -232,6 +234,30 @@ def _unquoted(value: str) -> str:
     return value
 
 
+#: The shortest value whose encoded forms are masked too: a shorter one's would be a few
+#: characters that ordinary text holds by chance.
+MIN_ENCODED = 8
+
+
+def encodings(value: str) -> tuple[str, ...]:
+    """What ``value`` looks like after ``base64``, ``xxd -p``/``od``-style hex or ``rev``:
+    masked as the value is, so that a command that passes a secret through one of them does
+    not carry it out. Base64 depends on where the value starts in the encoded stream (three
+    alignments); each form keeps only the characters the value alone decides, so it is
+    found wherever the value sat. What no mask can catch: a value split across outputs,
+    or changed by a transform not listed here (``docs/sandbox.md`` says which)."""
+    if len(value) < MIN_ENCODED:
+        return ()
+    raw = value.encode("utf-8", "surrogateescape")
+    forms = [raw.hex(), raw.hex().upper(), value[::-1]]
+    for pad in range(3):
+        encoded = base64.b64encode(bytes(pad) + raw).decode("ascii")
+        first = -(-8 * pad // 6)  # the first character made of the value's bits alone
+        last = 8 * (pad + len(raw)) // 6  # one past the last such character
+        forms.append(encoded[first:last])
+    return tuple(f for f in forms if len(f) >= MIN_ENCODED and f != value)
+
+
 class Masker:
     """Replaces every known secret with ``***``, leftmost-longest, so a secret that contains
     another is masked whole. One Aho-Corasick automaton finds them all in a single pass
@@ -254,15 +280,17 @@ class Masker:
         return self._secrets
 
     def add(self, secrets: Iterable[str]) -> None:
-        """Mask ``secrets`` too (blank ones and the mask itself are left out)."""
+        """Mask ``secrets`` too (blank ones and the mask itself are left out), and the forms
+        a command turns a value into without trying to hide it (see :func:`encodings`)."""
         new = {s for s in secrets if s.strip() and s != MASK}
         with self._lock:
             if new <= self._secrets:
                 return
             merged = self._secrets | new
-            self._pattern = AhoCorasick(sorted(merged), matchkind=MatchKind.LeftmostLongest)
+            shown = {form for value in merged for form in (value, *encodings(value))}
+            self._pattern = AhoCorasick(sorted(shown), matchkind=MatchKind.LeftmostLongest)
             self._secrets = frozenset(merged)
-            self.longest = max(map(len, merged))
+            self.longest = max(map(len, shown))
 
     def add_files(self, workdir: Path, paths: Iterable[str]) -> None:
         """Mask the values held by the files ``paths`` (relative to ``workdir``)."""
@@ -341,6 +369,8 @@ class Secrets:
         self.masker = masker if masker is not None else Masker()
         #: The secret files found at the last look, relative to the working directory.
         self.found: tuple[str, ...] = ()
+        #: The secret files git holds, found at the start (see :meth:`committed`).
+        self.in_git: tuple[str, ...] = ()
 
     @classmethod
     def start(
@@ -355,7 +385,40 @@ class Secrets:
         secrets = cls(SecretFiles(tuple(patterns)), Path(os.path.realpath(workdir)))
         secrets.masker.add([*known, *environment_secrets(env)])
         secrets.look()
+        secrets.in_git = secrets.committed()
         return secrets
+
+    def committed(self) -> tuple[str, ...]:
+        """The secret files git holds (in the index, as at ``HEAD`` or staged since), whose
+        values are learnt here too: withholding hides a file, not git's copy of it, which an
+        agent reads with ``git show``. Older commits are not read (a walk of the history
+        would cost seconds in a large repository); the docs say so."""
+        try:
+            listed = subprocess.run(
+                ["git", "-C", str(self.workdir), "ls-files", "-z", "--cached"],
+                capture_output=True,
+                timeout=60,
+                check=True,
+            ).stdout
+        except (OSError, subprocess.SubprocessError):
+            return ()  # not a repository, or no git: nothing committed to read
+        names = [n for n in listed.decode("utf-8", "surrogateescape").split("\0") if n]
+        tracked = tuple(n for n in names if self.files.matches(n))
+        if not tracked:
+            return ()
+        wanted = "".join(f":{name}\n" for name in tracked if "\n" not in name)
+        try:
+            blobs = subprocess.run(
+                ["git", "-C", str(self.workdir), "cat-file", "--batch"],
+                input=wanted.encode("utf-8", "surrogateescape"),
+                capture_output=True,
+                timeout=60,
+                check=True,
+            ).stdout
+        except (OSError, subprocess.SubprocessError):
+            return tracked
+        self.masker.add(value for content in _batch_contents(blobs) for value in values_in(content))
+        return tracked
 
     def look(self) -> tuple[str, ...]:
         """Find the secret files again (a turn starts, or a snapshot is about to be taken)
@@ -364,3 +427,32 @@ class Secrets:
         self.masker.add_files(self.workdir, found)  # read again: a value may have changed
         self.found = found
         return found
+
+
+def _batch_contents(output: bytes) -> Iterator[bytes]:
+    """The objects' contents in ``git cat-file --batch`` output (headers, then bodies)."""
+    at = 0
+    while at < len(output):
+        end = output.find(b"\n", at)
+        if end < 0:
+            return
+        header = output[at:end].split()
+        at = end + 1
+        if len(header) != 3 or not header[2].isdigit():
+            continue  # "<name> missing", and the like
+        size = int(header[2])
+        if size <= MAX_READ:
+            yield output[at : at + size]
+        at += size + 1
+
+
+def committed_secrets_warning(paths: Sequence[str]) -> str:
+    """The start's one line when git holds secret files: what withholding cannot cover."""
+    from .wording import listed
+
+    return (
+        f"git holds secret files ({listed(list(paths))}): agents are shown a note in their "
+        f"place, but can read git's copy (`git show HEAD:{paths[0]}`); their values are masked, "
+        "verbatim and as base64, hex or reversed, but not split or otherwise transformed — "
+        "rotate those secrets and take the files out of git"
+    )

@@ -24,7 +24,7 @@ from typing import Any, Generic, TypeVar, cast, overload
 from ..core.agents import AgentDefinition, load_definitions
 from ..core.errors import ConfigError, OrchmodeError
 from ..core.events import Event, EventBus, TokenUsage
-from ..core.secrets import Secrets
+from ..core.secrets import Secrets, committed_secrets_warning
 from ..core.settings import Settings
 from ..executors import check_executor
 from ..model.gateway import ModelGateway
@@ -444,6 +444,8 @@ async def open_session(
         warn(warning)
     roles = _roles(settings, where, warn)
     secrets = Secrets.start(settings.secret_files, where, os.environ, credentials.secrets)
+    if secrets.in_git:
+        warn(committed_secrets_warning(secrets.in_git))
     bus = EventBus(mask=secrets.masker.mask_event)
     masked = secrets.masker.secrets
     traces = start_tracing(settings, masked) if tracing_wanted(settings) else None
