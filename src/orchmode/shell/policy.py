@@ -130,6 +130,10 @@ class SandboxPolicy:
         ops: list[tuple[Path, list[str]]] = [
             (Path("/dev"), ["--dev", "/dev"]),
             (Path("/proc"), ["--proc", "/proc"]),
+            # Kernel settings (core_pattern, binfmt_misc, modprobe): bubblewrap covers
+            # /proc/sys only when the directory itself is writable, yet when orchmode runs
+            # as root the files in it are, host-wide. Read-only, as /sys is.
+            (Path("/proc/sys"), ["--ro-bind", "/proc/sys", "/proc/sys"]),
             # Half the memory: tmpfs pages count against the shell's memory cgroup, and a
             # full /tmp should say "no space left", not get the shell killed.
             (Path("/tmp"), tmpfs(Path("/tmp"), self.memory_mb * _MIB // 2)),

@@ -1,0 +1,419 @@
+"""Every way out of the sandbox, tried for real: each attempt fails, and the run goes on.
+
+The attempts and how each is judged are in ``escape_attempts.py``. Two lanes:
+
+- each attempt as a real command in a real sandboxed shell, made as orchmode makes the main
+  agent's (secret files withheld, values masked), in ``workspace-write`` and ``read-only``;
+- whole runs against the scripted Messages API: the main agent, two workers, their
+  verifiers and a resolver (two workers' changes conflict) each try the attempts, while
+  an honest worker writes a normal change. The run completes, the honest change is merged,
+  and nothing outside the working directory changed.
+
+After every attempt: it did not say it got through, no listener was reached, no secret is
+in what it printed in any form, the files it aimed at are as they were, the process it
+aimed at lives, and the shell's next command runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import StartServer, gateway_for, settings_for, store_for
+from escape_attempts import (
+    ATTEMPTS,
+    BY_ID,
+    CANARY,
+    CANARY_NAME,
+    SECRET_FILES,
+    Attempt,
+    Listeners,
+    Targets,
+    Victim,
+    differences,
+    digest,
+    escaped,
+    leaks,
+    make_repository,
+    prepare_home,
+    prepare_outside,
+    quick,
+    remove,
+)
+from orchmode.core.events import ChangeSettled, Event, EventBus
+from orchmode.core.secrets import WITHHELD_NOTE, Secrets
+from orchmode.core.settings import SandboxMode, Settings
+from orchmode.executors.host import ShellFactory
+from orchmode.session.agent import Conversation
+from orchmode.shell.bash import BashSession, ShellResult
+from orchmode.shell.bwrap import probe
+from orchmode.testing import Reply, ScriptedRequest, ScriptedServer
+from orchmode.testing.scenario import (
+    OrchestrationScenario,
+    first_user_text,
+    mode_is_on,
+    text,
+    tool_call,
+    turn_messages,
+)
+
+MODES: list[SandboxMode] = ["workspace-write", "read-only"]
+
+
+@pytest.fixture(autouse=True)
+def _bubblewrap_works() -> None:
+    """Fail, not skip, without a working bubblewrap: orchmode refuses to run without one."""
+    problem = probe().problem
+    if problem is not None:
+        pytest.fail(problem)
+
+
+def test_the_table_holds_at_least_forty_attempts_in_every_group_the_issue_names() -> None:
+    assert len(quick(ATTEMPTS)) >= 40
+    groups = {a.group for a in ATTEMPTS}
+    assert groups == {
+        "network", "processes", "devices", "privileges", "links", "secrets", "exhaustion",
+        "descriptors",
+    }  # fmt: skip
+    for attempt in ATTEMPTS:
+        assert attempt.commands and all(c.strip() for c in attempt.commands), attempt.id
+
+
+@pytest.fixture
+async def targets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Targets]:
+    """The repository, a directory and a home outside it (not in /tmp, which the sandbox
+    covers), every listener, a process standing for the harness and other agents, and a
+    credential in the harness's own environment."""
+    tag = secrets.token_hex(6)
+    outside = prepare_outside(Path("/var/tmp", f"orchmode-escapes-{tag}"))
+    home = prepare_home(Path("/var/tmp", f"orchmode-escapes-home-{tag}"))
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv(CANARY_NAME, CANARY)
+    monkeypatch.setenv("ANTHROPIC_API_KEY", CANARY)
+    work = make_repository(tmp_path / "work")
+    victim = Victim().start()
+    try:
+        async with Listeners(outside, work) as listeners:
+            yield Targets(work, outside, home, listeners, victim)
+    finally:
+        victim.stop()
+        remove(outside, home)
+
+
+def main_shell(targets: Targets, mode: SandboxMode, **settings: Any) -> BashSession:
+    """A shell made as the main agent's is: the sandbox, secret files withheld, values and
+    the environment's credentials masked."""
+    chosen = Settings(sandbox=mode, **settings)
+    found = Secrets.start(chosen.secret_files, targets.work, os.environ)
+    return ShellFactory.build(chosen, targets.work, (), secrets=found)()
+
+
+def working_directory(work: Path) -> dict[str, str]:
+    """The working directory less orchmode's state and the test's socket."""
+    return {
+        k: v
+        for k, v in digest(work).items()
+        if not k.startswith(".orchmode") and k != "db.sock"
+    }
+
+
+@dataclass
+class Verdict:
+    attempt: Attempt
+    results: list[ShellResult] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def output(self) -> str:
+        return "\n".join(r.output for r in self.results)
+
+
+async def attempt(
+    shell: BashSession, targets: Targets, tried: Attempt, *, read_only: bool
+) -> Verdict:
+    """Run one attempt's commands in ``shell``, then judge it."""
+    before = targets.world()
+    reached = len(targets.listeners.reached)
+    tree = working_directory(targets.work) if read_only else None
+    verdict = Verdict(tried)
+    for command in tried.commands:
+        verdict.results.append(await shell.run(targets.command(command)))
+    next_one = await shell.run("echo alive")
+    output = verdict.output
+    problems = verdict.problems
+    if escaped(output):
+        problems.append(f"it says it got through: {escaped(output)}")
+    if leaks(output):
+        problems.append(f"a secret is in its output: {leaks(output)}")
+    if targets.listeners.reached[reached:]:
+        problems.append(f"a listener was reached: {targets.listeners.reached[reached:]}")
+    problems += differences(before, targets.world())
+    if tree is not None and working_directory(targets.work) != tree:
+        problems.append("the read-only working directory changed")
+    if next_one.output != "alive":
+        problems.append(f"the next command did not run: {next_one.output!r}")
+    return verdict
+
+
+def report(verdicts: Iterable[Verdict]) -> str:
+    return "\n".join(
+        f"{v.attempt.id} ({v.attempt.tries}):\n  "
+        + "\n  ".join(v.problems)
+        + "\n  output: "
+        + v.output[-600:].replace("\n", "\n    ")
+        for v in verdicts
+    )
+
+
+def held(attempts: Iterable[Attempt]) -> list[Attempt]:
+    """The attempts the sandbox must stop: all but the known holes, quick ones only."""
+    return [a for a in quick(attempts) if a.hole is None]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("mode", MODES)
+async def test_every_attempt_fails_in_a_sandboxed_shell_and_the_next_command_runs(
+    targets: Targets, mode: SandboxMode
+) -> None:
+    """Many attempts per shell, as an agent would make them one after another: the shell
+    lives on (or is replaced, after those that kill it) for the next."""
+    shell = main_shell(targets, mode, bash_timeout=15)
+    exhausting = main_shell(targets, mode, bash_timeout=4, sandbox_memory_mb=256)
+    verdicts = []
+    try:
+        for tried in held(ATTEMPTS):
+            use = exhausting if tried.exhausts else shell
+            verdicts.append(await attempt(use, targets, tried, read_only=mode == "read-only"))
+    finally:
+        await shell.close()
+        await exhausting.close()
+    failed = [v for v in verdicts if v.problems]
+    assert not failed, f"{len(failed)} attempts got through:\n{report(failed)}"
+    # each was really tried: what stopped it shows in its output
+    by_id = {v.attempt.id: v.output for v in verdicts}
+    assert "Connection refused" in by_id["tcp-loopback"]
+    assert "Network is unreachable" in by_id["tcp-internet"]
+    assert "Read-only file system" in by_id["write-outside"]
+    assert by_id["secret-cat"].count(WITHHELD_NOTE.strip()) == 2
+    assert "DB_PASSWORD=***" in by_id["git-show"]  # from git's objects: masked
+    assert "found /" in by_id["mountinfo-layers"]
+    assert "[output truncated" in by_id["long-line"]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("mode", MODES)
+async def test_every_exhaustion_ends_with_a_clear_result(
+    targets: Targets, mode: SandboxMode
+) -> None:
+    shell = main_shell(targets, mode, bash_timeout=4, sandbox_memory_mb=256, output_limit=500)
+    try:
+        results = {}
+        for tried in quick(a for a in ATTEMPTS if a.exhausts):
+            (results[tried.id],) = [await shell.run(targets.command(c)) for c in tried.commands]
+            assert (await shell.run("echo alive")).output == "alive", tried.id
+    finally:
+        await shell.close()
+    assert "No space left on device" in results["fill-tmp"].output
+    assert "of 314572800 characters shown" in results["flood-300mb"].output
+    assert "of 104857600 characters shown" in results["long-line"].output
+    assert results["never-ends"].timed_out and "the shell was restarted" in results[
+        "never-ends"
+    ].output
+    assert "killed by SIGKILL" in results["kill-everything"].output
+    assert "killed by SIGKILL" in results["exit-shell"].output
+    assert not results["binary-output"].is_error
+    for result in results.values():
+        assert len(result.output) < 2000
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+async def test_the_slow_exhaustions_end_with_a_clear_result(targets: Targets) -> None:
+    shell = main_shell(targets, "workspace-write", bash_timeout=60, sandbox_processes=64)
+    try:
+        verdicts = [
+            await attempt(shell, targets, a, read_only=False) for a in ATTEMPTS if a.slow
+        ]
+    finally:
+        await shell.close()
+    failed = [v for v in verdicts if v.problems]
+    assert not failed, report(failed)
+    flood = next(v for v in verdicts if v.attempt.id == "flood-10gb")
+    shown = re.search(r"of (\d+) characters shown", flood.output)
+    assert shown and int(shown[1]) >= 10 * 1024**3, flood.output[-200:]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known hole: a secret committed to the repository's history is in git's objects, "
+    "which every sandbox shows; masking catches it only verbatim (see docs/sandbox.md)",
+)
+async def test_a_secret_in_gits_history_does_not_leak_transformed(targets: Targets) -> None:
+    shell = main_shell(targets, "read-only")
+    try:
+        verdicts = [
+            await attempt(shell, targets, a, read_only=True) for a in ATTEMPTS if a.hole
+        ]
+    finally:
+        await shell.close()
+    failed = [v for v in verdicts if v.problems]
+    assert not failed, report(failed)
+
+
+# ------------------------------------------------------------------------- whole runs
+
+
+def commands_of(attempts: Iterable[Attempt], targets: Targets) -> list[str]:
+    """The attempts as an agent's bash calls: those that may end the shell, and the halves
+    of a split read, each a call of its own; the rest many to a call."""
+    calls: list[str] = []
+    batch: list[str] = []
+    for tried in attempts:
+        commands = [targets.command(c) for c in tried.commands]
+        if tried.exhausts or tried.id.endswith("-split"):
+            calls.extend(commands)
+            continue
+        batch.extend(commands)
+        if len(batch) >= 16:
+            calls.append("\n".join(batch))
+            batch = []
+    if batch:
+        calls.append("\n".join(batch))
+    return calls
+
+
+def steps(request: ScriptedRequest) -> int:
+    return sum(1 for m in request.messages if m.get("role") == "assistant")
+
+
+@dataclass
+class Attacking(OrchestrationScenario):
+    """Every role tries its commands first, then goes on as the scenario's role would."""
+
+    attacks: dict[str, list[str]] = field(default_factory=dict)
+
+    def main(self, request: ScriptedRequest) -> Reply:
+        if not mode_is_on(request.messages):
+            return text(self.summary)
+        own = self.attacks.get("main", [])
+        step = sum(1 for m in turn_messages(request.messages) if m.get("role") == "assistant")
+        if step < len(own):
+            return tool_call("bash", {"command": own[step]})
+        if step == len(own):
+            return tool_call("Workflow", {"subtasks": self.subtask_list(), **self.workflow_input})
+        return text("Done: every agent reported.")
+
+    def worker(self, request: ScriptedRequest) -> Reply:
+        subtask = first_user_text(request)
+        own = self.attacks.get("worker", []) if subtask.startswith("Attack") else []
+        commands = [*own, subtask.split("$ ", 1)[1]]
+        if steps(request) < len(commands):
+            return tool_call("bash", {"command": commands[steps(request)]})
+        return super().worker(request)
+
+    def verifier(self, request: ScriptedRequest) -> Reply:
+        own = self.attacks.get("verifier", [])
+        if steps(request) < len(own):
+            return tool_call("bash", {"command": own[steps(request)]})
+        return super().verifier(request)
+
+    def resolver(self, request: ScriptedRequest) -> Reply:
+        own = self.attacks.get("resolver", [])
+        if 1 <= steps(request) <= len(own):  # after its own fix, which comes first
+            return tool_call("bash", {"command": own[steps(request) - 1]})
+        return super().resolver(request)
+
+
+#: Two attackers whose changes conflict (so a resolver runs), and an honest worker.
+SUBTASKS = [
+    "Attack from worker A $ echo from-a >> shared.txt",
+    "Attack from worker B $ echo from-b >> shared.txt",
+    "Write the notes honestly $ echo 'plain notes' > notes.txt",
+]
+
+#: In a whole run, the exhaustions that end a command or its shell but take no time.
+RUN_EXHAUSTIONS = ("long-line", "binary-output", "kill-everything", "close-stdout", "exit-shell")
+
+
+def in_a_run(attempt: Attempt) -> bool:
+    return not attempt.slow and attempt.hole is None and (
+        not attempt.exhausts or attempt.id in RUN_EXHAUSTIONS
+    )
+
+
+def everything_recorded(root: Path) -> Iterable[tuple[Path, bytes]]:
+    for path in sorted(root.rglob("*")):
+        if path.is_file() and not path.is_symlink() and not path.is_socket():
+            yield path, path.read_bytes()
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_run_whose_every_agent_attacks_completes_and_only_the_honest_change_lands(
+    serve: StartServer, targets: Targets, tmp_path: Path, mode: SandboxMode
+) -> None:
+    work = targets.work
+    calls = commands_of([a for a in ATTEMPTS if in_a_run(a)], targets)
+    roles = ("main", "worker", "verifier", "resolver")
+    scenario = Attacking(
+        subtasks=SUBTASKS,
+        scout_command=None,
+        worker_command=None,
+        workflow_input={"isolation": "worktree"},
+        attacks={role: calls for role in roles},
+    )
+    server: ScriptedServer = await serve(scenario)
+    before = targets.world()
+    state = tmp_path / "state"
+    state.mkdir()
+    settings = settings_for(
+        server, state, workdir=work, sandbox=mode, bash_timeout=30, output_limit=4000,
+        main_turns=60, subagent_turns=60,
+    )
+    events = EventBus()
+    seen: list[Event] = []
+    events.subscribe(seen.append)
+    store = store_for(state)
+    session = Conversation(settings, gateway_for(settings, events), workdir=work, store=store)
+    try:
+        await session.turn("do the work")
+    finally:
+        await session.close()
+
+    # every role tried every attempt
+    ran = {role: scenario.stats.get(role, 0) for role in roles}
+    assert ran["worker"] >= 2 * len(calls) and ran["verifier"] >= 3 * len(calls), ran
+    if mode == "workspace-write":
+        assert ran["resolver"] >= len(calls), ran
+    sent = json.dumps([e.body for e in server.log])
+    assert escaped(sent) == []
+    assert leaks(sent) == [], "a secret reached the model"
+    assert leaks(repr(seen)) == [], "a secret is in the run's events"
+    for path, data in [
+        *everything_recorded(state),
+        *everything_recorded(work / ".orchmode"),
+    ]:
+        assert leaks(data) == [], f"a secret is in {path}"
+    assert targets.listeners.reached == []
+    assert differences(before, targets.world()) == []
+    for name, content in SECRET_FILES.items():
+        assert (work / name).read_text() == content
+    settled = {e.index: e for e in seen if isinstance(e, ChangeSettled)}
+    if mode == "workspace-write":
+        # the honest change landed, and the attackers' appends, after the resolver
+        assert (work / "notes.txt").read_text() == "plain notes\n"
+        assert sorted((work / "shared.txt").read_text().split()) == ["from-a", "from-b", "head"]
+        assert {i: e.fate for i, e in settled.items()} == {1: "merged", 2: "merged", 3: "merged"}
+    else:
+        assert not (work / "notes.txt").exists() and settled == {}
+    final = server.log[-1].body
+    assert "Done: every agent reported." not in json.dumps(final)  # the last reply was asked
+    assert BY_ID["secret-cat"]  # the table is what ran
