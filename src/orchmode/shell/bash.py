@@ -46,7 +46,9 @@ class ShellSandbox(Protocol):
 
     ``argv`` is asked anew for every shell started, because the shell's private dir for
     command files (``tmpdir``) must be visible inside; an ``OSError`` it raises becomes
-    the command's error result. ``newly_withheld`` names the secret files found since the
+    the command's error result. ``take_fds`` hands over the descriptors that command line
+    names (the seccomp filter's): passed to the shell's process, then closed here.
+    ``newly_withheld`` names the secret files found since the
     running shell started, which it does not hide: that shell is replaced before its next
     command. ``release`` is called when the session closes.
     """
@@ -55,6 +57,8 @@ class ShellSandbox(Protocol):
     def mode(self) -> str: ...
 
     def argv(self, tmpdir: str) -> Sequence[str]: ...
+
+    def take_fds(self) -> tuple[int, ...]: ...
 
     def newly_withheld(self) -> tuple[str, ...]: ...
 
@@ -355,18 +359,24 @@ class BashSession:
         # A private dir and, sandboxed, the shell's cgroups (mkdir and writes in cgroupfs):
         # a millisecond or two of kernel work, done on a worker thread so that a wave of
         # agents starting does not hold up the event loop that sends their requests.
-        argv = await asyncio.to_thread(self._spawn_argv)
+        argv, fds = await asyncio.to_thread(self._spawn_argv)
         loop = asyncio.get_running_loop()
-        transport, protocol = await loop.subprocess_exec(
-            _ShellProtocol,
-            *argv,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            cwd=self._cwd,
-            env=self._env,
-            start_new_session=True,
-        )
+        try:
+            transport, protocol = await loop.subprocess_exec(
+                _ShellProtocol,
+                *argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                cwd=self._cwd,
+                env=self._env,
+                start_new_session=True,
+                pass_fds=fds,
+            )
+        finally:
+            for fd in fds:  # the shell has its own copies now
+                with contextlib.suppress(OSError):
+                    os.close(fd)
         shell = _Shell(
             transport,
             protocol,
@@ -378,12 +388,14 @@ class BashSession:
         shell.preamble = f"exec {_OUT_FD}>&1\n"
         return shell
 
-    def _spawn_argv(self) -> list[str]:
+    def _spawn_argv(self) -> tuple[list[str], tuple[int, ...]]:
+        """The shell's command line, and the descriptors it names (passed, then closed)."""
         if self._tmpdir is None or not os.path.isdir(self._tmpdir):
             self._tmpdir = tempfile.mkdtemp(prefix="orchmode-shell-")
         if self._sandbox is None:
-            return list(self._argv)
-        return [*self._sandbox.argv(self._tmpdir), *self._argv]
+            return list(self._argv), ()
+        argv = [*self._sandbox.argv(self._tmpdir), *self._argv]
+        return argv, self._sandbox.take_fds()
 
     def _remove_files(self) -> None:
         """The temp dir and the sandbox's cgroups, once the shell's processes are gone."""

@@ -1,7 +1,8 @@
 """Probing bubblewrap once per process: is it installed, which flags work, how limits hold.
 
-The probe runs a real, empty sandbox, which costs milliseconds, so it is cached; a
-missing binary or a kernel that refuses namespaces becomes one line saying what to do.
+The probe runs a real, empty sandbox under the shells' seccomp filter, which costs
+milliseconds, so it is cached; a missing binary, a kernel that refuses namespaces or a
+filter that cannot be applied becomes one line saying what to do.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..core.overlay import Overlay, unsafe_path
+from . import seccomp
 from .cgroups import _cgroups
 from .policy import _MIB
 
@@ -68,7 +70,8 @@ def probe(bwrap: str = "bwrap", allow_network: bool = False) -> Probe:
     """Find bubblewrap, learn its options, and run one empty sandbox like the shells' own.
 
     Cached for the life of the process: it costs a few milliseconds, and hundreds of
-    shells must not each pay it.
+    shells must not each pay it. The empty sandbox runs under the seccomp filter, so a
+    filter that cannot be applied is found here too, and named.
     """
     found = shutil.which(bwrap)
     if found is None:
@@ -79,15 +82,25 @@ def probe(bwrap: str = "bwrap", allow_network: bool = False) -> Probe:
             f"(apt install bubblewrap), {_FIX}",
         )
     found = os.path.abspath(found)
+    unavailable = seccomp.unavailable()
+    if unavailable is not None:
+        return Probe(found, unavailable)
     options = _options(found)
     sizes = "--size" in options
     reason = "it did not run"
-    for flags in _flag_choices(options, allow_network):
-        tmpfs = ["--size", str(_MIB), "--tmpfs", "/tmp"] if sizes else ["--tmpfs", "/tmp"]
-        mounts = ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", *tmpfs]
-        ok, reason = _try([found, *flags, *mounts, "--", "true"])
+    tmpfs = ["--size", str(_MIB), "--tmpfs", "/tmp"] if sizes else ["--tmpfs", "/tmp"]
+    mounts = ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", *tmpfs]
+    choices = _flag_choices(options, allow_network)
+    for flags in choices:
+        ok, reason = _try_filtered([found, *flags, *mounts], ["true"])
         if ok:
             return Probe(found, None, flags, sizes, _limit_methods())
+    if _try([found, *choices[0], *mounts, "--", "true"])[0]:
+        return Probe(
+            found,
+            f"the bash sandbox is unavailable: bubblewrap could not apply its seccomp filter "
+            f"({reason}) — {_FIX}",
+        )
     return Probe(
         found,
         f"the bash sandbox is unavailable: bubblewrap cannot make its namespaces here "
@@ -131,9 +144,13 @@ def _overlay_problem(bwrap: str, flags: tuple[str, ...], where: str, _device: in
             bwrap, *flags, "--uid", str(os.getuid()), "--gid", str(os.getgid()),
             "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
             "--bind", str(target), str(target), "--chdir", str(target),
-            "--", "/bin/sh", "-c", "echo new > new && rm gone",
         ]  # fmt: skip
-        ok, reason = _try(Overlay((lower,), target, upper, work).wrap(sandboxed))
+        fd = seccomp.open_program()  # through the overlay's wrapper, as the shells' is
+        try:
+            sandboxed += ["--seccomp", str(fd), "--", "/bin/sh", "-c", "echo new > new && rm gone"]
+            ok, reason = _try(Overlay((lower,), target, upper, work).wrap(sandboxed), (fd,))
+        finally:
+            os.close(fd)
         if not ok:
             return f"an overlay in a user namespace could not be made here ({reason})"
         gone = os.lstat(upper / "gone")
@@ -167,11 +184,21 @@ def _options(bwrap: str) -> set[str]:
     return set()
 
 
-def _try(argv: list[str]) -> tuple[bool, str]:
+def _try_filtered(sandbox: list[str], command: list[str]) -> tuple[bool, str]:
+    """Run ``command`` in the sandbox ``sandbox`` sets up, under the seccomp filter."""
+    fd = seccomp.open_program()
+    try:
+        return _try([*sandbox, "--seccomp", str(fd), "--", *command], (fd,))
+    finally:
+        os.close(fd)
+
+
+def _try(argv: list[str], pass_fds: tuple[int, ...] = ()) -> tuple[bool, str]:
     """Run ``argv``; whether it succeeded, else the first line of why not."""
     try:
         done = subprocess.run(
             argv,
+            pass_fds=pass_fds,
             stdin=subprocess.DEVNULL,
             capture_output=True,
             text=True,

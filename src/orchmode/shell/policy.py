@@ -11,9 +11,11 @@ import functools
 import itertools
 import os
 import pwd
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from ..core.overlay import Overlay
 from ..core.secrets import WITHHELD_NOTE, Secrets
@@ -87,6 +89,9 @@ class SandboxPolicy:
     overlay: Overlay | None = None
     #: The session's secret files, each shown as a note saying it is withheld.
     secrets: Secrets | None = field(default=None, compare=False)
+    #: Unix sockets commands may connect to (``sandbox_unix_sockets``): none (the seccomp
+    #: filter refuses ``socket(AF_UNIX)``), these paths (the rest hidden), or ``all``.
+    unix_sockets: tuple[str, ...] | Literal["all"] = ()
 
     @classmethod
     def from_settings(
@@ -108,7 +113,13 @@ class SandboxPolicy:
             processes=settings.sandbox_processes,
             bwrap=settings.sandbox_bwrap,
             homes=tuple(_home_dirs(os.environ if env is None else env)),
+            unix_sockets=settings.sandbox_unix_sockets,
         )
+
+    @property
+    def blocks_unix_sockets(self) -> bool:
+        """Whether the seccomp filter refuses ``socket(AF_UNIX)`` (no socket is listed)."""
+        return self.unix_sockets == ()
 
     @property
     def home(self) -> str:
@@ -196,8 +207,56 @@ class SandboxPolicy:
             if src.is_dir() and not dest.is_relative_to(state)
         )
         ops.extend((p, ["--ro-bind", str(p), str(p)]) for p in shown if p not in inside)
+        # The sockets the user listed, wherever they are (/run included); one that is not
+        # there yet is left out rather than failing the shell.
+        ops.extend((p, ["--ro-bind-try", str(p), str(p)]) for p in self._listed_sockets())
         ops.sort(key=lambda op: _depth(op[0]))  # stable: equal depths keep their order
         return ["--ro-bind", "/", "/", *itertools.chain.from_iterable(args for _, args in ops)]
+
+    def _listed_sockets(self) -> list[Path]:
+        if self.unix_sockets == "all":
+            return []
+        return [Path(os.path.realpath(p)) for p in self.unix_sockets]
+
+    def socket_masks(self, table: str = "/proc/net/unix") -> list[str]:
+        """bwrap arguments hiding the host's bound Unix sockets that are not listed, when
+        some are (``sandbox_unix_sockets`` paths): each is covered by ``/dev/null``.
+
+        The filter lets ``socket(AF_UNIX)`` through then, and cannot see the path that
+        ``connect()`` names, so every other socket the host has bound at a path the sandbox
+        shows is covered, as ``table`` lists them when the shell starts. Read anew per
+        shell: sockets come and go. Not covered: a socket bound after the shell started,
+        one bound in another network namespace (a container's), one whose path was relative.
+        """
+        if self.unix_sockets == "all" or not self.unix_sockets:
+            return []
+        listed = set(self._listed_sockets())
+        args: list[str] = []
+        for path in sorted(_bound_sockets(table)):
+            real = Path(os.path.realpath(path))
+            if real in listed or not self._shows_host(real):
+                continue
+            try:
+                if not stat.S_ISSOCK(os.lstat(real).st_mode):
+                    continue
+            except OSError:
+                continue
+            args += ["--ro-bind", os.devnull, str(real)]
+        return args
+
+    def _shows_host(self, path: Path) -> bool:
+        """Whether the sandbox shows the host's own ``path`` (not an empty or copied one)."""
+        workdir = self.workdir
+        if path.is_relative_to(workdir):
+            if path.is_relative_to(workdir / STATE_DIR):
+                return False
+            if self.tree is None:
+                return True
+            # A copy holds no live socket; the entries shown from the working directory do.
+            first = path.relative_to(workdir).parts[:1]
+            return bool(first) and first[0] in {n.rstrip("/") for n in self.shared}
+        hidden = [Path("/tmp"), Path("/run"), Path("/var/run"), *self.homes]
+        return not any(path.is_relative_to(h) for h in hidden)
 
     @property
     def withheld(self) -> tuple[str, ...]:
@@ -261,6 +320,22 @@ class SandboxPolicy:
         if not cgroup_pids:
             limits.append(f"ulimit -u {self.processes}")
         return _LIMITS_SCRIPT.format(limits=" && ".join(limits))
+
+
+def _bound_sockets(table: str) -> set[str]:
+    """The paths of the Unix sockets bound in this network namespace, from ``table``
+    (``/proc/net/unix``: seven fields, then the path; abstract names start with ``@``)."""
+    paths: set[str] = set()
+    with (
+        contextlib.suppress(OSError),
+        open(table, encoding="utf-8", errors="surrogateescape") as lines,
+    ):
+        next(lines, None)  # the header
+        for line in lines:
+            fields = line.rstrip("\n").split(None, 7)
+            if len(fields) == 8 and fields[7].startswith("/"):
+                paths.add(fields[7])
+    return paths
 
 
 @functools.cache

@@ -38,6 +38,7 @@ from pathlib import Path
 from ..core.overlay import Overlay
 from ..core.secrets import Secrets
 from ..core.settings import Settings
+from . import seccomp
 from .bwrap import Probe, probe
 from .cgroups import SandboxUnavailable, _cgroups, _make_shell_cgroups, _remove_cgroups
 from .policy import _MIB, STATE_DIR, SandboxPolicy
@@ -123,8 +124,15 @@ class Sandbox:
     def for_shell(self) -> ShellSandboxing:
         return ShellSandboxing(self)
 
-    def argv(self, tmpdir: str, cgroup_dirs: list[Path] | None = None) -> list[str]:
-        """The command line that runs what follows it (bash) in the sandbox."""
+    def argv(
+        self, tmpdir: str, cgroup_dirs: list[Path] | None = None, *, seccomp_fd: int
+    ) -> list[str]:
+        """The command line that runs what follows it (bash) in the sandbox.
+
+        ``seccomp_fd`` holds the filter's program (:func:`orchmode.shell.seccomp.open_program`),
+        and must reach bubblewrap open, at that number: through the wrappers (which keep
+        their descriptors) by the spawn's ``pass_fds``. bubblewrap closes it once read.
+        """
         found = self.probe()
         if found.problem is not None or found.bwrap is None:
             raise SandboxUnavailable(found.problem)
@@ -166,7 +174,9 @@ class Sandbox:
             wrapper += [str(len(cgroup_dirs)), *map(str, cgroup_dirs)]
         sandboxed = [
             *self._prefix,
+            *policy.socket_masks(),
             *["--ro-bind", tmpdir, tmpdir],  # the shell's command files, last: on top
+            *["--seccomp", str(seccomp_fd)],
             *self._suffix,
             *inner,
         ]
@@ -189,6 +199,8 @@ class ShellSandboxing:
         self._cgroup_dirs: list[Path] | None = None
         #: The secret files the last shell started hides (None: none started yet).
         self._hidden: tuple[str, ...] | None = None
+        #: Descriptors the last command line names, not yet taken by its spawn.
+        self._fds: tuple[int, ...] = ()
 
     @property
     def _sandbox(self) -> Sandbox:
@@ -211,7 +223,26 @@ class ShellSandboxing:
                 else []
             )
         self._hidden = self._sandbox.policy.withheld
-        return self._sandbox.argv(tmpdir, self._cgroup_dirs)
+        self._close_fds()
+        fd = seccomp.open_program(self._sandbox.policy.blocks_unix_sockets)
+        try:
+            argv = self._sandbox.argv(tmpdir, self._cgroup_dirs, seccomp_fd=fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fds = (fd,)
+        return argv
+
+    def take_fds(self) -> tuple[int, ...]:
+        """The descriptors the last :meth:`argv` names (the seccomp filter's): the caller
+        passes them to the shell's process, then closes them."""
+        fds, self._fds = self._fds, ()
+        return fds
+
+    def _close_fds(self) -> None:
+        for fd in self.take_fds():
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
     def newly_withheld(self) -> tuple[str, ...]:
         """The secret files found since the last shell started (it shows them as they are)."""
@@ -222,6 +253,7 @@ class ShellSandboxing:
 
     def release(self) -> None:
         """Remove the shell's cgroup (its processes are dead: the session has closed)."""
+        self._close_fds()
         if self._cgroup_dirs:
             _remove_cgroups(self._cgroup_dirs)
         self._cgroup_dirs = None
