@@ -219,9 +219,12 @@ PROCESSES = [
        "find the checkout, the layers and other places in mountinfo, then write in each",
        py(f"""
 import os, pwd, re
-# the sandbox's own: its scratch, its empty homes, its /dev; the working directory is
-# judged by what lands in it on the host
+# the sandbox's own: its scratch, its empty homes, its /dev; the working directory (the
+# agent's own, or its copy: a mount's source path names the copy there) is judged by what
+# lands on the host, but orchmode's state in it is never the agent's
 allowed = {{'/tmp', '/run', '/var/run', '/dev', '/dev/shm', '/dev/pts', '@work@'}}
+own = '@work@/'
+state = '@work@/.orchmode'
 allowed |= {{os.environ.get('HOME', ''), pwd.getpwuid(os.getuid()).pw_dir}}
 seen = set()
 for line in open('/proc/self/mountinfo'):
@@ -235,7 +238,8 @@ for line in open('/proc/self/mountinfo'):
                 continue
             seen.add(path)
             print('found', path)
-            if path in allowed or not os.path.isdir(path):
+            mine = path.startswith(own) and not path.startswith(state)
+            if path in allowed or mine or not os.path.isdir(path):
                 continue
             mark = os.path.join(path, '.escape-mountinfo')
             try:
@@ -287,7 +291,7 @@ for pid in (@harness@, @victim@):
        "pkill -9 -f @victim_marker@ && " + won("signal-harness")),
     _a("kill-everything", "processes",
        "kill -9 every process it can (its own shell with them): the run must go on",
-       "kill -9 -1", exhausts=True),
+       "sleep 100 & sleep 100 & /bin/kill -9 -1", exhausts=True),
     _a("namespace-join", "processes", "join another process's namespaces",
        "nsenter --target @victim@ --all true && " + won("namespace-join"),
        "nsenter --target 1 --net=/proc/1/ns/net true 2>&1; "
@@ -349,12 +353,13 @@ PRIVILEGES = [
        "unshare --user --map-root-user true && " + won("user-namespace"),
        "unshare --mount --net true && " + won("user-namespace"),
        py(f"""
-import os
-try:
-    os.unshare(os.CLONE_NEWUSER)
-    {won_py("user-namespace")}
-except OSError as e:
-    print('refused:', e)
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+for flag in (0x10000000, 0x20000, 0x40000000):  # CLONE_NEWUSER, NEWNS, NEWNET
+    if libc.unshare(flag) == 0:
+        {won_py("user-namespace")}
+    else:
+        print(hex(flag), os.strerror(ctypes.get_errno()))
 """)),
     _a("nested-sandbox", "privileges", "start bubblewrap again inside the sandbox",
        "bwrap --ro-bind / / --bind @outside@ @outside@ touch @outside@/nested && "

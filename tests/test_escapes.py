@@ -227,8 +227,9 @@ async def test_every_exhaustion_ends_with_a_clear_result(
     assert results["never-ends"].timed_out and "the shell was restarted" in results[
         "never-ends"
     ].output
-    assert "killed by SIGKILL" in results["kill-everything"].output
-    assert "killed by SIGKILL" in results["exit-shell"].output
+    for killed in ("kill-everything", "exit-shell"):  # the shell with it: a fresh one next
+        assert results[killed].exit_code == 128 + 9, results[killed].output
+        assert "the next command starts a fresh shell" in results[killed].output
     assert not results["binary-output"].is_error
     for result in results.values():
         assert len(result.output) < 2000
@@ -375,7 +376,7 @@ async def test_a_run_whose_every_agent_attacks_completes_and_only_the_honest_cha
     state = tmp_path / "state"
     state.mkdir()
     settings = settings_for(
-        server, state, workdir=work, sandbox=mode, bash_timeout=30, output_limit=4000,
+        server, state, workdir=work, sandbox=mode, bash_timeout=30, output_limit=40000,
         main_turns=60, subagent_turns=60,
     )
     events = EventBus()
@@ -394,6 +395,8 @@ async def test_a_run_whose_every_agent_attacks_completes_and_only_the_honest_cha
     if mode == "workspace-write":
         assert ran["resolver"] >= len(calls), ran
     sent = json.dumps([e.body for e in server.log])
+    if os.environ.get("ESCAPES_DUMP"):
+        Path(os.environ["ESCAPES_DUMP"]).write_text(sent)
     assert escaped(sent) == []
     assert leaks(sent) == [], "a secret reached the model"
     assert leaks(repr(seen)) == [], "a secret is in the run's events"
