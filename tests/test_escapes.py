@@ -20,7 +20,7 @@ import json
 import os
 import re
 import secrets
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -119,9 +119,7 @@ def main_shell(targets: Targets, mode: SandboxMode, **settings: Any) -> BashSess
 def working_directory(work: Path) -> dict[str, str]:
     """The working directory less orchmode's state and the test's socket."""
     return {
-        k: v
-        for k, v in digest(work).items()
-        if not k.startswith(".orchmode") and k != "db.sock"
+        k: v for k, v in digest(work).items() if not k.startswith(".orchmode") and k != "db.sock"
     }
 
 
@@ -224,9 +222,10 @@ async def test_every_exhaustion_ends_with_a_clear_result(
     assert "No space left on device" in results["fill-tmp"].output
     assert "of 314572800 characters shown" in results["flood-300mb"].output
     assert "of 104857600 characters shown" in results["long-line"].output
-    assert results["never-ends"].timed_out and "the shell was restarted" in results[
-        "never-ends"
-    ].output
+    assert (
+        results["never-ends"].timed_out
+        and "the shell was restarted" in results["never-ends"].output
+    )
     for killed in ("kill-everything", "exit-shell"):  # the shell with it: a fresh one next
         assert results[killed].exit_code == 128 + 9, results[killed].output
         assert "the next command starts a fresh shell" in results[killed].output
@@ -240,9 +239,7 @@ async def test_every_exhaustion_ends_with_a_clear_result(
 async def test_the_slow_exhaustions_end_with_a_clear_result(targets: Targets) -> None:
     shell = main_shell(targets, "workspace-write", bash_timeout=60, sandbox_processes=64)
     try:
-        verdicts = [
-            await attempt(shell, targets, a, read_only=False) for a in ATTEMPTS if a.slow
-        ]
+        verdicts = [await attempt(shell, targets, a, read_only=False) for a in ATTEMPTS if a.slow]
     finally:
         await shell.close()
     failed = [v for v in verdicts if v.problems]
@@ -252,21 +249,56 @@ async def test_the_slow_exhaustions_end_with_a_clear_result(targets: Targets) ->
     assert shown and int(shown[1]) >= 10 * 1024**3, flood.output[-200:]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known hole: a secret committed to the repository's history is in git's objects, "
-    "which every sandbox shows; masking catches it only verbatim (see docs/sandbox.md)",
-)
-async def test_a_secret_in_gits_history_does_not_leak_transformed(targets: Targets) -> None:
-    shell = main_shell(targets, "read-only")
+#: Attempts that are safe to make unsandboxed (they touch only what the test made, or read).
+SAFE_UNSANDBOXED = (
+    "unix-socket-outside", "unix-socket-inside", "unix-socket-abstract", "tcp-loopback",
+    "udp-loopback", "tcp-loopback-ipv6", "udp-loopback-ipv6", "tcp-host-address",
+    "proc-harness", "process-vm-readv", "proc-sys-write", "write-outside", "symlink-outside",
+    "hardlink-outside", "into-home", "secret-base64", "signal-harness",
+)  # fmt: skip
+
+
+async def test_with_the_sandbox_off_the_same_attempts_get_through(targets: Targets) -> None:
+    """The judges can fail: unsandboxed, each safe attempt is seen getting through (the
+    process it kills last)."""
+    shell = main_shell(targets, "off")
     try:
         verdicts = [
-            await attempt(shell, targets, a, read_only=True) for a in ATTEMPTS if a.hole
+            await attempt(shell, targets, BY_ID[id], read_only=False) for id in SAFE_UNSANDBOXED
         ]
     finally:
         await shell.close()
-    failed = [v for v in verdicts if v.problems]
-    assert not failed, report(failed)
+    held = [v.attempt.id for v in verdicts if not v.problems]
+    assert held == [], "unsandboxed, these were not seen getting through"
+    assert {p.split(":")[0] for v in verdicts for p in v.problems} >= {
+        "it says it got through",
+        "a listener was reached",
+        "a secret is in its output",
+    }
+    assert not targets.victim.alive()
+
+
+HOLES = [a for a in ATTEMPTS if a.hole is not None]
+
+
+@pytest.mark.parametrize(
+    "tried",
+    [
+        pytest.param(
+            a, id=a.id, marks=pytest.mark.xfail(strict=True, reason=f"known hole: {a.hole}")
+        )
+        for a in HOLES
+    ],
+)
+async def test_a_known_hole_is_still_open(targets: Targets, tried: Attempt) -> None:
+    """Each hole the sandbox still has, as an attempt that gets through (see docs/sandbox.md);
+    strict, so that closing one fails here until it moves to the attempts that must fail."""
+    shell = main_shell(targets, "workspace-write")
+    try:
+        verdict = await attempt(shell, targets, tried, read_only=False)
+    finally:
+        await shell.close()
+    assert not verdict.problems, report([verdict])
 
 
 # ------------------------------------------------------------------------- whole runs
@@ -345,8 +377,10 @@ RUN_EXHAUSTIONS = ("long-line", "binary-output", "kill-everything", "close-stdou
 
 
 def in_a_run(attempt: Attempt) -> bool:
-    return not attempt.slow and attempt.hole is None and (
-        not attempt.exhausts or attempt.id in RUN_EXHAUSTIONS
+    return (
+        not attempt.slow
+        and attempt.hole is None
+        and (not attempt.exhausts or attempt.id in RUN_EXHAUSTIONS)
     )
 
 
@@ -376,8 +410,14 @@ async def test_a_run_whose_every_agent_attacks_completes_and_only_the_honest_cha
     state = tmp_path / "state"
     state.mkdir()
     settings = settings_for(
-        server, state, workdir=work, sandbox=mode, bash_timeout=30, output_limit=40000,
-        main_turns=60, subagent_turns=60,
+        server,
+        state,
+        workdir=work,
+        sandbox=mode,
+        bash_timeout=30,
+        output_limit=40000,
+        main_turns=60,
+        subagent_turns=60,
     )
     events = EventBus()
     seen: list[Event] = []
