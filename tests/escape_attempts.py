@@ -382,6 +382,13 @@ for pid in (@harness@, @victim@):
         "pkill -9 -f @victim_marker@ && " + won("signal-harness"),
     ),
     _a(
+        "signal-other-agent",
+        "processes",
+        "kill another agent's sandboxed process, by its host PID and by name",
+        "kill -9 @agent@ && " + won("signal-other-agent"),
+        "pkill -9 -f @agent_marker@ && " + won("signal-other-agent"),
+    ),
+    _a(
         "kill-everything",
         "processes",
         "kill -9 every process it can (its own shell with them): the run must go on",
@@ -608,6 +615,8 @@ for path in glob.glob('@work@/.orchmode/**/', recursive=True):
         pass
 print('looked')
 """),
+        # the session's checkout (every overlay's lower layer), through a link
+        "ln -sfn @work@/.orchmode/trees /tmp/trees && echo pwned > /tmp/trees/checkout/README.md",
     ),
 ]
 
@@ -983,6 +992,9 @@ class Targets:
     listeners: Listeners
     victim: Victim
     host_ip: str = field(default_factory=host_address)
+    #: Another agent's sandboxed process (host PID, and the argument it was started with):
+    #: the victim stands in for it where there is none.
+    agent: tuple[int, str] | None = None
 
     def values(self) -> dict[str, str]:
         return {
@@ -992,6 +1004,8 @@ class Targets:
             "harness": str(os.getpid()),
             "victim": str(self.victim.pid),
             "victim_marker": self.victim.marker,
+            "agent": str(self.agent[0] if self.agent else self.victim.pid),
+            "agent_marker": self.agent[1] if self.agent else self.victim.marker,
             "host_ip": self.host_ip,
             "abstract": self.listeners.abstract,
             "unix_out": str(self.outside / "probe.sock"),
@@ -1019,7 +1033,28 @@ class Targets:
             ".git": digest(self.work / ".git"),
             "protected": protected,
             "victim alive": self.victim.alive(),
+            "other agent alive": self.agent is None or running(self.agent[0]),
         }
+
+
+def running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (not a zombie)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+def with_argument(marker: str) -> list[int]:
+    """Host PIDs whose command line holds ``marker`` as an argument."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                if marker.encode() in Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0"):
+                    found.append(int(entry))
+    return found
 
 
 def differences(before: dict[str, object], after: dict[str, object]) -> list[str]:

@@ -47,6 +47,7 @@ from escape_attempts import (
     prepare_outside,
     quick,
     remove,
+    with_argument,
 )
 from orchmode.core.events import ChangeSettled, Event, EventBus
 from orchmode.core.secrets import WITHHELD_NOTE, Secrets
@@ -60,6 +61,7 @@ from orchmode.testing.scenario import (
     OrchestrationScenario,
     first_user_text,
     mode_is_on,
+    role_of,
     text,
     tool_call,
     turn_messages,
@@ -185,6 +187,11 @@ async def test_every_attempt_fails_in_a_sandboxed_shell_and_the_next_command_run
     lives on (or is replaced, after those that kill it) for the next."""
     shell = main_shell(targets, mode, bash_timeout=15)
     exhausting = main_shell(targets, mode, bash_timeout=4, sandbox_memory_mb=256)
+    other = main_shell(targets, mode)  # another agent, whose process the attempts aim at
+    marker = f"1000.{secrets.randbelow(10**6):06d}"
+    await other.run(f"sleep {marker} > /dev/null 2>&1 &")
+    (pid,) = with_argument(marker)
+    targets.agent = (pid, marker)
     verdicts = []
     try:
         for tried in held(ATTEMPTS):
@@ -193,8 +200,13 @@ async def test_every_attempt_fails_in_a_sandboxed_shell_and_the_next_command_run
     finally:
         await shell.close()
         await exhausting.close()
+        await other.close()
     failed = [v for v in verdicts if v.problems]
     assert not failed, f"{len(failed)} attempts got through:\n{report(failed)}"
+    assert (
+        "No such process"
+        in verdicts[[v.attempt.id for v in verdicts].index("signal-other-agent")].output
+    )
     # each was really tried: what stopped it shows in its output
     by_id = {v.attempt.id: v.output for v in verdicts}
     assert "Connection refused" in by_id["tcp-loopback"]
@@ -450,6 +462,11 @@ async def test_a_run_whose_every_agent_attacks_completes_and_only_the_honest_cha
     for name, content in SECRET_FILES.items():
         assert (work / name).read_text() == content
     settled = {e.index: e for e in seen if isinstance(e, ChangeSettled)}
+    workflow = json.dumps(
+        [e.body["messages"][-1] for e in server.log if role_of(e.body) == "main"][-1]
+    )
+    assert "Finished: Write the notes honestly" in workflow  # every agent's result came back
+    assert "Finished: Attack from worker B" in workflow
     if mode == "workspace-write":
         # the honest change landed, and the attackers' appends, after the resolver
         assert (work / "notes.txt").read_text() == "plain notes\n"
