@@ -20,6 +20,7 @@ import json
 import os
 import re
 import secrets
+import subprocess
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,6 +67,7 @@ from orchmode.testing.scenario import (
     tool_call,
     turn_messages,
 )
+from test_workspaces import python_for_anyone, unprivileged_tree  # noqa: F401  (a fixture)
 
 MODES: list[SandboxMode] = ["workspace-write", "read-only"]
 
@@ -311,6 +313,44 @@ async def test_a_known_hole_is_still_open(targets: Targets, tried: Attempt) -> N
     finally:
         await shell.close()
     assert not verdict.problems, report([verdict])
+
+
+_LINK_IN_A_LOCKED_DIRECTORY = """
+import os, sys
+from pathlib import Path
+from orchmode.trees.runs import remove_tree
+
+base = Path(sys.argv[1])
+outside = base / "outside.txt"
+outside.write_text("mine")
+os.chmod(outside, 0o644)
+copy = base / "copy"
+(copy / "locked").mkdir(parents=True)
+os.symlink(outside, copy / "locked" / "link")
+os.chmod(copy / "locked", 0o555)  # so the link cannot simply be unlinked
+remove_tree(copy)
+print(oct(outside.stat().st_mode & 0o777), copy.exists())
+"""
+
+
+def test_removing_a_copy_never_follows_a_link_an_agent_left_in_it(
+    unprivileged_tree: tuple[list[str], Path, int],  # noqa: F811
+) -> None:
+    """An agent leaves a link to a file outside in a directory it made read-only; removing
+    its copy (as a user who is not root, whom the directory's mode binds) used to make the
+    directory writable and then the link's target, outside the copy, mode 0700."""
+    prefix, base, uid = unprivileged_tree
+    os.chown(base, uid, uid)
+    python, path = python_for_anyone()
+    done = subprocess.run(
+        [*prefix, python, "-c", _LINK_IN_A_LOCKED_DIRECTORY, str(base)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": path},
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["0o644", "False"]
 
 
 # ------------------------------------------------------------------------- whole runs
