@@ -417,11 +417,14 @@ class Attacking(OrchestrationScenario):
         return super().resolver(request)
 
 
-#: Two attackers whose changes conflict (so a resolver runs), and an honest worker.
+#: Two attackers whose changes conflict (so a resolver runs), an honest worker, and one
+#: whose change plants links out of the tree and a setuid file.
 SUBTASKS = [
     "Attack from worker A $ echo from-a >> shared.txt",
     "Attack from worker B $ echo from-b >> shared.txt",
     "Write the notes honestly $ echo 'plain notes' > notes.txt",
+    "Plant links $ ln -s @outside@/target.txt out-link; ln -s @home@/.bashrc rc; "
+    "ln -s .git/hooks hooks; ln -s .orchmode om; cp /bin/sh tool; chmod 4755 tool",
 ]
 
 #: In a whole run, the exhaustions that end a command or its shell but take no time.
@@ -444,14 +447,14 @@ def everything_recorded(root: Path) -> Iterable[tuple[Path, bytes]]:
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("mode", MODES)
-async def test_a_run_whose_every_agent_attacks_completes_and_only_the_honest_change_lands(
+async def test_a_run_whose_agents_all_attack_completes_and_every_change_stays_in_the_tree(
     serve: StartServer, targets: Targets, tmp_path: Path, mode: SandboxMode
 ) -> None:
     work = targets.work
     calls = commands_of([a for a in ATTEMPTS if in_a_run(a)], targets)
     roles = ("main", "worker", "verifier", "resolver")
     scenario = Attacking(
-        subtasks=SUBTASKS,
+        subtasks=[targets.command(t) for t in SUBTASKS],
         scout_command=None,
         worker_command=None,
         workflow_input={"isolation": "worktree"},
@@ -511,7 +514,11 @@ async def test_a_run_whose_every_agent_attacks_completes_and_only_the_honest_cha
         # the honest change landed, and the attackers' appends, after the resolver
         assert (work / "notes.txt").read_text() == "plain notes\n"
         assert sorted((work / "shared.txt").read_text().split()) == ["from-a", "from-b", "head"]
-        assert {i: e.fate for i, e in settled.items()} == {1: "merged", 2: "merged", 3: "merged"}
+        fates = {i: e.fate for i, e in settled.items()}
+        assert fates == {1: "merged", 2: "merged", 3: "merged", 4: "refused"}, fates
+        assert "points outside the tree" in settled[4].detail
+        assert "points into .git" in settled[4].detail
+        assert not (work / "tool").exists() and not (work / "out-link").is_symlink()
     else:
         assert not (work / "notes.txt").exists() and settled == {}
     final = server.log[-1].body
