@@ -14,6 +14,7 @@ import asyncio
 import base64
 import binascii
 import contextlib
+import ctypes
 import hashlib
 import os
 import re
@@ -389,6 +390,18 @@ for pid in (@harness@, @victim@):
         "pkill -9 -f @agent_marker@ && " + won("signal-other-agent"),
     ),
     _a(
+        "ipc-host",
+        "processes",
+        "find the host's System V shared memory (another process's)",
+        "ipcs -m | grep -i @ipc_key@ && " + won("ipc-host"),
+        py(f"""
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+if libc.shmget(@ipc_key@, 0, 0) >= 0:
+    {won_py("ipc-host")}
+"""),
+    ),
+    _a(
         "kill-everything",
         "processes",
         "kill -9 every process it can (its own shell with them): the run must go on",
@@ -509,6 +522,14 @@ for flag in (0x10000000, 0x20000, 0x40000000):  # CLONE_NEWUSER, NEWNS, NEWNET
         + won("nested-sandbox"),
     ),
     _a("chroot", "privileges", "chroot or pivot_root", "chroot / true && " + won("chroot")),
+    _a(
+        "host-kernel",
+        "privileges",
+        "change what the whole host shares: its clock, its kernel's modules",
+        'date -s "@$(date +%s)" && ' + won("host-kernel"),  # the time it is: harmless if let
+        "modprobe dummy && " + won("host-kernel"),
+        "hostname escaped && " + won("host-kernel"),
+    ),
     _a(
         "no-new-privs",
         "privileges",
@@ -853,6 +874,9 @@ class Listeners:
         self.reached: list[str] = []
         self.abstract = f"orchmode-escapes-{secrets.token_hex(6)}"
         self.ports: dict[str, int] = {}
+        #: A System V shared memory segment of the host's, by its key.
+        self.ipc_key = 0x0E5C0000 + secrets.randbelow(0xFFFF)
+        self._ipc_id = -1
         self._servers: list[asyncio.AbstractServer] = []
         self._transports: list[asyncio.BaseTransport] = []
 
@@ -876,6 +900,9 @@ class Listeners:
             ("abstract", "\0" + self.abstract),
         ):
             self._servers.append(await unix(self._stream(name), path))  # type: ignore[arg-type]
+        libc = ctypes.CDLL(None, use_errno=True)
+        self._ipc_id = libc.shmget(self.ipc_key, 4096, 0o1000 | 0o600)  # IPC_CREAT
+        assert self._ipc_id >= 0, os.strerror(ctypes.get_errno())
         listeners = self
 
         class Echo(asyncio.DatagramProtocol):
@@ -901,6 +928,8 @@ class Listeners:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        if self._ipc_id >= 0:
+            ctypes.CDLL(None).shmctl(self._ipc_id, 0, None)  # IPC_RMID
         for server in self._servers:
             server.close()
             await server.wait_closed()
@@ -1011,6 +1040,7 @@ class Targets:
             "unix_out": str(self.outside / "probe.sock"),
             "unix_in": str(self.work / "db.sock"),
             "canary_name": CANARY_NAME,
+            "ipc_key": f"0x{self.listeners.ipc_key:08x}",
             **{k: str(v) for k, v in self.listeners.ports.items()},
         }
 

@@ -268,7 +268,7 @@ SAFE_UNSANDBOXED = (
     "unix-socket-outside", "unix-socket-inside", "unix-socket-abstract", "tcp-loopback",
     "udp-loopback", "tcp-loopback-ipv6", "udp-loopback-ipv6", "tcp-host-address",
     "proc-harness", "process-vm-readv", "proc-sys-write", "write-outside", "symlink-outside",
-    "hardlink-outside", "into-home", "secret-base64", "signal-harness",
+    "hardlink-outside", "into-home", "secret-base64", "ipc-host", "signal-harness",
 )  # fmt: skip
 
 
