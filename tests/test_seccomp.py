@@ -242,6 +242,34 @@ async def test_listed_sockets_are_reachable_and_no_other(
     assert host_connect(other.address) == host_connect(inside.address) == "ok"
 
 
+async def test_a_listed_socket_in_the_tree_leaves_an_agents_copy_as_it_was(
+    shells: Shells, work: Path, tmp_path: Path, listeners: Callable[[str], Listener]
+) -> None:
+    """A copy has no place for the host's socket: none is made in it, and the shell starts."""
+    wanted = listeners(str(work / "db.sock"))
+    lower, below, target = tmp_path / "lower", tmp_path / "below", tmp_path / "mnt"
+    for directory in (lower, below, target):
+        directory.mkdir()
+    (lower / "connect.py").write_text(CONNECT)
+    (lower / ".orchmode").mkdir()  # as a snapshot has, for the state directory's cover
+    settings = Settings(sandbox_unix_sockets=(wanted.address,))
+    base = Sandbox.from_settings(settings, work)
+    assert base is not None
+    for writable in (False, True):
+        upper, scratch = tmp_path / f"upper-{writable}", tmp_path / f"w-{writable}"
+        upper.mkdir()
+        scratch.mkdir()
+        overlay = (  # a read-only overlay needs two layers
+            Overlay((lower,), target, upper, scratch)
+            if writable
+            else Overlay((lower, below), target)
+        )
+        copy = base.in_copy(target, writable=writable, overlay=overlay)
+        assert await connects(shells(work, copy), wanted.address) == ["ENOENT"]
+        assert list(upper.iterdir()) == []
+    assert await connects(shells(work, base), wanted.address) == ["ok"]
+
+
 async def test_a_listed_socket_under_run_is_shown_in_the_emptied_run(
     shells: Shells, work: Path, listeners: Callable[[str], Listener]
 ) -> None:
@@ -282,6 +310,18 @@ async def test_the_hosts_abstract_sockets_are_out_of_the_sandboxs_network_namesp
     shell = shells(work, sandbox_unix_sockets=allowed)
     expected = "EPERM" if allowed == () else "ECONNREFUSED"
     assert await connects(shell, abstract.address) == [expected]
+
+
+async def test_with_the_network_shared_only_the_filter_keeps_abstract_sockets_out(
+    shells: Shells, work: Path, listeners: Callable[[str], Listener]
+) -> None:
+    """What docs/sandbox.md says a list does not cover: ``--allow-network`` shares the
+    host's network namespace, and with it the host's abstract names."""
+    abstract = listeners("\0orchmode-test-" + secrets.token_hex(6))
+    refused = shells(work, allow_network=True)
+    assert await connects(refused, abstract.address) == ["EPERM"]
+    every = shells(work, allow_network=True, sandbox_unix_sockets="all")
+    assert await connects(every, abstract.address) == ["ok"]
 
 
 async def test_socket_masks_follow_the_hosts_sockets_at_each_shell_start(
@@ -364,6 +404,34 @@ async def test_kernel_surface_no_command_needs_is_refused(shells: Shells, work: 
     )
     assert found == ["EPERM"] * 15 + ["ENOTTY", "EPERM", "ok", "EFAULT"]
     assert shell.running
+
+
+# A 32-bit system call from a 64-bit process: getpid through int 0x80, where the number 20
+# means getpid (on x86_64, 20 is writev). No filter could read such a call by its number.
+INT80 = r"""
+import ctypes, mmap
+code = bytes.fromhex("b814000000cd80c3")  # mov eax, 20; int 0x80; ret
+buf = mmap.mmap(-1, mmap.PAGESIZE, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+buf.write(code)
+print("pid", ctypes.CFUNCTYPE(ctypes.c_int)(ctypes.addressof(ctypes.c_char.from_buffer(buf)))())
+"""
+
+
+async def test_a_call_through_the_32_bit_abi_kills_the_process(shells: Shells, work: Path) -> None:
+    if seccomp.native_arch() != "x86_64":
+        pytest.skip("int 0x80 is x86's")
+    (work / "int80.py").write_text(INT80)
+    host = subprocess.run(
+        [sys.executable, "int80.py"], cwd=work, capture_output=True, text=True, timeout=30
+    )
+    if host.returncode != 0:
+        pytest.skip("this kernel runs no 32-bit calls (no IA32 emulation) in the first place")
+    assert host.stdout.startswith("pid ")
+    shell = shells(work)
+    result = await shell.run("python3 int80.py; echo status $?")
+    assert "Bad system call" in result.output
+    assert result.output.endswith("status 159")  # 128 + SIGSYS
+    assert (await shell.run("echo still here")).output == "still here"
 
 
 # ------------------------------------------------------------------ descriptors
@@ -545,6 +613,15 @@ def test_only_the_low_half_of_an_int_argument_decides(
     assert got == (refused if flags & new else ALLOW)
 
 
+def test_the_docs_table_names_every_refused_call() -> None:
+    page = (Path(__file__).resolve().parents[1] / "docs" / "sandbox.md").read_text("utf-8")
+    table = page.split("## System calls and Unix sockets")[1].split("\n\n")[2]
+    for refusal in seccomp.REFUSED:
+        for name in refusal.calls:
+            assert f"`{name}" in table, name
+    assert "`socket(AF_UNIX, …)`" in table and "`ENOSYS`" in table
+
+
 def test_the_filter_decodes_to_its_rules_in_libseccomps_own_words() -> None:
     text = seccomp.export_pfc(True, "x86_64")
     assert "if ($arch == 3221225534)" in text
@@ -578,6 +655,34 @@ def test_an_architecture_the_filter_does_not_cover_refuses_to_run(tmp_path: Path
     assert len(lines) == 1, done.stderr
     assert lines[0].startswith("orchmode: the bash sandbox is unavailable: its seccomp filter")
     assert "not i686" in lines[0] and "--sandbox off" in lines[0]
+
+
+def test_without_libseccomp_nothing_runs_and_the_reason_names_the_package_and_the_opt_out(
+    work: Path,
+) -> None:
+    """``sys.modules[name] = None`` makes Python's import fail, as on a machine without it."""
+    code = (
+        "import asyncio, sys; sys.modules['pyseccomp'] = None\n"
+        "from orchmode.core.settings import Settings\n"
+        "from orchmode.shell.bash import BashSession\n"
+        "from orchmode.shell.bwrap import probe\n"
+        "from orchmode.shell.sandbox import Sandbox\n"
+        "print(probe().problem)\n"
+        "async def main():\n"
+        "    sandbox = Sandbox.from_settings(Settings(), '.')\n"
+        "    async with BashSession('.', sandbox=sandbox.for_shell()) as shell:\n"
+        "        print((await shell.run('touch ran')).output)\n"
+        "asyncio.run(main())\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=work, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    problem, result = done.stdout.strip().splitlines()
+    assert problem.startswith("the bash sandbox is unavailable: its seccomp filter needs ")
+    assert "apt install libseccomp2" in problem and "--sandbox off" in problem
+    assert result == f"(error: could not start the shell: {problem})"
+    assert not (work / "ran").exists()
 
 
 def test_the_setting_reaches_the_policy(work: Path) -> None:

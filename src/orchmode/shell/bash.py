@@ -359,7 +359,10 @@ class BashSession:
         # A private dir and, sandboxed, the shell's cgroups (mkdir and writes in cgroupfs):
         # a millisecond or two of kernel work, done on a worker thread so that a wave of
         # agents starting does not hold up the event loop that sends their requests.
-        argv, fds = await asyncio.to_thread(self._spawn_argv)
+        argv = await asyncio.to_thread(self._spawn_argv)
+        # Taken here, not on the thread: were this cancelled while the thread ran, they
+        # would stay with the sandbox, which closes them at its next argv or release.
+        fds = self._sandbox.take_fds() if self._sandbox is not None else ()
         loop = asyncio.get_running_loop()
         try:
             transport, protocol = await loop.subprocess_exec(
@@ -388,14 +391,12 @@ class BashSession:
         shell.preamble = f"exec {_OUT_FD}>&1\n"
         return shell
 
-    def _spawn_argv(self) -> tuple[list[str], tuple[int, ...]]:
-        """The shell's command line, and the descriptors it names (passed, then closed)."""
+    def _spawn_argv(self) -> list[str]:
         if self._tmpdir is None or not os.path.isdir(self._tmpdir):
             self._tmpdir = tempfile.mkdtemp(prefix="orchmode-shell-")
         if self._sandbox is None:
-            return list(self._argv), ()
-        argv = [*self._sandbox.argv(self._tmpdir), *self._argv]
-        return argv, self._sandbox.take_fds()
+            return list(self._argv)
+        return [*self._sandbox.argv(self._tmpdir), *self._argv]
 
     def _remove_files(self) -> None:
         """The temp dir and the sandbox's cgroups, once the shell's processes are gone."""

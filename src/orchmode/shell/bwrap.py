@@ -99,7 +99,7 @@ def probe(bwrap: str = "bwrap", allow_network: bool = False) -> Probe:
         return Probe(
             found,
             f"the bash sandbox is unavailable: bubblewrap could not apply its seccomp filter "
-            f"({reason}) — {_FIX}",
+            f"({reason}) — check that the kernel has seccomp (CONFIG_SECCOMP_FILTER), {_FIX}",
         )
     return Probe(
         found,

@@ -214,9 +214,19 @@ class SandboxPolicy:
         return ["--ro-bind", "/", "/", *itertools.chain.from_iterable(args for _, args in ops)]
 
     def _listed_sockets(self) -> list[Path]:
+        """The listed sockets to bind in. Not one in the working directory when the
+        sandbox shows a copy of it: the copy has no place for it (bubblewrap would make one,
+        a new file in the agent's change) and the entries it shares show the host's own."""
         if self.unix_sockets == "all":
             return []
-        return [Path(os.path.realpath(p)) for p in self.unix_sockets]
+        paths = [Path(os.path.realpath(p)) for p in self.unix_sockets]
+        workdir = self.workdir
+        return [
+            p
+            for p in paths
+            if not p.is_relative_to(workdir)
+            or (self.tree is None and not p.is_relative_to(workdir / STATE_DIR))
+        ]
 
     def socket_masks(self, table: str = "/proc/net/unix") -> list[str]:
         """bwrap arguments hiding the host's bound Unix sockets that are not listed, when
@@ -230,7 +240,7 @@ class SandboxPolicy:
         """
         if self.unix_sockets == "all" or not self.unix_sockets:
             return []
-        listed = set(self._listed_sockets())
+        listed = {Path(os.path.realpath(p)) for p in self.unix_sockets}
         args: list[str] = []
         for path in sorted(_bound_sockets(table)):
             real = Path(os.path.realpath(path))

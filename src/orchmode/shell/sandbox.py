@@ -12,18 +12,27 @@ milliseconds per shell:
   agent cannot rewrite the journal or the budget;
 - a new network namespace holds nothing but its own loopback: no DNS, no internet, none
   of the host's loopback services;
+- a seccomp filter, which bubblewrap loads before the shell starts, refuses the system
+  calls no command needs: ``socket(AF_UNIX)`` (a socket anywhere in the read-only file
+  system could be connected to), ``ptrace`` and its kin, mounts, new namespaces, io_uring
+  and more. ``sandbox_unix_sockets`` lifts the Unix socket refusal for all sockets, or
+  for those it lists, binding them in and covering the host's others;
 - a new PID namespace and ``--die-with-parent``: when the shell is killed, or orchmode
   dies, everything the shell started dies with it;
 - CPU time is an rlimit per process; memory and the number of processes are a cgroup per
   shell where orchmode can make one, and rlimits otherwise.
 
-Whether bubblewrap works here is probed once per process and cached. A missing binary or
-a kernel that refuses namespaces is reported in one line, and a command never falls back
-to running unsandboxed: ``--sandbox off`` is the explicit opt-out.
+Whether bubblewrap works here, under the filter, is probed once per process and cached. A
+missing binary, a kernel that refuses namespaces or a filter that cannot be applied is
+reported in one line, and a command never falls back to running unsandboxed:
+``--sandbox off`` is the explicit opt-out.
 
 The probe lives in :mod:`orchmode.shell.bwrap`, the mounts and ulimits in
-:mod:`orchmode.shell.policy`, and the per-shell cgroups in :mod:`orchmode.shell.cgroups`;
-this module puts them together.
+:mod:`orchmode.shell.policy`, the filter in :mod:`orchmode.shell.seccomp`, and the
+per-shell cgroups in :mod:`orchmode.shell.cgroups`; this module puts them together. The
+filter reaches bubblewrap on a descriptor of its own per shell (``--seccomp FD``), passed
+through the cgroup and overlay wrappers by the spawn and closed by bubblewrap once read:
+no other descriptor of orchmode's reaches a sandbox.
 """
 
 from __future__ import annotations
@@ -214,7 +223,10 @@ class ShellSandboxing:
         return self._mode
 
     def argv(self, tmpdir: str) -> list[str]:
-        if self._cgroup_dirs is None and self._sandbox.probe().ok:
+        found = self._sandbox.probe()
+        if found.problem is not None:
+            raise SandboxUnavailable(found.problem)
+        if self._cgroup_dirs is None:
             cgroups = _cgroups()
             policy = self._sandbox.policy
             self._cgroup_dirs = (

@@ -25,7 +25,7 @@ What it refuses, and why (``docs/sandbox.md`` has the same table for users):
 - ``clone3`` always, with ``ENOSYS``: its flags are in memory, where seccomp cannot read
   them, so it cannot be allowed without namespaces; "not implemented" makes glibc (2.34+)
   and other runtimes fall back to ``clone``, whose flags are in a register the filter
-  does check (Docker, Flatpak and sandbox-runtime do the same);
+  does check (Docker and Flatpak do the same);
 - ``ioctl(TIOCSTI)`` and ``ioctl(TIOCLINUX)``: typing into a terminal's input.
 
 Each refusal answers ``EPERM`` (``ENOSYS`` for ``clone3``) rather than killing, so a
@@ -49,11 +49,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from .cgroups import SandboxUnavailable
+
 __all__ = [
     "ARCHES",
     "REFUSED",
+    "Refusal",
     "SeccompUnavailable",
     "export_pfc",
+    "native_arch",
     "open_program",
     "program",
     "unavailable",
@@ -155,7 +159,7 @@ _UNIX_SOCKETS = Refusal(
 _FIX = "or pass --sandbox off to run commands unsandboxed"
 
 
-class SeccompUnavailable(Exception):
+class SeccompUnavailable(SandboxUnavailable):
     """The filter cannot be built or applied here; the message says why and what to do."""
 
 
@@ -178,7 +182,7 @@ def native_arch() -> str:
     if arch is None:
         raise SeccompUnavailable(
             f"the bash sandbox is unavailable: its seccomp filter covers x86_64 and aarch64, "
-            f"not {machine or 'this architecture'} — {_FIX}"
+            f"not {machine or 'this architecture'} — run orchmode on one of those, {_FIX}"
         )
     return arch
 
@@ -227,7 +231,7 @@ def program(block_unix: bool = True, arch: str | None = None) -> bytes:
         except OSError as exc:
             raise SeccompUnavailable(
                 f"the bash sandbox is unavailable: its seccomp filter could not be exported "
-                f"({exc}) — {_FIX}"
+                f"({exc}) — check libseccomp2's install, {_FIX}"
             ) from None
         file.seek(0)
         data: bytes = file.read()
@@ -276,6 +280,6 @@ def unavailable() -> str | None:
         if not any(line.startswith("Seccomp:") for line in status):
             return (
                 "the bash sandbox is unavailable: this kernel has no seccomp "
-                f"(CONFIG_SECCOMP_FILTER) for its filter — {_FIX}"
+                f"(CONFIG_SECCOMP_FILTER) for its filter — use a kernel built with it, {_FIX}"
             )
     return None
