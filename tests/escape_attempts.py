@@ -378,7 +378,8 @@ for pid in (@harness@, @victim@):
         "signal-harness",
         "processes",
         "signal the harness and another agent's process",
-        "kill -0 @harness@ && " + won("signal-harness"),
+        # (a sandbox's own process could hold the harness's number: not that one)
+        "[ -e /proc/@harness@ ] || kill -9 @harness@ && " + won("signal-harness"),
         "kill -9 @victim@ && " + won("signal-harness"),
         "pkill -9 -f @victim_marker@ && " + won("signal-harness"),
     ),
@@ -725,7 +726,7 @@ EXHAUSTION = [
         "fork-bomb",
         "exhaustion",
         "a fork bomb",
-        "bomb() { bomb | bomb & }; bomb; sleep 2",
+        "bomb() { bomb | bomb; }; bomb",
         exhausts=True,
         slow=True,
     ),
@@ -787,6 +788,10 @@ DESCRIPTORS = [
         "ls -l /proc/self/fd/ /proc/$$/fd/ | grep -- '->' "
         "| grep -v -e ' -> /dev/null$' -e ' -> pipe:' -e ' -> /proc/[0-9]*/fd$' "
         "&& " + won("inherited-descriptors"),
+        # and of pipes, only those two
+        "ls -l /proc/self/fd/ /proc/$$/fd/ > /tmp/fds; "
+        "n=$(grep -o 'pipe:[[][0-9]*[]]' /tmp/fds | sort -u | wc -l); "
+        '[ "$n" -le 2 ] || ' + won("inherited-descriptors"),
     ),
 ]
 
