@@ -121,6 +121,12 @@ def main_shell(targets: Targets, mode: SandboxMode, **settings: Any) -> BashSess
     return ShellFactory.build(chosen, targets.work, (), secrets=found)()
 
 
+def main_shell_in(work: Path, mode: SandboxMode = "workspace-write") -> BashSession:
+    chosen = Settings(sandbox=mode)
+    found = Secrets.start(chosen.secret_files, work, os.environ)
+    return ShellFactory.build(chosen, work, (), secrets=found)()
+
+
 def working_directory(work: Path) -> dict[str, str]:
     """The working directory less orchmode's state and the test's socket."""
     return {
@@ -272,6 +278,40 @@ async def test_the_slow_exhaustions_end_with_a_clear_result(targets: Targets) ->
     flood = next(v for v in verdicts if v.attempt.id == "flood-10gb")
     shown = re.search(r"of (\d+) characters shown", flood.output)
     assert shown and int(shown[1]) >= 10 * 1024**3, flood.output[-200:]
+
+
+async def test_links_planted_where_the_sandbox_binds_do_not_stop_the_next_shell(
+    targets: Targets, tmp_path: Path
+) -> None:
+    """An agent links ``orchmode.toml`` (none existed) and secret-named files to files
+    outside; the next sandbox binds a note or the config there, and bubblewrap, which
+    cannot mount on a link, used to refuse to start: no shell in this directory again."""
+    work = tmp_path / "bare"
+    work.mkdir()
+    (work / "README.md").write_text("a project\n")
+    shell = main_shell_in(work)
+    try:
+        planted = await shell.run(
+            targets.command(
+                "ln -s @outside@/target.txt orchmode.toml && ln -s @outside@/target.txt deploy.pem"
+                " && ln -s @home@/.ssh/id_ed25519 id_ed25519 && ln -s README.md local.key && ls"
+            )
+        )
+    finally:
+        await shell.close()
+    assert "deploy.pem" in planted.output, planted.output
+    before = targets.world()
+    shell = main_shell_in(work)  # the next session's, which withholds the links
+    try:
+        later = await shell.run("/bin/echo alive; cat deploy.pem local.key; cat id_ed25519")
+        again = await shell.run("/bin/echo alive")
+    finally:
+        await shell.close()
+    assert later.output.splitlines()[1] == "alive", later.output  # after "(exit code 1)"
+    assert later.output.count(WITHHELD_NOTE.strip()) == 2  # on the files the links lead to
+    assert "id_ed25519: No such file or directory" in later.output  # the hidden home
+    assert leaks(later.output) == [] and again.output == "alive"
+    assert differences(before, targets.world()) == []
 
 
 #: Attempts that are safe to make unsandboxed (they touch only what the test made, or read).

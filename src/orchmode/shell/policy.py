@@ -298,6 +298,15 @@ class SandboxPolicy:
             # no place to mount on
             if not os.path.exists(entry) or entry.is_dir() or not self._has_stub(name):
                 continue
+            if self.tree is None and os.path.islink(entry):
+                # bubblewrap cannot mount on a link (it follows it from a root of its own,
+                # where an absolute one leads nowhere, and the shell would not start): the
+                # note goes on the file it leads to, where the sandbox shows that file, and
+                # elsewhere the link leads nowhere inside
+                real = Path(os.path.realpath(entry))
+                if not self._shows_host(real):
+                    continue
+                entry = real
             note = withheld_note(self.workdir / STATE_DIR)
             ops.append((entry, ["--ro-bind", str(note), str(entry)]))
         return ops
@@ -309,7 +318,8 @@ class SandboxPolicy:
         for layer in layers:
             config = layer / CONFIG_FILE
             if os.path.lexists(config):
-                return config if config.is_file() else None
+                # a link cannot be mounted on (see _withheld): one is no file to protect
+                return config if config.is_file() and not config.is_symlink() else None
         return None
 
     def _has_stub(self, name: str) -> bool:
