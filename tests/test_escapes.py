@@ -478,6 +478,8 @@ SUBTASKS = [
     "ln -s .git/hooks hooks; ln -s .orchmode om; cp /bin/sh tool; chmod 4755 tool",
 ]
 
+TAMPER = "echo tampered >> shared.txt; echo tampered > notes.txt; rm -f README.md"
+
 #: In a whole run, the exhaustions that end a command or its shell but take no time.
 RUN_EXHAUSTIONS = ("long-line", "binary-output", "kill-everything", "close-stdout", "exit-shell")
 
@@ -509,7 +511,8 @@ async def test_a_run_whose_agents_all_attack_completes_and_every_change_stays_in
         scout_command=None,
         worker_command=None,
         workflow_input={"isolation": "worktree"},
-        attacks={role: calls for role in roles},
+        # a verifier also tries to change the change it checks (its view is read-only)
+        attacks={role: [*calls, *([TAMPER] if role == "verifier" else [])] for role in roles},
     )
     server: ScriptedServer = await serve(scenario)
     before = targets.world()
@@ -555,6 +558,13 @@ async def test_a_run_whose_agents_all_attack_completes_and_every_change_stays_in
     assert differences(before, targets.world()) == []
     for name, content in SECRET_FILES.items():
         assert (work / name).read_text() == content
+    assert (work / "README.md").read_text() == "a project\n"  # no verifier's hand in it
+    tampering = [
+        json.dumps(e.body["messages"][-1])
+        for e in server.log
+        if role_of(e.body) == "verifier" and "tampered" in json.dumps(e.body["messages"][-2:])
+    ]
+    assert tampering and all("Read-only file system" in t for t in tampering)
     settled = {e.index: e for e in seen if isinstance(e, ChangeSettled)}
     workflow = json.dumps(
         [e.body["messages"][-1] for e in server.log if role_of(e.body) == "main"][-1]
