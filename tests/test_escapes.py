@@ -544,8 +544,6 @@ async def test_a_run_whose_agents_all_attack_completes_and_every_change_stays_in
     if mode == "workspace-write":
         assert ran["resolver"] >= len(calls), ran
     sent = json.dumps([e.body for e in server.log])
-    if os.environ.get("ESCAPES_DUMP"):
-        Path(os.environ["ESCAPES_DUMP"]).write_text(sent)
     assert escaped(sent) == []
     assert leaks(sent) == [], "a secret reached the model"
     assert leaks(repr(seen)) == [], "a secret is in the run's events"
