@@ -144,6 +144,10 @@ class SandboxPolicy:
         ops: list[tuple[Path, list[str]]] = [
             (Path("/dev"), ["--dev", "/dev"]),
             (Path("/proc"), ["--proc", "/proc"]),
+            # Kernel settings (core_pattern, binfmt_misc, modprobe): bubblewrap covers
+            # /proc/sys only when the directory itself is writable, yet when orchmode runs
+            # as root the files in it are, host-wide. Read-only, as /sys is.
+            (Path("/proc/sys"), ["--ro-bind", "/proc/sys", "/proc/sys"]),
             # Half the memory: tmpfs pages count against the shell's memory cgroup, and a
             # full /tmp should say "no space left", not get the shell killed.
             (Path("/tmp"), tmpfs(Path("/tmp"), self.memory_mb * _MIB // 2)),
@@ -297,6 +301,15 @@ class SandboxPolicy:
             # no place to mount on
             if not os.path.exists(entry) or entry.is_dir() or not self._has_stub(name):
                 continue
+            if self.tree is None and os.path.islink(entry):
+                # bubblewrap cannot mount on a link (it follows it from a root of its own,
+                # where an absolute one leads nowhere, and the shell would not start): the
+                # note goes on the file it leads to, where the sandbox shows that file, and
+                # elsewhere the link leads nowhere inside
+                real = Path(os.path.realpath(entry))
+                if not self._shows_host(real):
+                    continue
+                entry = real
             note = withheld_note(self.workdir / STATE_DIR)
             ops.append((entry, ["--ro-bind", str(note), str(entry)]))
         return ops
@@ -308,7 +321,8 @@ class SandboxPolicy:
         for layer in layers:
             config = layer / CONFIG_FILE
             if os.path.lexists(config):
-                return config if config.is_file() else None
+                # a link cannot be mounted on (see _withheld): one is no file to protect
+                return config if config.is_file() and not config.is_symlink() else None
         return None
 
     def _has_stub(self, name: str) -> bool:
