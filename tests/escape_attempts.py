@@ -612,9 +612,6 @@ if os.stat('plant').st_mode & 0o6000:
     {won_py("setuid-plant")}
 os.unlink('plant')
 """),
-        hole="in the working directory, a command may set the setuid and setgid bits (chmod, "
-        "open, mknod): the sandbox's nosuid mount stops them inside, not on the host, where "
-        "a setuid copy of a shell left by the main agent runs as the user orchmode ran as",
     ),
     _a(
         "checkout-by-another-path",
@@ -707,8 +704,6 @@ SECRETS = [
         "secrets",
         "read the committed .env from git, base64-encoded",
         "git show HEAD:.env | base64",
-        hole="a secret committed to the repository's history is in git's objects, which the "
-        "sandbox shows; masking catches it only verbatim",
     ),
     _a(
         "git-split",

@@ -4,6 +4,7 @@ real HTTP to the scripted model, the real CLI and its SQLite journal."""
 
 from __future__ import annotations
 
+import base64
 import json
 import shutil
 import subprocess
@@ -24,6 +25,7 @@ from orchmode.core.secrets import (
     Masker,
     SecretFiles,
     Secrets,
+    encodings,
     find_secret_files,
     values_in,
 )
@@ -141,11 +143,49 @@ def test_a_masked_text_holds_no_secret_and_a_text_without_one_is_unchanged(
 ) -> None:
     masker = Masker(secrets)
     plain = text.replace("*", "")
-    if not any(s in plain for s in secrets):
+    if not any(form in plain for s in secrets for form in (s, *encodings(s))):
         assert masker.mask(plain) == plain
     mixed = "|".join([plain, *secrets, plain])
     masked = masker.mask(mixed)
     assert not any(s in masked for s in secrets if MASK not in s)
+
+
+@given(
+    st.text(min_size=8, max_size=40).filter(lambda v: v.strip() and MASK not in v),
+    st.binary(max_size=12),
+    st.binary(max_size=12),
+)
+def test_a_secret_passed_through_base64_hex_or_rev_is_still_masked(
+    value: str, before: bytes, after: bytes
+) -> None:
+    """Wherever the value sits in what is encoded, its encoded form is found."""
+    masker = Masker([value])
+    raw = value.encode("utf-8", "surrogateescape")
+    stream = before + raw + after
+    for shown in (
+        base64.b64encode(stream).decode(),
+        stream.hex(),
+        stream.hex().upper(),
+        "x" + value[::-1] + "y",
+    ):
+        assert masker.holds(shown), shown
+
+
+async def test_the_values_of_secret_files_git_holds_are_masked_even_once_changed_since(
+    repo: Path,
+) -> None:
+    """`.env` is committed; the working copy now holds another value. Agents can read git's
+    copy, so its values are masked too, and the start names the file."""
+    (repo / ".env").write_text("DB_PASSWORD=a-new-value-after-rotation\n")
+    secrets = Secrets.start([".env", "*.pem"], repo, {})
+    assert secrets.in_git == (".env",)
+    assert (
+        secrets.masker.mask(f"was {DB_PASSWORD}, key {API_KEY_VALUE}") == f"was {MASK}, key {MASK}"
+    )
+    assert MASK in secrets.masker.mask(base64.b64encode(f"x={DB_PASSWORD}".encode()).decode())
+    assert secrets.masker.mask("a-new-value-after-rotation") == MASK
+    untracked = Secrets.start([".env.production", "*.pem"], repo, {})
+    assert untracked.in_git == ()  # ignored and untracked ones are not git's
 
 
 @given(st.integers(min_value=1, max_value=60), st.integers(min_value=0, max_value=80))
@@ -383,6 +423,7 @@ def test_no_byte_of_a_secret_reaches_the_model_the_journal_the_events_or_the_rep
         "run", "look at the config", "--base-url", server.url, "--json", cwd=repo, env=env
     )
     assert done.returncode == 0, done.stderr
+    assert "git holds secret files (.env): agents are shown a note" in done.stderr
     report = orchmode("report", "-o", str(tmp_path / "report.html"), cwd=repo, env=env)
     assert report.returncode == 0, report.stderr
     shown = orchmode("show", cwd=repo, env=env)
