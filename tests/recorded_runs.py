@@ -101,6 +101,24 @@ def base_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def spawn_on_a_terminal(*args: str, cwd: Path, width: int) -> Any:
+    """``orchmode ARGS`` in a pseudo-terminal of 60 lines by ``width`` columns (pexpect)."""
+    import pexpect
+
+    env = base_env(PROMPT_TOOLKIT_NO_CPR="1", TERM="xterm")
+    for name in ("COLUMNS", "LINES"):  # the terminal's own size, not an inherited one
+        env.pop(name, None)
+    return pexpect.spawn(
+        sys.executable,
+        ["-m", "orchmode", *args],
+        cwd=str(cwd),
+        env=env,
+        encoding="utf-8",
+        timeout=90,
+        dimensions=(60, width),
+    )
+
+
 @contextmanager
 def scripted_server(responder: Responder) -> Iterator[ScriptedServer]:
     server = ScriptedServer(responder, api_key=API_KEY)

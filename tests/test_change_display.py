@@ -141,6 +141,7 @@ async def test_json_lines_carry_each_change_whole(tmp_path: Path) -> None:
         "removed": 1,
         "detail": "a.py",
         "path": PATCH_2,
+        "left_out": "",
     }
     assert [r["fate"] for r in changes] == ["merged", "conflict", "not merged", "refused"]
 

@@ -33,6 +33,7 @@ from orchmode.testing.replies import Reply, ScriptedRequest
 from orchmode.testing.scenario import OrchestrationScenario, first_user_text, role_of, tool_call
 from orchmode.testing.store_faults import FaultUnavailable, tmpfs
 from orchmode.trees.limits import MB, DiskLimits, WriteWatch, left_out_of, written_size
+from orchmode.views.progress import change_text
 from test_isolation import command_of, editing, nothing_left, repo, run, tool_result_text
 from test_script import started
 
@@ -245,6 +246,9 @@ async def test_a_file_over_change_file_max_mb_is_left_out_named_and_the_report_k
     assert "new.bin (20.0 MB, over change_file_max_mb = 8)" in line, line
     assert "data.bin (12.0 MB, over change_file_max_mb = 8)" in line, line
     assert "left out of the change as too big for a patch" in line
+    # the user is told too: the event the live view, the plain lines and `show` read
+    assert "new.bin (20.0 MB, over change_file_max_mb = 8)" in settled[0].left_out
+    assert "left out as too big for a patch: " in change_text(settled[0])
     (verifier,) = started(server, "verifier")
     assert "Left out of the change as too big for a patch" in verifier
     assert "new.bin (20.0 MB, over change_file_max_mb = 8)" in verifier
@@ -265,7 +269,9 @@ async def test_a_change_of_only_a_file_too_big_says_so_and_costs_nothing_else(
     result = tool_result_text(server)
     assert "[change 1] no change; left out of the change as too big for a patch" in result
     assert "dump.bin (10.0 MB, over change_file_max_mb = 4)" in change_line(result, 1)
-    assert [(e.index, e.fate) for e in settled] == [(2, "merged")]
+    assert [(e.index, e.fate) for e in settled] == [(1, "no change"), (2, "merged")]
+    assert "dump.bin (10.0 MB, over change_file_max_mb = 4)" in settled[0].left_out
+    assert settled[1].left_out == ""
     assert (workdir / "ok.txt").exists() and not (workdir / "dump.bin").exists()
 
 

@@ -21,7 +21,7 @@ from orchmode.store import EventRow
 from orchmode.testing.scenario import OrchestrationScenario
 from orchmode.views.markdown import print_answer, safe_url, to_html, to_inline_html
 from orchmode.views.report import render_report
-from recorded_runs import base_env, orchmode
+from recorded_runs import base_env, orchmode, spawn_on_a_terminal
 from test_report import browse, chromium, page_requests  # noqa: F401  (chromium: a fixture)
 
 #: An answer with the structure a terminal should draw: a heading, bullets, code, a long line.
@@ -65,20 +65,7 @@ def assert_drawn(text: str) -> None:
 
 
 def spawn(*args: str, cwd: Path) -> Any:
-    import pexpect
-
-    env = base_env(PROMPT_TOOLKIT_NO_CPR="1", TERM="xterm")
-    for name in ("COLUMNS", "LINES"):  # the terminal's own size, not an inherited one
-        env.pop(name, None)
-    return pexpect.spawn(
-        sys.executable,
-        ["-m", "orchmode", *args],
-        cwd=str(cwd),
-        env=env,
-        encoding="utf-8",
-        timeout=90,
-        dimensions=(60, WIDTH),
-    )
+    return spawn_on_a_terminal(*args, cwd=cwd, width=WIDTH)
 
 
 # --- in a terminal, and in a pipe ---------------------------------------------------------

@@ -157,13 +157,8 @@ def test_a_run_killed_during_its_scouting_command_is_told_it_was_cut_off(
     assert not (tmp_path / "scouting").exists()  # the command was not run again
 
 
-@pytest.mark.slow
-def test_a_run_killed_before_its_synthesis_resends_only_that_request(
-    scripted: Callable[..., ScriptedServer], tmp_path: Path
-) -> None:
-    expected = uninterrupted(scripted, tmp_path)
-    scenario = Replanning(synthesis_delay=60)
-    server = scripted(scenario)
+def kill_during_synthesis(server: ScriptedServer, tmp_path: Path) -> None:
+    """``orchmode run`` on ``server``, SIGKILLed while its synthesis request is in flight."""
 
     def synthesis_in_flight() -> bool:
         return any(
@@ -174,6 +169,16 @@ def test_a_run_killed_before_its_synthesis_resends_only_that_request(
     kill_run_when(
         synthesis_in_flight, "review this", "--base-url", server.url, *LEASE, cwd=tmp_path
     )
+
+
+@pytest.mark.slow
+def test_a_run_killed_before_its_synthesis_resends_only_that_request(
+    scripted: Callable[..., ScriptedServer], tmp_path: Path
+) -> None:
+    expected = uninterrupted(scripted, tmp_path)
+    scenario = Replanning(synthesis_delay=60)
+    server = scripted(scenario)
+    kill_during_synthesis(server, tmp_path)
     scenario.synthesis_delay = 0
     since = len(server.log)
     result = orchmode("resume", "--base-url", server.url, *LEASE, cwd=tmp_path)
@@ -396,16 +401,7 @@ def test_a_resumed_run_whose_synthesis_is_refused_asks_for_no_summary_turn(
 ) -> None:
     scenario = Replanning(synthesis_delay=60)
     server = scripted(scenario)
-
-    def synthesis_in_flight() -> bool:
-        return any(
-            e.outcome == "pending" and "[agent 1:" in str(e.body.get("messages", [])[-1:])
-            for e in server.log
-        )
-
-    kill_run_when(
-        synthesis_in_flight, "review this", "--base-url", server.url, *LEASE, cwd=tmp_path
-    )
+    kill_during_synthesis(server, tmp_path)
     refused = Reply([{"type": "text", "text": "I will not go on with this."}], "refusal")
     scenario.main = lambda request: refused  # type: ignore[method-assign]
     since = len(server.log)

@@ -33,7 +33,7 @@ from orchmode.testing.scenario import OrchestrationScenario
 from orchmode.views.display import PlainDisplay
 from orchmode.views.escape import json_visible, visible
 from orchmode.views.live import LiveView
-from recorded_runs import base_env, scripted_server
+from recorded_runs import base_env, scripted_server, spawn_on_a_terminal
 from test_live import record_turn
 
 #: What an agent's text holds: clipboard, title, clear screen, colour, 8-bit CSI, a right-to-
@@ -106,18 +106,7 @@ def on_a_terminal(*args: str, cwd: Path, send: tuple[str, ...] = ()) -> str:
     ``send``: lines typed, each once the prompt is shown."""
     import pexpect
 
-    env = base_env(PROMPT_TOOLKIT_NO_CPR="1", TERM="xterm")
-    for name in ("COLUMNS", "LINES"):
-        env.pop(name, None)
-    child = pexpect.spawn(
-        sys.executable,
-        ["-m", "orchmode", *args],
-        cwd=str(cwd),
-        env=env,
-        encoding="utf-8",
-        timeout=90,
-        dimensions=(60, 250),
-    )
+    child = spawn_on_a_terminal(*args, cwd=cwd, width=250)
     seen = ""
     try:
         for line in send:

@@ -342,6 +342,8 @@ class ChangeSettled:
     detail: str = ""
     #: Where the patch is kept ("" when none was saved).
     path: str = ""
+    #: Files left out of the change as too big for a patch, with sizes and the limit.
+    left_out: str = ""
 
 
 @dataclass(frozen=True)

@@ -181,6 +181,11 @@ async def merge_changes(
         change = candidate.change
         if change is None or change.empty:
             lines.append(f"[change {candidate.index}] no change{left_out_note(change)}")
+            if change is not None and change.left_out:  # the user is told, not only the model
+                left_out = ", ".join(change.left_out)
+                events.emit(
+                    ChangeSettled(call, candidate.index, "no change", "", 0, 0, "", "", left_out)
+                )
             continue
         settled = outcomes.get(candidate.index) if reason is None else None
         line = _settle(results, policy, call, candidate, change, reason, settled, events)
@@ -329,7 +334,8 @@ def _settle(
             )
         else:
             line = f"[change {i}] refused ({detail}): {files}{kept}"
-    events.emit(ChangeSettled(call, i, fate, files, added, removed, detail, path))
+    left_out = ", ".join(change.left_out)
+    events.emit(ChangeSettled(call, i, fate, files, added, removed, detail, path, left_out))
     return line
 
 

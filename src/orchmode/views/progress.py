@@ -67,6 +67,8 @@ def change_text(event: ChangeSettled, *, whole: bool = True) -> str:
     line = change_fate(event) + (f": {files}" if files else "")
     if event.path:
         line += f" — patch kept at {event.path}"
+    if event.left_out:
+        line += f" — left out as too big for a patch: {event.left_out}"
     return line
 
 

@@ -109,6 +109,9 @@ def _agent_lines(agent: AgentRecord, indent: str, checked: AgentRecord | None = 
         lines.append(_line(inner, ("change ", "bold"), (agent.change.describe(), style)))
         if agent.change.path:
             lines.append(_line(inner, ("patch ", "bold"), agent.change.path))
+        if agent.change.event.left_out:
+            left_out = f"too big for a patch: {agent.change.event.left_out}"
+            lines.append(_line(inner, ("left out ", "bold"), (left_out, "yellow")))
     return lines
 
 
