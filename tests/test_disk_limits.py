@@ -98,7 +98,8 @@ async def test_one_file_past_agent_write_mb_is_cut_at_it_and_the_worker_still_re
         server, tmp_path, workdir, agent_write_mb=64, change_file_max_mb=8, workspaces=workspaces
     )
     result = tool_result_text(server)
-    assert [e.index for e in settled] == [2], result
+    assert [(e.index, e.fate) for e in settled] == [(1, "no change"), (2, "merged")], result
+    assert "big.bin (64.0 MB, over change_file_max_mb = 8)" in settled[0].left_out
     assert "stopped this agent" not in result
     assert '"summary": "Finished: Fill' in worker_line(result, 1)
     line = change_line(result, 1)
@@ -492,7 +493,8 @@ async def test_two_workers_writing_3_gb_each_neither_fill_the_disk_nor_lose_thei
     settled, _ = await run(server, tmp_path, workdir)
     took = time.monotonic() - started_at
     result = tool_result_text(server)
-    assert [(e.index, e.fate) for e in settled] == [(3, "merged")], result
+    fates = [(e.index, e.fate) for e in settled]
+    assert fates == [(1, "no change"), (2, "no change"), (3, "merged")], result
     for i in (1, 2):
         assert f'"summary": "Finished: Write {i}' in worker_line(result, i)
         line = change_line(result, i)
