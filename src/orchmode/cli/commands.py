@@ -28,8 +28,7 @@ from .failures import unless_the_store_fails
 if typing.TYPE_CHECKING:
     from ..model.providers import Credentials
     from ..records.history import SessionHistory
-    from ..session.agent import TurnResult
-    from ..session.api import Session
+    from ..session.api import Session, TurnResult
     from ..views.display import Display, DisplayMode
 
 log = logging.getLogger("orchmode")
