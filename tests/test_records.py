@@ -18,6 +18,8 @@ from hypothesis import strategies as st
 
 from orchmode.core import events
 from orchmode.core.events import (
+    ApprovalAnswered,
+    ApprovalRequested,
     BashDone,
     BashStarted,
     BudgetStatus,
@@ -32,6 +34,7 @@ from orchmode.core.events import (
     ModelRequestDone,
     ModelRequestFailed,
     ModelRequestRetried,
+    NetworkConnection,
     ResultCondensed,
     ScriptDone,
     ScriptStarted,
@@ -196,6 +199,21 @@ EARLIER_ROWS: list[tuple[events.Event, str]] = [
         ModelRefused("worker 1.2", "cyber", "This request was refused due to policy."),
         '{"agent": "worker 1.2", "category": "cyber", '
         '"explanation": "This request was refused due to policy."}',
+    ),
+    (
+        NetworkConnection("worker 1.1", "pypi.org", 443, "allowed", "@python", 512, 40960, 0.3),
+        '{"agent": "worker 1.1", "domain": "pypi.org", "port": 443, "decision": "allowed", '
+        '"rule": "@python", "bytes_sent": 512, "bytes_received": 40960, "duration": 0.3}',
+    ),
+    (
+        ApprovalRequested(3, "worker 1.2", "domain", "evil.example:443", "network_ask"),
+        '{"id": 3, "agent": "worker 1.2", "kind": "domain", "what": "evil.example:443", '
+        '"why": "network_ask"}',
+    ),
+    (
+        ApprovalAnswered(3, "worker 1.2", "denied", False, "not needed"),
+        '{"id": 3, "agent": "worker 1.2", "answer": "denied", "always": false, '
+        '"reason": "not needed"}',
     ),
     (
         ModelRequestFailed("main", "claude-opus-5-5", "AuthError", "rejected", 0.5),

@@ -53,6 +53,10 @@ HOSTILE = {
     "agents_dir": '"/etc"',
     "otlp_endpoint": '"http://collector.example:4318"',
     "workdir": '"/"',
+    "network_allow": '["collector.example"]',
+    "network_resolve": '["pypi.org=203.0.113.9"]',
+    "permissions_allow": '["Bash(curl:*)"]',
+    "approvals": '"allow"',
 }
 
 #: Each cap: the user's own value, a looser one a project tries, a stricter one it may set
@@ -84,6 +88,11 @@ CAPS: dict[str, tuple[Any, Any, Any]] = {
     "trace_content": (False, True, False),
     "fresh": (False, True, False),
     "secret_files": ([".env"], [], [".env", "*.pem"]),
+    "network_ask": (["pypi.org"], [], ["pypi.org", "npmjs.org"]),
+    "network_deny": (["evil.example"], [], ["evil.example", "collector.example"]),
+    "permissions_ask": (["Bash(git push:*)"], [], ["Bash(git push:*)", "Bash(rm:*)"]),
+    "permissions_deny": (["Bash(curl:*)"], [], ["Bash(curl:*)", "Bash(wget:*)"]),
+    "approval_timeout": (600.0, 86400.0, 60.0),
 }
 
 
@@ -186,7 +195,7 @@ def test_a_project_cap_counts_untrusted_only_where_it_is_stricter(
     name: str, repo: Path, config_dir: Path
 ) -> None:
     own, looser, stricter = CAPS[name]
-    as_set = (lambda v: tuple(v)) if name == "secret_files" else (lambda v: v)
+    as_set = (lambda v: tuple(v)) if isinstance(own, list) else (lambda v: v)
     write(config_dir / "config.toml", f"{name} = {toml_value(own)}\n")
 
     write(repo / "orchmode.toml", f"{name} = {toml_value(looser)}\n")
@@ -388,7 +397,7 @@ _PATTERNS = st.lists(st.sampled_from([".env", "*.pem", "vault/*", "*.key"]), uni
 
 def _value_of(name: str) -> st.SearchStrategy[Any]:
     """Values of the setting's kind: a limit (None, no limit), yes/no, or patterns."""
-    if name == "secret_files":
+    if trust_of(name) == ("cap", "more"):
         return _PATTERNS.map(tuple)
     if Settings.model_fields[name].annotation is bool:
         return st.booleans()

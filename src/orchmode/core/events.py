@@ -191,6 +191,52 @@ class McpServerFailed:
 
 
 @dataclass(frozen=True)
+class NetworkConnection:
+    """A sandboxed command's connection through the filtering proxy, once it is over: where
+    it went, what the rules decided (and which rule), and the bytes each way."""
+
+    agent: str
+    #: The name asked for (or the address, when a command named one).
+    domain: str
+    port: int
+    #: ``allowed``, ``denied``, ``approved`` (an ``ask`` answered yes) or ``failed`` (allowed,
+    #: but the destination could not be reached).
+    decision: str
+    #: The rule that decided, as written, and where it came from; empty for the default.
+    rule: Text
+    bytes_sent: Count
+    bytes_received: Count
+    duration: Seconds
+
+
+@dataclass(frozen=True)
+class ApprovalRequested:
+    """An agent needs the user's answer (an ``ask`` rule matched): it is parked, not failed."""
+
+    id: int
+    agent: str
+    #: ``command``, ``domain`` or ``mcp``.
+    kind: str
+    #: What it wants to do: the command, ``domain:port``, or ``server/tool``.
+    what: str
+    #: Why it asks: the rule that matched, and where it came from.
+    why: str
+
+
+@dataclass(frozen=True)
+class ApprovalAnswered:
+    """An approval was answered (or timed out): the parked agent goes on."""
+
+    id: int
+    agent: str
+    #: ``approved``, ``denied`` or ``timed out``.
+    answer: str
+    #: Whether the answer was remembered as a rule for this directory (``--always``).
+    always: Flag
+    reason: Text
+
+
+@dataclass(frozen=True)
 class FanoutStarted:
     """A Workflow call fanned out ``subtasks``; ``not_run`` were over the per-call limit."""
 
@@ -366,6 +412,9 @@ Event = (
     | McpCallStarted
     | McpCallDone
     | McpServerFailed
+    | NetworkConnection
+    | ApprovalRequested
+    | ApprovalAnswered
     | FanoutStarted
     | SubagentStarted
     | SubagentDone

@@ -168,6 +168,61 @@ class Settings(BaseModel):
         description="Give sandboxed commands the host's network (DNS, internet, loopback).",
         json_schema_extra=CAP,
     )
+    network_allow: tuple[str, ...] = Field(
+        default=(),
+        description="Domains sandboxed commands may reach through orchmode's filtering proxy: "
+        "names (`pypi.org`), wildcards (`*.pythonhosted.org`) or presets (`@python`, `@npm`, "
+        "`@github`, `@rust`, `@go`); a list in `orchmode.toml` or separated by commas. Every "
+        "domain not named is refused with an HTTP 403 naming this setting.",
+        json_schema_extra=PROTECTED,
+    )
+    network_ask: tuple[str, ...] = Field(
+        default=(),
+        description="Domains a sandboxed command may reach once you approve (the agent waits, "
+        "the others go on): the same patterns as `network_allow`.",
+        json_schema_extra=CAP_MORE,
+    )
+    network_deny: tuple[str, ...] = Field(
+        default=(),
+        description="Domains never reached, whatever else allows them: the same patterns as "
+        "`network_allow`.",
+        json_schema_extra=CAP_MORE,
+    )
+    network_resolve: tuple[str, ...] = Field(
+        default=(),
+        description="Names the proxy resolves to a fixed address, `name=address` (as curl's "
+        "`--resolve`): a package mirror on your network, or a test server.",
+        json_schema_extra=PROTECTED,
+    )
+    permissions_allow: tuple[str, ...] = Field(
+        default=(),
+        description="Permission rules in Claude Code's format that allow without asking "
+        "(`Bash(npm test:*)`, `WebFetch(domain:docs.python.org)`, `mcp__github__get_issue`), "
+        "added to those of `.claude/settings.json`.",
+        json_schema_extra=PROTECTED,
+    )
+    permissions_ask: tuple[str, ...] = Field(
+        default=(),
+        description="Permission rules whose matches wait for your approval (the same format).",
+        json_schema_extra=CAP_MORE,
+    )
+    permissions_deny: tuple[str, ...] = Field(
+        default=(),
+        description="Permission rules whose matches are refused, whatever allows them.",
+        json_schema_extra=CAP_MORE,
+    )
+    approvals: Literal["ask", "deny", "allow"] = Field(
+        default="ask",
+        description="What an `ask` rule does: wait for your answer (`ask`; the agent is parked, "
+        "the others go on), refuse at once (`deny`, for runs nobody watches), or allow.",
+        json_schema_extra=PROTECTED,
+    )
+    approval_timeout: float = Field(
+        default=600.0,
+        gt=0,
+        description="Seconds an approval waits for an answer before it counts as denied.",
+        json_schema_extra=CAP,
+    )
     sandbox_cpu_seconds: int = Field(
         default=300,
         gt=0,
@@ -517,6 +572,23 @@ class Settings(BaseModel):
         description="Small limits (2 subtasks, 1 turn each) in a throw-away fixture directory.",
         json_schema_extra=SAFE,
     )
+
+    @field_validator(
+        "network_allow",
+        "network_ask",
+        "network_deny",
+        "network_resolve",
+        "permissions_allow",
+        "permissions_ask",
+        "permissions_deny",
+        mode="before",
+    )
+    @classmethod
+    def _listed(cls, value: Any) -> Any:
+        """A flag or variable gives a list as one string, separated by commas."""
+        if isinstance(value, str):
+            return tuple(p.strip() for p in value.split(",") if p.strip())
+        return value
 
     @field_validator("secret_files", mode="before")
     @classmethod

@@ -12,7 +12,7 @@ import json
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from ..core.errors import StoreError
 from ..core.events import Role
@@ -82,6 +82,42 @@ class EventRow:
     at: float
     kind: str
     data: str
+
+
+ApprovalKind = Literal["command", "domain", "mcp"]
+ApprovalStatus = Literal["pending", "approved", "denied", "timed out"]
+
+
+@dataclass(frozen=True)
+class ApprovalRequest:
+    """What a parked agent asks the user (see :meth:`Store.request_approval`)."""
+
+    session: str
+    #: The agent's label (``worker 1.2``) and the working directory the session runs in.
+    agent: str
+    workdir: str
+    kind: ApprovalKind
+    #: The command, ``domain:port``, or ``server/tool``.
+    what: str
+    #: The rule that asked, and where it came from.
+    why: str
+    #: The rule ``--always`` records (``Bash(npm ci)``, ``WebFetch(domain:pypi.org)``).
+    rule: str
+    #: What makes two requests the same one (a resumed run finds its answer by it).
+    key: str
+
+
+@dataclass(frozen=True)
+class Approval:
+    """An approval as the store keeps it: the request, and its answer once there is one."""
+
+    id: int
+    request: ApprovalRequest
+    status: ApprovalStatus
+    created_at: float
+    answered_at: float | None = None
+    always: bool = False
+    reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -231,6 +267,26 @@ class Store(Protocol):
 
     async def load_messages(self, session: str) -> list[str]:
         """The session's checkpointed conversation, in order; empty if none was recorded."""
+
+    async def request_approval(self, request: ApprovalRequest) -> Approval:
+        """Record ``request`` as pending, or return the one recorded under the same session
+        and ``key`` (answered or not): asking twice is one question."""
+
+    async def answer_approval(
+        self, id: int, approved: bool, *, always: bool = False, reason: str = ""
+    ) -> Approval | None:
+        """Answer a pending approval; None when there is no such one or it is answered."""
+
+    async def time_out_approval(self, id: int) -> Approval | None:
+        """Mark a pending approval timed out (denied); None if it was answered meanwhile."""
+
+    async def approval(self, id: int) -> Approval | None:
+        """One approval by its id."""
+
+    async def approvals(
+        self, session: str | None = None, *, pending: bool = False
+    ) -> list[Approval]:
+        """Approvals, oldest first: of one session or all, only pending ones or every one."""
 
     async def close(self) -> None:
         """Release connections and threads."""
