@@ -1,4 +1,4 @@
-"""Permission rules (allow / ask / deny) for commands, domains and MCP tools, in Claude Code's format.
+"""Permission rules for commands, domains and MCP tools, in Claude Code's format.
 
 INTERFACE STUB (issue 32): the ``rules`` helper implements it; the names and signatures
 below are what the proxy, the approvals and the agents' loops call.
@@ -31,8 +31,10 @@ class Verdict:
     source: str = "default"
 
     def why(self) -> str:
-        """One line for a tool result, an approval or a 403: the rule and where it is."""
-        raise NotImplementedError
+        """A few words for a tool result, an approval or a 403: the rule and where it is."""
+        if not self.rule:
+            return "no rule names it" if self.source == "default" else f"the {self.source}"
+        return f"the rule `{self.rule}` in {self.source}"
 
 
 class Rules:
