@@ -39,6 +39,7 @@ from ..core.schemas import typed_tools
 from ..core.settings import Settings
 from ..executors import Executor, Job, TreeJob, WorkerLost
 from ..executors.local import HERE, LocalExecutor
+from ..executors.parking import PARKING
 from ..model.budget import SessionBudget
 from ..model.context import Window
 from ..model.gateway import ModelChoice, ModelGateway
@@ -407,7 +408,7 @@ class FanoutEngine:
                 schema=schema,
                 agent=agent,
             )
-            async with self.slots.slot(priority, relay):
+            async with self.slots.slot(priority, relay) as tenure:
                 # Reserved only once it has a slot: an agent still queued when the process
                 # is killed has spent nothing, and a resume must not find it counted.
                 if not await self.budget.reserve_subagent():
@@ -419,7 +420,16 @@ class FanoutEngine:
                     )
                     self._done(call, index, role, prompt, key, result, 0.0)
                     return result
-                outcome = await self._run_job(call, index, job, heartbeat)
+                # What the agent starts here may park it (an approval): its slot goes to
+                # the next agent meanwhile, and the time parked is not the agent's.
+                parking = PARKING.set(tenure)
+                try:
+                    outcome = await self._run_job(call, index, job, heartbeat)
+                finally:
+                    PARKING.reset(parking)
+                outcome = replace(
+                    outcome, duration=max(0.0, outcome.duration - tenure.parked_seconds)
+                )
                 if hand_on is not None and outcome.result.status not in _NOT_VERIFIED:
                     hand_on.queue_next(VERIFIER_PRIORITY)
         except BaseException:  # cancelled or broken: let the next run take it at once

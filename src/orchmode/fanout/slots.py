@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -22,8 +23,12 @@ class PrioritySlots:
         self._order = itertools.count()
 
     @asynccontextmanager
-    async def slot(self, priority: int, relay: Relay | None = None) -> AsyncIterator[None]:
-        """Hold a slot: the one ``relay`` has waiting, if it has one, else a new one."""
+    async def slot(self, priority: int, relay: Relay | None = None) -> AsyncIterator[Tenure]:
+        """Hold a slot: the one ``relay`` has waiting, if it has one, else a new one.
+
+        The :class:`Tenure` it gives can park the holder: give the slot away while it waits
+        for the user, and take one back (before any queued agent) when it goes on.
+        """
         ticket = relay.take() if relay is not None else None
         if ticket is None:
             await self._acquire(priority)
@@ -34,10 +39,12 @@ class PrioritySlots:
                 if ticket.done() and not ticket.cancelled():
                     self._release()
                 raise
+        tenure = Tenure(self)
         try:
-            yield
+            yield tenure
         finally:
-            self._release()
+            if tenure.held:
+                self._release()
 
     def queue(self, priority: int) -> asyncio.Future[None]:
         """Join the queue now and wait later: the future is done once a slot is ours."""
@@ -79,6 +86,59 @@ class PrioritySlots:
         self._free += 1
 
 
+class Tenure:
+    """One holder's slot, which it may give away while it is parked (waiting for the user).
+
+    Parks may overlap (two downloads of one command, each waiting for an answer): the slot
+    goes at the first and comes back after the last. Coming back, the holder goes before
+    every queued agent: it was running, and finishing started work keeps the makespan short.
+    """
+
+    def __init__(self, slots: PrioritySlots) -> None:
+        self._slots = slots
+        self.held = True
+        #: Seconds spent parked so far (not counted as the agent's time).
+        self.parked_seconds = 0.0
+        self._parks = 0
+        self._since = 0.0
+        self._back: asyncio.Future[None] | None = None
+
+    @asynccontextmanager
+    async def parked(self) -> AsyncIterator[None]:
+        """Give the slot away for as long as the body waits; take one back after."""
+        self._parks += 1
+        if self._parks == 1 and self.held:  # (not held: still coming back from the last one)
+            self.held = False
+            self._since = time.monotonic()
+            self._slots._release()
+        try:
+            yield
+        finally:
+            self._parks -= 1
+            if self._parks == 0:
+                await self._return()
+
+    async def _return(self) -> None:
+        """Take a slot back (every parked waiter of this holder waits for the same one)."""
+        if self.held:
+            return
+        if self._back is None:
+            self._back = self._slots.queue(RETURNING_PRIORITY)
+        back = self._back
+        try:
+            await asyncio.shield(back)
+        except asyncio.CancelledError:
+            if self._parks == 0 and not self.held and self._back is back:
+                # nobody of ours waits for it any more: give up the place (or the slot)
+                self._back = None
+                self._slots.drop(back)
+            raise
+        if self._back is back:
+            self._back = None
+            self.held = True
+            self.parked_seconds += time.monotonic() - self._since
+
+
 class Relay:
     """Hands a chain's slot from its worker straight to its verifier.
 
@@ -109,3 +169,5 @@ class Relay:
 
 WORKER_PRIORITY = 1
 VERIFIER_PRIORITY = 0
+#: An agent coming back from a park goes first: it had started.
+RETURNING_PRIORITY = -1
