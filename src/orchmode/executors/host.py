@@ -39,6 +39,7 @@ from ..trees.copies import Trees
 from ..trees.limits import DiskLimits, WriteWatch, floor_problem, watching
 from ..trees.workspaces import Spec, Workspace, Workspaces
 from . import Job, TreeJob
+from .permits import Permits
 from .pool import Ready, SandboxPool
 from .subagent import Subagent, describe_failure
 
@@ -220,6 +221,8 @@ class AgentHost:
     mcp: McpHub | None = None
     #: The session's secret values (a cluster's actors are given them too).
     masker: Masker | None = None
+    #: The permission rules, and whom their ``ask`` goes to (None: no rules, as before).
+    permits: Permits | None = None
     #: The agents' workspaces (``worktree`` isolation), of the kind that works here: chosen
     #: when the first isolated job comes. Workers' workspaces are kept for their verifiers.
     workspaces: Workspaces | None = field(default=None, repr=False)
@@ -271,6 +274,10 @@ class AgentHost:
                     agent=job.agent,
                 )
                 agent.watch = self._watch(job, shell, workspace)
+                if self.permits is not None:
+                    # asked with the agent parked, if it waits for the user
+                    self.permits.attach(shell, job.name, events.emit)
+                    agent.mcp_permit = self.permits.for_agent(job.name, events.emit).mcp
                 async with watching(agent.watch):
                     result = await agent.run(job.prompt)
             except AuthError:

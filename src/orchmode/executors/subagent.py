@@ -31,7 +31,7 @@ LAST_CHANCE = (
 
 if TYPE_CHECKING:
     from ..core.agents import AgentDefinition
-    from ..tools.mcptools import McpHub
+    from ..tools.mcptools import McpHub, McpPermit
 
 
 @dataclass
@@ -61,6 +61,8 @@ class Subagent:
     #: Watches what it writes (None: it cannot write). Once the watch stops it (past its
     #: disk cap, or the disk nearly full), it is told so, and may only report.
     watch: WriteWatch | None = None
+    #: Asks the permission rules (and the user) before each MCP call; None: no rules.
+    mcp_permit: McpPermit | None = None
     #: Set when its last allowed report was still invalid: the run failed with this.
     _rejected: str | None = field(default=None, init=False, repr=False)
     #: Set when its run was ended because the watch had stopped it.
@@ -142,7 +144,9 @@ class Subagent:
                         "tools in its agent definition leave it out)",
                         is_error=True,
                     )
-                return await mcp.call(tool_use, agent=self.name, role=self.role)
+                return await mcp.call(
+                    tool_use, agent=self.name, role=self.role, permit=self.mcp_permit
+                )
 
             prefixes["mcp__"] = mcp_tool
         return Toolbox(self.tools, {"bash": bash, "report_findings": report_findings}, prefixes)

@@ -23,6 +23,7 @@ from ..core.agents import AgentDefinition
 from ..core.errors import AuthError, OrchmodeError
 from ..core.events import ContextCompacted, EventBus, TurnDone, TurnResumed, TurnStarted
 from ..core.mode import ModeState
+from ..core.permissions import Rules
 from ..core.prompts import (
     MAIN_SYSTEM,
     NOTICES,
@@ -34,7 +35,9 @@ from ..core.secrets import Secrets
 from ..core.settings import Settings
 from ..core.wire import Block, Message, blocks_of
 from ..executors import Executor, open_executor
+from ..executors.approvals import Approvals
 from ..executors.host import AgentHost, ShellFactory
+from ..executors.permits import Permits
 from ..fanout.workflow import Workflow
 from ..loop import AgentLoop, Ending, Handler, Hooks, LoopResult, Room, Toolbox
 from ..loop.room import KEEP_TOOL_USES as KEEP_TOOL_USES  # where it was before the one loop
@@ -108,6 +111,7 @@ class Conversation:
         executor: Executor | None = None,
         roles: Mapping[str, AgentDefinition] | None = None,
         secrets: Secrets | None = None,
+        rules: Rules | None = None,
     ) -> None:
         self.settings = settings
         self.gateway = gateway
@@ -181,12 +185,33 @@ class Conversation:
         #: The tree's private store and this process's copies of it (``worktree``).
         self.trees = Trees(workdir, secrets=self.secrets)
         self.trees.sweep()  # copies left by a run that was killed
+        #: The permission rules (None: none, as before they existed) and whom an ``ask`` goes
+        #: to: the user, through the store, with the asking agent parked meanwhile.
+        self.permits = (
+            Permits(
+                rules,
+                self.session_id,
+                workdir,
+                Approvals(store, self.session_id, workdir, settings, self.events.emit),
+            )
+            if rules is not None
+            else None
+        )
+        if self.permits is not None:
+            self.permits.attach(self.shell, "main", self.events.emit)
         self.executor = executor or open_executor(
             settings,
             gateway.credentials,
             workdir,
             AgentHost(
-                settings, gateway, store, self.make_shell, self.trees, self.mcp, masker=masker
+                settings,
+                gateway,
+                store,
+                self.make_shell,
+                self.trees,
+                self.mcp,
+                masker=masker,
+                permits=self.permits,
             ),
         )
         self.workflow = Workflow(
@@ -395,7 +420,8 @@ class Conversation:
         if mcp is not None:
 
             async def mcp_tool(tool_use: Block, _gathered: object) -> Block:
-                return await mcp.call(tool_use, agent="main", role="main")
+                permit = self.permits.for_agent("main").mcp if self.permits else None
+                return await mcp.call(tool_use, agent="main", role="main", permit=permit)
 
             prefixes["mcp__"] = mcp_tool
         return Toolbox(self.tools, {"bash": bash, "Workflow": workflow}, prefixes)

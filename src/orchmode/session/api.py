@@ -24,6 +24,7 @@ from typing import Any, Generic, TypeVar, cast, overload
 from ..core.agents import AgentDefinition, load_definitions
 from ..core.errors import ConfigError, OrchmodeError
 from ..core.events import Event, EventBus, TokenUsage
+from ..core.permissions import Rules
 from ..core.secrets import Secrets, committed_secrets_warning
 from ..core.settings import Settings
 from ..executors import check_executor
@@ -446,13 +447,16 @@ async def open_session(
     secrets = Secrets.start(settings.secret_files, where, os.environ, credentials.secrets)
     if secrets.in_git:
         warn(committed_secrets_warning(secrets.in_git))
+    rules, rule_warnings = Rules.load(settings, where, os.environ)
+    for warning in rule_warnings:
+        warn(warning)
     bus = EventBus(mask=secrets.masker.mask_event)
     masked = secrets.masker.secrets
     traces = start_tracing(settings, masked) if tracing_wanted(settings) else None
     if traces is not None:
         bus.subscribe(traces)
     try:
-        async with _claimed(settings, where, credentials, bus, roles, secrets) as engine:
+        async with _claimed(settings, where, credentials, bus, roles, secrets, rules) as engine:
             if traces is not None:
                 traces.session_id = engine.session_id
                 if engine.mcp is not None:
@@ -509,6 +513,7 @@ async def _claimed(
     events: EventBus,
     roles: Mapping[str, AgentDefinition],
     secrets: Secrets,
+    rules: Rules | None = None,
 ) -> AsyncIterator[Conversation]:
     """The conversation with its store, gateway and executor (started); all closed on the
     way out.
@@ -529,6 +534,7 @@ async def _claimed(
             events=events,
             roles=roles,
             secrets=secrets,
+            rules=rules,
         )
         try:
             key, lease = session_key(engine.session_id), settings.claim_lease

@@ -11,7 +11,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import TracebackType
@@ -242,6 +242,13 @@ class BashSession:
         self._lock = asyncio.Lock()
         self._shell: _Shell | None = None
         self._tmpdir: str | None = None
+        #: Asked before each command (the permission rules, and the user for an ``ask``):
+        #: a text it returns refuses the command with that reason, and nothing runs.
+        self.permit: Callable[[str], Awaitable[str | None]] | None = None
+        #: Waits for the user in progress (see :meth:`held`), and their time so far.
+        self._holds = 0
+        self._held_since = 0.0
+        self._held_total = 0.0
 
     @property
     def pid(self) -> int | None:
@@ -292,6 +299,10 @@ class BashSession:
         """Run ``command`` in the persistent shell, waiting at most ``timeout`` seconds."""
         if command is None or not command.strip():
             return _error(f"(error: a non-empty command is required; {_USAGE})")
+        if self.permit is not None:
+            refusal = await self.permit(command)
+            if refusal is not None:
+                return _error(refusal)
         async with self._lock:
             result = await self._run_locked(command)
         if self._masker:  # error texts too, which name paths and commands
@@ -552,12 +563,33 @@ class BashSession:
             notes.append(_TOO_LARGE_NOTE)
         return self._result(notes, collector, code, False, loop.time() - started, masker)
 
+    @contextlib.asynccontextmanager
+    async def held(self) -> AsyncIterator[None]:
+        """The running command waits for the user (a connection the proxy holds until an
+        approval is answered): its time limit stands still meanwhile."""
+        loop = asyncio.get_running_loop()
+        self._holds += 1
+        if self._holds == 1:
+            self._held_since = loop.time()
+        try:
+            yield
+        finally:
+            self._holds -= 1
+            if self._holds == 0:
+                self._held_total += loop.time() - self._held_since
+
+    def _held_for(self, now: float) -> float:
+        """Seconds the commands so far waited for the user (see :meth:`held`)."""
+        return self._held_total + (now - self._held_since if self._holds else 0.0)
+
     async def _wait(self, shell: _Shell, collector: _OutputCollector, deadline: float) -> bool:
-        """Wait for the marker, the shell's death or the deadline; False on timeout."""
+        """Wait for the marker, the shell's death or the deadline (moved on by the time the
+        command waited for the user); False on timeout."""
         loop = asyncio.get_running_loop()
         proto = shell.protocol
+        deadline -= self._held_for(loop.time())  # what was held before this command began
         while not (collector.finished or proto.exited.is_set() or proto.eof.is_set()):
-            remaining = deadline - loop.time()
+            remaining = deadline + self._held_for(loop.time()) - loop.time()
             if remaining <= 0:
                 return False
             proto.wake.clear()

@@ -22,7 +22,7 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -44,6 +44,22 @@ STDERR_TAIL = 600
 CLOSE_WAIT = 10.0
 
 
+#: Asks whether an agent may call ``server``'s ``tool`` (its annotations given): None if
+#: it may, else the refusal the agent is given.
+McpPermit = Callable[[str, str, Mapping[str, Any] | None], Awaitable[str | None]]
+
+
+def _annotations(listed: Any) -> Mapping[str, Any] | None:
+    """A listed tool's annotations as a plain mapping (None when the server gave none)."""
+    annotations = getattr(listed, "annotations", None)
+    if annotations is None:
+        return None
+    if hasattr(annotations, "model_dump"):
+        dumped = annotations.model_dump(exclude_none=True)
+        return dumped if isinstance(dumped, dict) else None
+    return annotations if isinstance(annotations, Mapping) else None
+
+
 @dataclass(frozen=True)
 class McpTool:
     """One tool as the agents see it, and where its calls go."""
@@ -52,6 +68,9 @@ class McpTool:
     server: str
     name: str
     schema: Block
+    #: The server's hints about the tool (``readOnlyHint``, ``destructiveHint``,
+    #: ``openWorldHint``): its permission default when no rule names it.
+    annotations: Mapping[str, Any] | None = None
 
 
 class _Server:
@@ -287,8 +306,14 @@ class McpHub:
     def _offers(self, role: Role, tool: McpTool) -> bool:
         return any(t is tool for t in self._tools.get(role, ()))
 
-    async def call(self, tool_use: Block, *, agent: str, role: Role) -> Block:
-        """Run one call; whatever goes wrong comes back as an error result, never raised."""
+    async def call(
+        self, tool_use: Block, *, agent: str, role: Role, permit: McpPermit | None = None
+    ) -> Block:
+        """Run one call; whatever goes wrong comes back as an error result, never raised.
+
+        ``permit`` asks the permission rules first (and the user, for an ``ask``): the text it
+        returns is the refusal the agent is given instead of a call.
+        """
         name = str(tool_use.get("name"))
         tool = self._by_name.get(name)
         if tool is None or not self._offers(role, tool):
@@ -300,6 +325,10 @@ class McpHub:
                 f"error: the input of {name} must be a JSON object matching its schema",
                 is_error=True,
             )
+        if permit is not None:
+            refusal = await permit(tool.server, tool.name, tool.annotations)
+            if refusal is not None:
+                return tool_result(tool_use["id"], refusal, is_error=True)
         server = self._servers[tool.server]
         self.events.emit(McpCallStarted(agent=agent, server=tool.server, tool=tool.name))
         started = time.monotonic()
@@ -378,6 +407,7 @@ class McpHub:
                         "description": f"[MCP server {server.name}] {description}".strip(),
                         "input_schema": schema or {"type": "object", "properties": {}},
                     },
+                    _annotations(listed),
                 )
                 self._by_name[api_name] = known
                 self._by_origin[(server.name, listed.name)] = known
