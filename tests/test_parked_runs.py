@@ -1,0 +1,173 @@
+"""Approvals that block no one else: real `orchmode run` processes, real stores, real answers
+from a second process, a run killed while an approval is pending and then resumed."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchmode.testing import ScriptedServer
+from orchmode.testing.scenario import OrchestrationScenario
+from recorded_runs import base_env, item_number, orchmode, worker_prompts
+
+#: The one command of the fan-out that a rule asks about.
+ASKED = "echo deploy {n}"
+ASK_RULE = "Bash(echo deploy:*)"
+LEASE = ("--claim-lease", "2")
+
+
+def commands_asking_for(asking: int) -> Callable[[str], str]:
+    """Every worker echoes its item; worker ``asking`` runs the command the rule asks about."""
+
+    def command(prompt: str) -> str:
+        n = item_number(prompt)
+        return ASKED.format(n=n) if n == asking else f"echo item {n}"
+
+    return command
+
+
+def pending(cwd: Path) -> list[dict[str, Any]]:
+    """The approvals `orchmode approvals --json` lists, from another process."""
+    result = orchmode("approvals", "--json", cwd=cwd, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return [json.loads(line) for line in result.stdout.splitlines() if line.strip()]
+
+
+def wait_for(condition: Callable[[], bool], what: str, process: subprocess.Popen[str]) -> None:
+    """Poll ``condition`` (it reads what another process writes) until it holds."""
+    deadline = time.monotonic() + 90
+    while not condition():
+        if process.poll() is not None:
+            _out, err = process.communicate()
+            raise AssertionError(f"the run ended before {what}: {err[-3000:]}")
+        assert time.monotonic() < deadline, f"never: {what}"
+        time.sleep(0.05)  # polling files and a store another process writes
+
+
+def start_run(server: ScriptedServer, cwd: Path, *flags: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "orchmode", "run", "review this", "--base-url", server.url,
+         "--sandbox", "off", "--permissions-ask", ASK_RULE, *LEASE, *flags],
+        cwd=cwd, env=base_env(), stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+def recorded_workers(cwd: Path) -> set[int]:
+    return {item_number(p) for p in worker_prompts(cwd / ".orchmode" / "journal.db")}
+
+
+@pytest.mark.slow
+def test_an_approval_answered_from_another_process_parks_only_the_agent_that_asked(
+    scripted: Callable[..., ScriptedServer], tmp_path: Path
+) -> None:
+    """20 workers on ONE slot: worker 7 asks, and the other 19 (and their verifiers) all
+    finish while it waits — possible only if its slot went to them. Then an `orchmode
+    approve` from another process lets it go on, and the run ends with its result."""
+    scenario = OrchestrationScenario(subtasks=20, worker_command=commands_asking_for(7))
+    server = scripted(scenario)
+    run = start_run(server, tmp_path, "--max-concurrent", "1")
+    try:
+        wait_for(lambda: bool(pending(tmp_path)), "an approval was asked for", run)
+        (asked,) = pending(tmp_path)
+        assert asked["what"] == ASKED.format(n=7) and asked["agent"].endswith(".7")
+        everyone_else = set(range(1, 21)) - {7}
+        wait_for(lambda: recorded_workers(tmp_path) >= everyone_else, "the others finished", run)
+        assert 7 not in recorded_workers(tmp_path)  # still parked
+        answer = orchmode("approve", str(asked["id"]), cwd=tmp_path, timeout=60)
+        assert answer.returncode == 0, answer.stderr
+        _out, err = run.communicate(timeout=120)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    assert run.returncode == 0, err[-3000:]
+    assert recorded_workers(tmp_path) == set(range(1, 21))
+    assert not pending(tmp_path)
+    # worker 7 ran the command it was allowed, and was shown its output
+    told = [json.dumps(e.body) for e in server.log if e.path == "/v1/messages"]
+    assert any("deploy 7\\n" in body for body in told)
+
+
+@pytest.mark.slow
+def test_a_denied_command_is_refused_with_the_reason_and_the_run_goes_on(
+    scripted: Callable[..., ScriptedServer], tmp_path: Path
+) -> None:
+    scenario = OrchestrationScenario(subtasks=3, worker_command=commands_asking_for(2))
+    server = scripted(scenario)
+    run = start_run(server, tmp_path, "--max-concurrent", "2")
+    try:
+        wait_for(lambda: bool(pending(tmp_path)), "an approval was asked for", run)
+        (asked,) = pending(tmp_path)
+        answer = orchmode(
+            "deny", str(asked["id"]), "--reason", "not on a Friday", cwd=tmp_path, timeout=60
+        )
+        assert answer.returncode == 0, answer.stderr
+        _out, err = run.communicate(timeout=120)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    assert run.returncode == 0, err[-3000:]
+    told = [json.dumps(e.body) for e in server.log if e.path == "/v1/messages"]
+    assert any("not on a Friday" in body and "was not run" in body for body in told)
+
+
+@pytest.mark.slow
+def test_unattended_runs_deny_at_once(
+    scripted: Callable[..., ScriptedServer], tmp_path: Path
+) -> None:
+    scenario = OrchestrationScenario(subtasks=2, worker_command=commands_asking_for(1))
+    server = scripted(scenario)
+    started = time.monotonic()
+    result = orchmode(
+        "run", "review this", "--base-url", server.url, "--sandbox", "off",
+        "--permissions-ask", ASK_RULE, "--approvals", "deny", cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert time.monotonic() - started < 60
+    told = [json.dumps(e.body) for e in server.log if e.path == "/v1/messages"]
+    assert any("was not run" in body and "--approvals deny" in body for body in told)
+
+
+@pytest.mark.slow
+def test_a_run_killed_while_an_approval_is_pending_finds_its_answer_on_resume(
+    scripted: Callable[..., ScriptedServer], tmp_path: Path
+) -> None:
+    """kill -9 while worker 2 waits; the user approves from another terminal meanwhile; the
+    resumed run does not ask again, runs the command, and ends."""
+    scenario = OrchestrationScenario(subtasks=3, worker_command=commands_asking_for(2))
+    server = scripted(scenario)
+    run = start_run(server, tmp_path, "--max-concurrent", "3")
+    try:
+        wait_for(lambda: bool(pending(tmp_path)), "an approval was asked for", run)
+    finally:
+        run.kill()
+        run.wait()
+    (asked,) = pending(tmp_path)  # the question outlived the process
+    answer = orchmode("approve", str(asked["id"]), cwd=tmp_path, timeout=60)
+    assert answer.returncode == 0, answer.stderr
+    resumed = orchmode(
+        "resume", "--base-url", server.url, "--sandbox", "off",
+        "--permissions-ask", ASK_RULE, "--approvals", "deny", *LEASE, cwd=tmp_path,
+    )  # fmt: skip
+    # --approvals deny would refuse any new question at once: the command ran, so the
+    # answer given while no process was running was found
+    assert resumed.returncode == 0, resumed.stderr
+    assert recorded_workers(tmp_path) == {1, 2, 3}
+    told = [json.dumps(e.body) for e in server.log if e.path == "/v1/messages"]
+    assert not any("was not run" in body for body in told)
+    db = sqlite3.connect(tmp_path / ".orchmode" / "journal.db")
+    try:
+        results = [r[0] for r in db.execute("SELECT prompt FROM results WHERE role = 'worker'")]
+    finally:
+        db.close()
+    assert len(results) >= 3
