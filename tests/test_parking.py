@@ -214,3 +214,43 @@ def test_a_holder_cancelled_while_coming_back_gives_up_its_place(limit: int) -> 
         return slots._free
 
     assert asyncio.run(scenario()) == limit
+
+
+def test_an_agent_on_another_node_is_parked_here_from_the_events_it_sends() -> None:
+    """A Ray node asks the user itself; the driver gives the agent's slot away from the
+    question's event to its answer's, and stops waiting for it when the agent is done."""
+    from orchmode.core.events import ApprovalAnswered, ApprovalRequested
+    from orchmode.executors.parking import RemoteParking
+
+    async def scenario() -> tuple[list[str], int]:
+        slots = PrioritySlots(1)
+        order: list[str] = []
+        asked = asyncio.Event()
+        other_ran = asyncio.Event()
+
+        async def remote_agent() -> None:
+            async with slots.slot(WORKER_PRIORITY) as tenure:
+                away = RemoteParking(tenure)
+                away.follow(ApprovalRequested(4, "worker 1.1", "domain", "pypi.org:443", "ask"))
+                away.follow(ApprovalRequested(5, "worker 1.1", "domain", "npmjs.org:443", "ask"))
+                asked.set()
+                await other_ran.wait()
+                away.follow(ApprovalAnswered(4, "worker 1.1", "approved", False, ""))
+                order.append("one answer of two")
+                away.follow(ApprovalAnswered(5, "worker 1.1", "approved", False, ""))
+                await away.end()  # done on its node before a slot came back
+                order.append("remote done")
+
+        async def other() -> None:
+            await asked.wait()
+            await asyncio.sleep(0)
+            async with slots.slot(WORKER_PRIORITY):
+                order.append("other runs")
+                other_ran.set()
+
+        await asyncio.wait_for(asyncio.gather(remote_agent(), other()), 5)
+        return order, slots._free
+
+    order, free = asyncio.run(scenario())
+    assert order[0] == "other runs" and "remote done" in order
+    assert free == 1

@@ -136,7 +136,9 @@ def open_executor(
         from .local import LocalExecutor
 
         return LocalExecutor(host)
-    return _cluster_executor(settings, workdir)(settings, credentials, workdir, host.masker)
+    return _cluster_executor(settings, workdir)(
+        settings, credentials, workdir, host.masker, host.permits
+    )
 
 
 def check_executor(settings: Settings, workdir: Path) -> None:

@@ -44,6 +44,7 @@ from ..core.events import (
     ModelRequestDone,
     WorkspacesChosen,
 )
+from ..core.permissions import Rules
 from ..core.results import AgentResult, Status
 from ..core.secrets import Masker, SecretFiles, Secrets
 from ..core.settings import Settings
@@ -55,7 +56,11 @@ from ..tools.mcpconfig import McpConfig, load
 from ..tools.mcptools import McpHub
 from ..trees.copies import Trees
 from . import Job, WorkerLost
+from .approvals import Approvals
 from .host import AgentHost, ShellFactory
+from .parking import RemoteParking
+from .parking import current as current_parking
+from .permits import Permits
 from .upload import package_workdir
 
 log = logging.getLogger("orchmode")
@@ -123,10 +128,14 @@ class AgentPool:
         store_url: Secret,
         mcp: McpConfig | None = None,
         masked: Secret | None = None,
+        rules: tuple[Rules, str] | None = None,
     ) -> None:
         self.settings = settings
         self.credentials = credentials
         self.store_url = store_url
+        #: The driver's permission rules and working directory: an ``ask`` on this node is
+        #: a question in the store, answered from wherever the user is.
+        self.rules = rules
         #: The driver's secret values, one per line, masked here as there.
         self.masked = masked
         self.mcp_config = mcp
@@ -211,8 +220,21 @@ class AgentPool:
             gateway = ModelGateway(self.settings, self.credentials, self.events)
             gateway.budget = SessionBudget(self.store, session, self.settings)
             self.gateways.append(gateway)
+            permits = None
+            if self.rules is not None:
+                rules, workdir = self.rules
+                approvals = Approvals(
+                    self.store, session, Path(workdir), self.settings, self.events.emit
+                )
+                permits = Permits(rules, session, Path(workdir), approvals)
             host = AgentHost(
-                self.settings, gateway, self.store, self.make_shell, self.trees, self.mcp
+                self.settings,
+                gateway,
+                self.store,
+                self.make_shell,
+                self.trees,
+                self.mcp,
+                permits=permits,
             )
             self.hosts[session] = host
         return host
@@ -260,6 +282,8 @@ class RayExecutor:
     workdir: Path
     #: The session's secret values, shipped to every actor to mask there too.
     masker: Masker | None = None
+    #: The session's permission rules, shipped to every actor to ask there too.
+    permits: Permits | None = None
     members: list[_Member] = field(default_factory=list)
     _changed: asyncio.Condition | None = None
     _tmp: Path | None = None
@@ -313,6 +337,8 @@ class RayExecutor:
         member.running += 1
         on_placed(member.node)
         stream = member.actor.run.options(num_returns="streaming").remote(job)
+        # its approvals are asked on the node; its slot is here, and given away meanwhile
+        away = RemoteParking(current_parking())
         try:
             async for ref in stream:
                 item = await ref
@@ -322,6 +348,7 @@ class RayExecutor:
                     assert item.result is not None
                     return item.result
                 events.emit(item)
+                away.follow(item)
             raise WorkerLost(member.node, "its stream ended without a result")
         except LOST as exc:
             await self._lost(member)
@@ -339,6 +366,7 @@ class RayExecutor:
             ray.cancel(stream)
             raise
         finally:
+            await away.end()
             member.running -= 1
             await self._notify()
 
@@ -399,13 +427,15 @@ class RayExecutor:
         )
         store_url = Secret(self.settings.store or "")
         masked = Secret("\n".join(self.masker.secrets)) if self.masker is not None else None
+        permits = self.permits
+        rules = (permits.rules, str(permits.workdir)) if permits is not None else None
         actors: list[Any] = [
             remote.options(
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False),
                 max_concurrency=self.settings.ray_max_per_actor,
                 num_cpus=0,
                 max_restarts=0,
-            ).remote(settings, self.credentials, store_url, self._mcp, masked)
+            ).remote(settings, self.credentials, store_url, self._mcp, masked, rules)
             for node in nodes
             for _ in range(self.settings.ray_actors)
         ]
