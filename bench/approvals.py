@@ -59,9 +59,9 @@ def start_server(subtasks: int, latency: float) -> tuple[subprocess.Popen[str], 
         "BENCH_ASKING": str(ASKING),
         "PYTHONPATH": str(Path(__file__).parent),
     }
+    command = [sys.executable, "-m", "orchmode.testing", "--latency", str(latency)]
     process = subprocess.Popen(
-        [sys.executable, "-m", "orchmode.testing", "--latency", str(latency)]
-        + ["--responder", "approvals:responder"],
+        [*command, "--responder", "approvals:responder"],
         stdout=subprocess.PIPE,
         text=True,
         env=env,
