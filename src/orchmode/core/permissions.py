@@ -18,6 +18,7 @@ not them, is what holds a command in (see docs/permissions.md for what they cann
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -92,7 +93,7 @@ OTHER_TOOLS = frozenset(
     }
 )
 _DECISIONS: tuple[Decision, ...] = ("deny", "ask", "allow")
-_RULE = re.compile(r"(?s)^([A-Za-z_][A-Za-z0-9_-]*)(?:\((.*)\))?$")
+_RULE = re.compile(r"(?s)^([A-Za-z_][A-Za-z0-9_-]*\*?)(?:\((.*)\))?$")
 _MCP_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 #: How deep ``bash -c`` / ``eval`` strings are followed before a command counts as unreadable.
 _MAX_DEPTH = 6
@@ -264,6 +265,9 @@ _DYNAMIC_KINDS = frozenset({"parameter", "commandsubstitution", "processsubstitu
 # `time` is a keyword bashlex does not parse: blanked at a command's start (its words kept
 # in place, so positions hold), the command after it is what is checked.
 _TIME = re.compile(r"(?m)(^|[;&|(){}!]|\bthen|\bdo|\belse)(\s*)time((?:\s+-p)?\s)")
+# bashlex reads no quoted heredoc delimiter (`<<'EOF'`, which agents use to write files): it
+# is given the bare name, and the heredoc is remembered as quoted (its body is plain text).
+_QUOTED_HEREDOC = re.compile(r"<<(-?)[ \t]*(?:'(\w+)'|\"(\w+)\"|\\(\w+))")
 
 
 def simple_commands(command: str, depth: int = 0) -> list[_Part]:
@@ -276,31 +280,101 @@ def simple_commands(command: str, depth: int = 0) -> list[_Part]:
     if depth > _MAX_DEPTH or len(command) > _MAX_PARSED:
         return [_Unreadable(command)]
     text = _TIME.sub(lambda m: m.group(1) + m.group(2) + " " * (4 + len(m.group(3))), command)
+    quoted: set[str] = set()
+
+    def unquoted(found: re.Match[str]) -> str:
+        name = found.group(2) or found.group(3) or found.group(4)
+        quoted.add(name)
+        return f"<<{found.group(1)}{name}"
+
+    text = _QUOTED_HEREDOC.sub(unquoted, text)
     try:
         trees = bashlex.parse(text)
     except Exception:  # bashlex raises many kinds; any means "not readable"
         return [_Unreadable(command)]
     parts: list[_Part] = []
+    walker = _Walker(text, depth, frozenset(quoted), parts)
     for tree in trees:
-        _walk(tree, text, depth, parts)
+        walker.walk(tree)
     return parts
 
 
-def _walk(node: Any, text: str, depth: int, parts: list[_Part]) -> None:
-    kind = getattr(node, "kind", None)
-    if kind == "command":
-        _command(node, text, depth, parts)
-        return
-    if kind in ("commandsubstitution", "processsubstitution"):
-        _walk(node.command, text, depth, parts)
-        return
-    if kind == "parameter":
-        value = str(getattr(node, "value", ""))
-        if "$(" in value or "`" in value:
-            parts.append(_Unreadable(value))
-        return
-    for child in _children(node):
-        _walk(child, text, depth, parts)
+@dataclass
+class _Walker:
+    """Collects the simple commands of one parsed text."""
+
+    text: str
+    depth: int
+    #: Heredoc delimiters written quoted: their bodies are text, never substituted.
+    quoted: frozenset[str]
+    parts: list[_Part]
+
+    def walk(self, node: Any) -> None:
+        kind = getattr(node, "kind", None)
+        if kind == "command":
+            self.command(node)
+        elif kind in ("commandsubstitution", "processsubstitution"):
+            self.walk(node.command)
+        elif kind == "parameter":
+            value = str(getattr(node, "value", ""))
+            if "$(" in value or "`" in value:
+                self.parts.append(_Unreadable(value))
+        else:
+            for child in _children(node):
+                self.walk(child)
+            if kind == "pipeline":
+                self.piped(node)
+
+    def piped(self, node: Any) -> None:
+        """``… | bash``: what the command before a shell that reads stdin writes is a script
+        (a heredoc, ``echo``'s words; anything else is known only at run time)."""
+        commands = [p for p in node.parts if getattr(p, "kind", None) == "command"]
+        for before, after in itertools.pairwise(commands):
+            words, _ = self.read(after)
+            if not words or not any(_reads_script(form) for form in _forms(tuple(words))):
+                continue
+            feeding, heredocs = self.read(before)
+            bodies = [body for _, body in heredocs]
+            program = os.path.basename(feeding[0] or "") if feeding else ""
+            if bodies:
+                script: str | None = "\n".join(bodies)
+            elif program in ("echo", "printf") and all(w is not None for w in feeding[1:]):
+                script = " ".join(w for w in feeding[1:] if w is not None)
+            else:
+                script = None
+            if script is None:
+                self.parts.append(_Simple((None,)))
+            else:
+                self.parts.extend(simple_commands(script, self.depth + 1))
+
+    def read(self, node: Any) -> tuple[list[str | None], list[tuple[str, str]]]:
+        """A command node's words and its heredocs (delimiter, body)."""
+        words: list[str | None] = []
+        heredocs: list[tuple[str, str]] = []
+        for part in node.parts:
+            if part.kind == "word":
+                words.append(None if _dynamic(part, self.text) else part.word)
+            elif part.kind == "redirect" and getattr(part, "heredoc", None) is not None:
+                heredocs.append((str(part.output.word), str(part.heredoc.value)))
+        return words, heredocs
+
+    def command(self, node: Any) -> None:
+        words, heredocs = self.read(node)
+        for part in node.parts:
+            # an assignment before the program is no word of it (its substitutions run)
+            for child in getattr(part, "parts", None) or ():
+                self.walk(child)
+            if part.kind == "redirect" and hasattr(part.output, "kind"):
+                self.walk(part.output)
+        for delimiter, body in heredocs:
+            if delimiter not in self.quoted and ("$(" in body or "`" in body):
+                self.parts.append(_Unreadable(body))  # an unquoted heredoc's substitutions run
+        if not words:
+            return
+        simple = tuple(words)
+        self.parts.append(_Simple(simple))
+        for form in _forms(simple):
+            self.parts.extend(_nested(form, self.depth, heredocs))
 
 
 def _children(node: Any) -> Iterator[Any]:
@@ -311,34 +385,6 @@ def _children(node: Any) -> Iterator[Any]:
         if child is not None and hasattr(child, "kind"):
             yield child
     yield from getattr(node, "redirects", None) or ()
-
-
-def _command(node: Any, text: str, depth: int, parts: list[_Part]) -> None:
-    words: list[str | None] = []
-    heredocs: list[tuple[str, str]] = []  # (delimiter as written, body)
-    for part in node.parts:
-        kind = part.kind
-        if kind == "word":
-            words.append(None if _dynamic(part, text) else part.word)
-        elif kind == "redirect":
-            heredoc = getattr(part, "heredoc", None)
-            if heredoc is not None:
-                delimiter = text[part.output.pos[0] : part.output.pos[1]]
-                heredocs.append((delimiter, str(heredoc.value)))
-        # an assignment before the program is not a word of it (its substitutions run)
-        for child in getattr(part, "parts", None) or ():
-            _walk(child, text, depth, parts)
-        if kind == "redirect" and hasattr(part.output, "kind"):
-            _walk(part.output, text, depth, parts)
-    if not words:
-        return
-    simple = tuple(words)
-    parts.append(_Simple(simple))
-    for form in _forms(simple):
-        parts.extend(_nested(form, depth, heredocs))
-    for delimiter, body in heredocs:
-        if not any(q in delimiter for q in "'\"\\") and ("$(" in body or "`" in body):
-            parts.append(_Unreadable(body))  # an unquoted heredoc's substitutions run
 
 
 def _dynamic(word: Any, text: str) -> bool:
@@ -436,6 +482,8 @@ def _unwrapped(words: tuple[str | None, ...]) -> tuple[str | None, ...] | None:
         rest = _options(words, 1, ("-i", "-o", "-e"))
     elif name == "timeout":
         rest = _options(words, 1, ("-s", "--signal", "-k", "--kill-after")) + 1  # duration
+    elif name in ("sudo", "doas"):  # no use in the sandbox, but what it would run is named
+        rest = _options(words, 1, ("-u", "-g", "-C", "-D", "-h", "-p", "-r", "-t", "-U", "-T"))
     elif name == "xargs":
         rest = _options(
             words, 1, ("-a", "-d", "-E", "-e", "-I", "-i", "-L", "-l", "-n", "-P", "-s")
@@ -501,6 +549,14 @@ def _shell_script(words: tuple[str | None, ...]) -> tuple[str | None, bool]:
     return None, not wants_string
 
 
+def _reads_script(words: tuple[str | None, ...]) -> bool:
+    """Whether a command is a shell reading its commands from stdin (``bash``, ``sh -s``)."""
+    program = words[0]
+    if program is None or os.path.basename(program) not in _SHELLS:
+        return False
+    return _shell_script(words)[1]
+
+
 def _find_exec(words: tuple[str | None, ...]) -> list[_Part]:
     found: list[_Part] = []
     index = 1
@@ -560,6 +616,8 @@ class Rules:
         self._commands = everything.of("command")
         self._mcp = everything.of("mcp")
         self._domains_set = everything.of("domain")
+        #: A fetch rule's domain, as the domain rules name it, back to the rule as written.
+        self._written = {(r.value, r.source): r.text for r in kept if r.kind == "domain"}
         self._domain_rules: DomainRules | None = None
         self._remembered_domains: DomainRules | None = None
 
@@ -720,7 +778,7 @@ class Rules:
         for rule in every.deny:
             if rule.value == "*":
                 return rule.verdict()
-        verdict = self._domains().decide(host, port)
+        verdict = self._as_written(self._domains().decide(host, port))
         if verdict.decision == "deny" and verdict.rule:
             return verdict
         if every.remembered:
@@ -732,7 +790,7 @@ class Rules:
                 )
             answered = self._remembered_domains.decide(host, port)
             if answered.decision == "allow":
-                return answered
+                return self._as_written(answered)
         for rule in every.ask:
             if rule.value == "*":
                 return rule.verdict()
@@ -741,7 +799,11 @@ class Rules:
     def address(self, host: str, address: str) -> Verdict:
         """Whether ``host``, allowed by :meth:`domain`, may be reached at ``address`` (what
         it resolved to): loopback, link-local and private only when named."""
-        return self._domains().address(host, address)
+        return self._as_written(self._domains().address(host, address))
+
+    def _as_written(self, verdict: Verdict) -> Verdict:
+        written = self._written.get((verdict.rule, verdict.source))
+        return Verdict(verdict.decision, written, verdict.source) if written else verdict
 
     # ------------------------------------------------------------------ MCP
 
