@@ -258,12 +258,20 @@ def test_a_glob_or_brace_in_the_program_counts_as_unknown() -> None:
     assert _SPLIT.command("ls *.py").decision == "allow"
 
 
+def test_tests_and_arithmetic_bashlex_lacks_are_read_with_what_they_run() -> None:
+    assert _SPLIT.command("[[ -f x ]] && echo ok") == Verdict("allow")
+    assert _SPLIT.command("if [[ $a == b ]]; then rm x; fi").decision == "deny"
+    assert _SPLIT.command("[[ -n $(rm x) ]]").decision == "deny"
+    assert _SPLIT.command("echo $((1 + 2)); ls").decision == "allow"
+    assert _SPLIT.command("echo $(( $(rm x) + 1 ))").decision == "deny"
+
+
 def test_a_command_bashlex_cannot_read_is_decided_safely() -> None:
-    unreadable = "[[ -f x ]] && {}"  # bashlex has no [[ ]]
+    unreadable = "case $x in a) {};; esac"  # bashlex has no case
     assert _SPLIT.command(unreadable.format("rm x")).decision == "deny"
     assert _SPLIT.command(unreadable.format("echo ok")) == Verdict("ask", "Bash(rm:*)", "test")
     assert rules(allow=["Bash(ls:*)"]).command(unreadable.format("echo ok")).decision == "allow"
-    assert rules().command("case x in a) rm x;; esac").decision == "allow"
+    assert rules().command("a=(1 2); rm x").decision == "allow"
 
 
 def test_a_command_no_rule_names_is_allowed_by_default() -> None:

@@ -24,7 +24,7 @@ import os
 import re
 import shlex
 import tomllib
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -35,33 +35,12 @@ import bashlex
 from .errors import ConfigError
 from .settings import Settings, project_settings, project_verdict, user_config_dir
 from .trust import locked, real_directory, replace_file, toml_string
+from .verdicts import Decision, Verdict
 
 if TYPE_CHECKING:
     from .domains import DomainRules
 
 __all__ = ["Decision", "Rules", "Verdict", "remember"]
-
-Decision = Literal["allow", "ask", "deny"]
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """What the rules say about one action, and why."""
-
-    decision: Decision
-    #: The rule that decided, as written (``Bash(npm test:*)``, ``*.pythonhosted.org``);
-    #: empty when no rule named it and the default decided.
-    rule: str = ""
-    #: Where that rule came from: a setting's name (``network_allow``), a file
-    #: (``.claude/settings.json``), ``remembered`` (an ``--always`` answer) or ``default``.
-    source: str = "default"
-
-    def why(self) -> str:
-        """A few words for a tool result, an approval or a 403: the rule and where it is."""
-        if not self.rule:
-            return "no rule names it" if self.source == "default" else f"the {self.source}"
-        return f"the rule `{self.rule}` in {self.source}"
-
 
 #: The answers given with ``--always``, by directory, in the user's configuration directory.
 RULES_FILE = "rules.toml"
@@ -267,6 +246,10 @@ _DYNAMIC_KINDS = frozenset({"parameter", "commandsubstitution", "processsubstitu
 _TIME = re.compile(r"(?m)(^|[;&|(){}!]|\bthen|\bdo|\belse)(\s*)time((?:\s+-p)?\s)")
 # bashlex reads no quoted heredoc delimiter (`<<'EOF'`, which agents use to write files): it
 # is given the bare name, and the heredoc is remembered as quoted (its body is plain text).
+# Nor `[[ … ]]` or `$(( … ))`: each is read as `true` or `0` (padded, so positions hold), and
+# the substitutions inside it, which run, are checked as text.
+_TEST = re.compile(r"\[\[(?=\s)(.*?)(?<=\s)\]\]")
+_ARITHMETIC = re.compile(r"\$\(\((.*?)\)\)")
 _QUOTED_HEREDOC = re.compile(r"<<(-?)[ \t]*(?:'(\w+)'|\"(\w+)\"|\\(\w+))")
 
 
@@ -288,11 +271,21 @@ def simple_commands(command: str, depth: int = 0) -> list[_Part]:
         return f"<<{found.group(1)}{name}"
 
     text = _QUOTED_HEREDOC.sub(unquoted, text)
+    parts: list[_Part] = []
+
+    def stands_for(value: str) -> Callable[[re.Match[str]], str]:
+        def replaced(found: re.Match[str]) -> str:
+            if "$(" in found.group(1) or "`" in found.group(1):
+                parts.append(_Unreadable(found.group(1)))
+            return value.ljust(len(found.group(0)))
+
+        return replaced
+
+    text = _ARITHMETIC.sub(stands_for("0"), _TEST.sub(stands_for("true"), text))
     try:
         trees = bashlex.parse(text)
     except Exception:  # bashlex raises many kinds; any means "not readable"
         return [_Unreadable(command)]
-    parts: list[_Part] = []
     walker = _Walker(text, depth, frozenset(quoted), parts)
     for tree in trees:
         walker.walk(tree)
