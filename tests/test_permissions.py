@@ -290,6 +290,16 @@ def test_an_always_answer_outranks_an_ask_rule_but_never_a_deny() -> None:
         _SPLIT.allowing("Read(x)")
 
 
+def test_an_always_answer_records_the_rule_that_stops_the_question() -> None:
+    asked = _SPLIT.command("ls; curl http://x")
+    rule = _SPLIT.always(asked)
+    assert rule == "Bash(curl:*)"
+    assert _SPLIT.allowing(rule).command("ls; curl http://x").decision == "allow"
+    assert _SPLIT.always(_SPLIT.command("$CMD")) == ""  # it may be `rm`: it asks every time
+    assert _SPLIT.always(Verdict("ask"), host="pypi.org") == "WebFetch(domain:pypi.org)"
+    assert _SPLIT.always(Verdict("ask"), server="gh", tool="merge") == "mcp__gh__merge"
+
+
 # --------------------------------------------------------------------------- MCP tools
 
 

@@ -683,6 +683,19 @@ class Rules:
             raise ConfigError(f"the rule {_shown(rule)} cannot be remembered: {parsed}")
         return Rules([*self._rules, parsed], self._network)
 
+    def always(self, verdict: Verdict, *, host: str = "", server: str = "", tool: str = "") -> str:
+        """The rule an ``--always`` answer to ``verdict`` (an ``ask``) records: the domain or
+        MCP tool asked about, or the ``Bash`` ask rule that asked ('' when no rule would
+        stop the question: a command that may be a denied one asks every time)."""
+        if host:
+            return f"WebFetch(domain:{host})"
+        if server and tool:
+            return f"mcp__{server}__{tool}"
+        asked = (
+            r for r in self._commands.ask if (r.text, r.source) == (verdict.rule, verdict.source)
+        )
+        return next((r.text for r in asked), "")
+
     # ------------------------------------------------------------------ commands
 
     def command(self, command: str) -> Verdict:
