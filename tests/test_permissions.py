@@ -211,6 +211,8 @@ def test_a_compound_command_passes_only_when_every_part_does(
         "r''m x",
         "ls | xargs -0 rm -f",
         "find . -name '*.o' -exec rm {} ;",
+        "find . -execdir sh -c 'rm \"$1\"' _ {} +",
+        "ls | xargs -I{} bash -c 'rm {}'",
         "bash <<EOF\nrm -rf /\nEOF",
         "cat <<EOF\n$(rm y)\nEOF",
         "cat <<'EOF' | bash\nrm y\nEOF",
@@ -272,6 +274,10 @@ def test_a_command_bashlex_cannot_read_is_decided_safely() -> None:
     assert _SPLIT.command(unreadable.format("echo ok")) == Verdict("ask", "Bash(rm:*)", "test")
     assert rules(allow=["Bash(ls:*)"]).command(unreadable.format("echo ok")).decision == "allow"
     assert rules().command("a=(1 2); rm x").decision == "allow"
+    pattern = rules(deny=["Bash(* --force)"])
+    assert pattern.command("a=(1 2); ls") == Verdict("ask", "Bash(* --force)", "test")
+    assert pattern.command("a=(1 2); git push --force") == Verdict("ask", "Bash(* --force)", "test")
+    assert rules(deny=["Bash"]).command("a=(1 2); ls").decision == "deny"
 
 
 def test_a_command_no_rule_names_is_allowed_by_default() -> None:

@@ -104,11 +104,10 @@ class _Rule:
 
     @cached_property
     def _regex(self) -> re.Pattern[str]:
-        parts = [re.escape(piece) for piece in self.value.split("*")]
         if self.value.endswith(" *") and self.value.count("*") == 1:
             # `npm test *`: a single trailing wildcard after a space also takes `npm test`
-            return re.compile(f"{parts[0][:-2]}(?: .*)?", re.DOTALL)
-        return re.compile(".*".join(parts), re.DOTALL)
+            return re.compile(f"{re.escape(self.value[:-2])}(?: .*)?", re.DOTALL)
+        return re.compile(".*".join(re.escape(piece) for piece in self.value.split("*")), re.DOTALL)
 
     def matches(self, words: Sequence[str | None]) -> Match:
         """Whether this command rule names a simple command (its words; ``None``: a word
@@ -514,7 +513,11 @@ def _nested(
                     return [_Simple((None,))]
                 return simple_commands(" ".join(w for w in after if w is not None), depth + 1)
     if name == "find":
-        return _find_exec(words)
+        found = _find_exec(words)
+        for inner in list(found):
+            if isinstance(inner, _Simple):
+                found += [p for form in _forms(inner.words) for p in _nested(form, depth, ())]
+        return found
     return []
 
 
@@ -718,7 +721,7 @@ class Rules:
             # Not parsed: deny when a denied program is named anywhere in it, ask when any
             # deny or ask rule could apply, else the default.
             for rule in rules.deny:
-                if not rule.program or _words_in(part.text, rule.program):
+                if rule.form == "all" or (rule.program and _words_in(part.text, rule.program)):
                     return rule.verdict()
             could = next(iter((*rules.deny, *rules.ask)), None)
             return could.verdict("ask") if could else Verdict("allow")
