@@ -184,11 +184,12 @@ def render_records(records: Iterable[TrustRecord]) -> str:
 
 
 @contextmanager
-def _locked(config_dir: Path) -> Iterator[None]:
-    """One ``orchmode trust`` at a time rewrites the record (a read, a change, a write)."""
+def locked(config_dir: Path, name: str = TRUST_FILE) -> Iterator[None]:
+    """One process at a time rewrites the record ``name`` in ``config_dir`` (a read, a
+    change, a write): ``orchmode trust`` for ``trusted.toml``, ``--always`` for the rules."""
     try:
         config_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        lock = (config_dir / f".{TRUST_FILE}.lock").open("a")
+        lock = (config_dir / f".{name}.lock").open("a")
     except OSError as exc:
         raise ConfigError(
             f"cannot write to {config_dir}: {exc.strerror or exc} — "
@@ -200,13 +201,18 @@ def _locked(config_dir: Path) -> Iterator[None]:
 
 
 def _write(config_dir: Path, records: Iterable[TrustRecord]) -> None:
-    """Replace the record at once: a reader sees the old file or the new, never half of one."""
-    path = trust_file(config_dir)
     try:
         text = render_records(records).encode("utf-8")
     except UnicodeEncodeError as exc:
         raise ConfigError("a path that is not valid UTF-8 cannot be recorded as trusted") from exc
-    handle, partial = tempfile.mkstemp(prefix=f".{TRUST_FILE}.", dir=config_dir)
+    replace_file(config_dir, TRUST_FILE, text)
+
+
+def replace_file(config_dir: Path, name: str, text: bytes) -> None:
+    """Replace the record ``name`` at once: a reader sees the old file or the new, never
+    half of one."""
+    path = config_dir / name
+    handle, partial = tempfile.mkstemp(prefix=f".{name}.", dir=config_dir)
     try:
         with os.fdopen(handle, "wb") as stream:
             stream.write(text)
@@ -226,7 +232,7 @@ def trust(config_dir: Path, directory: Path, named: Iterable[Path] = ()) -> Trus
         trusted_at=datetime.now(UTC).isoformat(timespec="seconds"),
         files=fingerprint(directory, named),
     )
-    with _locked(config_dir):
+    with locked(config_dir):
         records = read_records(config_dir)
         records[record.path] = record
         _write(config_dir, records.values())
@@ -236,7 +242,7 @@ def trust(config_dir: Path, directory: Path, named: Iterable[Path] = ()) -> Trus
 def revoke(config_dir: Path, directory: Path) -> bool:
     """Forget ``directory`` (its real path, or the path as recorded); whether it was trusted."""
     wanted = {str(real_directory(directory)), str(directory)}
-    with _locked(config_dir):
+    with locked(config_dir):
         records = read_records(config_dir)
         kept = {path: record for path, record in records.items() if path not in wanted}
         if len(kept) == len(records):
