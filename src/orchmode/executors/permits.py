@@ -9,6 +9,7 @@ waiting on it has its time limit stand still.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 from collections.abc import Callable, Mapping
@@ -26,6 +27,9 @@ if TYPE_CHECKING:
     from .approvals import Approvals
 
 __all__ = ["AgentPermits", "Permits"]
+
+#: Characters past which a command's parse runs on a thread (a 50 KB one takes ~0.5 s).
+_LONG_COMMAND = 4000
 
 
 @dataclass
@@ -76,11 +80,15 @@ class AgentPermits:
 
     async def command(self, command: str) -> str | None:
         """None if ``command`` may run, else why not (the tool result the agent gets)."""
-        verdict = self.permits.rules.command(command)
+        rules = self.permits.rules
+        if len(command) > _LONG_COMMAND:  # parsing a long one takes a while: not on the loop
+            verdict = await asyncio.to_thread(rules.command, command)
+        else:
+            verdict = rules.command(command)
         if verdict.decision == "allow":
             return None
         if verdict.decision == "ask":
-            approved, reason = await self._ask("command", command, verdict, f"Bash({command})")
+            approved, reason = await self._ask("command", command, verdict, rules.always(verdict))
             if approved:
                 return None
             return f"orchmode: the command was not run — {reason}"
@@ -98,7 +106,8 @@ class AgentPermits:
             return None
         what = f"{server}/{tool}"
         if verdict.decision == "ask":
-            approved, reason = await self._ask("mcp", what, verdict, f"mcp__{server}__{tool}")
+            rule = self.permits.rules.always(verdict, server=server, tool=tool)
+            approved, reason = await self._ask("mcp", what, verdict, rule)
             if approved:
                 return None
             return f"orchmode: {what} was not called — {reason}"
@@ -106,9 +115,8 @@ class AgentPermits:
 
     async def domain(self, host: str, port: int, verdict: Verdict) -> bool:
         """The answer to an ``ask`` for a connection the proxy holds meanwhile."""
-        approved, _ = await self._ask(
-            "domain", f"{host}:{port}", verdict, f"WebFetch(domain:{host})"
-        )
+        rule = self.permits.rules.always(verdict, host=host)
+        approved, _ = await self._ask("domain", f"{host}:{port}", verdict, rule)
         return approved
 
     async def _ask(
@@ -116,7 +124,7 @@ class AgentPermits:
     ) -> tuple[bool, str]:
         """Ask the user (parked meanwhile): whether approved, and a reason when not."""
         permits = self.permits
-        if rule in permits.remembered:
+        if rule and rule in permits.remembered:
             return True, ""
         broker = permits.approvals
         if broker is None:
@@ -133,7 +141,7 @@ class AgentPermits:
         )
         answer = await broker.ask(request, park=lambda: parked(self.parking))
         if answer.approved:
-            if answer.always:
+            if answer.always and rule:
                 permits.allow_always(rule)
             return True, ""
         reason = answer.reason or answer.status
