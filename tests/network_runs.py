@@ -64,12 +64,13 @@ class Splicer:
         h = self.hostile
         match event:
             case BashStarted(agent="worker 1.1"):
+                preset = "preset python-packages"
                 for n in range(30):
-                    self.emit(NetworkConnection("worker 1.1", INDEX, 443, "allowed",
-                                                "preset python-packages", 900, 40_000 + n, 0.01))  # fmt: skip
+                    self.emit(NetworkConnection("worker 1.1", INDEX, 443, "allowed", preset,
+                                                900, 40_000 + n, 0.01))  # fmt: skip
                 for _ in range(2):
-                    self.emit(NetworkConnection("worker 1.1", FILES, 443, "allowed",
-                                                "preset python-packages", 1200, 2_000_000, 0.2))  # fmt: skip
+                    self.emit(NetworkConnection("worker 1.1", FILES, 443, "allowed", preset,
+                                                1200, 2_000_000, 0.2))  # fmt: skip
                 for _ in range(3):
                     self.emit(NetworkConnection("worker 1.1", REFUSED + h, 443, "denied",
                                                 DENY_RULE + h, 0, 0, 0.0))  # fmt: skip

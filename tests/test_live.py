@@ -12,6 +12,16 @@ import pytest
 from rich.console import Console
 
 from conftest import StartServer, gateway_for, settings_for, store_for
+from network_runs import (
+    APPROVAL_ID,
+    ASK_WHY,
+    ASKED,
+    DENY_RULE,
+    FILES,
+    INDEX,
+    REFUSED,
+    networked_turn,
+)
 from orchmode.core.events import (
     ApprovalAnswered,
     ApprovalRequested,
@@ -32,16 +42,6 @@ from orchmode.session.agent import Conversation as Session
 from orchmode.testing.scenario import OrchestrationScenario
 from orchmode.views.display import JsonDisplay, PlainDisplay
 from orchmode.views.live import DONE, JOURNAL, SKIPPED, LiveView
-from network_runs import (
-    APPROVAL_ID,
-    ASK_WHY,
-    ASKED,
-    DENY_RULE,
-    FILES,
-    INDEX,
-    REFUSED,
-    networked_turn,
-)
 from test_cli import orchmode
 
 
@@ -347,7 +347,7 @@ async def test_plain_lines_say_each_refusal_once_and_the_question_with_its_answe
 ) -> None:
     server = await serve(OrchestrationScenario(subtasks=2))
     stream = io.StringIO()
-    events, _ = await networked_turn(server, tmp_path, PlainDisplay(stream), sandbox="off")
+    await networked_turn(server, tmp_path, PlainDisplay(stream), sandbox="off")
     lines = stream.getvalue().splitlines()
     assert [line for line in lines if REFUSED in line] == [
         f"[worker 1.1] network: denied {REFUSED}:443 ({DENY_RULE})"
@@ -369,7 +369,7 @@ async def test_json_lines_carry_every_connection_and_approval_event(
 ) -> None:
     server = await serve(OrchestrationScenario(subtasks=2))
     stream = io.StringIO()
-    events, _ = await networked_turn(server, tmp_path, JsonDisplay(stream), sandbox="off")
+    await networked_turn(server, tmp_path, JsonDisplay(stream), sandbox="off")
     records = [json.loads(line) for line in stream.getvalue().splitlines()]
     kinds = [r["kind"] for r in records]
     assert kinds.count("NetworkConnection") == 36
