@@ -314,9 +314,15 @@ async def test_a_parked_agent_shows_its_question_and_how_to_answer_it_until_answ
         elif isinstance(event, ApprovalAnswered):
             answered = render(view)
     flat = " ".join(asked.split())
-    assert f"worker 1.2 waits for approval {APPROVAL_ID}: domain {ASKED} ({ASK_WHY})" in flat
+    box = asked[asked.index("╭─ waiting for approval") : asked.index("╰")].splitlines()[1:]
+    box = [line.strip("│ ") for line in box]
+    assert box == [
+        f"worker 1.2 · approval {APPROVAL_ID} · waiting 42 s",
+        f"domain {ASKED} ({ASK_WHY})",
+        f"answer: /approve {APPROVAL_ID} or /deny {APPROVAL_ID} · from another terminal: "
+        f"orchmode approve {APPROVAL_ID}",
+    ]
     assert f"/approve {APPROVAL_ID}" in flat and f"orchmode approve {APPROVAL_ID}" in flat
-    assert "waiting 42 s" in flat
     assert f"waiting for approval {APPROVAL_ID}" in rows_of(asked)[(2, "worker")]
     assert "waiting for approval" not in rows_of(asked)[(1, "worker")]
     assert "waiting for approval" not in answered and "/approve" not in answered

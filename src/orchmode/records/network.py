@@ -57,7 +57,7 @@ class Reach:
         """The rule that decided, or what decides when none is named."""
         if self.rule:
             return self.rule
-        return "no rule names it (everything else is denied)" if self.decision == "denied" else ""
+        return "named by no rule" if self.decision == "denied" else ""
 
     def add(self, event: NetworkConnection, at: float) -> None:
         if not self.connections:
@@ -127,11 +127,6 @@ def question_text(approval: ApprovalRecord | ApprovalRequested) -> str:
     """What an agent asks, and why: ``domain pypi.org:443 (ask: pypi.org in network_ask)``."""
     what = f"{approval.kind} {approval.what}".strip()
     return what + (f" ({approval.why})" if approval.why else "")
-
-
-def asking_text(approval: ApprovalRecord | ApprovalRequested) -> str:
-    """``worker 1.2 waits for approval 3: domain pypi.org:443 (why)``."""
-    return f"{approval.agent} waits for approval {approval.id}: {question_text(approval)}"
 
 
 def connection_text(reach: Reach) -> str:

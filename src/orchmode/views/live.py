@@ -47,7 +47,7 @@ from ..core.events import (
     TurnStarted,
 )
 from ..records.history import Resolving
-from ..records.network import NetworkLog, asking_text, connection_text, hint
+from ..records.network import NetworkLog, connection_text, hint, question_text
 from ..records.totals import SessionTotals
 from ..records.wording import compaction_text, condensed_text
 from .escape import visible, visible_event
@@ -386,8 +386,8 @@ class LiveView:
         table.add_column("agent", no_wrap=True)
         table.add_column("what")
         for traffic in self.network.traffic():
-            if summary := traffic.summary():
-                table.add_row(Text(f"[{traffic.agent}]"), Text(summary))
+            if traffic.domains:  # an agent only refused has its refusals' lines below
+                table.add_row(Text(f"[{traffic.agent}]"), Text(traffic.summary()))
         for reach in denials[-DENIALS_SHOWN:]:
             table.add_row(Text(f"[{reach.agent}]"), Text(connection_text(reach), style="red"))
         return table
@@ -399,8 +399,9 @@ class LiveView:
             waited = approval.waited(now) or 0.0
             if lines:
                 lines.append("\n")
-            lines.append(asking_text(approval), style="bold")
-            lines.append(f" · waiting {waited:.0f} s\n  answer: {hint(approval.id)}")
+            lines.append(f"{approval.agent} · approval {approval.id}", style="bold")
+            lines.append(f" · waiting {waited:.0f} s\n  {question_text(approval)}")
+            lines.append(f"\n  answer: {hint(approval.id)}")
         count = len(self.network.pending)
         title = f"waiting for approval ({count})" if count > 1 else "waiting for approval"
         return Panel(lines, title=Text(title, style="bold"), title_align="left",

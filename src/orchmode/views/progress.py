@@ -101,7 +101,7 @@ def answered_text(event: ApprovalAnswered) -> str:
 
 def denied_text(event: NetworkConnection) -> str:
     """``network: denied evil.example:443 (rule)``."""
-    rule = event.rule or "no rule names it (everything else is denied)"
+    rule = event.rule or "named by no rule"
     return " ".join(f"network: denied {event.domain}:{event.port} ({rule})".split())
 
 
