@@ -430,7 +430,8 @@ async def test_a_hostile_domain_rule_and_question_reach_no_surface_raw(
     for text in (stream.getvalue(), waiting, final.file.getvalue()):  # type: ignore[attr-defined]
         assert_no_raw(text, drawn=True)
     live = flat(stream.getvalue() + waiting + final.file.getvalue())  # type: ignore[attr-defined]
-    assert f"approval {APPROVAL_ID} · waiting 0 s │ │ domain {ASKED}{SHOWN} ({ASK_WHY}{SHOWN})" in live
+    question = f"domain {ASKED}{SHOWN} ({ASK_WHY}{SHOWN})"
+    assert f"approval {APPROVAL_ID} · waiting 0 s │ │ {question}" in live
     assert f"denied {REFUSED}{SHOWN}:443 ({DENY_RULE}{SHOWN}) ×3" in live
     assert f"the user said so{SHOWN}" in live  # the answer's notice
 
