@@ -30,6 +30,7 @@ from orchmode.core.events import (
     Event,
     EventBus,
     FanoutStarted,
+    NetworkConnection,
     SubagentDone,
     SubagentStarted,
     TokenUsage,
@@ -387,3 +388,22 @@ async def test_json_lines_carry_every_connection_and_approval_event(
     denied = [r for r in records if r.get("decision") == "denied"]
     assert {(r["domain"], r["port"], r["rule"]) for r in denied} == {(REFUSED, 443, DENY_RULE)}
     assert kinds.index("ApprovalRequested") < kinds.index("ApprovalAnswered")
+
+
+def test_connections_let_through_do_not_each_redraw_the_live_region() -> None:
+    """A pip install in each of many agents makes thousands of connections: each moves only
+    a count, drawn with the region's next timed redraw; a refusal is drawn at once."""
+    stream = io.StringIO()
+    console = Console(file=stream, width=160, force_terminal=True, color_system=None)
+    view = LiveView(SessionTotals(), console)
+    view(TurnStarted("go", ()))
+    try:
+        for n in range(1000):
+            view(NetworkConnection("main", INDEX, 443, "allowed", "", 1, n, 0.0))
+        drawn = stream.getvalue().count("session · ")
+        assert drawn < 100, drawn  # the timed redraws only (four a second), not 1000
+        view(NetworkConnection("main", REFUSED, 443, "denied", DENY_RULE, 0, 0, 0.0))
+        assert stream.getvalue().count("session · ") > drawn  # drawn at once
+        assert f"denied {REFUSED}:443" in stream.getvalue().rsplit("network", 1)[1]
+    finally:
+        view.stop()

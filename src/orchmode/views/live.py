@@ -83,6 +83,12 @@ def _short(text: str, width: int) -> str:
     return line if len(line) <= width else line[: width - 1] + "…"
 
 
+def _counted_only(event: Event) -> bool:
+    """A connection let through: it only moves a count, so it waits for the next of the four
+    redraws a second (a ``pip install`` in each of 100 agents makes thousands)."""
+    return isinstance(event, NetworkConnection) and event.decision != "denied"
+
+
 def _tokens(usage: TokenUsage) -> int:
     return usage.total_input + usage.output_tokens
 
@@ -226,7 +232,7 @@ class LiveView:
             self._start()
         elif isinstance(event, TurnDone):
             self.stop()
-        elif self._live is not None:
+        elif self._live is not None and not _counted_only(event):
             self._live.refresh()
 
     def notice(self, text: str) -> None:
