@@ -49,7 +49,7 @@ from ..core.events import (
 from ..records.history import Resolving
 from ..records.network import NetworkLog, connection_text, hint, question_text
 from ..records.totals import SessionTotals
-from ..records.wording import compaction_text, condensed_text
+from ..records.wording import compaction_text, condensed_text, seconds
 from .escape import visible, visible_event
 from .progress import CHANGE_STYLES
 
@@ -406,7 +406,8 @@ class LiveView:
             if lines:
                 lines.append("\n")
             lines.append(f"{approval.agent} · approval {approval.id}", style="bold")
-            lines.append(f" · waiting {waited:.0f} s\n  {question_text(approval)}")
+            so_far = f"{waited:.0f} s" if waited < 60 else seconds(waited)  # 3 min 07 s
+            lines.append(f" · waiting {so_far}\n  {question_text(approval)}")
             lines.append(f"\n  answer: {hint(approval.id)}")
         count = len(self.network.pending)
         title = f"waiting for approval ({count})" if count > 1 else "waiting for approval"
