@@ -6,6 +6,7 @@ import io
 import json
 import re
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -17,10 +18,22 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from conftest import StartServer
+from network_runs import (
+    APPROVAL_ID,
+    ASK_WHY,
+    ASKED,
+    DENY_RULE,
+    FILES,
+    INDEX,
+    REFUSED,
+    networked_turn,
+)
 from orchmode.core.events import (
     Event,
     FanoutDone,
     FanoutStarted,
+    NetworkConnection,
     SubagentDone,
     SubagentStarted,
     TokenUsage,
@@ -30,9 +43,11 @@ from orchmode.core.events import (
 from orchmode.records.codec import event_row, parse_row
 from orchmode.records.findings import read_report
 from orchmode.records.history import answers, read_session
+from orchmode.records.network import DECISIONS, NetworkLog
 from orchmode.store import EventRow
+from orchmode.testing.scenario import OrchestrationScenario
 from orchmode.views.run_table import RUN_COLUMNS, format_columns, print_table, run_rows
-from orchmode.views.transcript import print_lines, transcript
+from orchmode.views.transcript import plain, print_lines, transcript
 from recorded_runs import (
     FindingsScenario,
     agents_done,
@@ -513,3 +528,103 @@ def _events_or_none(workdir: Path) -> list[tuple[int, str, Any]]:
         return events(workdir, "killed")
     except Exception:  # not created yet, or locked for a moment
         return []
+
+
+# --- network connections and approvals ----------------------------------------------------
+
+
+def recorded_at(workdir: Path, session: str, kind: str) -> list[float]:
+    """The times the store recorded ``kind``'s events at, read behind orchmode's back."""
+    db = sqlite3.connect(store_path(workdir))
+    try:
+        query = "SELECT at FROM events WHERE session = ? AND kind = ? ORDER BY seq"
+        return [at for (at,) in db.execute(query, (session, kind))]
+    finally:
+        db.close()
+
+
+async def test_show_lists_each_agents_connections_and_every_approval_with_its_answer(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    server = await serve(OrchestrationScenario(subtasks=2))
+    _, session = await networked_turn(server, tmp_path, sandbox="off")
+    result = orchmode("show", session, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    lines = [" ".join(line.split()) for line in result.stdout.splitlines()]
+    network = [line for line in lines if line.startswith(("network ", "allowed ", "denied ",
+                                                          "approved "))]  # fmt: skip
+    assert network == [
+        "network worker 1.1: 32 allowed to 2 domains · 5.2 MB in, 29.4 kB out · 3 denied",
+        f"allowed {INDEX}:443 (preset python-packages) ×30 · 1.2 MB in, 27.0 kB out",
+        f"allowed {FILES}:443 (preset python-packages) ×2 · 4.0 MB in, 2.4 kB out",
+        f"denied {REFUSED}:443 ({DENY_RULE}) ×3",
+        "network worker 1.2: 1 approved to 1 domain · 5.0 kB in, 300 B out",
+        f"approved {ASKED} ({ASK_WHY}) · 5.0 kB in, 300 B out",
+    ]
+    (asked,) = recorded_at(tmp_path, session, "ApprovalRequested")
+    (answered,) = recorded_at(tmp_path, session, "ApprovalAnswered")
+    waited = f"{answered - asked:.1f} s"
+    (approval,) = [line for line in lines if line.startswith("approval ")]
+    assert approval == (
+        f"approval {APPROVAL_ID} worker 1.2: domain {ASKED} ({ASK_WHY}) · approved after "
+        f"{waited} (remembered for this directory): the user said so"
+    )
+    # in its turn, after the fan-out and before the answer
+    fanout = next(i for i, text in enumerate(lines) if "workflow 1:" in text)
+    answer = next(i for i, text in enumerate(lines) if text.startswith("answer"))
+    assert fanout < lines.index(network[0]) and lines.index(approval) < answer
+
+
+def test_an_unanswered_approval_of_a_killed_run_reads_as_unanswered() -> None:
+    rows = Rows().add("TurnStarted", text="go", notices=[])
+    rows.add("ApprovalRequested", 1000.0, id=3, agent="main", kind="command", what="npm ci",
+             why="Bash(npm ci) in .claude/settings.json (ask)")  # fmt: skip
+    # a second process asked again after a resume: still one approval, asked at first
+    rows.add("TurnStarted", text="go on", notices=[])
+    rows.add("ApprovalRequested", 2000.0, id=3, agent="main", kind="command", what="npm ci",
+             why="Bash(npm ci) in .claude/settings.json (ask)")  # fmt: skip
+    rows.add("ApprovalAnswered", 2030.0, id=3, agent="main", answer="timed out")
+    first, second = read_session(rows.rows).turns
+    (pending,) = first.network.approvals.values()
+    assert pending.pending and pending.outcome() == "no answer recorded"
+    assert pending.waited() is None and pending.waited(1012.0) == 12.0
+    (settled,) = second.network.approvals.values()
+    assert (settled.answer, settled.waited(), settled.answered_by) == (
+        "timed out", 30.0, "approval_timeout")  # fmt: skip
+    text = plain(transcript(read_session(rows.rows)))
+    assert "approval 3 main: command npm ci (Bash(npm ci) in .claude/settings.json (ask))" in text
+    assert "· no answer recorded" in text and "· timed out after 30.0 s" in text
+
+
+connections = st.lists(
+    st.tuples(
+        st.sampled_from(["main", "worker 1.1", "worker 1.2"]),
+        st.sampled_from(["a.example", "b.example", "c.example"]),
+        st.sampled_from([80, 443]),
+        st.sampled_from(["allowed", "denied", "approved", "failed"]),
+        st.sampled_from(["", "rule one", "rule two"]),
+        st.integers(0, 10**9),
+        st.integers(0, 10**9),
+    ),
+    max_size=40,
+)
+
+
+@given(connections)
+def test_connections_are_summed_without_loss_and_each_refused_domain_said_once(
+    made: list[tuple[str, str, int, str, str, int, int]],
+) -> None:
+    log = NetworkLog()
+    for at, (agent, domain, port, decision, rule, sent, received) in enumerate(made):
+        assert log.follow(NetworkConnection(agent, domain, port, decision, rule, sent, received,
+                                            0.1), float(at))  # fmt: skip
+    traffic = log.traffic()
+    assert sum(t.count(*DECISIONS) for t in traffic) == len(made)
+    assert sum(t.bytes_sent for t in traffic) == sum(c[5] for c in made)
+    assert sum(t.bytes_received for t in traffic) == sum(c[6] for c in made)
+    denials = log.denials()
+    refused = {(c[0], c[1]) for c in made if c[3] == "denied"}
+    assert [(r.agent, r.domain) for r in denials] == sorted(
+        refused, key=lambda key: next(i for i, c in enumerate(made) if (c[0], c[1]) == key
+                                      and c[3] == "denied"))  # fmt: skip
+    assert sum(r.connections for r in denials) == sum(c[3] == "denied" for c in made)

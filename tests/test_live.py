@@ -12,12 +12,25 @@ import pytest
 from rich.console import Console
 
 from conftest import StartServer, gateway_for, settings_for, store_for
+from network_runs import (
+    APPROVAL_ID,
+    ASK_WHY,
+    ASKED,
+    DENY_RULE,
+    FILES,
+    INDEX,
+    REFUSED,
+    networked_turn,
+)
 from orchmode.core.events import (
+    ApprovalAnswered,
+    ApprovalRequested,
     BashDone,
     BashStarted,
     Event,
     EventBus,
     FanoutStarted,
+    NetworkConnection,
     SubagentDone,
     SubagentStarted,
     TokenUsage,
@@ -28,7 +41,7 @@ from orchmode.core.settings import Settings
 from orchmode.records.totals import SessionTotals
 from orchmode.session.agent import Conversation as Session
 from orchmode.testing.scenario import OrchestrationScenario
-from orchmode.views.display import PlainDisplay
+from orchmode.views.display import JsonDisplay, PlainDisplay
 from orchmode.views.live import DONE, JOURNAL, SKIPPED, LiveView
 from test_cli import orchmode
 
@@ -279,3 +292,118 @@ def test_plain_lines_say_which_node_an_agent_ran_on() -> None:
     assert "on 127" not in local
     assert verify.startswith("[workflow 1] verify 1: confirmed (")
     assert verify.endswith(") on 127.0.0.3")
+
+
+# --- the network proxy's connections and the approvals ------------------------------------
+
+
+async def test_a_parked_agent_shows_its_question_and_how_to_answer_it_until_answered(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    server = await serve(OrchestrationScenario(subtasks=2))
+    events, _ = await networked_turn(server, tmp_path, sandbox="off")
+    clock = Clock()
+    stream = io.StringIO()
+    console = Console(file=stream, width=160, force_terminal=True, color_system=None)
+    view = LiveView(SessionTotals(), console, clock=clock)
+    asked = answered = ""
+    for event in events:
+        view(event)
+        if isinstance(event, ApprovalRequested):
+            clock.now += 42  # the agent waits while the user decides
+            asked = render(view)
+        elif isinstance(event, ApprovalAnswered):
+            answered = render(view)
+    flat = " ".join(asked.split())
+    box = asked[asked.index("╭─ waiting for approval") : asked.index("╰")].splitlines()[1:]
+    box = [line.strip("│ ") for line in box]
+    assert box == [
+        f"worker 1.2 · approval {APPROVAL_ID} · waiting 42 s",
+        f"domain {ASKED} ({ASK_WHY})",
+        f"answer: /approve {APPROVAL_ID} or /deny {APPROVAL_ID} · from another terminal: "
+        f"orchmode approve {APPROVAL_ID}",
+    ]
+    assert f"/approve {APPROVAL_ID}" in flat and f"orchmode approve {APPROVAL_ID}" in flat
+    assert f"waiting for approval {APPROVAL_ID}" in rows_of(asked)[(2, "worker")]
+    assert "waiting for approval" not in rows_of(asked)[(1, "worker")]
+    assert "waiting for approval" not in answered and "/approve" not in answered
+    # once answered, the answer stays above the live region
+    said = " ".join(stream.getvalue().split())
+    assert f"approval {APPROVAL_ID} · worker 1.2: approved after 42.0 s (remembered" in said
+
+
+async def test_allowed_connections_are_counted_per_agent_and_each_refused_domain_listed_once(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    server = await serve(OrchestrationScenario(subtasks=2))
+    events, _ = await networked_turn(server, tmp_path, sandbox="off")
+    view = LiveView(SessionTotals(), clock=Clock())
+    for event in events:
+        view(event)
+    text = render(view)
+    lines = [" ".join(line.split()) for line in text.splitlines()]
+    assert "[worker 1.1] 32 allowed to 2 domains · 5.2 MB in, 29.4 kB out · 3 denied" in lines
+    assert "[worker 1.2] 1 approved to 1 domain · 5.0 kB in, 300 B out" in lines
+    refused = [line for line in lines if REFUSED in line]
+    assert refused == [f"[worker 1.1] denied {REFUSED}:443 ({DENY_RULE}) ×3"]
+    assert INDEX not in text and FILES not in text  # allowed ones are counted, not listed
+
+
+async def test_plain_lines_say_each_refusal_once_and_the_question_with_its_answer(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    server = await serve(OrchestrationScenario(subtasks=2))
+    stream = io.StringIO()
+    await networked_turn(server, tmp_path, PlainDisplay(stream), sandbox="off")
+    lines = stream.getvalue().splitlines()
+    assert [line for line in lines if REFUSED in line] == [
+        f"[worker 1.1] network: denied {REFUSED}:443 ({DENY_RULE})"
+    ]
+    assert not [line for line in lines if INDEX in line or FILES in line]
+    asking = [line for line in lines if "approval" in line]
+    assert asking == [
+        f"[worker 1.2] waiting for approval {APPROVAL_ID}: domain {ASKED} ({ASK_WHY}) — "
+        f"answer: /approve {APPROVAL_ID} or /deny {APPROVAL_ID} · from another terminal: "
+        f"orchmode approve {APPROVAL_ID}",
+        f"[worker 1.2] approval {APPROVAL_ID} approved (remembered for this directory): "
+        "the user said so",
+    ]
+    assert lines.index(asking[0]) < lines.index(asking[1])
+
+
+async def test_json_lines_carry_every_connection_and_approval_event(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    server = await serve(OrchestrationScenario(subtasks=2))
+    stream = io.StringIO()
+    await networked_turn(server, tmp_path, JsonDisplay(stream), sandbox="off")
+    records = [json.loads(line) for line in stream.getvalue().splitlines()]
+    kinds = [r["kind"] for r in records]
+    assert kinds.count("NetworkConnection") == 36
+    (asked,) = [r for r in records if r["kind"] == "ApprovalRequested"]
+    (answer,) = [r for r in records if r["kind"] == "ApprovalAnswered"]
+    assert asked["what"] == ASKED and asked["why"] == ASK_WHY and asked["id"] == APPROVAL_ID
+    assert asked["kind_"] == "domain"  # the event's own field, not lost under the record's kind
+    assert answer["answer"] == "approved" and answer["always"] is True
+    denied = [r for r in records if r.get("decision") == "denied"]
+    assert {(r["domain"], r["port"], r["rule"]) for r in denied} == {(REFUSED, 443, DENY_RULE)}
+    assert kinds.index("ApprovalRequested") < kinds.index("ApprovalAnswered")
+
+
+def test_connections_let_through_do_not_each_redraw_the_live_region() -> None:
+    """A pip install in each of many agents makes thousands of connections: each moves only
+    a count, drawn with the region's next timed redraw; a refusal is drawn at once."""
+    stream = io.StringIO()
+    console = Console(file=stream, width=160, force_terminal=True, color_system=None)
+    view = LiveView(SessionTotals(), console)
+    view(TurnStarted("go", ()))
+    try:
+        for n in range(1000):
+            view(NetworkConnection("main", INDEX, 443, "allowed", "", 1, n, 0.0))
+        drawn = stream.getvalue().count("session · ")
+        assert drawn < 100, drawn  # the timed redraws only (four a second), not 1000
+        view(NetworkConnection("main", REFUSED, 443, "denied", DENY_RULE, 0, 0, 0.0))
+        assert stream.getvalue().count("session · ") > drawn  # drawn at once
+        assert f"denied {REFUSED}:443" in stream.getvalue().rsplit("network", 1)[1]
+    finally:
+        view.stop()

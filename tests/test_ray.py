@@ -525,3 +525,40 @@ def test_agents_on_the_nodes_share_the_drivers_trace(
         assert {s["name"].split()[0] for s in inside} == {"chat", "execute_tool"}
         assert all(s["context"]["trace_id"] == call["context"]["trace_id"] for s in inside)
     assert all(by_id.get(s["parent_id"]) or s["parent_id"] is None for s in spans)
+
+
+def test_a_nodes_connections_and_approvals_travel_in_their_agents_stream() -> None:
+    """On a node, the proxy's and the broker's events go into the job stream of the agent
+    they name, as its commands' do, and come through Ray's transport unchanged: the driver
+    then records and shows them like its own. (No cluster needed: the actor's own routing.)"""
+    import ray.cloudpickle
+
+    from orchmode.core.events import (
+        ApprovalAnswered,
+        ApprovalRequested,
+        Event,
+        McpServerFailed,
+        NetworkConnection,
+    )
+    from orchmode.core.settings import Settings
+    from orchmode.executors.ray import AgentPool, Secret
+    from orchmode.model.providers import Credentials
+
+    pool = AgentPool(Settings(), Credentials(api_key=API_KEY), Secret("postgresql://nowhere"))
+    streams: dict[str, list[Event]] = {"worker 1.1": [], "worker 1.2": []}
+    for name, stream in streams.items():
+        pool.routes[name] = stream.append
+    made: list[Event] = [
+        NetworkConnection("worker 1.1", "pypi.org", 443, "allowed", "preset", 900, 40_000, 0.1),
+        ApprovalRequested(3, "worker 1.2", "domain", "files.example:443", "network_ask"),
+        ApprovalAnswered(3, "worker 1.2", "approved", True, ""),
+        NetworkConnection("worker 1.2", "files.example", 443, "approved", "network_ask", 1, 2, 0.1),
+        NetworkConnection("worker 9.9", "gone.example", 443, "denied", "", 0, 0, 0.0),
+    ]
+    for event in made:
+        pool.events.emit(event)
+    assert streams == {"worker 1.1": [made[0]], "worker 1.2": made[1:4]}  # 9.9 has no job here
+    for event in made:
+        assert ray.cloudpickle.loads(ray.cloudpickle.dumps(event)) == event
+    pool.events.emit(McpServerFailed("srv", "down"))  # said once: to whichever job runs
+    assert sum(isinstance(e, McpServerFailed) for s in streams.values() for e in s) == 1

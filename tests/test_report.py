@@ -18,10 +18,21 @@ from typing import Any
 
 import pytest
 
+from conftest import StartServer
+from network_runs import (
+    APPROVAL_ID,
+    ASK_WHY,
+    ASKED,
+    DENY_RULE,
+    FILES,
+    INDEX,
+    REFUSED,
+    networked_turn,
+)
 from orchmode.records.history import read_session
 from orchmode.store import EventRow
 from orchmode.testing import Fault, Reply, ScriptedRequest
-from orchmode.testing.scenario import first_user_text
+from orchmode.testing.scenario import OrchestrationScenario, first_user_text
 from orchmode.views.report import render_report
 from recorded_runs import (
     FindingsScenario,
@@ -156,8 +167,18 @@ def injected_history() -> Any:
                 "result": PAYLOAD,
             },
         ),
+        (
+            "NetworkConnection",
+            {"agent": "worker 1.1", "domain": PAYLOAD, "port": 443, "decision": PAYLOAD,
+             "rule": PAYLOAD},
+        ),
+        (
+            "ApprovalRequested",
+            {"id": 1, "agent": PAYLOAD, "kind": PAYLOAD, "what": PAYLOAD, "why": PAYLOAD},
+        ),
+        ("ApprovalAnswered", {"id": 1, "agent": PAYLOAD, "answer": PAYLOAD, "reason": PAYLOAD}),
         ("TurnDone", {"stop": PAYLOAD, "model_calls": 1}),
-    ]
+    ]  # fmt: skip
     events = [EventRow(i, 100.0 + i, kind, json.dumps(d)) for i, (kind, d) in enumerate(rows)]
     state = json.dumps({"history": [{"role": "user", "content": "x"},
                                     {"role": "assistant", "content": PAYLOAD}]})  # fmt: skip
@@ -174,6 +195,9 @@ def test_everything_from_the_model_and_user_is_escaped() -> None:
     assert html.count(PAYLOAD) == 0
     assert html.count(escape(PAYLOAD)) > 5  # shown, as text
     assert [d["data-node"] for d in dom.find("details") if "data-node" in d] == [PAYLOAD]
+    assert [d["data-domain"] for d in dom.find("tr", class_="reach")] == [PAYLOAD]
+    (approval,) = dom.find("tr", class_="approval")
+    assert approval["data-agent"] == approval["data-kind"] == approval["data-answer"] == PAYLOAD
     assert_self_contained(html)
 
 
@@ -230,6 +254,51 @@ def test_a_local_run_s_report_has_no_node() -> None:
     assert len(dom.find("details", class_="agent")) == 2
     assert "node" not in html
     assert not [attrs for _, attrs in dom.elements if "data-node" in attrs]
+
+
+async def test_the_network_and_approvals_sections_show_a_real_run_s_connections_and_answers(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    server = await serve(OrchestrationScenario(subtasks=2))
+    _, session = await networked_turn(server, tmp_path, sandbox="off")
+    result = orchmode("report", session, "-o", "-", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    dom = Dom(result.stdout)
+    reached = {
+        (r["data-agent"], r["data-domain"], r["data-decision"]): (
+            int(r["data-connections"]), int(r["data-bytes-received"]), int(r["data-bytes-sent"]))
+        for r in dom.find("tr", class_="reach")
+    }  # fmt: skip
+    domain = ASKED.split(":")[0]
+    assert reached == {
+        ("worker 1.1", INDEX, "allowed"): (30, sum(40_000 + n for n in range(30)), 30 * 900),
+        ("worker 1.1", FILES, "allowed"): (2, 4_000_000, 2400),
+        ("worker 1.1", REFUSED, "denied"): (3, 0, 0),
+        ("worker 1.2", domain, "approved"): (1, 5_000, 300),
+    }
+    assert DENY_RULE in dom.text["network"] and "5.2 MB in" in dom.text["network"]
+    # each agent's name links to its details
+    links = {a["href"] for a in dom.find("a") if a.get("href", "").startswith("#agent-t1-1-")}
+    assert {"#agent-t1-1-1-worker", "#agent-t1-1-2-worker"} <= links
+    (approval,) = dom.find("tr", class_="approval")
+    db = sqlite3.connect(store_path(tmp_path))
+    try:
+        asked, answered = [at for (at,) in db.execute(
+            "SELECT at FROM events WHERE session = ? AND kind LIKE 'Approval%' ORDER BY seq",
+            (session,))]  # fmt: skip
+    finally:
+        db.close()
+    assert float(approval["data-waited"]) == pytest.approx(answered - asked)
+    assert (approval["data-id"], approval["data-answer"], approval["data-always"]) == (
+        str(APPROVAL_ID), "approved", "yes")  # fmt: skip
+    text = " ".join(dom.text["approvals"].split())
+    assert ASKED in text and ASK_WHY in text and "user, remembered for this directory" in text
+
+
+def test_a_run_without_connections_says_so_in_both_sections() -> None:
+    dom = Dom(render_report(node_history(("", ""))))
+    assert "No connections through the network proxy" in dom.text["network"]
+    assert "No agent asked for approval" in dom.text["approvals"]
 
 
 def test_the_content_security_policy_allows_only_the_page_s_own_script() -> None:

@@ -11,6 +11,7 @@ show those characters as their escapes, never as themselves.
 
 from __future__ import annotations
 
+import html
 import io
 import json
 import re
@@ -27,10 +28,27 @@ from hypothesis import strategies as st
 from rich.console import Console
 
 from conftest import StartServer, settings_for
-from orchmode.core.events import BashDone, McpCallDone, ScriptDone, ScriptStarted, SubagentStarted
+from network_runs import (
+    APPROVAL_ID,
+    ASK_WHY,
+    ASKED,
+    DENY_RULE,
+    REFUSED,
+    Splicer,
+    networked_turn,
+)
+from orchmode.core.events import (
+    ApprovalRequested,
+    BashDone,
+    Event,
+    McpCallDone,
+    ScriptDone,
+    ScriptStarted,
+    SubagentStarted,
+)
 from orchmode.records.totals import SessionTotals
 from orchmode.testing.scenario import OrchestrationScenario
-from orchmode.views.display import PlainDisplay
+from orchmode.views.display import JsonDisplay, PlainDisplay
 from orchmode.views.escape import json_visible, visible
 from orchmode.views.live import LiveView
 from recorded_runs import base_env, scripted_server, spawn_on_a_terminal
@@ -52,6 +70,8 @@ RAW = re.compile(f"[\x00-\x08\x0b-\x1f\x7f-\x9f{BIDI}]")
 #: The sequences a terminal's own drawing uses (Rich's colours and cursor moves): a pty's
 #: output is checked for the hostile ones first, then these are taken away.
 DRAWING = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\r")
+#: A terminal wide enough that no line of the network's views wraps.
+WIDE = 600
 HOSTILE_SEQUENCES = ("\x1b]", "\x07", "\x1b[2J", "\x1b[31mred", "\x1b[31mname", "\x9b", "\u202e")
 
 
@@ -379,3 +399,57 @@ def test_an_mcp_server_s_stderr_in_its_warning_shows_the_escapes(
     assert_no_raw(result.stderr)
     warnings = [line for line in result.stderr.splitlines() if "'bad'" in line]
     assert warnings and all(f"broken {visible(said)}" in line for line in warnings), result.stderr
+
+
+async def test_a_hostile_domain_rule_and_question_reach_no_surface_raw(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    """The proxy's and the broker's events hold what a command named: a domain, a command
+    to approve, a rule from a repository's file. Live view (the question waiting and the
+    answer's notice), plain lines, JSON lines, ``show`` and the report all show the escapes."""
+    server = await serve(OrchestrationScenario(subtasks=2))
+    stream = io.StringIO()
+    console = Console(file=stream, width=WIDE, force_terminal=True, color_system=None)
+    view = LiveView(SessionTotals(), console)
+    plain, lines = io.StringIO(), io.StringIO()
+    frames: list[str] = []
+
+    def draw(event: Event) -> None:
+        if isinstance(event, ApprovalRequested):  # the question, while it waits
+            frame = Console(file=io.StringIO(), width=WIDE, force_terminal=True, color_system=None)
+            frame.print(view.renderable())
+            frames.append(frame.file.getvalue())  # type: ignore[attr-defined]
+
+    _, session = await networked_turn(
+        server, tmp_path, view, PlainDisplay(plain), JsonDisplay(lines), draw,
+        splicer=Splicer(hostile=HOSTILE), sandbox="off",
+    )  # fmt: skip
+    final = Console(file=io.StringIO(), width=WIDE, force_terminal=True, color_system=None)
+    final.print(view.renderable())
+    (waiting,) = frames
+    for text in (stream.getvalue(), waiting, final.file.getvalue()):  # type: ignore[attr-defined]
+        assert_no_raw(text, drawn=True)
+    live = flat(stream.getvalue() + waiting + final.file.getvalue())  # type: ignore[attr-defined]
+    question = f"domain {ASKED}{SHOWN} ({ASK_WHY}{SHOWN})"
+    assert f"approval {APPROVAL_ID} · waiting 0 s │ │ {question}" in live
+    assert f"denied {REFUSED}{SHOWN}:443 ({DENY_RULE}{SHOWN}) ×3" in live
+    assert f"the user said so{SHOWN}" in live  # the answer's notice
+
+    assert_no_raw(plain.getvalue())
+    assert f"network: denied {REFUSED}{SHOWN}:443 ({DENY_RULE}{SHOWN})" in plain.getvalue()
+    assert f"domain {ASKED}{SHOWN} ({ASK_WHY}{SHOWN})" in plain.getvalue()
+
+    assert_no_raw(lines.getvalue())
+    records = [json.loads(line) for line in lines.getvalue().splitlines()]
+    (asked,) = [r for r in records if r["kind"] == "ApprovalRequested"]
+    assert asked["what"] == ASKED + HOSTILE  # a program reading them gets the very text
+
+    shown = orchmode("show", session, cwd=tmp_path)
+    assert shown.code == 0, shown.stderr
+    assert_no_raw(shown.stdout)
+    assert f"denied {REFUSED}{SHOWN}:443" in shown.stdout
+    assert f"domain {ASKED}{SHOWN}" in flat(shown.stdout)
+    report = orchmode("report", session, "-o", "-", cwd=tmp_path)
+    assert report.code == 0, report.stderr
+    assert_no_raw(report.stdout)
+    assert html.escape(f"{REFUSED}{SHOWN}") in report.stdout

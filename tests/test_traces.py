@@ -20,7 +20,23 @@ from opentelemetry.trace import StatusCode
 import orchmode
 from conftest import API_KEY, StartServer, settings_for
 from mcp_servers import http_server
-from orchmode.core.events import SubagentStarted, TurnDone, TurnResumed, TurnStarted
+from network_runs import (
+    APPROVAL_ID,
+    ASK_WHY,
+    ASKED,
+    DENY_RULE,
+    FILES,
+    INDEX,
+    REFUSED,
+    networked_turn,
+)
+from orchmode.core.events import (
+    ApprovalRequested,
+    SubagentStarted,
+    TurnDone,
+    TurnResumed,
+    TurnStarted,
+)
 from orchmode.core.settings import Settings
 from orchmode.telemetry.traces import Traces, start_tracing, tracing_wanted, turn_ids
 from orchmode.testing import Fault, ScriptedServer
@@ -429,3 +445,62 @@ def test_an_http_mcp_server_is_sent_the_traceparent_of_the_call(
     }
     expected = {f"00-{c['context']['trace_id']}-{c['context']['span_id']}-01" for c in calls}
     assert expected <= set(seen)  # each call's own request carried its span's context
+
+
+async def test_connections_are_client_spans_and_an_approval_wait_a_span_in_their_agent(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    server = await serve(OrchestrationScenario(subtasks=2))
+    memory = InMemorySpanExporter()
+    traces = start_tracing(Settings(), [API_KEY], {}, SimpleSpanProcessor(memory))
+    await networked_turn(server, tmp_path, traces, sandbox="off")
+    traces.close()
+    spans = list(memory.get_finished_spans())
+    index = named(spans, f"connect {INDEX}")
+    assert len(index) == 30 and len(named(spans, f"connect {FILES}")) == 2
+    for span in index:
+        attributes = span.attributes or {}
+        assert parent_of(span, spans).name == "invoke_agent worker 1.1"
+        assert attributes["server.address"] == INDEX and attributes["server.port"] == 443
+        assert attributes["orchmode.network.decision"] == "allowed"
+        assert attributes["orchmode.network.bytes_sent"] == 900
+        assert 40_000 <= int(attributes["orchmode.network.bytes_received"]) < 40_030  # type: ignore[arg-type]
+        assert span.status.status_code != StatusCode.ERROR
+        assert span.end_time is not None and span.start_time is not None
+        assert span.end_time - span.start_time == 10_000_000  # its 0.01 s, ending when heard of
+    refused = named(spans, f"connect {REFUSED}")
+    assert len(refused) == 3
+    for span in refused:
+        assert span.status.status_code == StatusCode.ERROR
+        assert (span.attributes or {})["error.type"] == "NetworkDenied"
+        assert (span.attributes or {})["orchmode.network.rule"] == DENY_RULE
+    (wait,) = named(spans, "orchmode.approval")
+    agent = parent_of(wait, spans)
+    assert (
+        wait.name == f"orchmode.approval {APPROVAL_ID}" and agent.name == "invoke_agent worker 1.2"
+    )
+    attributes = wait.attributes or {}
+    assert attributes["orchmode.approval.what"] == ASKED
+    assert attributes["orchmode.approval.why"] == ASK_WHY
+    assert attributes["orchmode.approval.answer"] == "approved"
+    assert attributes["orchmode.approval.always"] is True
+    assert "orchmode.approval.reason" not in attributes  # the user's words: content only
+    assert agent.start_time is not None and agent.end_time is not None
+    assert wait.start_time is not None and wait.end_time is not None
+    assert agent.start_time <= wait.start_time <= wait.end_time <= agent.end_time
+    (approved,) = named(spans, "connect downloads.example")
+    assert parent_of(approved, spans) is agent
+    assert approved.end_time is not None  # it went through once the answer came
+    assert wait.end_time <= approved.end_time
+
+
+def test_an_approval_still_waiting_when_the_run_stops_ends_as_interrupted() -> None:
+    memory = InMemorySpanExporter()
+    traces = start_tracing(Settings(trace_content=True), (), {}, SimpleSpanProcessor(memory))
+    traces(TurnStarted("go", (), 1))
+    traces(ApprovalRequested(4, "main", "command", "npm ci", "Bash(npm ci) (ask)"))
+    traces(ApprovalRequested(4, "main", "command", "npm ci", "Bash(npm ci) (ask)"))  # again
+    traces.close()
+    (wait,) = named(list(memory.get_finished_spans()), "orchmode.approval")
+    assert (wait.attributes or {})["orchmode.interrupted"] is True
+    assert parent_of(wait, list(memory.get_finished_spans())).name == "invoke_agent main"

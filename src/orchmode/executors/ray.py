@@ -34,6 +34,8 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from ..core.errors import AuthError, ClusterError
 from ..core.events import (
+    ApprovalAnswered,
+    ApprovalRequested,
     BashDone,
     BashStarted,
     Event,
@@ -42,6 +44,7 @@ from ..core.events import (
     McpCallStarted,
     McpServerFailed,
     ModelRequestDone,
+    NetworkConnection,
     WorkspacesChosen,
 )
 from ..core.permissions import Rules
@@ -64,6 +67,19 @@ from .permits import Permits
 from .upload import package_workdir
 
 log = logging.getLogger("orchmode")
+
+#: Events an agent's work makes on a node, sent to the driver in its job's stream: the
+#: driver records them and shows them, as if the agent ran there.
+AGENT_EVENTS = (
+    ModelRequestDone,
+    BashStarted,
+    BashDone,
+    McpCallStarted,
+    McpCallDone,
+    NetworkConnection,
+    ApprovalRequested,
+    ApprovalAnswered,
+)
 
 #: Seconds to wait for the head node's port to answer before giving up.
 REACH_TIMEOUT = 5.0
@@ -242,9 +258,7 @@ class AgentPool:
     def _route(self, event: Event) -> None:
         """Send an agent's event to the stream of the job it belongs to."""
         deliver: Callable[[Event], None] | None = None
-        if isinstance(
-            event, ModelRequestDone | BashStarted | BashDone | McpCallStarted | McpCallDone
-        ):
+        if isinstance(event, AGENT_EVENTS):
             deliver = self.routes.get(event.agent)
         elif isinstance(event, McpServerFailed | WorkspacesChosen):
             # Said once on the node: to whichever job is running, so the driver says it too.

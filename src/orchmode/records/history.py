@@ -1,4 +1,4 @@
-"""Run history read back from recorded events: turns, their agents, commands and findings.
+"""Run history read back from recorded events: turns, agents, commands, findings, network.
 
 ``orchmode runs``, ``orchmode show``, the HTML report and ``orchmode resume`` all read from
 here. Everything is a pure function of the store's rows, so a crashed or still-running session
@@ -37,6 +37,7 @@ from ..core.wire import has_block, joined_text
 from ..store import EventRow
 from .codec import parse_row
 from .findings import RecordedReport, read_report
+from .network import NetworkLog
 from .totals import SessionTotals
 from .wording import change_fate, compaction_text, condensed_text, seconds
 
@@ -352,6 +353,8 @@ class Turn:
     condensed: list[CondensedResult] = field(default_factory=list)
     #: which subtasks' changes have gone to a resolver so far, as the events are read
     resolving: Resolving = field(default_factory=Resolving, repr=False)
+    #: the agents' connections through the network proxy, and their questions to the user
+    network: NetworkLog = field(default_factory=NetworkLog)
 
     @property
     def status(self) -> str:
@@ -408,6 +411,11 @@ class SessionHistory:
         return [agent for turn in self.turns for agent in turn.agents]
 
     @property
+    def networked(self) -> list[Turn]:
+        """The turns whose agents made connections or asked the user anything."""
+        return [turn for turn in self.turns if turn.network]
+
+    @property
     def elapsed(self) -> float:
         if self.first_at is None or self.last_at is None:
             return 0.0
@@ -452,6 +460,8 @@ def _apply(turn: Turn, event: Event, at: float) -> None:
     """Fold one event into the turn it happened in."""
     turn.last_at = max(turn.last_at, at)
     turn.resolving.follow(event)
+    if turn.network.follow(event, at):
+        return
     match event:
         case TurnDone():
             turn.stop, turn.model_calls, turn.ended_at = event.stop, event.model_calls, at

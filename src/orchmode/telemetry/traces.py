@@ -11,7 +11,11 @@ The spans follow the GenAI semantic conventions:
   settled is an ``orchmode.merge`` span;
 - ``invoke_agent <role> <call>.<index>``: each subagent, in its Workflow call;
 - ``chat <model>``: each model request, in its agent; retries as span events;
-- ``execute_tool bash`` and ``execute_tool mcp__<server>__<tool>``: each tool call.
+- ``execute_tool bash`` and ``execute_tool mcp__<server>__<tool>``: each tool call;
+- ``connect <domain>``: each connection a sandboxed command made through the network proxy,
+  in its agent, with the rules' decision and the bytes each way;
+- ``orchmode.approval <id>``: an agent parked on a question to the user, from the request
+  to its answer.
 
 A span that ends with a ``…Done`` event is given its start as the event's time less its
 duration, so spans of agents on a Ray cluster, whose events come back here, take their
@@ -31,6 +35,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..core.errors import ConfigError
 from ..core.events import (
+    ApprovalAnswered,
+    ApprovalRequested,
     BashDone,
     ChangeSettled,
     Event,
@@ -41,6 +47,7 @@ from ..core.events import (
     ModelRequestDone,
     ModelRequestFailed,
     ModelRequestRetried,
+    NetworkConnection,
     ScriptDone,
     ScriptStarted,
     SubagentDone,
@@ -171,6 +178,8 @@ class Traces:
     _agents: dict[str, Span] = field(default_factory=dict, init=False, repr=False)
     #: Each agent's MCP call in flight.
     _tools: dict[str, Span] = field(default_factory=dict, init=False, repr=False)
+    #: Each parked agent's wait for the user's answer, by the approval's id.
+    _waits: dict[int, Span] = field(default_factory=dict, init=False, repr=False)
     #: Retries of each agent's request in flight, until the request's span is made.
     _retries: dict[str, list[tuple[int, ModelRequestRetried]]] = field(
         default_factory=dict, init=False, repr=False
@@ -196,12 +205,14 @@ class Traces:
     def close(self) -> None:
         """End what is still open (an interrupted turn) and send every span."""
         now = time.time_ns()
-        for span in [*self._tools.values(), *self._agents.values(), *self._calls.values()]:
+        open_spans = [*self._waits.values(), *self._tools.values(), *self._agents.values()]
+        for span in [*open_spans, *self._calls.values()]:
             span.set_attribute("orchmode.interrupted", True)
             span.end(now)
         if self._turn is not None:
             self._turn.set_attribute("orchmode.interrupted", True)
             self._turn.end(now)
+        self._waits.clear()
         self._tools.clear()
         self._agents.clear()
         self._calls.clear()
@@ -425,6 +436,54 @@ class Traces:
             self._fail(span, "McpToolError", event.error)
         span.end()
 
+    def _connection(self, event: NetworkConnection) -> None:
+        """A connection through the proxy, once it is over: where, what decided, bytes."""
+        end = time.time_ns()
+        domain = self._mask(event.domain)[:CONTENT_LIMIT]
+        span = self._start(
+            f"connect {domain}",
+            self._agent(event.agent),
+            {
+                "server.address": domain,
+                "server.port": event.port,
+                "orchmode.network.decision": event.decision,
+                "orchmode.network.rule": self._mask(event.rule)[:CONTENT_LIMIT],
+                "orchmode.network.bytes_sent": event.bytes_sent,
+                "orchmode.network.bytes_received": event.bytes_received,
+            },
+            start=end - int(event.duration * 1e9),
+            kind="client",
+        )
+        if event.decision == "denied":
+            self._fail(span, "NetworkDenied", f"refused: {event.rule or 'no rule names it'}")
+        elif event.decision == "failed":
+            self._fail(span, "ConnectionFailed", "the destination could not be reached")
+        span.end(end)
+
+    def _approval_requested(self, event: ApprovalRequested) -> None:
+        """Begun when the agent is parked; ended by the answer (or the run's end)."""
+        if event.id in self._waits:  # a resumed run asking again: the wait goes on
+            return
+        self._waits[event.id] = self._start(
+            f"orchmode.approval {event.id}",
+            self._agent(event.agent),
+            {
+                "orchmode.approval.id": event.id,
+                "orchmode.approval.kind": event.kind,
+                "orchmode.approval.what": self._mask(event.what)[:CONTENT_LIMIT],
+                "orchmode.approval.why": self._mask(event.why)[:CONTENT_LIMIT],
+            },
+        )
+
+    def _approval_answered(self, event: ApprovalAnswered) -> None:
+        span = self._waits.pop(event.id, None)
+        if span is None:
+            return
+        span.set_attribute("orchmode.approval.answer", event.answer)
+        span.set_attribute("orchmode.approval.always", event.always)
+        self._content(span, {"orchmode.approval.reason": event.reason})
+        span.end()
+
     def traceparent(self, agent: str) -> str | None:
         """The W3C ``traceparent`` of ``agent``'s MCP call in flight, if tracing sampled it."""
         span = self._tools.get(agent)
@@ -536,4 +595,7 @@ _HANDLERS: dict[type[Any], Any] = {
     McpCallStarted: Traces._mcp_started,
     McpCallDone: Traces._mcp_done,
     ChangeSettled: Traces._change_settled,
+    NetworkConnection: Traces._connection,
+    ApprovalRequested: Traces._approval_requested,
+    ApprovalAnswered: Traces._approval_answered,
 }

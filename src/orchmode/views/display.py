@@ -30,8 +30,15 @@ def choose_mode(*, json_lines: bool, plain: bool, stream: TextIO) -> DisplayMode
 
 
 def event_record(event: Event) -> dict[str, Any]:
-    """An event as a JSON-ready dict: its fields, nested usage included, and its kind."""
-    return {"kind": type(event).__name__, **asdict(event)}
+    """An event as a JSON-ready dict: its kind, then its fields, nested usage included.
+
+    ``kind`` is always the event's kind; a field of the same name (``ApprovalRequested``'s:
+    command, domain or mcp) is written as ``kind_`` rather than lost.
+    """
+    fields = asdict(event)
+    if "kind" in fields:
+        fields["kind_"] = fields.pop("kind")
+    return {"kind": type(event).__name__, **fields}
 
 
 @dataclass

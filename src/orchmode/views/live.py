@@ -16,10 +16,13 @@ from typing import TextIO, cast
 
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
+from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
 from ..core.events import (
+    ApprovalAnswered,
+    ApprovalRequested,
     BashDone,
     BashStarted,
     BudgetStatus,
@@ -32,6 +35,7 @@ from ..core.events import (
     McpCallStarted,
     ModelRefused,
     ModelRequestDone,
+    NetworkConnection,
     ResultCondensed,
     Role,
     ScriptDone,
@@ -43,8 +47,9 @@ from ..core.events import (
     TurnStarted,
 )
 from ..records.history import Resolving
+from ..records.network import NetworkLog, connection_text, hint, question_text
 from ..records.totals import SessionTotals
-from ..records.wording import compaction_text, condensed_text
+from ..records.wording import compaction_text, condensed_text, seconds
 from .escape import visible, visible_event
 from .progress import CHANGE_STYLES
 
@@ -57,6 +62,8 @@ SKIPPED = "skipped by budget"
 
 #: Commands kept on screen; a long turn shows its latest ones and how many came before.
 COMMANDS_SHOWN = 12
+#: Refused domains kept on screen (one line per agent and domain), the latest ones.
+DENIALS_SHOWN = 8
 
 #: The subagents' names begin with their role: ``worker 2.7``, ``resolver 2.7``.
 _SUBAGENTS = ("worker", "verifier", "resolver")
@@ -74,6 +81,12 @@ _STYLES = {
 def _short(text: str, width: int) -> str:
     line = " ".join(text.split())
     return line if len(line) <= width else line[: width - 1] + "…"
+
+
+def _counted_only(event: Event) -> bool:
+    """A connection let through: it only moves a count, so it waits for the next of the four
+    redraws a second (a ``pip install`` in each of 100 agents makes thousands)."""
+    return isinstance(event, NetworkConnection) and event.decision != "denied"
 
 
 def _tokens(usage: TokenUsage) -> int:
@@ -196,6 +209,8 @@ class LiveView:
         self.compactions = 0
         #: which subtasks' changes have gone to a resolver: tells a resolution's verifier
         self.resolving = Resolving()
+        #: the turn's connections through the network proxy and its questions to the user
+        self.network = NetworkLog()
         self._lock = threading.Lock()  # Rich redraws from its own thread
         self._live: Live | None = None
 
@@ -209,11 +224,15 @@ class LiveView:
             self._apply(event)
         if isinstance(event, ModelRefused):  # a line above the live region, as it happens
             self.notice(f"[{event.agent}] {event.text}")
+        elif isinstance(event, ApprovalAnswered):  # kept above the region once answered
+            answered = self.network.approvals.get(event.id)
+            if answered is not None:
+                self.notice(f"approval {event.id} · {event.agent}: {answered.outcome()}")
         if isinstance(event, TurnStarted):
             self._start()
         elif isinstance(event, TurnDone):
             self.stop()
-        elif self._live is not None:
+        elif self._live is not None and not _counted_only(event):
             self._live.refresh()
 
     def notice(self, text: str) -> None:
@@ -248,6 +267,9 @@ class LiveView:
 
     def _apply(self, event: Event) -> None:
         self.resolving.follow(event)
+        if isinstance(event, NetworkConnection | ApprovalRequested | ApprovalAnswered):
+            self.network.follow(event, self.clock())
+            return
         match event:
             case TurnStarted():
                 self.calls.clear()
@@ -255,6 +277,7 @@ class LiveView:
                 self.commands_before = 0
                 self.compaction, self.compactions = None, 0
                 self.resolving = Resolving()
+                self.network = NetworkLog()
             case BashStarted(agent=agent, command=command):
                 row = self._row_of(agent)
                 if row is not None:
@@ -352,8 +375,44 @@ class LiveView:
                 parts.append(Text(condensed_text(view.condensed), style="yellow"))
         if self.compaction is not None:
             parts.append(self._context_line(self.compaction))
+        if self.network.reaches:
+            parts.append(self._network())
+        if self.network.pending:  # last above the footer: where the eye lands
+            parts.append(self._waiting(now))
         parts.append(self.footer(now))
         return Group(*parts)
+
+    def _network(self) -> Table:
+        """Each agent's connections counted, and every refused domain once per agent."""
+        denials = self.network.denials()
+        title = "network"
+        if len(denials) > DENIALS_SHOWN:
+            title += f" ({len(denials) - DENIALS_SHOWN} earlier refusals not shown)"
+        table = Table(title=Text(title), title_justify="left", show_header=False, box=None)
+        table.add_column("agent", no_wrap=True)
+        table.add_column("what")
+        for traffic in self.network.traffic():
+            if traffic.domains:  # an agent only refused has its refusals' lines below
+                table.add_row(Text(f"[{traffic.agent}]"), Text(traffic.summary()))
+        for reach in denials[-DENIALS_SHOWN:]:
+            table.add_row(Text(f"[{reach.agent}]"), Text(connection_text(reach), style="red"))
+        return table
+
+    def _waiting(self, now: float) -> Panel:
+        """The parked agents, each with its question and how to answer it."""
+        lines = Text()
+        for approval in self.network.pending:
+            waited = approval.waited(now) or 0.0
+            if lines:
+                lines.append("\n")
+            lines.append(f"{approval.agent} · approval {approval.id}", style="bold")
+            so_far = f"{waited:.0f} s" if waited < 60 else seconds(waited)  # 3 min 07 s
+            lines.append(f" · waiting {so_far}\n  {question_text(approval)}")
+            lines.append(f"\n  answer: {hint(approval.id)}")
+        count = len(self.network.pending)
+        title = f"waiting for approval ({count})" if count > 1 else "waiting for approval"
+        return Panel(lines, title=Text(title, style="bold"), title_align="left",
+                     border_style="bold yellow", expand=False)  # fmt: skip
 
     def _context_line(self, latest: ContextCompacted) -> Text:
         """The turn's latest compaction, above the footer, and how many came before it."""
@@ -432,11 +491,18 @@ class LiveView:
                 f"{_tokens(row.usage):,}" if _tokens(row.usage) else "",
                 f"${row.cost:.3f}" if row.cost else "",
                 f"{elapsed:.1f} s" if elapsed is not None else "",
-                Text("$ " + _short(row.running, 60)) if row.running else "",
+                self._now_cell(row),
                 Text(row.verdict or ""),
                 *([_change_cell(row.change, row.index in resolved)] if changes else []),
             )
         return table
+
+    def _now_cell(self, row: AgentRow) -> Text | str:
+        """What the agent does now: the approval it is parked on, or its command."""
+        for parked in self.network.pending:
+            if row.state == RUNNING and self._row_of(parked.agent) is row:
+                return Text(f"waiting for approval {parked.id}", style="bold yellow")
+        return Text("$ " + _short(row.running, 60)) if row.running else ""
 
     def footer(self, now: float | None = None) -> Text:
         """Session totals: tokens, the share of input read from cache, dollars, elapsed."""

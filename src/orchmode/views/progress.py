@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from typing import TextIO
 
 from ..core.events import (
+    ApprovalAnswered,
+    ApprovalRequested,
     BashDone,
     ChangeSettled,
     ContextCompacted,
@@ -16,14 +18,17 @@ from ..core.events import (
     McpCallDone,
     ModelRefused,
     ModelRequestDone,
+    NetworkConnection,
     ResultCondensed,
     ScriptDone,
     ScriptStarted,
     SubagentDone,
     TokenUsage,
+    TurnStarted,
     WorkspacesChosen,
 )
 from ..records.history import Resolving
+from ..records.network import hint, question_text
 from ..records.wording import change_fate, compaction_text, condensed_text
 from .escape import visible_event
 
@@ -78,13 +83,45 @@ def mcp_call_text(event: McpCallDone) -> str:
     return f"mcp {event.server}/{event.tool}  ({event.duration:.1f} s, {status})"
 
 
+def approval_text(event: ApprovalRequested) -> str:
+    """``[worker 1.2] waiting for approval 3: domain pypi.org:443 (why) — answer: …``."""
+    return (
+        f"[{event.agent}] waiting for approval {event.id}: {question_text(event)} "
+        f"— answer: {hint(event.id)}"
+    )
+
+
+def answered_text(event: ApprovalAnswered) -> str:
+    """``approval 3 approved (remembered for this directory): reason``."""
+    line = f"approval {event.id} {event.answer}"
+    if event.always:
+        line += " (remembered for this directory)"
+    return line + (f": {_one_line(event.reason)}" if event.reason else "")
+
+
+def denied_text(event: NetworkConnection) -> str:
+    """``network: denied evil.example:443 (rule)``."""
+    rule = event.rule or "named by no rule"
+    return " ".join(f"network: denied {event.domain}:{event.port} ({rule})".split())
+
+
 @dataclass
 class StderrProgress:
     stream: TextIO = field(default_factory=lambda: sys.stderr)
     resolving: Resolving = field(default_factory=Resolving)
+    #: (agent, domain) refusals already said this turn: a retrying tool says nothing new
+    refused: set[tuple[str, str]] = field(default_factory=set)
 
     def __call__(self, event: Event) -> None:
         event = visible_event(event)  # its texts are the agents': escaped before use
+        if isinstance(event, TurnStarted):
+            self.refused.clear()
+        if isinstance(event, NetworkConnection):
+            # Allowed ones are not listed (a pip install makes dozens); each refused
+            # domain is said once per agent.
+            if event.decision != "denied" or (event.agent, event.domain) in self.refused:
+                return
+            self.refused.add((event.agent, event.domain))
         self.resolving.follow(event)
         resolution = isinstance(event, SubagentDone) and self.resolving.checks_resolution(
             event.call, event.index, event.role
@@ -146,6 +183,12 @@ class StderrProgress:
                 return f"[isolation] {workspaces_text(event)}"
             case ModelRefused(agent=agent):
                 return f"[{agent}] {_one_line(event.text)}"
+            case ApprovalRequested():
+                return " ".join(approval_text(event).split())
+            case ApprovalAnswered(agent=agent):
+                return f"[{agent}] {answered_text(event)}"
+            case NetworkConnection(agent=agent, decision="denied"):
+                return f"[{agent}] {denied_text(event)}"
             case ModelRequestDone(agent=agent, cache_miss=str(reason), cache_missed_tokens=n):
                 return f"[{agent}] prompt cache miss: {reason} ({n:,} tokens not read from cache)"
         return None

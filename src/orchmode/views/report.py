@@ -34,6 +34,8 @@ from ..records.history import (
     SettledChange,
     Turn,
 )
+from ..records.network import ApprovalRecord, Reach
+from ..records.network import size as byte_size
 from .escape import visible
 from .formatting import money, seconds, when
 from .markdown import to_html, to_inline_html
@@ -89,6 +91,8 @@ def render_report(history: SessionHistory) -> str:
             _totals(history),
             _timeline(history),
             _findings(history),
+            _network(history),
+            _approvals(history),
             _turns(history),
             _agents(history),
         ]
@@ -323,6 +327,111 @@ def _findings(history: SessionHistory) -> str:
             f"{len(groups[severity])}</h3>\n<ul>\n{items}\n</ul></div>"
         )
     return '<section id="findings"><h2>Findings</h2>\n' + "\n".join(parts) + "\n</section>"
+
+
+# --- network and approvals ----------------------------------------------------------------
+
+#: A connection's decision, an approval's answer, as a badge's class.
+_DECISION_CLASSES = {
+    "allowed": "allowed",
+    "approved": "approved",
+    "failed": "failed",
+    "denied": "denied",
+    "timed out": "timed-out",
+}
+
+
+def _decision_badge(decision: str) -> str:
+    known = _DECISION_CLASSES.get(decision, "other")
+    return f'<span class="badge decision-{known}">{e(decision)}</span>'
+
+
+def _agent_link(turn: Turn, name: str) -> str:
+    """The agent's name, linked to its details when it is a subagent of this turn."""
+    agent = next((a for a in turn.agents if a.name == name and not a.resolution), None)
+    if agent is None:
+        return e(name)
+    return f'<a href="#{agent_id(turn, agent)}">{e(name)}</a>'
+
+
+def _reach_row(turn: Turn, reach: Reach) -> str:
+    return (
+        f'<tr class="reach" data-turn="{turn.number}" data-agent="{e(reach.agent)}" '
+        f'data-domain="{e(reach.domain)}" data-port="{reach.port}" '
+        f'data-decision="{e(reach.decision)}" data-connections="{reach.connections}" '
+        f'data-bytes-sent="{reach.bytes_sent}" data-bytes-received="{reach.bytes_received}">'
+        f"<td>{turn.number}</td><td>{_agent_link(turn, reach.agent)}</td>"
+        f"<td><code>{e(reach.where)}</code></td><td>{_decision_badge(reach.decision)}</td>"
+        f'<td class="rule">{e(reach.rule_text or "—")}</td><td>{reach.connections}</td>'
+        f"<td>{e(byte_size(reach.bytes_received))}</td><td>{e(byte_size(reach.bytes_sent))}</td>"
+        "</tr>"
+    )
+
+
+def _network(history: SessionHistory) -> str:
+    """Per agent, the domains its commands reached or were refused, with the rule and bytes."""
+    rows = []
+    for turn in history.turns:
+        for traffic in turn.network.traffic():
+            rows.append(
+                f'<tr class="traffic" data-turn="{turn.number}" data-agent="{e(traffic.agent)}">'
+                f'<th colspan="8">turn {turn.number} · {_agent_link(turn, traffic.agent)}: '
+                f"{e(traffic.summary())}</th></tr>"
+            )
+            rows.extend(_reach_row(turn, reach) for reach in traffic.reaches)
+    if not rows:
+        return (
+            '<section id="network"><h2>Network</h2><p class="meta">No connections through the '
+            "network proxy were recorded.</p></section>"
+        )
+    head = "".join(
+        f"<th>{name}</th>"
+        for name in ("turn", "agent", "domain", "decision", "rule", "connections", "in", "out")
+    )
+    return (
+        '<section id="network"><h2>Network</h2>\n<table class="network">'
+        f"<thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table></section>"
+    )
+
+
+def _approval_row(turn: Turn, approval: ApprovalRecord) -> str:
+    answer = approval.answer or "pending"
+    waited = approval.waited()
+    return (
+        f'<tr class="approval" data-id="{approval.id}" data-turn="{turn.number}" '
+        f'data-agent="{e(approval.agent)}" data-kind="{e(approval.kind)}" '
+        f'data-answer="{e(answer)}" data-always="{"yes" if approval.always else "no"}"'
+        + (f' data-waited="{waited!r}"' if waited is not None else "")
+        + f"><td>{approval.id}</td><td>{turn.number}</td>"
+        f"<td>{_agent_link(turn, approval.agent)}</td><td>{e(approval.kind)}</td>"
+        f'<td><code class="what">{e(approval.what)}</code></td>'
+        f'<td class="why">{e(approval.why)}</td>'
+        f"<td>{clock(approval.asked_at)}</td><td>{_decision_badge(answer)}</td>"
+        f"<td>{e(approval.answered_by or '—')}</td>"
+        f"<td>{e(seconds(waited) if waited is not None else '—')}</td>"
+        f'<td class="reason">{e(approval.reason)}</td></tr>'
+    )
+
+
+def _approvals(history: SessionHistory) -> str:
+    """Every question an agent asked the user: what, why, the answer and how long it waited."""
+    rows = [
+        _approval_row(turn, approval)
+        for turn in history.turns
+        for approval in turn.network.approvals.values()
+    ]
+    if not rows:
+        return (
+            '<section id="approvals"><h2>Approvals</h2><p class="meta">No agent asked for '
+            "approval.</p></section>"
+        )
+    names = ("id", "turn", "agent", "kind", "what", "why", "asked", "answer", "by", "waited",
+             "reason")  # fmt: skip
+    head = "".join(f"<th>{name}</th>" for name in names)
+    return (
+        '<section id="approvals"><h2>Approvals</h2>\n<table class="approvals">'
+        f"<thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table></section>"
+    )
 
 
 # --- turns and agents ---------------------------------------------------------------------
@@ -637,6 +746,16 @@ table.commands td, table.commands th { border-bottom: 1px solid var(--line); pad
   text-align: left; vertical-align: top; }
 table.commands th { color: var(--muted); font-weight: 500; }
 table.commands tr.bad td:nth-child(2) { color: var(--failed); }
+table.network, table.approvals { border-collapse: collapse; width: 100%; margin: 4px 0;
+  background: #fff; } table.network td, table.network th, table.approvals td,
+table.approvals th { border-bottom: 1px solid var(--line); padding: 3px 8px; text-align: left;
+  vertical-align: top; } tr.traffic th { font-weight: 500; background: #f7f8fa; }
+table.network td:nth-child(n+6) { font-variant-numeric: tabular-nums; }
+code.what { word-break: break-all; }
+.badge.decision-allowed, .badge.decision-approved { background: #dcf3e5; color: #1c6b3c; }
+.badge.decision-denied { background: #fbe0e0; color: #9b2323; }
+.badge.decision-failed, .badge.decision-other { background: #fbefd6; color: #8a5a00; }
+.badge.decision-timed-out { background: #ece3f7; color: #5e3591; }
 details.agent { background: #fff; border: 1px solid var(--line); border-radius: 6px;
   margin: 4px 0; padding: 4px 10px; } details.agent[open] { padding-bottom: 10px; }
 details.agent summary { cursor: pointer; }

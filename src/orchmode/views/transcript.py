@@ -18,6 +18,7 @@ from ..records.history import (
     CondensedResult,
     SessionHistory,
 )
+from ..records.network import NetworkLog, connection_text, question_text, size
 from .escape import visible
 from .formatting import clip, money, plural, seconds, when
 from .progress import CHANGE_STYLES
@@ -43,6 +44,8 @@ _STATE_STYLES = {
     "refuted": "red",
     "unclear": "yellow",
 }
+_DECISION_STYLES = {"allowed": "green", "approved": "cyan", "failed": "yellow", "denied": "red"}
+_ANSWER_STYLES = {"approved": "green", "denied": "red", "timed out": "magenta"}
 _SEVERITY_STYLES = {"high": "bold red", "medium": "yellow", "low": "cyan", "info": "dim"}
 
 
@@ -173,6 +176,8 @@ def transcript(history: SessionHistory) -> list[Line]:
                 lines.extend(_agent_lines(agent, "    ", step.resolution_verifier(agent)))
             if step.condensed is not None:  # the model got this call's result condensed
                 lines.append(_condensed_line(step.condensed, "    "))
+        if turn.network:
+            lines.extend(network_lines(turn.network, "  "))
         if turn.answer:
             lines.extend(_block("answer", turn.answer, "  "))
     if history.turns and history.turns[-1].status == "interrupted":
@@ -189,6 +194,31 @@ def transcript(history: SessionHistory) -> list[Line]:
         lines.append(_line(("models", "bold"), " ", models))
     if history.skipped:
         lines.append(_line((f"{history.skipped} unreadable event rows were left out", "yellow")))
+    return lines
+
+
+def network_lines(network: NetworkLog, indent: str) -> list[Line]:
+    """A turn's connections, per agent and domain, and its approvals: asked, answered, waited."""
+    lines: list[Line] = []
+    inner = indent + "  "
+    for traffic in network.traffic():
+        lines.append(_line(indent, ("network ", "bold"), f"{traffic.agent}: {traffic.summary()}"))
+        for reach in traffic.reaches:
+            moved = ""
+            if reach.bytes_sent or reach.bytes_received:
+                moved = f" · {size(reach.bytes_received)} in, {size(reach.bytes_sent)} out"
+            text = clip(connection_text(reach), 120)
+            lines.append(_line(inner, (text, _DECISION_STYLES.get(reach.decision, "")), moved))
+    for approval in network.approvals.values():
+        answer = approval.answer or "pending"
+        lines.append(
+            _line(
+                indent,
+                (f"approval {approval.id} ", "bold"),
+                f"{approval.agent}: {clip(question_text(approval), 120)} · ",
+                (clip(approval.outcome(), 100), _ANSWER_STYLES.get(answer, "yellow")),
+            )
+        )
     return lines
 
 
