@@ -8,7 +8,9 @@ against the same SQLite file) and the library's functions.
 from __future__ import annotations
 
 import asyncio
+import io
 import json
+import os
 import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -18,10 +20,12 @@ from typing import Any
 import pytest
 
 import orchmode
+from conftest import API_KEY, StartServer
 from orchmode.core.events import ApprovalAnswered, ApprovalRequested, Event
 from orchmode.core.settings import Settings
 from orchmode.executors.approvals import DENY_MODE, Answer, Approvals
 from orchmode.store import ApprovalRequest, Store, open_store
+from orchmode.testing import Reply, ScriptedRequest
 from recorded_runs import base_env
 from recorded_runs import orchmode as run_orchmode
 
@@ -385,3 +389,126 @@ async def test_the_library_lists_approves_and_denies_from_any_process(
     elsewhere.mkdir()
     assert await orchmode.approvals(workdir=elsewhere) == []
     assert not (elsewhere / ".orchmode").exists()
+
+
+# --- orchmode chat ---------------------------------------------------------------------------
+
+
+async def test_chat_answers_approvals_typed_while_its_turn_runs(
+    serve: StartServer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The turn is held open (its model request waits on a gate) while an agent asks; the
+    `/approve` and `/deny` typed then answer it, and a message typed then waits its turn."""
+    from orchmode.cli import chat
+    from orchmode.session import api
+
+    gate = asyncio.Event()
+
+    async def responder(request: ScriptedRequest) -> Reply:
+        if not gate.is_set():
+            await gate.wait()
+            return Reply.text("First answer.")
+        return Reply.text("Second answer.")
+
+    server = await serve(responder)
+    settings = Settings(base_url=server.url, max_retries=0, approval_timeout=120)
+    sessions: list[orchmode.Session] = []
+    seen = Seen()
+    real = api.open_session
+
+    @asynccontextmanager
+    async def spy(*args: Any, **kwargs: Any) -> AsyncIterator[orchmode.Session]:
+        async with real(*args, **kwargs) as session:
+            sessions.append(session)
+            session.subscribe(seen)
+            yield session
+
+    monkeypatch.setattr(chat, "open_session", spy)
+    read_end, write_end = os.pipe()
+    typed = open(write_end, "w", buffering=1)  # noqa: SIM115 (closed below)
+    stdin = open(read_end)  # noqa: SIM115 (closed below)
+
+    def type_in(line: str) -> None:
+        typed.write(line + "\n")
+
+    running = asyncio.create_task(
+        chat.run_chat(
+            settings,
+            tmp_path,
+            orchmode.Credentials(api_key=API_KEY),
+            display_mode="plain",
+            stdin=stdin,
+        )
+    )
+    try:
+        type_in("go")
+        await seen.first(orchmode.TurnStarted)
+        (session,) = sessions
+        conversation = session.conversation
+        # An agent of this turn asks, through a broker of its own (as the agents will).
+        agent = Approvals(
+            conversation.store, session.id, tmp_path, settings, conversation.events.emit,
+            config_dir=tmp_path / "config",
+        )  # fmt: skip
+        first = asyncio.create_task(agent.ask(asking("a", session=session.id)))
+        await seen.first(ApprovalRequested)
+        type_in("and then this")  # a message: kept for after the turn
+        type_in("/approve 1")
+        assert (await asyncio.wait_for(first, 30)).approved
+        second = asyncio.create_task(agent.ask(asking("b", session=session.id)))
+        await seen.until(lambda: len(seen.of(ApprovalRequested)) == 2)
+        type_in("/deny 2 Use The Mirror")
+        answer = await asyncio.wait_for(second, 30)
+        assert (answer.approved, answer.reason) == (False, "denied by the user: Use The Mirror")
+        turns = [e for e in seen.events if isinstance(e, orchmode.TurnDone)]
+        assert turns == []  # both answered while the turn still ran
+        gate.set()
+        await seen.until(lambda: len(seen.of(orchmode.TurnDone)) == 2)  # the kept message ran
+        type_in("/exit")
+        await asyncio.wait_for(running, 30)
+    finally:
+        gate.set()
+        typed.close()
+        if not running.done():
+            running.cancel()
+        stdin.close()
+    out = capsys.readouterr().out
+    assert (
+        "[chat] approval 1: worker 1.2 asks to run npm ci (Bash(npm:*) in permissions_ask) — "
+        "/approve 1, /approve 1 always, or /deny 1 [why]" in out
+    )
+    assert "[chat] approved 1" in out and "[chat] denied 2" in out
+    assert "[chat] approval 2 denied: Use The Mirror" in out
+    assert out.index("First answer.") < out.index("Second answer.")
+    requests = [e.body["messages"] for e in server.log]
+    assert requests[-1][-1] == {"role": "user", "content": "and then this"}
+
+
+async def test_chat_says_which_approvals_wait_and_refuses_a_bad_number(
+    serve: StartServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from orchmode.cli import chat
+
+    server = await serve(lambda request: Reply.text("ok"))
+    settings = Settings(base_url=server.url, max_retries=0, session="c1")
+    store = await open_store(settings.store_url(tmp_path))
+    try:
+        await store.request_approval(asking("a", session="c1"))
+    finally:
+        await store.close()
+    script = io.StringIO("/approvals\n/approve x\n/approve 1 sometimes\n/approve 9\n/deny 1\n")
+    await chat.run_chat(
+        settings, tmp_path, orchmode.Credentials(api_key=API_KEY), display_mode="plain",
+        stdin=script,
+    )  # fmt: skip
+    out = capsys.readouterr().out.splitlines()
+    assert (
+        "[chat] approval 1: worker 1.2 asks to run npm ci (Bash(npm:*) in permissions_ask)" in out
+    )
+    usage = "[chat] /approve N [always]: N is the approval's number, as /approvals lists it"
+    assert out.count(usage) == 2
+    assert any(line.startswith("[chat] no approval 9 in ") for line in out)
+    assert "[chat] denied 1" in out
