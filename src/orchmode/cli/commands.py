@@ -892,15 +892,15 @@ def cmd_approvals(args: argparse.Namespace) -> int:
     if not found:
         _say("no approval is waiting for an answer" if not args.all else "no approval asked")
         return 0
+    columns = (*APPROVAL_COLUMNS, "STATUS") if args.all else APPROVAL_COLUMNS
     rows = [
         (
             str(a.id), a.request.session, a.request.agent, a.request.kind, a.request.what,
-            a.request.why, _age(now - a.created_at)
-            + ("" if a.status == "pending" else f" ({a.status})"),
+            a.request.why, _age(now - a.created_at), *([a.status] if args.all else []),
         )
         for a in found
     ]  # fmt: skip
-    _print_approvals(rows, sys.stdout)
+    _print_approvals(columns, rows, sys.stdout)
     if not args.all:
         _say("answer with `orchmode approve ID [--always]` or `orchmode deny ID [--reason TEXT]`")
     return 0
@@ -915,21 +915,23 @@ def _age(seconds: float) -> str:
     return f"{int(seconds)} s"
 
 
-def _print_approvals(rows: Sequence[Sequence[str]], stream: typing.TextIO) -> None:
+def _print_approvals(
+    columns: Sequence[str], rows: Sequence[Sequence[str]], stream: typing.TextIO
+) -> None:
     """A Rich table on a terminal (WHAT and WHY give way when narrow); plain columns
     elsewhere; every cell's control characters shown, never obeyed."""
     from ..views.run_table import format_columns
 
     rows = [tuple(visible(cell) for cell in row) for row in rows]
     if not stream.isatty():
-        print(format_columns(APPROVAL_COLUMNS, rows, frozenset({"ID"})), file=stream)
+        print(format_columns(columns, rows, frozenset({"ID"})), file=stream)
         return
     from rich.console import Console
     from rich.table import Table
     from rich.text import Text
 
     table = Table(box=None, header_style="bold", pad_edge=False)
-    for name in APPROVAL_COLUMNS:
+    for name in columns:
         table.add_column(
             name,
             justify="right" if name == "ID" else "left",
