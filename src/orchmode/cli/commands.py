@@ -134,9 +134,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="talk with the agent: slash commands, Ctrl-C cancels a turn",
         description=(
             "An interactive session: type a message per turn; /mode on|off, /status, "
-            "/budget, /cost, /exit. Ctrl-C cancels the running turn (finished subagents "
-            "stay in the journal), a second Ctrl-C leaves. --session NAME resumes a recorded "
-            "session, its mode included. Reads plain lines when stdin is not a terminal."
+            "/budget, /cost, /approve N, /deny N, /exit. Ctrl-C cancels the running turn "
+            "(finished subagents stay in the journal), a second Ctrl-C leaves. --session NAME "
+            "resumes a recorded session, its mode included. Reads plain lines when stdin is "
+            "not a terminal."
         ),
     )
     chat.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
