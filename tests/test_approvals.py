@@ -214,25 +214,35 @@ async def test_a_cancelled_wait_leaves_the_approval_pending_for_a_resume(
 
 
 async def test_twenty_waiting_agents_share_one_poller_and_each_gets_its_own_answer(
-    store: Store, tmp_path: Path
+    store_url: str, tmp_path: Path
 ) -> None:
+    """On SQLite and PostgreSQL alike: answers written by another connection (as another
+    process would) reach each waiting agent through the one poller."""
     seen = Seen()
-    approvals = broker(store, tmp_path, seen, approval_timeout=120)
-    approvals.poll_interval = 0.05
-    waiting = [asyncio.create_task(approvals.ask(asking(f"k{i}"))) for i in range(20)]
-    await seen.until(lambda: len(seen.of(ApprovalRequested)) == 20)
-    pollers = [t for t in asyncio.all_tasks() if t.get_name() == "orchmode-approvals"]
-    assert len(pollers) == 1
-    other = await open_store(f"sqlite://{tmp_path / 'journal.db'}")  # another process's view
+    store = await open_store(store_url)
+    other = await open_store(store_url)  # another process's view of the same store
     try:
-        for i in range(20):
-            assert await other.answer_approval(i + 1, i % 2 == 0, reason=f"r{i}") is not None
+        approvals = broker(store, tmp_path, seen, approval_timeout=120)
+        approvals.poll_interval = 0.05
+        waiting = [asyncio.create_task(approvals.ask(asking(f"k{i}"))) for i in range(20)]
+        await seen.until(lambda: len(seen.of(ApprovalRequested)) == 20)
+        pollers = [t for t in asyncio.all_tasks() if t.get_name() == "orchmode-approvals"]
+        assert len(pollers) == 1
+        asked = await other.approvals(pending=True)
+        assert sorted(a.id for a in asked) == list(range(1, 21))
+        for approval in asked:  # yes to even keys, no to odd ones
+            i = int(approval.request.key.removeprefix("k"))
+            assert await other.answer_approval(approval.id, i % 2 == 0, reason=f"r{i}")
+        answers = await asyncio.wait_for(asyncio.gather(*waiting), 30)
+        assert [a.approved for a in answers] == [i % 2 == 0 for i in range(20)]
+        assert [a.reason for a in answers] == [
+            f"denied by the user: r{i}" if i % 2 else f"approved by the user: r{i}"
+            for i in range(20)
+        ]
+        await asyncio.wait_for(pollers[0], 10)  # nothing waits: the poller ends by itself
     finally:
         await other.close()
-    answers = await asyncio.wait_for(asyncio.gather(*waiting), 30)
-    assert [a.approved for a in answers] == [i % 2 == 0 for i in range(20)]
-    assert [a.id for a in answers] == list(range(1, 21))
-    await asyncio.wait_for(pollers[0], 10)  # nothing waits: the poller ends by itself
+        await store.close()
 
 
 async def test_an_always_answer_is_remembered_for_the_directory_and_loaded_back(

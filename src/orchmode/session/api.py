@@ -451,6 +451,8 @@ class Session:
         except OrchmodeError as exc:
             log.warning("could not read the totals of session %s: %s", self.id, exc)
             self._final = self._snapshot()
+        if self._broker is not None:
+            await self._broker.close()
         await self._recorder.flush()
         for stream in tuple(self._streams):
             stream.close()
