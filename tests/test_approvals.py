@@ -265,12 +265,14 @@ async def test_an_always_answer_is_remembered_for_the_directory_and_loaded_back(
     answer = await asyncio.wait_for(waiting, 10)
     assert answer.approved and answer.always
     env = {"XDG_CONFIG_HOME": str(xdg), "HOME": str(tmp_path / "home")}
-    rules, _ = Rules.load(Settings(), project, env)
-    assert rules.command("npm ci").decision == "allow"
+    asks = Settings(permissions_ask=("Bash(npm ci)",))  # what made the agent ask
+    rules, _ = Rules.load(asks, project, env)
+    verdict = rules.command("npm ci")
+    assert (verdict.decision, verdict.source) == ("allow", "remembered")
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    rules, _ = Rules.load(Settings(), elsewhere, env)
-    assert rules.command("npm ci").decision != "allow"  # for that directory only
+    rules, _ = Rules.load(asks, elsewhere, env)
+    assert rules.command("npm ci").decision == "ask"  # for that directory only
 
 
 # --- the command line ------------------------------------------------------------------------
@@ -370,8 +372,10 @@ async def test_orchmode_approve_always_remembers_the_rule_in_the_users_configura
     assert result.returncode == 0, result.stderr
     assert f"remembered for {project}: Bash(npm ci) is allowed there" in result.stdout
     assert (await store.approval(1)).always  # type: ignore[union-attr]
-    rules, _ = Rules.load(Settings(), project, {"XDG_CONFIG_HOME": str(xdg)})
-    assert rules.command("npm ci").decision == "allow"
+    asks = Settings(permissions_ask=("Bash(npm ci)",))
+    rules, _ = Rules.load(asks, project, {"XDG_CONFIG_HOME": str(xdg), "HOME": str(tmp_path)})
+    verdict = rules.command("npm ci")
+    assert (verdict.decision, verdict.source) == ("allow", "remembered")
 
 
 # --- the library -----------------------------------------------------------------------------
