@@ -527,3 +527,16 @@ async def test_chat_says_which_approvals_wait_and_refuses_a_bad_number(
     assert out.count(usage) == 2
     assert any(line.startswith("[chat] no approval 9 in ") for line in out)
     assert "[chat] denied 1" in out
+
+
+async def test_always_for_a_question_with_no_rule_approves_this_once_and_says_so(
+    store: Store, tmp_path: Path
+) -> None:
+    await store.request_approval(asking(rule=""))
+    approvals = broker(store, tmp_path, Seen())
+    with pytest.raises(
+        orchmode.OrchmodeError, match=r"approved this once: .* cannot be remembered"
+    ):
+        await approvals.answer(1, True, always=True)
+    assert (await store.approval(1)).status == "approved"  # type: ignore[union-attr]
+    assert not (tmp_path / "config").exists()

@@ -100,6 +100,11 @@ def remember_rule(approval: Approval, config_dir: Path) -> None:
     from ..core.permissions import remember
 
     request = approval.request
+    if not request.rule:
+        raise OrchmodeError(
+            f"approval {approval.id} is approved this once: what it asked cannot be remembered "
+            "as a rule (a command that may contain a denied one asks every time)"
+        )
     try:
         remember(config_dir, Path(request.workdir), request.rule)
     except (OSError, OrchmodeError) as exc:
