@@ -540,3 +540,29 @@ async def test_always_for_a_question_with_no_rule_approves_this_once_and_says_so
         await approvals.answer(1, True, always=True)
     assert (await store.approval(1)).status == "approved"  # type: ignore[union-attr]
     assert not (tmp_path / "config").exists()
+
+
+async def test_lines_typed_on_a_terminal_during_a_turn_are_taken_whole_and_none_is_lost() -> None:
+    """What chat reads from a real terminal (a pseudo-terminal, as the kernel gives it)
+    while a turn runs: only whole lines, a half-typed one left for the prompt after."""
+    import pty
+
+    from orchmode.cli.chat import PromptLines
+
+    master, slave = pty.openpty()
+    try:
+        lines = PromptLines(None, slave)
+        typed = lines.meanwhile()
+        assert typed is lines.meanwhile()  # one reader for every turn
+        os.write(master, b"/approve 1\n/deny 2 no\n")
+        assert await asyncio.wait_for(typed.read(""), 10) == "/approve 1"
+        os.write(master, b"half typ")
+        assert await asyncio.wait_for(typed.read(""), 10) == "/deny 2 no"
+        waiting = asyncio.create_task(typed.read(""))
+        done, _ = await asyncio.wait({waiting}, timeout=0.3)
+        assert not done  # a half line is not a line
+        os.write(master, b"ed\n")
+        assert await asyncio.wait_for(waiting, 10) == "half typed"
+    finally:
+        os.close(master)
+        os.close(slave)

@@ -71,14 +71,18 @@ class Lines(Protocol):
 class PromptLines:
     """A terminal: prompt_toolkit, with the history kept across chats."""
 
-    def __init__(self, history_file: Path | None) -> None:
+    def __init__(self, history_file: Path | None, fd: int | None = None) -> None:
         from prompt_toolkit import PromptSession
         from prompt_toolkit.history import FileHistory, InMemoryHistory
 
         history = FileHistory(str(history_file)) if history_file else InMemoryHistory()
         self.session: PromptSession[str] = PromptSession(history=history)
+        #: Lines typed while turns run: one reader, so a line it read is never lost.
+        self.typed = TypedLines(sys.stdin.fileno() if fd is None else fd)
 
     async def read(self, prompt: str) -> str | None:
+        if self.typed.lines:  # typed during the last turn, not yet taken
+            return self.typed.lines.popleft()
         try:
             # handle_sigint=False: prompt_toolkit would otherwise take over SIGINT while it
             # reads and remove the handler on return, leaving a running turn deaf to Ctrl-C.
@@ -87,7 +91,7 @@ class PromptLines:
             return None
 
     def meanwhile(self) -> Lines:
-        return TypedLines(sys.stdin.fileno())
+        return self.typed
 
 
 class TypedLines:
@@ -440,7 +444,7 @@ async def run_chat(
             if stdin.isatty():
                 history = workdir / ".orchmode" / "chat_history"
                 history.parent.mkdir(parents=True, exist_ok=True)
-                lines: Lines = PromptLines(history)
+                lines: Lines = PromptLines(history, stdin.fileno())
             else:
                 lines = PipeLines(stdin)
             chat = Chat(session, totals, display, lines, interactive=stdin.isatty())
