@@ -110,7 +110,10 @@ class TypedLines:
     async def read(self, prompt: str) -> str | None:
         while not self.lines:
             await _readable(self.fd)
-            chunk = os.read(self.fd, 65536)
+            try:
+                chunk = os.read(self.fd, 65536)
+            except BlockingIOError:  # woken for nothing (the descriptor is non-blocking)
+                continue
             if not chunk:
                 self.lines.append(None)
                 break
