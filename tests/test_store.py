@@ -17,7 +17,7 @@ from both_stores import DONE, execute
 from orchmode.core.errors import StoreError
 from orchmode.core.events import TokenUsage
 from orchmode.core.results import AgentResult, Status
-from orchmode.store import BudgetCaps, Store, content_key, open_store
+from orchmode.store import ApprovalRequest, BudgetCaps, Store, content_key, open_store
 
 BASE: dict[str, Any] = dict(
     role="worker", model="m", effort="xhigh", system="s", tools=[{"name": "bash"}], prompt="p"
@@ -343,3 +343,149 @@ async def test_use_added_together_reaches_the_ledger_exactly(store: Store) -> No
     )
     await budget.flush()
     assert (await store.budget("s")).tokens == sum(range(1, 201)) + 200
+
+
+# --- approvals ------------------------------------------------------------------------------
+
+
+def asking(key: str = "k", session: str = "s1", **change: Any) -> ApprovalRequest:
+    fields: dict[str, Any] = dict(
+        session=session, agent="worker 1.2", workdir="/w", kind="command", what="npm ci",
+        why="Bash(npm:*) in permissions_ask", rule="Bash(npm ci)", key=key,
+    )  # fmt: skip
+    return ApprovalRequest(**{**fields, **change})
+
+
+async def test_an_approval_is_recorded_pending_with_a_small_store_wide_id(store: Store) -> None:
+    first = await store.request_approval(asking("a"))
+    second = await store.request_approval(asking("b", session="s2", kind="domain"))
+    assert (first.id, second.id) == (1, 2)
+    assert first.status == "pending" and first.answered_at is None and not first.always
+    assert first.request == asking("a") and second.request == asking("b", "s2", kind="domain")
+    assert await store.approval(2) == second
+    assert await store.approval(3) is None
+
+
+async def test_asking_twice_is_one_question_answered_or_not(store: Store) -> None:
+    first = await store.request_approval(asking())
+    again = await store.request_approval(asking(what="ignored: the key decides"))
+    assert again == first
+    answered = await store.answer_approval(first.id, True, always=True, reason="fine")
+    assert answered is not None
+    assert await store.request_approval(asking()) == answered  # a resumed run finds it
+    other_session = await store.request_approval(asking(session="s2"))
+    assert other_session.id == 2  # the same key in another session is another question
+
+
+async def test_an_answer_is_kept_once_and_a_second_answer_changes_nothing(store: Store) -> None:
+    pending = await store.request_approval(asking())
+    denied = await store.answer_approval(pending.id, False, reason="not today")
+    assert denied is not None
+    assert (denied.status, denied.reason, denied.always) == ("denied", "not today", False)
+    assert denied.answered_at is not None and denied.answered_at >= pending.created_at
+    assert await store.answer_approval(pending.id, True) is None
+    assert await store.time_out_approval(pending.id) is None
+    assert await store.approval(pending.id) == denied
+    assert await store.answer_approval(99, True) is None  # no such approval
+
+
+async def test_a_timed_out_approval_counts_as_answered(store: Store) -> None:
+    pending = await store.request_approval(asking())
+    late = await store.time_out_approval(pending.id)
+    assert late is not None and late.status == "timed out" and late.answered_at is not None
+    assert await store.answer_approval(pending.id, True) is None
+
+
+async def test_approvals_are_listed_oldest_first_by_session_and_pending(store: Store) -> None:
+    a = await store.request_approval(asking("a"))
+    b = await store.request_approval(asking("b", session="s2"))
+    c = await store.request_approval(asking("c"))
+    await store.answer_approval(a.id, True)
+    assert [x.id for x in await store.approvals()] == [1, 2, 3]
+    assert [x.id for x in await store.approvals(pending=True)] == [b.id, c.id]
+    assert [x.id for x in await store.approvals("s1")] == [a.id, c.id]
+    assert [x.id for x in await store.approvals("s1", pending=True)] == [c.id]
+    assert await store.approvals("nobody") == []
+
+
+async def test_an_approval_survives_reopening_the_store(store_url: str) -> None:
+    store = await open_store(store_url)
+    asked = await store.request_approval(asking())
+    await store.close()
+    store = await open_store(store_url)
+    try:
+        assert await store.approvals(pending=True) == [asked]
+        assert (answered := await store.answer_approval(asked.id, True)) is not None
+    finally:
+        await store.close()
+    store = await open_store(store_url)
+    try:
+        assert await store.approval(asked.id) == answered
+    finally:
+        await store.close()
+
+
+APPROVAL_RACER = textwrap.dedent(
+    """
+    import asyncio, json, sys, time
+    from orchmode.store import ApprovalRequest, open_store
+
+    async def main(url, racer, n):
+        store = await open_store(url)
+        print("ready", flush=True)
+        sys.stdin.readline()  # the starting gun: every racer is ready
+        started = time.monotonic()
+        ids, won = {}, []
+        for i in range(n):  # every racer asks the same n questions, then answers them all
+            asked = await store.request_approval(ApprovalRequest(
+                session="race", agent=racer, workdir="/w", kind="command",
+                what=f"cmd {i}", why="ask", rule=f"Bash(cmd {i})", key=f"key-{i}"))
+            ids[i] = asked.id
+        for i in range(n):
+            answer = await store.answer_approval(ids[i], racer.endswith("0"), reason=racer)
+            if answer is not None:
+                won.append(ids[i])
+        finished = time.monotonic()
+        await store.close()
+        print(json.dumps({"ids": ids, "won": won, "started": started, "finished": finished}))
+
+    asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3])))
+    """
+)
+
+
+async def test_four_processes_asking_and_answering_the_same_approvals_agree(
+    store_url: str,
+) -> None:
+    """Asked at once, a question gets one id for everyone; answered at once, one answer wins."""
+    await (await open_store(store_url)).close()
+    racers = [
+        subprocess.Popen(
+            [sys.executable, "-c", APPROVAL_RACER, store_url, f"racer-{i}", "50"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(4)
+    ]
+    for racer in racers:
+        assert racer.stdout is not None and racer.stdout.readline().strip() == "ready"
+    for racer in racers:
+        assert racer.stdin is not None
+        racer.stdin.write("go\n")
+        racer.stdin.flush()
+    reports = [json.loads(racer.communicate(timeout=120)[0]) for racer in racers]
+    assert all(racer.returncode == 0 for racer in racers)
+    assert max(r["started"] for r in reports) < min(r["finished"] for r in reports)
+    assert all(r["ids"] == reports[0]["ids"] for r in reports)
+    assert sorted(reports[0]["ids"].values()) == list(range(1, 51))
+    winners = {approval_id: i for i, r in enumerate(reports) for approval_id in r["won"]}
+    assert sorted(approval_id for r in reports for approval_id in r["won"]) == list(range(1, 51))
+    store = await open_store(store_url)
+    try:
+        for approval in await store.approvals("race"):
+            racer = winners[approval.id]  # the one that won says what was recorded
+            assert approval.reason == f"racer-{racer}"
+            assert approval.status == ("approved" if racer == 0 else "denied")
+    finally:
+        await store.close()

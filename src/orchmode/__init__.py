@@ -28,13 +28,18 @@ if TYPE_CHECKING:
     from .model.providers import Credentials
     from .session.agent import SessionBusy, TurnResult
     from .session.api import (
+        ApprovalNotPending,
         EventStream,
         RequestTotals,
         Session,
         SessionClosed,
         Totals,
+        approvals,
+        approve,
+        deny,
         open_session,
     )
+    from .store.base import Approval, ApprovalRequest
 
 #: The events' public names, derived from their one declaration (``core/events.py`` is small:
 #: dataclasses only, no SDK and no pydantic).
@@ -48,6 +53,12 @@ _LAZY = {
     "EventStream": "session.api",
     "Totals": "session.api",
     "RequestTotals": "session.api",
+    "approvals": "session.api",
+    "approve": "session.api",
+    "deny": "session.api",
+    "ApprovalNotPending": "session.api",
+    "Approval": "store.base",
+    "ApprovalRequest": "store.base",
     "TurnResult": "session.agent",
     "SessionBusy": "session.agent",
     "Credentials": "model.providers",
@@ -57,6 +68,9 @@ _LAZY = {
 }
 
 __all__ = [
+    "Approval",
+    "ApprovalNotPending",
+    "ApprovalRequest",
     "AuthError",
     "ConfigError",
     "Credentials",
@@ -72,6 +86,9 @@ __all__ = [
     "Totals",
     "TurnResult",
     "__version__",
+    "approvals",
+    "approve",
+    "deny",
     "open_session",
 ]
 __all__ += _EVENTS

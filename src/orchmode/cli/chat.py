@@ -8,20 +8,29 @@ saves the history even when cancelled — and the subagents that finished stay i
 An answer is printed once its turn has ended: as rendered Markdown when stdout is a terminal
 (a half-written answer could not be drawn), its control characters shown as escapes; exactly
 as the model wrote it otherwise.
+
+While a turn runs, lines are still read (on a terminal as plain typed lines, the prompt
+coming back once the turn ends): ``/approve`` and ``/deny`` answer a waiting agent at once,
+since the turn may be waiting for exactly that; every other line is kept, in order, for
+after the turn, as if typed then.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import signal
 import sys
 import threading
+from collections import deque
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TextIO
 
 from ..core.errors import AuthError, OrchmodeError, StoreError
+from ..core.events import ApprovalAnswered, ApprovalRequested, Event
 from ..core.settings import Settings
 from ..model.providers import Credentials
 from ..records.totals import SessionTotals
@@ -40,7 +49,14 @@ HELP = """\
 /budget        subagents launched and tokens spent against the caps
 /cost          requests, tokens, cache share and dollars of this session
 /resume        finish a resumed session's interrupted turn from where it stopped
+/approvals     the approvals waiting for your answer
+/approve N     let the agent waiting on approval N go on (/approve N always: and remember
+               the rule for this directory); works while a turn runs
+/deny N [why]  refuse approval N, telling the agent why; works while a turn runs
 /exit          leave (so do Ctrl-D and a second Ctrl-C)"""
+
+#: Commands taken at once while a turn runs: the turn may be waiting for their answer.
+ANSWERED_MID_TURN = ("/approve", "/deny", "/approvals")
 
 
 class Lines(Protocol):
@@ -48,24 +64,82 @@ class Lines(Protocol):
 
     async def read(self, prompt: str) -> str | None: ...
 
+    def meanwhile(self) -> Lines:
+        """Where lines come from while a turn runs (no prompt is drawn then)."""
+
 
 class PromptLines:
     """A terminal: prompt_toolkit, with the history kept across chats."""
 
-    def __init__(self, history_file: Path | None) -> None:
+    def __init__(self, history_file: Path | None, fd: int | None = None) -> None:
         from prompt_toolkit import PromptSession
         from prompt_toolkit.history import FileHistory, InMemoryHistory
 
         history = FileHistory(str(history_file)) if history_file else InMemoryHistory()
         self.session: PromptSession[str] = PromptSession(history=history)
+        #: Lines typed while turns run: one reader, so a line it read is never lost.
+        self.typed = TypedLines(sys.stdin.fileno() if fd is None else fd)
 
     async def read(self, prompt: str) -> str | None:
+        if self.typed.lines:  # typed during the last turn, not yet taken
+            return self.typed.lines.popleft()
         try:
             # handle_sigint=False: prompt_toolkit would otherwise take over SIGINT while it
             # reads and remove the handler on return, leaving a running turn deaf to Ctrl-C.
             return await self.session.prompt_async(prompt, handle_sigint=False)
         except EOFError:
             return None
+
+    def meanwhile(self) -> Lines:
+        return self.typed
+
+
+class TypedLines:
+    """Lines typed on the terminal while a turn runs, read as the terminal hands them over.
+
+    No prompt_toolkit then: the terminal stays as it is between prompts (it echoes what is
+    typed, and Ctrl-C is a signal that cancels the turn), and only whole lines are taken —
+    what is half typed when the turn ends is still there for the prompt that comes back.
+    """
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.pending = b""
+        self.lines: deque[str | None] = deque()
+
+    async def read(self, prompt: str) -> str | None:
+        while not self.lines:
+            await _readable(self.fd)
+            try:
+                chunk = os.read(self.fd, 65536)
+            except BlockingIOError:  # woken for nothing (the descriptor is non-blocking)
+                continue
+            if not chunk:
+                self.lines.append(None)
+                break
+            self.pending += chunk
+            *whole, self.pending = self.pending.split(b"\n")
+            self.lines.extend(line.decode("utf-8", "replace") for line in whole)
+        return self.lines.popleft()
+
+    def meanwhile(self) -> Lines:
+        return self
+
+
+async def _readable(fd: int) -> None:
+    """Wait until ``fd`` has something to read (a whole line, on a terminal between prompts)."""
+    loop = asyncio.get_running_loop()
+    ready: asyncio.Future[None] = loop.create_future()
+
+    def wake() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    loop.add_reader(fd, wake)
+    try:
+        await ready
+    finally:
+        loop.remove_reader(fd)
 
 
 class PipeLines:
@@ -90,6 +164,9 @@ class PipeLines:
     async def read(self, prompt: str) -> str | None:
         return await self.queue.get()
 
+    def meanwhile(self) -> Lines:
+        return self  # the same queue: a line is read once, whoever reads it
+
 
 @dataclass
 class Chat:
@@ -98,9 +175,13 @@ class Chat:
     display: Display
     lines: Lines
     out: TextIO = field(default_factory=lambda: sys.stdout)
+    #: A person types the lines (a terminal), so lines kept for after a turn are said so.
+    interactive: bool = False
 
     def __post_init__(self) -> None:
         self.turn_task: asyncio.Task[TurnResult] | None = None
+        #: Lines read while a turn ran, for after it (``None``: the input ended).
+        self.held: deque[str | None] = deque()
         #: the last thing the user did was Ctrl-C: another one leaves
         self.interrupted = False
         #: the resumed session's last turn never ended: /resume finishes it
@@ -146,6 +227,8 @@ class Chat:
                 await self.turn(line)
 
     async def _next_line(self) -> str | None:
+        if self.held:
+            return self.held.popleft()
         read = asyncio.ensure_future(self.lines.read(PROMPT))
         leave = asyncio.ensure_future(self.leaving.wait())
         done, _ = await asyncio.wait({read, leave}, return_when=asyncio.FIRST_COMPLETED)
@@ -159,8 +242,10 @@ class Chat:
         await self._drive(self.session.turn(text))
 
     async def _drive(self, work: Coroutine[Any, Any, TurnResult]) -> None:
-        """Run one turn (a new one, or an interrupted one finished) so Ctrl-C cancels it."""
+        """Run one turn (a new one, or an interrupted one finished) so Ctrl-C cancels it,
+        reading lines meanwhile."""
         self.turn_task = asyncio.create_task(unless_the_store_fails(self.session, work))
+        reader = asyncio.create_task(self._meanwhile())
         try:
             result = await self.turn_task
         except asyncio.CancelledError:
@@ -180,7 +265,44 @@ class Chat:
             return
         finally:
             self.turn_task = None
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
         print_answer(result.text, self.out)
+
+    async def _meanwhile(self) -> None:
+        """While a turn runs: answer approvals at once, keep every other line for after it."""
+        lines = self.lines.meanwhile()
+        while True:
+            line = await lines.read("")
+            text = None if line is None else line.strip()
+            if text is not None and text.split(" ", 1)[0].lower() in ANSWERED_MID_TURN:
+                # shielded: the turn ending does not cut an answer off half-given
+                await asyncio.shield(self.command(text))
+                continue
+            if text == "":
+                continue
+            self.held.append(text)
+            if text is None:
+                return
+            if self.interactive:
+                self.say(
+                    "[chat] a turn is running: that is kept for after it (Ctrl-C cancels the "
+                    "turn; /approve and /deny answer at once)"
+                )
+
+    def on_event(self, event: Event) -> None:
+        """Say an approval asked for, and its answer, on the chat's own lines."""
+        if isinstance(event, ApprovalRequested):
+            self.say(
+                f"[chat] approval {event.id}: {event.agent} asks to {_doing(event.kind)} "
+                f"{event.what} ({event.why}) — /approve {event.id}, /approve {event.id} "
+                f"always, or /deny {event.id} [why]"
+            )
+        elif isinstance(event, ApprovalAnswered):
+            said = f": {event.reason}" if event.reason else ""
+            always = " (always)" if event.always else ""
+            self.say(f"[chat] approval {event.id} {event.answer}{always}{said}")
 
     async def command(self, line: str) -> bool:
         """Run a slash command; False means leave."""
@@ -211,6 +333,10 @@ class Chat:
                 await self._drive(self.session.resume_turn())
             case "/resume":
                 self.say("[chat] there is no interrupted turn to finish")
+            case "/approvals":
+                await self._list_approvals()
+            case "/approve" | "/deny":
+                await self._answer(name.lower() == "/approve", rest.strip())
             case "/help":
                 self.say(HELP)
             case _:
@@ -220,6 +346,43 @@ class Chat:
     def _mode(self) -> str:
         return "on" if self.session.mode else "off"
 
+    async def _list_approvals(self) -> None:
+        waiting = await self.session.approvals()
+        if not waiting:
+            self.say("[chat] no approval is waiting for an answer")
+        for approval in waiting:
+            request = approval.request
+            self.say(
+                f"[chat] approval {approval.id}: {request.agent} asks to "
+                f"{_doing(request.kind)} {request.what} ({request.why})"
+            )
+
+    async def _answer(self, approved: bool, rest: str) -> None:
+        """``/approve N [always]`` or ``/deny N [why]``."""
+        number, _, more = rest.partition(" ")
+        more = more.strip()
+        usage = "/approve N [always]" if approved else "/deny N [why]"
+        if not number.isdigit() or (approved and more.lower() not in ("", "always")):
+            self.say(f"[chat] {usage}: N is the approval's number, as /approvals lists it")
+            return
+        try:
+            if approved:
+                answered = await self.session.approve(int(number), more.lower() == "always")
+            else:
+                answered = await self.session.deny(int(number), more)
+        except (AuthError, StoreError):
+            raise
+        except OrchmodeError as exc:
+            self.say(f"[chat] {exc}")
+            return
+        verb = "approved" if approved else "denied"
+        remembered = (
+            f"; {answered.request.rule} is allowed in {answered.request.workdir} from now on"
+            if answered.always
+            else ""
+        )
+        self.say(f"[chat] {verb} {answered.id}{remembered}")
+
     def turns(self) -> int:
         """User turns in the conversation, resumed ones included (tool results are not turns)."""
         return sum(
@@ -227,6 +390,11 @@ class Chat:
             for m in self.session.conversation.history
             if m.get("role") == "user" and isinstance(m.get("content"), str)
         )
+
+
+def _doing(kind: str) -> str:
+    """What an approval of ``kind`` lets the agent do, as a verb."""
+    return {"command": "run", "domain": "connect to", "mcp": "call"}.get(kind, "do")
 
 
 def _install_interrupt(handler: Callable[[], None]) -> Callable[[], None]:
@@ -279,10 +447,11 @@ async def run_chat(
             if stdin.isatty():
                 history = workdir / ".orchmode" / "chat_history"
                 history.parent.mkdir(parents=True, exist_ok=True)
-                lines: Lines = PromptLines(history)
+                lines: Lines = PromptLines(history, stdin.fileno())
             else:
                 lines = PipeLines(stdin)
-            chat = Chat(session, totals, display, lines)
+            chat = Chat(session, totals, display, lines, interactive=stdin.isatty())
+            session.subscribe(chat.on_event)
             chat.unfinished = cut_off
             undo = _install_interrupt(chat.interrupt)
             await chat.run()

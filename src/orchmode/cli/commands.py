@@ -134,9 +134,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="talk with the agent: slash commands, Ctrl-C cancels a turn",
         description=(
             "An interactive session: type a message per turn; /mode on|off, /status, "
-            "/budget, /cost, /exit. Ctrl-C cancels the running turn (finished subagents "
-            "stay in the journal), a second Ctrl-C leaves. --session NAME resumes a recorded "
-            "session, its mode included. Reads plain lines when stdin is not a terminal."
+            "/budget, /cost, /approve N, /deny N, /exit. Ctrl-C cancels the running turn "
+            "(finished subagents stay in the journal), a second Ctrl-C leaves. --session NAME "
+            "resumes a recorded session, its mode included. Reads plain lines when stdin is "
+            "not a terminal."
         ),
     )
     chat.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
@@ -158,7 +159,58 @@ def build_parser() -> argparse.ArgumentParser:
     _add_display_flags(demo)
     _add_setting_flags(demo)
     _add_trust_command(commands)
+    _add_approval_commands(commands)
     return parser
+
+
+def _add_approval_commands(commands: Any) -> None:
+    """``approvals``, ``approve`` and ``deny``: answer agents' questions from any terminal."""
+    listing = commands.add_parser(
+        "approvals",
+        help="the approvals waiting for an answer: id, session, agent, what and why",
+        description=(
+            "List the approvals waiting for your answer in the store (every session's, or "
+            "--session's), oldest first: an agent that reached an `ask` rule waits parked "
+            "until `orchmode approve ID` or `orchmode deny ID` answers it."
+        ),
+    )
+    listing.add_argument(
+        "--json", dest="json_lines", action="store_true", help="one JSON object per approval"
+    )
+    listing.add_argument("--all", action="store_true", help="answered ones too, with their answers")
+    approve = commands.add_parser(
+        "approve",
+        help="say yes to a waiting approval; --always: and to the same again here",
+        description=(
+            "Approve approval ID (see `orchmode approvals`): the agent waiting for it goes "
+            "on. --always also records its rule in your own configuration for the directory "
+            "it was asked in, so the next run there does not ask."
+        ),
+    )
+    approve.add_argument("id", type=_approval_id, metavar="ID", help="the approval's number")
+    approve.add_argument(
+        "--always", action="store_true", help="remember the rule for that directory"
+    )
+    deny = commands.add_parser(
+        "deny",
+        help="say no to a waiting approval",
+        description="Deny approval ID (see `orchmode approvals`): the agent is told no, "
+        "with --reason if given, and goes on without it.",
+    )
+    deny.add_argument("id", type=_approval_id, metavar="ID", help="the approval's number")
+    deny.add_argument("--reason", default="", metavar="TEXT", help="told to the agent")
+    for command in (listing, approve, deny):
+        command.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+        _add_setting_flags(command)
+
+
+def _approval_id(text: str) -> int:
+    try:
+        return _positive(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"an approval's ID is its number, as `orchmode approvals` lists it, not {text!r}"
+        ) from None
 
 
 def _add_trust_command(commands: Any) -> None:
@@ -809,6 +861,124 @@ def _trust_state(path: str, config_dir: Path) -> str:
     return f"changed since ({listed(list(found.changed))}): not trusted until trusted again"
 
 
+APPROVAL_COLUMNS = ("ID", "SESSION", "AGENT", "KIND", "WHAT", "WHY", "AGE")
+
+
+def cmd_approvals(args: argparse.Namespace) -> int:
+    """``orchmode approvals``: the waiting approvals, as a table or JSON lines."""
+    import json
+    import time
+
+    from ..session.api import approvals
+
+    settings = _settings(args)
+    found = asyncio.run(
+        approvals(settings, workdir=_workdir(settings), session=settings.session,
+                  pending=not args.all)
+    )  # fmt: skip
+    now = time.time()
+    if args.json_lines:
+        for approval in found:
+            request = approval.request
+            record = {
+                "id": approval.id, "session": request.session, "agent": request.agent,
+                "kind": request.kind, "what": request.what, "why": request.why,
+                "rule": request.rule, "workdir": request.workdir, "status": approval.status,
+                "created_at": approval.created_at, "age": round(now - approval.created_at, 1),
+                "answered_at": approval.answered_at, "always": approval.always,
+                "reason": approval.reason,
+            }  # fmt: skip
+            print(json.dumps(record, ensure_ascii=False))
+        return 0
+    if not found:
+        _say("no approval is waiting for an answer" if not args.all else "no approval asked")
+        return 0
+    columns = (*APPROVAL_COLUMNS, "STATUS") if args.all else APPROVAL_COLUMNS
+    rows = [
+        (
+            str(a.id), a.request.session, a.request.agent, a.request.kind, a.request.what,
+            a.request.why, _age(now - a.created_at), *([a.status] if args.all else []),
+        )
+        for a in found
+    ]  # fmt: skip
+    _print_approvals(columns, rows, sys.stdout)
+    if not args.all:
+        _say("answer with `orchmode approve ID [--always]` or `orchmode deny ID [--reason TEXT]`")
+    return 0
+
+
+def _age(seconds: float) -> str:
+    """How long ago, in the largest whole unit: ``42 s``, ``5 min``, ``3 h``, ``2 d``."""
+    seconds = max(0.0, seconds)
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)} {unit}"
+    return f"{int(seconds)} s"
+
+
+def _print_approvals(
+    columns: Sequence[str], rows: Sequence[Sequence[str]], stream: typing.TextIO
+) -> None:
+    """A Rich table on a terminal (WHAT and WHY give way when narrow); plain columns
+    elsewhere; every cell's control characters shown, never obeyed."""
+    from ..views.run_table import format_columns
+
+    rows = [tuple(visible(cell) for cell in row) for row in rows]
+    if not stream.isatty():
+        print(format_columns(columns, rows, frozenset({"ID"})), file=stream)
+        return
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for name in columns:
+        table.add_column(
+            name,
+            justify="right" if name == "ID" else "left",
+            no_wrap=name not in ("WHAT", "WHY"),
+            overflow="fold",
+        )
+    for row in rows:
+        table.add_row(*(Text(cell) for cell in row))  # Text, never markup
+    Console(file=stream, highlight=False).print(table)
+
+
+def cmd_approve(args: argparse.Namespace) -> int:
+    from ..session.api import approve
+
+    settings = _settings(args)
+    answered = asyncio.run(approve(args.id, args.always, settings=settings,
+                                   workdir=_workdir(settings)))  # fmt: skip
+    request = answered.request
+    _say(
+        f"approved {answered.id}: {request.agent} (session {request.session}) may "
+        f"{_doing(request.kind)} {request.what}"
+    )
+    if answered.always:
+        _say(f"remembered for {request.workdir}: {request.rule} is allowed there from now on")
+    return 0
+
+
+def cmd_deny(args: argparse.Namespace) -> int:
+    from ..session.api import deny
+
+    settings = _settings(args)
+    answered = asyncio.run(deny(args.id, args.reason, settings=settings,
+                                workdir=_workdir(settings)))  # fmt: skip
+    request = answered.request
+    _say(
+        f"denied {answered.id}: {request.agent} (session {request.session}) may not "
+        f"{_doing(request.kind)} {request.what}"
+    )
+    return 0
+
+
+def _doing(kind: str) -> str:
+    """What an approval of ``kind`` lets the agent do, as a verb."""
+    return {"command": "run", "domain": "connect to", "mcp": "call"}.get(kind, "do")
+
+
 def _configure_logging(debug: bool) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_VisibleFormatter("orchmode: %(levelname)s: %(message)s"))
@@ -856,6 +1026,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "chat": cmd_chat,
         "resume": cmd_resume,
         "trust": cmd_trust,
+        "approvals": cmd_approvals,
+        "approve": cmd_approve,
+        "deny": cmd_deny,
     }
     if args.command is None:
         parser.print_help(sys.stderr)

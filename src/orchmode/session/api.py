@@ -28,17 +28,19 @@ from ..core.permissions import Rules
 from ..core.secrets import Secrets, committed_secrets_warning
 from ..core.settings import Settings
 from ..executors import check_executor
+from ..executors.approvals import Approvals, record_answer, remember_rule
 from ..model.gateway import ModelGateway
 from ..model.providers import Credentials
 from ..records.recorder import EventRecorder
 from ..records.totals import SessionTotals, UsageTotals, session_totals
 from ..shell.sandbox import preflight
-from ..store import open_store
+from ..store import Approval, Store, open_store
 from ..store.claims import claim_within, holding
 from ..telemetry.traces import start_tracing, tracing_wanted
 from .agent import Conversation, SessionBusy, TurnResult
 
 __all__ = [
+    "ApprovalNotPending",
     "EventStream",
     "RequestTotals",
     "Session",
@@ -46,6 +48,9 @@ __all__ = [
     "SessionClosed",
     "Totals",
     "TurnResult",
+    "approvals",
+    "approve",
+    "deny",
     "open_session",
 ]
 
@@ -60,6 +65,10 @@ Unsubscribe = Callable[[], None]
 
 class SessionClosed(OrchmodeError):
     """The session was used after its ``async with`` block ended: open it again by its id."""
+
+
+class ApprovalNotPending(OrchmodeError):
+    """An approval that cannot be answered: none has that id, or it was answered already."""
 
 
 @dataclass(frozen=True)
@@ -207,6 +216,7 @@ class Session:
         self._closed = False
         self._launched = 0
         self._final: Totals | None = None
+        self._broker: Approvals | None = None
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"mode {'on' if self.mode else 'off'}"
@@ -356,6 +366,48 @@ class Session:
         self._launched = (await self._engine.store.budget(self.id)).subagents
         return self._snapshot()
 
+    async def approvals(self, *, pending: bool = True) -> list[Approval]:
+        """This session's approvals, oldest first: those waiting for an answer, or
+        (``pending=False``) every one asked."""
+        return await self._engine.store.approvals(self.id, pending=pending)
+
+    async def approve(self, id: int, always: bool = False, *, reason: str = "") -> Approval:
+        """Say yes to approval ``id`` (of this session or another in its store); the agent
+        waiting for it goes on at once. ``always`` remembers its rule for the directory it
+        was asked in, in your own configuration, so the next run there does not ask.
+
+        Raises :class:`ApprovalNotPending` for an id with no pending approval.
+        """
+        return await self._answer(id, True, always=always, reason=reason)
+
+    async def deny(self, id: int, reason: str = "") -> Approval:
+        """Say no to approval ``id``; ``reason`` reaches the agent with the refusal.
+
+        Raises :class:`ApprovalNotPending` for an id with no pending approval.
+        """
+        return await self._answer(id, False, reason=reason)
+
+    async def _answer(
+        self, id: int, approved: bool, *, always: bool = False, reason: str
+    ) -> Approval:
+        answered = await self._approvals().answer(id, approved, always=always, reason=reason)
+        if answered is None:
+            raise await _not_pending(self._engine.store, id)
+        return answered
+
+    def _approvals(self) -> Approvals:
+        """The broker the session's agents wait on (so an answer here wakes them at once)."""
+        broker = getattr(self._engine, "approvals", None)
+        if isinstance(broker, Approvals):
+            return broker
+        if self._broker is None:
+            engine = self._engine
+            self._broker = Approvals(
+                engine.store, engine.session_id, engine.workdir, engine.settings,
+                engine.events.emit,
+            )  # fmt: skip
+        return self._broker
+
     def _snapshot(self) -> Totals:
         t = self._totals
         return Totals(
@@ -400,6 +452,8 @@ class Session:
         except OrchmodeError as exc:
             log.warning("could not read the totals of session %s: %s", self.id, exc)
             self._final = self._snapshot()
+        if self._broker is not None:
+            await self._broker.close()
         await self._recorder.flush()
         for stream in tuple(self._streams):
             stream.close()
@@ -478,6 +532,117 @@ async def open_session(
     finally:
         if traces is not None:  # every span sent, also after Ctrl-C or an error
             await asyncio.shield(asyncio.to_thread(traces.close))
+
+
+async def approvals(
+    settings: Settings | None = None,
+    *,
+    workdir: str | os.PathLike[str] | None = None,
+    session: str | None = None,
+    pending: bool = True,
+) -> list[Approval]:
+    """The approvals in the store of ``settings`` and ``workdir`` (as :func:`open_session`
+    finds it), oldest first: of every session or of ``session``, only those waiting for an
+    answer unless ``pending=False``. A store not made yet has none (and is not made)."""
+    async with _store_of(settings, workdir) as store:
+        return [] if store is None else await store.approvals(session, pending=pending)
+
+
+async def approve(
+    id: int,
+    always: bool = False,
+    *,
+    reason: str = "",
+    settings: Settings | None = None,
+    workdir: str | os.PathLike[str] | None = None,
+    config_dir: str | os.PathLike[str] | None = None,
+) -> Approval:
+    """Say yes to approval ``id`` from any process: the agent waiting for it goes on.
+
+    ``always`` remembers its rule for the directory it was asked in, in your own
+    configuration (``config_dir``, default ``~/.config/orchmode``), so the next run there
+    does not ask. Raises :class:`ApprovalNotPending` for an id with no pending approval.
+    """
+    return await _answer_in_store(
+        id, True, always=always, reason=reason, settings=settings, workdir=workdir,
+        config_dir=config_dir,
+    )  # fmt: skip
+
+
+async def deny(
+    id: int,
+    reason: str = "",
+    *,
+    settings: Settings | None = None,
+    workdir: str | os.PathLike[str] | None = None,
+) -> Approval:
+    """Say no to approval ``id`` from any process; ``reason`` reaches the agent.
+
+    Raises :class:`ApprovalNotPending` for an id with no pending approval.
+    """
+    return await _answer_in_store(id, False, reason=reason, settings=settings, workdir=workdir)
+
+
+async def _answer_in_store(
+    id: int,
+    approved: bool,
+    *,
+    always: bool = False,
+    reason: str,
+    settings: Settings | None,
+    workdir: str | os.PathLike[str] | None,
+    config_dir: str | os.PathLike[str] | None = None,
+) -> Approval:
+    async with _store_of(settings, workdir) as store:
+        if store is None:
+            raise ApprovalNotPending(
+                f"no approval {id}: nothing is recorded in {_store_url(settings, workdir)} yet "
+                "— pass the run's --store (or --workdir)"
+            )
+        answered = await record_answer(store, id, approved, always=always, reason=reason)
+        if answered is None:
+            raise await _not_pending(store, id)
+    if answered.always:
+        from ..core.settings import user_config_dir
+
+        where = Path(config_dir) if config_dir is not None else user_config_dir(os.environ)
+        remember_rule(answered, where)
+    return answered
+
+
+async def _not_pending(store: Store, id: int) -> ApprovalNotPending:
+    """Why approval ``id`` cannot be answered, said for the person who tried."""
+    found = await store.approval(id)
+    if found is None:
+        return ApprovalNotPending(
+            f"no approval {id} in {store.location} — `orchmode approvals` lists the pending ones"
+        )
+    return ApprovalNotPending(
+        f"approval {id} was answered already ({found.status}) — `orchmode approvals` lists "
+        "the pending ones"
+    )
+
+
+def _store_url(settings: Settings | None, workdir: str | os.PathLike[str] | None) -> str:
+    settings = settings or Settings()
+    where = Path(workdir) if workdir is not None else settings.workdir or Path.cwd()
+    return settings.store_url(where.expanduser().resolve())
+
+
+@asynccontextmanager
+async def _store_of(
+    settings: Settings | None, workdir: str | os.PathLike[str] | None
+) -> AsyncIterator[Store | None]:
+    """The store a run in ``workdir`` uses, opened; None for a SQLite file not made yet."""
+    url = _store_url(settings, workdir)
+    if url.startswith("sqlite://") and not Path(url.removeprefix("sqlite://")).exists():
+        yield None
+        return
+    store = await open_store(url)
+    try:
+        yield store
+    finally:
+        await store.close()
 
 
 def _log_warning(warning: str) -> None:

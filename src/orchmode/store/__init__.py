@@ -11,9 +11,25 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..core.errors import ConfigError
-from .base import BudgetCaps, BudgetState, EventRow, SessionInfo, SessionRecord, Store, content_key
+from .base import (
+    Approval,
+    ApprovalKind,
+    ApprovalRequest,
+    ApprovalStatus,
+    BudgetCaps,
+    BudgetState,
+    EventRow,
+    SessionInfo,
+    SessionRecord,
+    Store,
+    content_key,
+)
 
 __all__ = [
+    "Approval",
+    "ApprovalKind",
+    "ApprovalRequest",
+    "ApprovalStatus",
     "BudgetCaps",
     "BudgetState",
     "EventRow",

@@ -39,7 +39,16 @@ from ..core.errors import StoreError
 from ..core.events import Role
 from ..core.results import AgentResult
 from . import schema
-from .base import BudgetCaps, BudgetState, EventRow, Failure, SessionInfo, SessionRecord
+from .base import (
+    Approval,
+    ApprovalRequest,
+    BudgetCaps,
+    BudgetState,
+    EventRow,
+    Failure,
+    SessionInfo,
+    SessionRecord,
+)
 
 log = logging.getLogger("orchmode")
 T = TypeVar("T")
@@ -60,6 +69,9 @@ RETRY_FIRST, RETRY_LONGEST = 0.1, 2.0
 #: Key of the transaction-level advisory lock that serialises migrations between processes
 #: (an arbitrary constant, "orchmode" in ASCII, so it does not collide with other apps' keys).
 MIGRATION_LOCK = 0x6F7263686D6F6465
+#: Key of the advisory lock that makes recording approvals one at a time, so that no two
+#: get the same id ("approval" in ASCII).
+APPROVAL_LOCK = 0x617070726F76616C
 
 Conn = AsyncConnection[tuple[Any, ...]]
 
@@ -108,6 +120,10 @@ EVENTS = _pg(schema.EVENTS)
 TRUNCATE_MESSAGES = _pg(schema.TRUNCATE_MESSAGES)
 INSERT_MESSAGE = _pg(schema.INSERT_MESSAGE)
 LOAD_MESSAGES = _pg(schema.LOAD_MESSAGES)
+REQUEST_APPROVAL = _pg(schema.REQUEST_APPROVAL)
+APPROVAL_BY_KEY = _pg(schema.APPROVAL_BY_KEY)
+APPROVAL = _pg(schema.APPROVAL)
+ANSWER_APPROVAL = _pg(schema.ANSWER_APPROVAL)
 
 
 class PostgresStore:
@@ -450,6 +466,59 @@ class PostgresStore:
 
         rows = await self._guarded(read, "read the conversation")
         return [str(row[0]) for row in rows]
+
+    async def request_approval(self, request: ApprovalRequest) -> Approval:
+        async def ask(conn: Conn) -> tuple[Any, ...] | None:
+            # Asked again: the row is there, and no lock or id is needed.
+            found = await (
+                await conn.execute(APPROVAL_BY_KEY, (request.session, request.key))
+            ).fetchone()
+            if found is not None:
+                return found
+            await conn.execute("SELECT pg_advisory_xact_lock(%s)", (APPROVAL_LOCK,))
+            await conn.execute(REQUEST_APPROVAL, schema.request_params(request, time.time()))
+            return await (
+                await conn.execute(APPROVAL_BY_KEY, (request.session, request.key))
+            ).fetchone()
+
+        row = await self._guarded(ask, "record an approval")
+        assert row is not None  # inserted, or found: the transaction saw one or the other
+        return schema.approval_of(row)
+
+    async def answer_approval(
+        self, id: int, approved: bool, *, always: bool = False, reason: str = ""
+    ) -> Approval | None:
+        params = schema.answer_params(id, approved, always=always, reason=reason, now=time.time())
+        return await self._answer(params, "answer an approval")
+
+    async def time_out_approval(self, id: int) -> Approval | None:
+        return await self._answer(schema.timed_out_params(id, time.time()), "time out an approval")
+
+    async def _answer(self, params: tuple[object, ...], what: str) -> Approval | None:
+        """Answer a pending approval. Of two answers at once, the second waits on the row's
+        lock, then finds it no longer pending (READ COMMITTED re-checks the WHERE against
+        the committed row) and changes nothing."""
+
+        async def answer(conn: Conn) -> tuple[Any, ...] | None:
+            return await (await conn.execute(ANSWER_APPROVAL, params)).fetchone()
+
+        row = await self._guarded(answer, what)
+        return None if row is None else schema.approval_of(row)
+
+    async def approval(self, id: int) -> Approval | None:
+        row = await self._row(APPROVAL, (id,), "read an approval")
+        return None if row is None else schema.approval_of(row)
+
+    async def approvals(
+        self, session: str | None = None, *, pending: bool = False
+    ) -> list[Approval]:
+        query, params = schema.approvals_query(session, pending)
+
+        async def read(conn: Conn) -> list[tuple[Any, ...]]:
+            return await (await conn.execute(_pg(query), params)).fetchall()
+
+        rows = await self._guarded(read, "read the approvals")
+        return [schema.approval_of(row) for row in rows]
 
     async def _row(
         self, query: str, params: tuple[object, ...], what: str

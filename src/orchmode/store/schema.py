@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from ..core.errors import StoreError
 from ..core.events import TokenUsage
 from ..core.results import AgentResult, Change, Status
+from .base import Approval, ApprovalRequest
 
 if TYPE_CHECKING:
     from .base import BudgetCaps
@@ -106,6 +107,32 @@ MIGRATIONS: list[tuple[str, list[str]]] = [
         "a worker's change to the tree, recorded with its result",
         # JSON {"base": snapshot commit, "patch": git patch text}, "" for no change.
         ["ALTER TABLE results ADD COLUMN tree_change TEXT NOT NULL DEFAULT ''"],
+    ),
+    (
+        "approvals asked of the user, and their answers",
+        [
+            # id: small, store-wide, what users type (`orchmode approve 3`); given by
+            # REQUEST_APPROVAL as the largest so far plus one, never reused (no row is
+            # deleted). status: pending, approved, denied or timed out. always: 0 or 1.
+            """CREATE TABLE approvals (
+                id BIGINT PRIMARY KEY,
+                session TEXT NOT NULL,
+                key TEXT NOT NULL,
+                agent TEXT NOT NULL,
+                workdir TEXT NOT NULL,
+                kind TEXT NOT NULL,
+                what TEXT NOT NULL,
+                why TEXT NOT NULL,
+                rule TEXT NOT NULL,
+                status TEXT NOT NULL,
+                created_at DOUBLE PRECISION NOT NULL,
+                answered_at DOUBLE PRECISION,
+                always INTEGER NOT NULL DEFAULT 0,
+                reason TEXT NOT NULL DEFAULT '',
+                UNIQUE (session, key)
+            )""",
+            "CREATE INDEX approvals_by_status ON approvals (status, id)",
+        ],
     ),
 ]
 
@@ -221,6 +248,83 @@ INSERT_MESSAGE = (
     "THEN ? END, ?)"
 )
 LOAD_MESSAGES = "SELECT message FROM session_messages WHERE session = ? ORDER BY seq"
+
+APPROVAL_COLUMNS = (
+    "id, session, agent, workdir, kind, what, why, rule, key, status, created_at, "
+    "answered_at, always, reason"
+)
+#: Parameters: session, key, agent, workdir, kind, what, why, rule, created_at. Asking
+#: twice (the same session and key) records nothing the second time: :data:`APPROVAL_BY_KEY`
+#: then reads the one recorded. The id is the store's largest plus one; writers are one at
+#: a time (SQLite's write lock, PostgreSQL's advisory lock), so no two get the same.
+REQUEST_APPROVAL = (
+    "INSERT INTO approvals (id, session, key, agent, workdir, kind, what, why, rule, status, "
+    "created_at) VALUES ((SELECT COALESCE(MAX(id), 0) + 1 FROM approvals), "
+    "?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?) ON CONFLICT (session, key) DO NOTHING"
+)
+APPROVAL_BY_KEY = f"SELECT {APPROVAL_COLUMNS} FROM approvals WHERE session = ? AND key = ?"
+APPROVAL = f"SELECT {APPROVAL_COLUMNS} FROM approvals WHERE id = ?"
+#: Parameters: status, answered_at, always, reason, id. Only a pending approval is
+#: answered: of two answers at once, the second finds it answered and changes nothing.
+ANSWER_APPROVAL = (
+    "UPDATE approvals SET status = ?, answered_at = ?, always = ?, reason = ? "
+    f"WHERE id = ? AND status = 'pending' RETURNING {APPROVAL_COLUMNS}"
+)
+#: Every approval, or only pending ones, of every session or of one (its parameter).
+APPROVALS = f"SELECT {APPROVAL_COLUMNS} FROM approvals ORDER BY id"
+PENDING_APPROVALS = f"SELECT {APPROVAL_COLUMNS} FROM approvals WHERE status = 'pending' ORDER BY id"
+SESSION_APPROVALS = f"SELECT {APPROVAL_COLUMNS} FROM approvals WHERE session = ? ORDER BY id"
+SESSION_PENDING_APPROVALS = (
+    f"SELECT {APPROVAL_COLUMNS} FROM approvals WHERE session = ? AND status = 'pending' ORDER BY id"
+)
+
+
+def approvals_query(session: str | None, pending: bool) -> tuple[str, tuple[object, ...]]:
+    """The query (and its parameters) for :meth:`~orchmode.store.base.Store.approvals`."""
+    if session is None:
+        return (PENDING_APPROVALS if pending else APPROVALS), ()
+    return (SESSION_PENDING_APPROVALS if pending else SESSION_APPROVALS), (session,)
+
+
+def request_params(request: ApprovalRequest, now: float) -> tuple[object, ...]:
+    """:data:`REQUEST_APPROVAL`'s parameters for ``request``."""
+    r = request
+    return (r.session, r.key, r.agent, r.workdir, r.kind, r.what, r.why, r.rule, now)
+
+
+def answer_params(
+    id: int, approved: bool, *, always: bool, reason: str, now: float
+) -> tuple[object, ...]:
+    """:data:`ANSWER_APPROVAL`'s parameters for a user's answer."""
+    return ("approved" if approved else "denied", now, int(always), reason, id)
+
+
+def timed_out_params(id: int, now: float) -> tuple[object, ...]:
+    """:data:`ANSWER_APPROVAL`'s parameters for an approval nobody answered in time."""
+    return ("timed out", now, 0, "", id)
+
+
+def approval_of(row: Sequence[Any]) -> Approval:
+    """An approval from a row of :data:`APPROVAL_COLUMNS`."""
+    request = ApprovalRequest(
+        session=str(row[1]),
+        agent=str(row[2]),
+        workdir=str(row[3]),
+        kind=row[4],
+        what=str(row[5]),
+        why=str(row[6]),
+        rule=str(row[7]),
+        key=str(row[8]),
+    )
+    return Approval(
+        id=int(row[0]),
+        request=request,
+        status=row[9],
+        created_at=float(row[10]),
+        answered_at=None if row[11] is None else float(row[11]),
+        always=bool(row[12]),
+        reason=str(row[13]),
+    )
 
 
 def pending_migrations(

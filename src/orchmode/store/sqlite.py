@@ -44,7 +44,16 @@ from ..core.errors import StoreError
 from ..core.events import Role
 from ..core.results import AgentResult
 from . import schema
-from .base import BudgetCaps, BudgetState, EventRow, Failure, SessionInfo, SessionRecord
+from .base import (
+    Approval,
+    ApprovalRequest,
+    BudgetCaps,
+    BudgetState,
+    EventRow,
+    Failure,
+    SessionInfo,
+    SessionRecord,
+)
 
 log = logging.getLogger("orchmode")
 T = TypeVar("T")
@@ -308,6 +317,46 @@ class SQLiteStore:
             raise self._failed("read the conversation", exc) from exc
         return [str(row[0]) for row in rows]
 
+    async def request_approval(self, request: ApprovalRequest) -> Approval:
+        def ask(db: sqlite3.Connection) -> Approval:
+            db.execute(schema.REQUEST_APPROVAL, schema.request_params(request, time.time()))
+            row = db.execute(schema.APPROVAL_BY_KEY, (request.session, request.key)).fetchone()
+            return schema.approval_of(row)
+
+        return await self._durable(ask, "record an approval")
+
+    async def answer_approval(
+        self, id: int, approved: bool, *, always: bool = False, reason: str = ""
+    ) -> Approval | None:
+        params = schema.answer_params(id, approved, always=always, reason=reason, now=time.time())
+        return await self._durable(_answer(params), "answer an approval")
+
+    async def time_out_approval(self, id: int) -> Approval | None:
+        params = schema.timed_out_params(id, time.time())
+        return await self._durable(_answer(params), "time out an approval")
+
+    async def approval(self, id: int) -> Approval | None:
+        row = await self._read(schema.APPROVAL, (id,), "read an approval")
+        return None if row is None else schema.approval_of(row)
+
+    async def approvals(
+        self, session: str | None = None, *, pending: bool = False
+    ) -> list[Approval]:
+        query, params = schema.approvals_query(session, pending)
+        try:
+            rows = self._reader.execute(query, params).fetchall()
+        except sqlite3.Error as exc:
+            raise self._failed("read the approvals", exc) from exc
+        return [schema.approval_of(row) for row in rows]
+
+    async def _durable(self, statements: Callable[[sqlite3.Connection], T], what: str) -> T:
+        """A write flushed to disk before it returns (on the writer thread): an approval
+        and its answer survive a kill, like a result."""
+        try:
+            return await self._write(statements)
+        except sqlite3.Error as exc:
+            raise self._failed(what, exc) from exc
+
     async def _read(
         self, query: str, params: tuple[object, ...], what: str
     ) -> tuple[Any, ...] | None:
@@ -340,6 +389,17 @@ class SQLiteStore:
             self._executor.submit(self._writer.close).result()
         finally:
             self._executor.shutdown(wait=True)
+
+
+def _answer(params: tuple[object, ...]) -> Callable[[sqlite3.Connection], Approval | None]:
+    """The write that answers a pending approval: the approval as answered, None if it was
+    not pending (no such id, or answered already)."""
+
+    def answer(db: sqlite3.Connection) -> Approval | None:
+        rows = db.execute(schema.ANSWER_APPROVAL, params).fetchall()  # all: done stepping
+        return schema.approval_of(rows[0]) if rows else None
+
+    return answer
 
 
 @contextmanager
