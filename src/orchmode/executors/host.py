@@ -123,9 +123,12 @@ class ShellFactory:
 
     def abandon_all(self) -> None:
         """Kill every shell it made that is still up, at once: when a session ends after an
-        interrupt, shells whose close was cancelled (or never began) go too."""
+        interrupt, shells whose close was cancelled (or never began) go too. The filtering
+        proxy its shells reached the network through stops with them."""
         for shell in list(self.made):
             shell.abandon()
+        if self.sandbox is not None and self.sandbox.proxy is not None:
+            self.sandbox.proxy.close()
 
     def __call__(self) -> BashSession:
         return self._shell(self.sandbox)
