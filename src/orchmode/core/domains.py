@@ -146,10 +146,16 @@ class _Rule:
         return ip.version == self.network.version and ip in self.network
 
 
+def _shown(text: str) -> str:
+    """``text`` fit for one line of a message: control characters escaped, cut short."""
+    shown = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return shown if len(shown) <= 80 else shown[:79] + "…"
+
+
 def _parse(pattern: Pattern, problems: list[str]) -> list[_Rule]:
     """The rules one pattern stands for; a problem line for one that cannot be used."""
     text = pattern.text.strip() if isinstance(pattern.text, str) else ""
-    where = f"in {pattern.source}" if pattern.source else ""
+    where = f"in {_shown(pattern.source)}" if pattern.source else ""
     if not text:
         problems.append(f"orchmode: an empty domain pattern {where} — remove it")
         return []
@@ -158,7 +164,8 @@ def _parse(pattern: Pattern, problems: list[str]) -> list[_Rule]:
         if preset is None:
             known = ", ".join(f"@{name}" for name in PRESETS)
             problems.append(
-                f"orchmode: `{text}` {where} is no preset — use one of {known}, or name the domains"
+                f"orchmode: `{_shown(text)}` {where} is no preset — use one of {known}, "
+                "or name the domains"
             )
             return []
         rules: list[_Rule] = []
@@ -172,7 +179,8 @@ def _parse(pattern: Pattern, problems: list[str]) -> list[_Rule]:
             network = ipaddress.ip_network(bare, strict=False)
         except ValueError:
             problems.append(
-                f"orchmode: `{text}` {where} is no address network — write one as 10.0.0.0/8"
+                f"orchmode: `{_shown(text)}` {where} is no address network — write one as "
+                "10.0.0.0/8"
             )
             return []
         return [_Rule(text, pattern.source, network=network, exact=True)]
@@ -184,7 +192,7 @@ def _parse(pattern: Pattern, problems: list[str]) -> list[_Rule]:
     name = normalise_host(bare[2:] if wildcard else bare)
     if name is None or "*" in bare[2 if wildcard else 0 :] or _address(name) is not None:
         problems.append(
-            f"orchmode: `{text}` {where} is no domain pattern — write a name (pypi.org), "
+            f"orchmode: `{_shown(text)}` {where} is no domain pattern — write a name (pypi.org), "
             "a wildcard (*.pythonhosted.org), an address, a network or a preset (@python)"
         )
         return []

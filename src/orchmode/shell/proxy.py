@@ -232,7 +232,8 @@ class Proxy:
         )
 
     def close(self) -> None:
-        """Stop every listener and cut every connection: the shells are closed."""
+        """Stop every listener and cut every connection (their handlers end as their
+        reads fail): the shells are closed."""
         for attachment in list(self._attachments):
             attachment.close()
         for writer in list(self._writers):
@@ -250,10 +251,6 @@ class Proxy:
     async def _accepted(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, seat: Seat
     ) -> None:
-        task = asyncio.current_task()
-        if task is not None:
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
         self._writers.add(writer)
         conn = _Connection(seat, asyncio.get_running_loop().time())
         try:
