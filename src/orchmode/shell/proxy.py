@@ -65,7 +65,6 @@ _HOP = frozenset(
         b"upgrade",
     }
 )
-_REASONS = {400: "Bad Request", 403: "Forbidden", 502: "Bad Gateway", 504: "Gateway Timeout"}
 
 
 @dataclass
@@ -575,12 +574,17 @@ async def _next(
 
 
 async def _answer(writer: asyncio.StreamWriter, conn: _Connection, status: int, line: str) -> None:
-    """A one-line plain-text answer, and the connection closed."""
+    """A one-line plain-text answer, and the connection closed.
+
+    The line is the reason phrase too (in ASCII): a client that answers a refused CONNECT
+    shows the status line only (pip: ``Tunnel connection failed: 403 orchmode: …``)."""
     if not line.startswith("orchmode:"):
         line = f"orchmode: {line}"
     body = (line + "\n").encode("utf-8", "replace")
+    reason = line.replace("—", "-").encode("ascii", "replace").decode("ascii")
+    reason = "".join(c if c.isprintable() else "?" for c in reason)
     head = (
-        f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\n"
+        f"HTTP/1.1 {status} {reason}\r\n"
         "Content-Type: text/plain; charset=utf-8\r\n"
         f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
     ).encode()
