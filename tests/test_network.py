@@ -8,6 +8,7 @@ import asyncio
 import base64
 import hashlib
 import http.server
+import json
 import subprocess
 import threading
 import time
@@ -20,13 +21,18 @@ from typing import Any
 
 import pytest
 
-from orchmode.core.events import Event, NetworkConnection
+from conftest import StartServer, gateway_for, settings_for, store_for
+from orchmode.core.events import Event, EventBus, NetworkConnection
+from orchmode.core.results import Status
 from orchmode.core.settings import Settings
-from orchmode.executors.host import ShellFactory
+from orchmode.executors import Job
+from orchmode.executors.host import AgentHost, ShellFactory
 from orchmode.shell.bash import BashSession
 from orchmode.shell.bwrap import probe
 from orchmode.shell.policy import SandboxPolicy, system_python
 from orchmode.shell.sandbox import Sandbox
+from orchmode.testing import Reply, ScriptedRequest
+from orchmode.testing.scenario import report
 
 NAMES = ("files.test", "index.test", "git.test")
 
@@ -273,3 +279,53 @@ async def test_the_proxy_variables_point_inside_and_exempt_loopback(shell: Shell
         "https_proxy=http://127.0.0.1:3128",
         "no_proxy=localhost,127.0.0.1,::1",
     ]
+
+
+async def test_an_agents_connections_are_events_on_the_bus_under_its_name(
+    serve: StartServer, tmp_path: Path, www: tuple[Path, int]
+) -> None:
+    _, port = www
+    work = tmp_path / "work"
+    work.mkdir()
+    command = f"curl -sS http://files.test:{port}/hello.txt"
+
+    def respond(request: ScriptedRequest) -> Reply:
+        if request.index == 0:
+            return Reply.tool_use("bash", {"command": command})
+        return report("fetched", [])
+
+    server = await serve(respond)
+    settings = settings_for(
+        server,
+        work,
+        network_allow=("files.test",),
+        network_resolve=("files.test=127.0.0.1",),
+    )
+    factory = ShellFactory.build(settings, work, ())
+    host = AgentHost(settings, gateway_for(settings), store_for(tmp_path), factory)
+    bus = EventBus()
+    seen: list[NetworkConnection] = []
+    arrived = asyncio.Event()
+
+    def collect(event: Event) -> None:
+        if isinstance(event, NetworkConnection):
+            seen.append(event)
+            arrived.set()
+
+    bus.subscribe(collect)
+    job = Job("k1", "me", "s1", "worker", "worker 1.1", "fetch the file")
+    try:
+        result = await host.run(job, bus)
+        assert result.status is Status.FINISHED
+        # the command's output went back to the model: the file came through the proxy
+        assert "hello from the host" in json.dumps(server.log[1].body["messages"][-1])
+        await asyncio.wait_for(arrived.wait(), 10)
+        (event,) = seen
+        assert (event.agent, event.domain, event.decision) == (
+            "worker 1.1",
+            "files.test",
+            "allowed",
+        )
+    finally:
+        await host.finish_housekeeping()
+        factory.abandon_all()

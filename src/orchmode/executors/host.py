@@ -247,6 +247,10 @@ class AgentHost:
         if ready is None:
             ready = self._fresh(job)
         shell, workspace, made = ready.shell, ready.workspace, ready.made
+        # Its connections through the network proxy are this agent's from now on (a pooled
+        # shell was started before the agent was known).
+        shell.seat.agent = job.name
+        shell.seat.emit = events.emit
         # A shell not taken ready from the pool starts while the first model request is in
         # flight, so its start-up is off the critical path (and not ahead of a wave of
         # requests going out); the pool refills then too. Closed in the background, for
