@@ -230,3 +230,11 @@ def test_rules_come_from_the_three_settings() -> None:
     denied = r.decide("bad.pypi.org", 443)
     assert (denied.decision, denied.source) == ("deny", "network_deny")
     assert denied.why() == "the rule `bad.pypi.org` in network_deny"
+
+
+@given(st.text(max_size=60) | NAME)
+def test_normalising_a_host_twice_changes_nothing(text: str) -> None:
+    once = normalise_host(text)
+    if once is not None:
+        assert normalise_host(once) == once
+        assert once == once.lower() and once.isascii() and not once.endswith(".")
