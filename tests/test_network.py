@@ -30,6 +30,7 @@ from orchmode.executors.host import AgentHost, ShellFactory
 from orchmode.shell.bash import BashSession
 from orchmode.shell.bwrap import probe
 from orchmode.shell.policy import SandboxPolicy, system_python
+from orchmode.shell.proxy import Proxy
 from orchmode.shell.sandbox import Sandbox
 from orchmode.testing import Reply, ScriptedRequest
 from orchmode.testing.scenario import report
@@ -70,6 +71,7 @@ class Shell:
     shell: BashSession
     port: int
     root: Path
+    proxy: Proxy
     events: list[Event] = field(default_factory=list)
     arrived: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -107,7 +109,8 @@ async def shell(tmp_path: Path, www: tuple[Path, int]) -> AsyncIterator[Shell]:
     )
     factory = ShellFactory.build(settings, work, ())
     made = factory()
-    found = Shell(made, port, root)
+    assert factory.sandbox is not None and factory.sandbox.proxy is not None
+    found = Shell(made, port, root, factory.sandbox.proxy)
     made.seat.agent = "worker-1"
     made.seat.emit = found.emit
     try:
@@ -187,11 +190,16 @@ async def test_a_name_that_does_not_resolve_gets_a_502_quickly(shell: Shell) -> 
     assert time.monotonic() - started < 5
 
 
-async def test_a_restarted_shell_has_a_listener_of_its_own(shell: Shell) -> None:
+async def test_a_restarted_shell_has_a_listener_of_its_own_and_a_closed_one_none(
+    shell: Shell,
+) -> None:
     assert await shell.run("curl -sS http://files.test:PORT/hello.txt") == "hello from the host"
     await shell.shell.restart()
     assert await shell.run("curl -sS http://files.test:PORT/hello.txt") == "hello from the host"
     assert len(await shell.connections(2)) == 2
+    assert shell.proxy.listeners == 1  # the first shell's was let go when the second started
+    await shell.shell.close()
+    assert shell.proxy.listeners == 0
 
 
 def _wheel(directory: Path) -> Path:

@@ -230,6 +230,11 @@ class Proxy:
             lambda r, w: self._accepted(r, w, chosen), host, port, limit=CHUNK
         )
 
+    @property
+    def listeners(self) -> int:
+        """How many shells' listeners it serves (or waits for) now."""
+        return len(self._attachments)
+
     def close(self) -> None:
         """Stop every listener and cut every connection (their handlers end as their
         reads fail): the shells are closed."""
