@@ -337,3 +337,38 @@ async def test_an_agents_connections_are_events_on_the_bus_under_its_name(
     finally:
         await host.finish_housekeeping()
         factory.abandon_all()
+
+
+@pytest.mark.slow
+async def test_twenty_sandboxed_shells_download_at_once_each_under_its_agent(
+    tmp_path: Path, www: tuple[Path, int]
+) -> None:
+    root, port = www
+    (root / "big").write_bytes(bytes(range(256)) * 4096)  # 1 MB
+    work = tmp_path / "work"
+    work.mkdir()
+    settings = Settings(network_allow=("files.test",), network_resolve=("files.test=127.0.0.1",))
+    factory = ShellFactory.build(settings, work, ())
+    shells = [factory() for _ in range(20)]
+    events: list[Event] = []
+    all_in = asyncio.Event()
+
+    def emit(event: Event) -> None:
+        events.append(event)
+        if len(events) == 20:
+            all_in.set()
+
+    for number, made in enumerate(shells):
+        made.seat.agent = f"worker {number}"
+        made.seat.emit = emit
+    command = f"curl -sS -o /dev/null -w '%{{size_download}}' http://files.test:{port}/big"
+    try:
+        results = await asyncio.gather(*(made.run(command) for made in shells))
+        assert [r.output for r in results] == ["1048576"] * 20
+        await asyncio.wait_for(all_in.wait(), 10)
+    finally:
+        await asyncio.gather(*(made.close() for made in shells))
+        factory.abandon_all()
+    ended = [e for e in events if isinstance(e, NetworkConnection)]
+    assert sorted(e.agent for e in ended) == sorted(f"worker {n}" for n in range(20))
+    assert all(e.decision == "allowed" and e.bytes_received > 1048576 for e in ended)
