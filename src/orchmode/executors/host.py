@@ -124,9 +124,12 @@ class ShellFactory:
 
     def abandon_all(self) -> None:
         """Kill every shell it made that is still up, at once: when a session ends after an
-        interrupt, shells whose close was cancelled (or never began) go too."""
+        interrupt, shells whose close was cancelled (or never began) go too. The filtering
+        proxy its shells reached the network through stops with them."""
         for shell in list(self.made):
             shell.abandon()
+        if self.sandbox is not None and self.sandbox.proxy is not None:
+            self.sandbox.proxy.close()
 
     def __call__(self) -> BashSession:
         return self._shell(self.sandbox)
@@ -247,6 +250,10 @@ class AgentHost:
         if ready is None:
             ready = self._fresh(job)
         shell, workspace, made = ready.shell, ready.workspace, ready.made
+        # Its connections through the network proxy are this agent's from now on (a pooled
+        # shell was started before the agent was known).
+        shell.seat.agent = job.name
+        shell.seat.emit = events.emit
         # A shell not taken ready from the pool starts while the first model request is in
         # flight, so its start-up is off the critical path (and not ahead of a wave of
         # requests going out); the pool refills then too. Closed in the background, for

@@ -187,15 +187,9 @@ class Conversation:
         self.trees.sweep()  # copies left by a run that was killed
         #: The permission rules (None: none, as before they existed) and whom an ``ask`` goes
         #: to: the user, through the store, with the asking agent parked meanwhile.
+        self.approvals = Approvals(store, self.session_id, workdir, settings, self.events.emit)
         self.permits = (
-            Permits(
-                rules,
-                self.session_id,
-                workdir,
-                Approvals(store, self.session_id, workdir, settings, self.events.emit),
-            )
-            if rules is not None
-            else None
+            Permits(rules, self.session_id, workdir, self.approvals) if rules is not None else None
         )
         if self.permits is not None:
             self.permits.attach(self.shell, "main", self.events.emit)
@@ -518,6 +512,7 @@ class Conversation:
                 await self.executor.close()
             if self.mcp is not None:
                 await self.mcp.close()
+            await self.approvals.close()
         finally:
             # After an interrupt, closes cancelled mid-way (or never begun) leave shells up,
             # and pooled ones no agent took: none outlives the session.

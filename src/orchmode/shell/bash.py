@@ -21,6 +21,7 @@ from ..core.secrets import Masker
 from ..core.wording import listed
 from .output import _OutputCollector
 from .processes import _kill_tree, _signal_name, has_ended, use_pidfd_child_watcher
+from .proxy import Seat
 
 __all__ = ["BashSession", "ShellResult", "ShellSandbox"]
 
@@ -59,7 +60,9 @@ class ShellSandbox(Protocol):
     names (the seccomp filter's): passed to the shell's process, then closed here.
     ``newly_withheld`` names the secret files found since the
     running shell started, which it does not hide: that shell is replaced before its next
-    command. ``release`` is called when the session closes.
+    command. ``started`` is told, on the event loop, that the shell ``argv`` names has
+    started (the proxy then serves its listener, for ``seat``). ``release`` is called when
+    the session closes.
     """
 
     @property
@@ -70,6 +73,8 @@ class ShellSandbox(Protocol):
     def take_fds(self) -> tuple[int, ...]: ...
 
     def newly_withheld(self) -> tuple[str, ...]: ...
+
+    def started(self, seat: Seat) -> None: ...
 
     def release(self) -> None: ...
 
@@ -249,6 +254,9 @@ class BashSession:
         self._holds = 0
         self._held_since = 0.0
         self._held_total = 0.0
+        #: Who is behind this shell's network connections (the agent that holds it, how
+        #: to ask its user, where its events go): set when the shell is given to an agent.
+        self.seat = Seat()
 
     @property
     def pid(self) -> int | None:
@@ -416,6 +424,8 @@ class BashSession:
             for fd in fds:  # the shell has its own copies now
                 with contextlib.suppress(OSError):
                     os.close(fd)
+        if self._sandbox is not None:
+            self._sandbox.started(self.seat)
         shell = _Shell(
             transport,
             protocol,

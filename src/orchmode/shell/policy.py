@@ -20,8 +20,9 @@ from typing import Literal
 from ..core.overlay import Overlay
 from ..core.secrets import WITHHELD_NOTE, Secrets
 from ..core.settings import CONFIG_FILE, SandboxMode, Settings
+from .environment import proxy_environment
 
-__all__ = ["STATE_DIR", "SandboxPolicy"]
+__all__ = ["STATE_DIR", "SandboxPolicy", "system_python"]
 
 #: orchmode's own directory in the working directory: journal, records, budget.
 STATE_DIR = ".orchmode"
@@ -36,6 +37,39 @@ _LIMITS_SCRIPT = (
     '{limits} || {{ echo "orchmode: the sandbox limits could not be set" >&2; exit 126; }}; '
     'exec "$@"'
 )
+
+
+# Run inside the sandbox, before the shell (and under its seccomp filter): makes the filtering
+# proxy's listening socket in the sandbox's own network namespace, sends its descriptor to
+# orchmode over the socket pair end it was given (argv[1]), closes that end, and becomes
+# the shell (argv[2:]). Only _socket, os and sys: no module is imported that costs time.
+# The listener is close-on-exec, as is every socket Python makes: the shell never holds it.
+_LISTENER_STEP = (
+    "import _socket as s,os,sys\n"
+    "f=int(sys.argv[1])\n"
+    "try:\n"
+    " l=s.socket(s.AF_INET,s.SOCK_STREAM)\n"
+    " l.setsockopt(s.SOL_SOCKET,s.SO_REUSEADDR,1)\n"
+    " l.bind(('127.0.0.1',{port}));l.listen(4096)\n"
+    " c=s.socket(fileno=f)\n"
+    " c.sendmsg([b'L'],[(s.SOL_SOCKET,s.SCM_RIGHTS,l.fileno().to_bytes(4,sys.byteorder))])\n"
+    " c.close();l.close()\n"
+    "except OSError as e:\n"
+    " os.write(2,('orchmode: this shell has no network proxy (%s) — commands reach no "
+    "network; restart the shell'%e).encode()+b'\\n')\n"
+    " os.closerange(f,f+1)\n"
+    "os.execvp(sys.argv[2],sys.argv[2:])\n"
+)
+
+
+@functools.cache
+def system_python() -> str | None:
+    """A Python the sandbox can run (the host's own, outside any home directory, which the
+    sandbox hides) for the proxy's listener step; None when there is none."""
+    for candidate in ("/usr/bin/python3", "/usr/local/bin/python3", "/bin/python3"):
+        if os.access(candidate, os.X_OK):
+            return candidate
+    return None
 
 
 def _home_dirs(env: Mapping[str, str]) -> list[Path]:
@@ -94,6 +128,10 @@ class SandboxPolicy:
     #: Unix sockets commands may connect to (``sandbox_unix_sockets``): none (the seccomp
     #: filter refuses ``socket(AF_UNIX)``), these paths (the rest hidden), or ``all``.
     unix_sockets: tuple[str, ...] | Literal["all"] = ()
+    #: The port the filtering proxy listens on inside the sandbox (see :attr:`proxied`).
+    proxy_port: int = 3128
+    #: The Python that makes the proxy's listener inside the sandbox (None: no proxy).
+    python: str | None = field(default_factory=system_python)
 
     @classmethod
     def from_settings(
@@ -118,6 +156,23 @@ class SandboxPolicy:
             homes=tuple(_home_dirs(os.environ if env is None else env)),
             unix_sockets=settings.sandbox_unix_sockets,
         )
+
+    @property
+    def proxied(self) -> bool:
+        """Whether commands reach the network through orchmode's filtering proxy: always
+        in a sandbox, except where ``allow_network`` gave them the host's network."""
+        return self.mode != "off" and not self.allow_network and self.python is not None
+
+    def proxy_env(self) -> dict[str, str]:
+        """The proxy variables the sandbox's commands get (none when not :attr:`proxied`)."""
+        return proxy_environment(self.proxy_port) if self.proxied else {}
+
+    def listener_step(self, channel_fd: int) -> list[str]:
+        """The command that makes the proxy's listener inside the sandbox and sends it out
+        on ``channel_fd``, then runs what follows it (see ``_LISTENER_STEP``)."""
+        assert self.python is not None
+        code = _LISTENER_STEP.format(port=self.proxy_port)
+        return [self.python, "-I", "-S", "-c", code, str(channel_fd)]
 
     @property
     def blocks_unix_sockets(self) -> bool:

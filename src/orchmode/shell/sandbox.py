@@ -11,7 +11,10 @@ milliseconds per shell:
 - orchmode's own state (``.orchmode/``) is hidden behind an empty read-only mount, so an
   agent cannot rewrite the journal or the budget;
 - a new network namespace holds nothing but its own loopback: no DNS, no internet, none
-  of the host's loopback services;
+  of the host's loopback services. The only way out is orchmode's filtering proxy
+  (:mod:`orchmode.shell.proxy`): a short step before the shell makes its listening socket
+  on that loopback and hands it to orchmode over a socket pair, and the proxy variables
+  (``HTTP_PROXY``…) point there, so only the domains the rules allow are reached;
 - a seccomp filter, which bubblewrap loads before the shell starts, refuses the system
   calls no command needs: ``socket(AF_UNIX)`` (a socket anywhere in the read-only file
   system could be connected to), ``ptrace`` and its kin, mounts, new namespaces, io_uring
@@ -32,7 +35,8 @@ The probe lives in :mod:`orchmode.shell.bwrap`, the mounts and ulimits in
 per-shell cgroups in :mod:`orchmode.shell.cgroups`; this module puts them together. The
 filter reaches bubblewrap on a descriptor of its own per shell (``--seccomp FD``), passed
 through the cgroup and overlay wrappers by the spawn and closed by bubblewrap once read:
-no other descriptor of orchmode's reaches a sandbox.
+the proxy's socket pair end goes the same way, to the listener step, which closes it
+before the shell starts: no other descriptor of orchmode's reaches a sandbox.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import socket
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -51,6 +56,7 @@ from . import seccomp
 from .bwrap import Probe, probe
 from .cgroups import SandboxUnavailable, _cgroups, _make_shell_cgroups, _remove_cgroups
 from .policy import _MIB, STATE_DIR, SandboxPolicy
+from .proxy import Attachment, Proxy, Seat
 
 __all__ = ["Sandbox", "ShellSandboxing", "preflight"]
 
@@ -66,10 +72,13 @@ _CGROUP_SCRIPT = (
 class Sandbox:
     """A session's sandbox: one command line, built on first use, shared by every shell."""
 
-    def __init__(self, policy: SandboxPolicy) -> None:
+    def __init__(self, policy: SandboxPolicy, proxy: Proxy | None = None) -> None:
         if policy.mode == "off":
             raise ValueError("an `off` policy has no sandbox")
         self.policy = policy
+        #: The filtering proxy the shells' connections go through (when the policy says
+        #: they do: see :attr:`SandboxPolicy.proxied`); None: they reach no network.
+        self.proxy = proxy if policy.proxied else None
         self._prefix: list[str] | None = None
         self._suffix: list[str] | None = None
         #: The secret files the cached command line hides.
@@ -90,9 +99,13 @@ class Sandbox:
         """The sandbox for ``settings``, or None when the user turned it off."""
         if settings.sandbox == "off":
             return None
-        return cls(
-            SandboxPolicy.from_settings(settings, workdir, readable=readable, secrets=secrets)
-        )
+        policy = SandboxPolicy.from_settings(settings, workdir, readable=readable, secrets=secrets)
+        if not policy.allow_network and policy.python is None:
+            log.warning(
+                "orchmode: no python3 found for the network proxy's listener — sandboxed "
+                "commands reach no network at all"
+            )
+        return cls(policy, Proxy.from_settings(settings) if policy.proxied else None)
 
     @property
     def mode(self) -> str:
@@ -117,7 +130,8 @@ class Sandbox:
                 shared=shared,
                 views=views,
                 overlay=overlay,
-            )
+            ),
+            self.proxy,
         )
 
     def read_only(self) -> Sandbox:
@@ -125,7 +139,7 @@ class Sandbox:
         reads the tree); itself when it is read-only already."""
         if self.policy.mode == "read-only":
             return self
-        return Sandbox(replace(self.policy, mode="read-only"))
+        return Sandbox(replace(self.policy, mode="read-only"), self.proxy)
 
     def probe(self) -> Probe:
         return probe(self.policy.bwrap, self.policy.allow_network)
@@ -134,13 +148,20 @@ class Sandbox:
         return ShellSandboxing(self)
 
     def argv(
-        self, tmpdir: str, cgroup_dirs: list[Path] | None = None, *, seccomp_fd: int
+        self,
+        tmpdir: str,
+        cgroup_dirs: list[Path] | None = None,
+        *,
+        seccomp_fd: int,
+        channel_fd: int | None = None,
     ) -> list[str]:
         """The command line that runs what follows it (bash) in the sandbox.
 
         ``seccomp_fd`` holds the filter's program (:func:`orchmode.shell.seccomp.open_program`),
         and must reach bubblewrap open, at that number: through the wrappers (which keep
         their descriptors) by the spawn's ``pass_fds``. bubblewrap closes it once read.
+        ``channel_fd``, passed the same way, is the socket pair end the proxy's listener
+        is sent out on (see :meth:`SandboxPolicy.listener_step`).
         """
         found = self.probe()
         if found.problem is not None or found.bwrap is None:
@@ -158,9 +179,11 @@ class Sandbox:
                     flags.append("--unshare-user")
                 flags += ["--uid", str(os.getuid()), "--gid", str(os.getgid())]
             self._prefix = [found.bwrap, *flags, *policy.mounts(sizes=found.sizes)]
+            proxy_env = policy.proxy_env() if self.proxy is not None else {}
             self._suffix = [
                 *["--chdir", str(policy.workdir)],
                 *["--setenv", "HOME", policy.home, "--setenv", "TMPDIR", "/tmp"],
+                *[arg for name, value in proxy_env.items() for arg in ("--setenv", name, value)],
                 *["--unsetenv", "XDG_RUNTIME_DIR", "--unsetenv", "DBUS_SESSION_BUS_ADDRESS"],
                 "--",
             ]
@@ -181,6 +204,9 @@ class Sandbox:
                 inner = []
             wrapper = ["/bin/sh", "-c", joins, "orchmode-cgroup"]
             wrapper += [str(len(cgroup_dirs)), *map(str, cgroup_dirs)]
+        if channel_fd is not None:
+            # First thing inside: the listener made in the sandbox's network namespace.
+            inner = [*policy.listener_step(channel_fd), *inner]
         sandboxed = [
             *self._prefix,
             *policy.socket_masks(),
@@ -210,6 +236,10 @@ class ShellSandboxing:
         self._hidden: tuple[str, ...] | None = None
         #: Descriptors the last command line names, not yet taken by its spawn.
         self._fds: tuple[int, ...] = ()
+        #: Orchmode's end of the last command line's socket pair, until the shell starts.
+        self._channel: socket.socket | None = None
+        #: The running shell's listener, served by the proxy.
+        self._attachment: Attachment | None = None
 
     @property
     def _sandbox(self) -> Sandbox:
@@ -237,13 +267,42 @@ class ShellSandboxing:
         self._hidden = self._sandbox.policy.withheld
         self._close_fds()
         fd = seccomp.open_program(self._sandbox.policy.blocks_unix_sockets)
+        fds = [fd]
+        channel_fd = None
         try:
-            argv = self._sandbox.argv(tmpdir, self._cgroup_dirs, seccomp_fd=fd)
+            if self._sandbox.proxy is not None:
+                ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+                self._channel = ours
+                channel_fd = theirs.detach()
+                fds.append(channel_fd)
+            argv = self._sandbox.argv(
+                tmpdir, self._cgroup_dirs, seccomp_fd=fd, channel_fd=channel_fd
+            )
         except BaseException:
-            os.close(fd)
+            for opened in fds:
+                os.close(opened)
+            self._drop_channel()
             raise
-        self._fds = (fd,)
+        self._fds = tuple(fds)
         return argv
+
+    def started(self, seat: Seat) -> None:
+        """The shell the last :meth:`argv` names has started (on the event loop): the
+        proxy serves its listener, for ``seat``, once the listener step sends it."""
+        channel, self._channel = self._channel, None
+        if self._attachment is not None:  # the previous shell's
+            self._attachment.close()
+            self._attachment = None
+        proxy = self._sandbox.proxy
+        if channel is not None and proxy is not None:
+            self._attachment = proxy.adopt(channel, seat)
+        elif channel is not None:
+            channel.close()
+
+    def _drop_channel(self) -> None:
+        channel, self._channel = self._channel, None
+        if channel is not None:
+            channel.close()
 
     def take_fds(self) -> tuple[int, ...]:
         """The descriptors the last :meth:`argv` names (the seccomp filter's): the caller
@@ -255,6 +314,7 @@ class ShellSandboxing:
         for fd in self.take_fds():
             with contextlib.suppress(OSError):
                 os.close(fd)
+        self._drop_channel()
 
     def newly_withheld(self) -> tuple[str, ...]:
         """The secret files found since the last shell started (it shows them as they are)."""
@@ -266,6 +326,9 @@ class ShellSandboxing:
     def release(self) -> None:
         """Remove the shell's cgroup (its processes are dead: the session has closed)."""
         self._close_fds()
+        if self._attachment is not None:
+            self._attachment.close()
+            self._attachment = None
         if self._cgroup_dirs:
             _remove_cgroups(self._cgroup_dirs)
         self._cgroup_dirs = None

@@ -1,0 +1,732 @@
+"""The filtering proxy sandboxed commands reach the network through: HTTP, CONNECT and SOCKS5.
+
+It runs in orchmode's own process, on the running event loop: no thread, no helper process.
+Each sandboxed shell makes a listening socket in its own network namespace before it starts
+(see :mod:`orchmode.shell.policy`) and hands it over a socket pair; the proxy accepts on
+it from here, so a command's ``curl`` connects to ``127.0.0.1:3128`` inside its sandbox and
+lands in this process. The proxy then decides, resolves the name itself (the sandbox has no
+DNS), checks the address, connects, and copies bytes both ways with bounded buffers.
+
+HTTP is parsed with ``h11``, on both sides of a plain ``http://`` request (it frames bodies,
+chunked or not, and refuses malformed or over-long heads with an exception rather than a
+guess); one request per connection, so every request is decided on its own. A CONNECT
+tunnel and a SOCKS5 stream are opaque: only the name and port they ask for are checked.
+
+Every connection ends as one :class:`~orchmode.core.events.NetworkConnection` event. A
+denied one is answered at once: HTTP 403 with a line naming the rule and the setting to
+change, or SOCKS5 reply 2 (not allowed by the rules).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import os
+import socket
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+import h11
+
+from ..core.domains import DomainRules, normalise_host, special_address
+from ..core.events import Event, NetworkConnection
+from ..core.permissions import Verdict
+from ..core.settings import Settings
+
+__all__ = ["LISTEN_PORT", "Attachment", "Proxy", "Seat", "parse_resolve"]
+
+log = logging.getLogger("orchmode")
+
+#: The port the proxy listens on inside every sandbox (each has a loopback of its own).
+LISTEN_PORT = 3128
+#: How much of a relay is read at once; with the writer's drain, what a connection holds.
+CHUNK = 64 * 1024
+#: The longest request or response head accepted.
+HEAD_LIMIT = 64 * 1024
+
+Decide = Callable[[str, int], Verdict]
+CheckAddress = Callable[[str, str], Verdict]
+Emit = Callable[[Event], None]
+
+# Hop-by-hop headers: they concern the proxy's own connections, never the next one.
+_HOP = frozenset(
+    {
+        b"connection",
+        b"proxy-connection",
+        b"keep-alive",
+        b"proxy-authorization",
+        b"proxy-authenticate",
+        b"te",
+        b"trailer",
+        b"upgrade",
+    }
+)
+
+
+@dataclass
+class Seat:
+    """Who is behind one sandboxed shell's connections: mutable, because shells are started
+    ahead of need before the agent that takes one is known."""
+
+    agent: str = "main"
+    #: An ask verdict's answer: True approved. None: an ask is denied (nobody to ask).
+    ask: Callable[[str, int, Verdict], Awaitable[bool]] | None = None
+    #: Where this shell's NetworkConnection events go (None: the proxy's default emit).
+    emit: Callable[[Event], None] | None = None
+
+
+def parse_resolve(entries: tuple[str, ...] | list[str]) -> tuple[dict[str, str], list[str]]:
+    """``network_resolve``'s ``name=address`` entries, and a problem line per bad one."""
+    table: dict[str, str] = {}
+    problems: list[str] = []
+    for entry in entries:
+        name, sep, address = entry.partition("=")
+        host = normalise_host(name) if sep else None
+        try:
+            ip = ipaddress.ip_address(address.strip().strip("[]")) if sep else None
+        except ValueError:
+            ip = None
+        if host is None or ip is None:
+            problems.append(
+                f"orchmode: `{entry}` in network_resolve is not `name=address` — write it as "
+                "mirror.example=10.0.0.5"
+            )
+            continue
+        table[host] = str(ip)
+    return table, problems
+
+
+class _Refused(Exception):
+    """A connection the proxy will not make: its HTTP status, SOCKS5 reply and line."""
+
+    def __init__(self, status: int, socks: int, line: str, decision: str) -> None:
+        super().__init__(line)
+        self.status, self.socks, self.line, self.decision = status, socks, line, decision
+
+
+@dataclass
+class _Connection:
+    """What one client connection's event will say."""
+
+    seat: Seat
+    started: float
+    host: str = ""
+    port: int = 0
+    decision: str = "failed"
+    rule: str = ""
+    sent: int = 0
+    received: int = 0
+
+
+@dataclass(eq=False)
+class Attachment:
+    """One shell's listener, served by the proxy until :meth:`close`."""
+
+    proxy: Proxy
+    seat: Seat
+    loop: asyncio.AbstractEventLoop
+    channel: socket.socket | None = None
+    server: asyncio.Server | None = None
+    closed: bool = False
+
+    def close(self) -> None:
+        """Stop accepting (the shell is gone); connections under way finish by themselves."""
+        self.closed = True
+        if self.channel is not None:
+            with contextlib.suppress(Exception):
+                self.loop.remove_reader(self.channel.fileno())
+            self.channel.close()
+            self.channel = None
+        if self.server is not None:
+            self.server.close()
+            self.server = None
+        self.proxy._attachments.discard(self)
+
+
+@dataclass
+class Proxy:
+    """The filtering proxy: ``decide`` (a name and port) and ``address`` (what it resolved
+    to) say what goes through; ``resolve`` names fixed addresses, tried before the system's
+    resolver; ``emit`` gets the events of shells whose :class:`Seat` names no other."""
+
+    decide: Decide
+    address: CheckAddress
+    resolve: Mapping[str, str] = field(default_factory=dict)
+    emit: Emit | None = None
+    connect_timeout: float = 10.0
+    #: How long a client has to send its request's head (or its SOCKS5 greeting).
+    head_timeout: float = 30.0
+    _attachments: set[Attachment] = field(default_factory=set, repr=False)
+    _tasks: set[asyncio.Task[None]] = field(default_factory=set, repr=False)
+    _writers: set[asyncio.StreamWriter] = field(default_factory=set, repr=False)
+
+    @classmethod
+    def from_settings(cls, settings: Settings, emit: Emit | None = None) -> Proxy:
+        """``network_allow``/``ask``/``deny`` decide, ``network_resolve`` names addresses;
+        the problems with either are logged as warnings."""
+        rules = DomainRules.from_settings(settings)
+        table, problems = parse_resolve(settings.network_resolve)
+        for problem in [*rules.problems(), *problems]:
+            log.warning("%s", problem)
+        return cls(rules.decide, rules.address, table, emit)
+
+    # ------------------------------------------------------------------ listeners
+
+    def adopt(self, channel: socket.socket, seat: Seat) -> Attachment:
+        """Serve the listener that arrives on ``channel`` (an AF_UNIX socket whose other
+        end the sandbox's start sends it over), for ``seat``. Called on the event loop;
+        nothing waits for the listener: connections made before it is served wait in its
+        backlog."""
+        loop = asyncio.get_running_loop()
+        attachment = Attachment(self, seat, loop, channel)
+        self._attachments.add(attachment)
+        channel.setblocking(False)
+
+        def arrived() -> None:
+            try:
+                _, fds, _, _ = socket.recv_fds(channel, 16, 4)
+            except BlockingIOError:
+                return
+            except OSError as exc:
+                log.warning("orchmode: the proxy's listener did not arrive: %s", exc)
+                fds = []
+            loop.remove_reader(channel.fileno())
+            channel.close()
+            attachment.channel = None
+            listener = None
+            for fd in fds:
+                if listener is None:
+                    listener = socket.socket(fileno=fd)
+                else:
+                    os.close(fd)
+            if listener is None or attachment.closed:
+                if listener is not None:
+                    listener.close()
+                return
+            self._background(self._serve(attachment, listener))
+
+        loop.add_reader(channel.fileno(), arrived)
+        return attachment
+
+    async def _serve(self, attachment: Attachment, listener: socket.socket) -> None:
+        listener.setblocking(False)
+        server = await asyncio.start_server(
+            lambda r, w: self._accepted(r, w, attachment.seat), sock=listener, limit=CHUNK
+        )
+        if attachment.closed:
+            server.close()
+        else:
+            attachment.server = server
+
+    async def listen(self, host: str, port: int, seat: Seat | None = None) -> asyncio.Server:
+        """A listener on the host's own network: for tests and benchmarks, and for an
+        unsandboxed client that should be filtered all the same."""
+        chosen = seat if seat is not None else Seat()
+        return await asyncio.start_server(
+            lambda r, w: self._accepted(r, w, chosen), host, port, limit=CHUNK
+        )
+
+    @property
+    def listeners(self) -> int:
+        """How many shells' listeners it serves (or waits for) now."""
+        return len(self._attachments)
+
+    def close(self) -> None:
+        """Stop every listener and cut every connection (their handlers end as their
+        reads fail): the shells are closed."""
+        for attachment in list(self._attachments):
+            attachment.close()
+        for writer in list(self._writers):
+            writer.transport.abort()
+        for task in list(self._tasks):
+            task.cancel()
+
+    def _background(self, work: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # ------------------------------------------------------------------ connections
+
+    async def _accepted(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, seat: Seat
+    ) -> None:
+        self._writers.add(writer)
+        conn = _Connection(seat, asyncio.get_running_loop().time())
+        try:
+            async with asyncio.timeout(self.head_timeout) as head:
+                first = await reader.read(1)
+                if not first:
+                    return
+                conn.sent += 1
+                if first == b"\x05":
+                    await self._socks(reader, writer, conn, head)
+                else:
+                    await self._http(first, reader, writer, conn, head)
+        except TimeoutError:
+            await _answer(writer, conn, 400, "the request did not arrive in time")
+        except (ConnectionError, asyncio.IncompleteReadError, OSError):
+            pass
+        except Exception:  # never one connection's bug takes the proxy down
+            log.exception("orchmode: the proxy's connection failed")
+        finally:
+            self._writers.discard(writer)
+            writer.close()
+            self._record(conn)
+
+    def _record(self, conn: _Connection) -> None:
+        if not conn.host:
+            return  # no destination was named: nothing reached, nothing to say
+        event = NetworkConnection(
+            agent=conn.seat.agent,
+            domain=conn.host,
+            port=conn.port,
+            decision=conn.decision,
+            rule=conn.rule,
+            bytes_sent=conn.sent,
+            bytes_received=conn.received,
+            duration=round(asyncio.get_running_loop().time() - conn.started, 6),
+        )
+        emit = conn.seat.emit or self.emit
+        if emit is None:
+            log.debug("%s", event)
+            return
+        try:
+            emit(event)
+        except Exception:
+            log.exception("orchmode: a network event could not be recorded")
+
+    async def _reach(
+        self, host: str, port: int, conn: _Connection
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """Decide, ask, resolve, check the address and connect; :class:`_Refused` if not."""
+        name = normalise_host(host)
+        conn.host, conn.port = (name or host[:255]), port
+        if name is None or not 0 < port < 65536:
+            raise _Refused(400, 1, f"`{host}:{port}` is no name and port", "denied")
+        verdict = self.decide(name, port)
+        conn.rule = _rule(verdict)
+        decision = "allowed"
+        if verdict.decision == "ask":
+            if not await self._asked(name, port, verdict, conn.seat):
+                raise _Refused(403, 2, _not_approved(name, verdict, conn.seat), "denied")
+            decision = "approved"
+        elif verdict.decision != "allow":
+            raise _Refused(403, 2, _not_allowed(name, verdict), "denied")
+        addresses = await self._resolved(name, port)
+        allowed: list[str] = []
+        for address in addresses:
+            check = self.address(name, address)
+            if check.decision == "allow":
+                allowed.append(address)
+            elif check.rule:
+                conn.rule = _rule(check)
+        if not allowed:
+            raise _Refused(403, 2, _address_refused(name, addresses[0], conn.rule), "denied")
+        conn.decision = "failed"
+        problem: OSError | TimeoutError | None = None
+        for address in allowed:
+            try:
+                async with asyncio.timeout(self.connect_timeout):
+                    upstream = await asyncio.open_connection(address, port, limit=CHUNK)
+            except (OSError, TimeoutError) as exc:
+                problem = exc
+                continue
+            conn.decision = decision
+            return upstream
+        why = "timed out" if isinstance(problem, TimeoutError) else _reason(problem)
+        raise _Refused(
+            502, 5, f"orchmode: {name}:{port} could not be reached ({why}) — is it up?", "failed"
+        )
+
+    async def _asked(self, host: str, port: int, verdict: Verdict, seat: Seat) -> bool:
+        if seat.ask is None:
+            return False
+        try:
+            return bool(await seat.ask(host, port, verdict))
+        except Exception:
+            log.exception("orchmode: asking about %s failed", host)
+            return False
+
+    async def _resolved(self, host: str, port: int) -> list[str]:
+        if _is_address(host):
+            return [host]
+        fixed = self.resolve.get(host)
+        if fixed is not None:
+            return [fixed]
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(self.connect_timeout):
+                infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except (OSError, TimeoutError) as exc:
+            why = "timed out" if isinstance(exc, TimeoutError) else _reason(exc)
+            raise _Refused(
+                502,
+                4,
+                f"orchmode: {host} does not resolve ({why}) — check the name, or give its "
+                "address in network_resolve",
+                "failed",
+            ) from None
+        found: list[str] = []
+        for info in infos:
+            address = str(info[4][0])
+            if address not in found:
+                found.append(address)
+        if not found:
+            raise _Refused(502, 4, f"orchmode: {host} does not resolve — check the name", "failed")
+        return found
+
+    # ------------------------------------------------------------------ HTTP
+
+    async def _http(
+        self,
+        first: bytes,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        conn: _Connection,
+        head: asyncio.Timeout,
+    ) -> None:
+        client = h11.Connection(h11.SERVER, max_incomplete_event_size=HEAD_LIMIT)
+        client.receive_data(first)
+        try:
+            request = await _next(client, reader, conn, sent=True)
+        except h11.RemoteProtocolError as exc:
+            await _answer(writer, conn, 400, f"the request could not be read ({exc})")
+            return
+        if not isinstance(request, h11.Request):
+            return  # the client closed before a whole head
+        target = request.target.decode("latin-1")
+        try:
+            if request.method == b"CONNECT":
+                host, port = _authority(target, None)
+            else:
+                parts = urlsplit(target)
+                if parts.scheme.lower() != "http" or not parts.hostname:
+                    await _answer(
+                        writer,
+                        conn,
+                        400,
+                        "orchmode's proxy takes http:// URLs, and https:// through CONNECT — "
+                        "set HTTP_PROXY and HTTPS_PROXY rather than calling it directly",
+                    )
+                    return
+                host, port = parts.hostname, parts.port or 80
+        except ValueError:
+            await _answer(writer, conn, 400, f"`{target[:200]}` is no address to reach")
+            return
+        head.reschedule(None)  # a wait for an approval is not the client's slowness
+        try:
+            up_reader, up_writer = await self._reach(host, port, conn)
+        except _Refused as refused:
+            conn.decision = refused.decision
+            await _answer(writer, conn, refused.status, refused.line)
+            return
+        self._writers.add(up_writer)
+        try:
+            if request.method == b"CONNECT":
+                _send(writer, conn, client, h11.Response(status_code=200, headers=[]))
+                early, _ = client.trailing_data
+                if early:
+                    up_writer.write(early)
+                await _relay(reader, writer, up_reader, up_writer, conn)
+            else:
+                await _forward(request, client, reader, writer, up_reader, up_writer, conn)
+        finally:
+            self._writers.discard(up_writer)
+            up_writer.transport.abort()
+
+    # ------------------------------------------------------------------ SOCKS5
+
+    async def _socks(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        conn: _Connection,
+        head: asyncio.Timeout,
+    ) -> None:
+        count = (await reader.readexactly(1))[0]
+        methods = await reader.readexactly(count)
+        conn.sent += 1 + count
+        if 0 not in methods:
+            writer.write(b"\x05\xff")  # only "no authentication" is offered
+            await writer.drain()
+            return
+        writer.write(b"\x05\x00")
+        version, command, _, kind = await reader.readexactly(4)
+        conn.sent += 4
+        if kind == 1:
+            raw = await reader.readexactly(4)
+            host = str(ipaddress.IPv4Address(raw))
+        elif kind == 4:
+            raw = await reader.readexactly(16)
+            host = str(ipaddress.IPv6Address(raw))
+        elif kind == 3:
+            length = (await reader.readexactly(1))[0]
+            raw = await reader.readexactly(length)
+            host = raw.decode("ascii", "replace")
+            conn.sent += 1
+        else:
+            await _socks_reply(writer, conn, 8)
+            return
+        port = int.from_bytes(await reader.readexactly(2), "big")
+        conn.sent += len(raw) + 2
+        if version != 5 or command != 1:  # CONNECT only: no BIND, no UDP
+            conn.host, conn.port, conn.decision = host, port, "denied"
+            await _socks_reply(writer, conn, 7)
+            return
+        head.reschedule(None)
+        try:
+            up_reader, up_writer = await self._reach(host, port, conn)
+        except _Refused as refused:
+            conn.decision = refused.decision
+            log.info("%s", refused.line)
+            await _socks_reply(writer, conn, refused.socks)
+            return
+        self._writers.add(up_writer)
+        try:
+            await _socks_reply(writer, conn, 0)
+            await _relay(reader, writer, up_reader, up_writer, conn)
+        finally:
+            self._writers.discard(up_writer)
+            up_writer.transport.abort()
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+def _is_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def _reason(exc: BaseException | None) -> str:
+    if exc is None:
+        return "no address"
+    strerror = getattr(exc, "strerror", None)
+    if isinstance(exc, socket.gaierror) or not strerror:
+        return str(exc.args[-1] if exc.args else exc).lower()
+    return str(strerror).lower()
+
+
+def _rule(verdict: Verdict) -> str:
+    return f"{verdict.rule} ({verdict.source})" if verdict.rule else ""
+
+
+def _not_allowed(host: str, verdict: Verdict) -> str:
+    if verdict.rule:
+        fix = f"change {verdict.source}"
+    elif _is_address(host):
+        fix = "an address is reached only when named: add it to network_allow"
+    else:
+        fix = "add it to network_allow"
+    return f"orchmode: {host} is not allowed here ({verdict.why()}) — {fix}"
+
+
+def _not_approved(host: str, verdict: Verdict, seat: Seat) -> str:
+    if seat.ask is None:
+        return (
+            f"orchmode: {host} needs approval ({verdict.why()}) and nobody is there to "
+            "approve it — add it to network_allow"
+        )
+    return f"orchmode: {host} was not approved ({verdict.why()}) — add it to network_allow"
+
+
+def _address_refused(host: str, address: str, rule: str) -> str:
+    kind = special_address(address)
+    if rule and kind is None:
+        return f"orchmode: {host} resolves to {address}, refused by {rule} — change that rule"
+    return (
+        f"orchmode: {host} resolves to {address}, a {kind or 'refused'} address, reached only "
+        f"when the name or the address is named exactly — add {host} to network_allow"
+    )
+
+
+def _authority(text: str, default: int | None) -> tuple[str, int]:
+    """``host:port`` (``[v6]:port``) as a CONNECT target names it."""
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        port_text = rest[1:] if rest.startswith(":") else ""
+    else:
+        host, _, port_text = text.rpartition(":")
+        if not host:
+            host, port_text = port_text, ""
+    if not port_text:
+        if default is None:
+            raise ValueError(text)
+        return host, default
+    return host, int(port_text)
+
+
+async def _next(
+    conn: h11.Connection, reader: asyncio.StreamReader, record: _Connection, *, sent: bool
+) -> Any:
+    """The next h11 event, reading more from ``reader`` while it needs data."""
+    while True:
+        event = conn.next_event()
+        if event is not h11.NEED_DATA:
+            return event
+        data = await reader.read(CHUNK)
+        if sent:
+            record.sent += len(data)
+        conn.receive_data(data)
+
+
+async def _answer(writer: asyncio.StreamWriter, conn: _Connection, status: int, line: str) -> None:
+    """A one-line plain-text answer, and the connection closed.
+
+    The line is the reason phrase too (in ASCII): a client that answers a refused CONNECT
+    shows the status line only (pip: ``Tunnel connection failed: 403 orchmode: …``)."""
+    if not line.startswith("orchmode:"):
+        line = f"orchmode: {line}"
+    body = (line + "\n").encode("utf-8", "replace")
+    reason = line.replace("—", "-").encode("ascii", "replace").decode("ascii")
+    reason = "".join(c if c.isprintable() else "?" for c in reason)
+    head = (
+        f"HTTP/1.1 {status} {reason}\r\n"
+        "Content-Type: text/plain; charset=utf-8\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    ).encode()
+    with contextlib.suppress(ConnectionError, OSError):
+        writer.write(head + body)
+        conn.received += len(head) + len(body)
+        await writer.drain()
+
+
+async def _socks_reply(writer: asyncio.StreamWriter, conn: _Connection, code: int) -> None:
+    reply = bytes([5, code, 0, 1, 0, 0, 0, 0, 0, 0])
+    with contextlib.suppress(ConnectionError, OSError):
+        writer.write(reply)
+        conn.received += len(reply)
+        await writer.drain()
+
+
+async def _pump(
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    count: Callable[[int], None],
+) -> None:
+    """Copy until EOF, a chunk at a time, waiting for the writer to drain (the bound)."""
+    while data := await reader.read(CHUNK):
+        writer.write(data)
+        count(len(data))
+        await writer.drain()
+    if writer.can_write_eof():
+        with contextlib.suppress(OSError):
+            writer.write_eof()
+
+
+async def _relay(
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    up_reader: asyncio.StreamReader,
+    up_writer: asyncio.StreamWriter,
+    conn: _Connection,
+) -> None:
+    """Both directions of a tunnel, until both have ended (or one has failed)."""
+
+    def sent(n: int) -> None:
+        conn.sent += n
+
+    def received(n: int) -> None:
+        conn.received += n
+
+    up = asyncio.ensure_future(_pump(reader, up_writer, sent))
+    down = asyncio.ensure_future(_pump(up_reader, writer, received))
+    try:
+        done, _ = await asyncio.wait({up, down}, return_when=asyncio.FIRST_EXCEPTION)
+        for task in done:
+            task.result()
+    finally:
+        for task in (up, down):
+            task.cancel()
+        await asyncio.gather(up, down, return_exceptions=True)
+
+
+async def _forward(
+    request: h11.Request,
+    client: h11.Connection,
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    up_reader: asyncio.StreamReader,
+    up_writer: asyncio.StreamWriter,
+    conn: _Connection,
+) -> None:
+    """One plain HTTP request to its server, in origin form, and its response back; both
+    bodies streamed through h11, which frames them. Then both connections close."""
+    parts = urlsplit(request.target.decode("latin-1"))
+    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    headers = [(n, v) for n, v in request.headers if n.lower() not in _HOP]
+    if not any(n.lower() == b"host" for n, _ in headers):
+        headers.insert(0, (b"host", parts.netloc.encode("latin-1")))
+    headers.append((b"connection", b"close"))
+    server = h11.Connection(h11.CLIENT, max_incomplete_event_size=HEAD_LIMIT)
+    up_writer.write(
+        server.send(h11.Request(method=request.method, target=path.encode(), headers=headers))
+    )
+
+    async def upload() -> None:
+        while True:
+            event = await _next(client, reader, conn, sent=True)
+            if isinstance(event, h11.Data):
+                up_writer.write(server.send(h11.Data(data=event.data)))
+                await up_writer.drain()
+            elif isinstance(event, h11.EndOfMessage):
+                up_writer.write(server.send(h11.EndOfMessage()))
+                await up_writer.drain()
+                return
+            else:
+                return  # the client went away mid-body: the server's response is moot
+
+    async def download() -> None:
+        while True:
+            try:
+                event = await _next(server, up_reader, conn, sent=False)
+            except h11.RemoteProtocolError as exc:
+                if client.our_state is h11.SEND_RESPONSE:
+                    await _answer(writer, conn, 502, f"the server's answer was unreadable ({exc})")
+                return
+            if isinstance(event, h11.InformationalResponse):
+                if event.status_code != 101:
+                    _send(writer, conn, client, event)
+            elif isinstance(event, h11.Response):
+                kept = [(n, v) for n, v in event.headers if n.lower() not in _HOP]
+                kept.append((b"connection", b"close"))
+                _send(
+                    writer,
+                    conn,
+                    client,
+                    h11.Response(status_code=event.status_code, headers=kept, reason=event.reason),
+                )
+            elif isinstance(event, h11.Data):
+                _send(writer, conn, client, h11.Data(data=event.data))
+                await writer.drain()
+            elif isinstance(event, h11.EndOfMessage):
+                _send(writer, conn, client, h11.EndOfMessage())
+                await writer.drain()
+                return
+            else:  # closed before the response ended: the client sees it cut short
+                return
+
+    sending = asyncio.ensure_future(upload())
+    try:
+        await download()
+    finally:
+        sending.cancel()
+        with contextlib.suppress(BaseException):
+            await sending
+
+
+def _send(
+    writer: asyncio.StreamWriter, conn: _Connection, client: h11.Connection, event: Any
+) -> None:
+    data = client.send(event)
+    if data:
+        writer.write(data)
+        conn.received += len(data)
