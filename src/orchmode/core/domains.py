@@ -19,8 +19,8 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from .verdicts import Verdict
 from .settings import Settings
+from .verdicts import Verdict
 
 __all__ = ["PRESETS", "DomainRules", "Pattern", "normalise_host", "special_address"]
 

@@ -24,6 +24,7 @@ from .parking import Parking, current, parked
 
 if TYPE_CHECKING:
     from ..shell.bash import BashSession
+    from ..shell.proxy import Proxy
     from .approvals import Approvals
 
 __all__ = ["AgentPermits", "Permits"]
@@ -52,21 +53,26 @@ class Permits:
             self.remembered.add(rule)
             self.rules = self.rules.allowing(rule)
 
+    def guard(self, proxy: Proxy) -> None:
+        """Make the network proxy decide by these rules (``WebFetch`` rules and answers
+        given "always" included), as they stand at each connection."""
+        proxy.decide = lambda host, port: self.rules.domain(host, port)
+        proxy.address = lambda host, address: self.rules.address(host, address)
+
     def attach(self, shell: BashSession, agent: str, emit: Callable[[Event], None]) -> None:
         """Make ``shell`` ask for ``agent``: each command first, and each connection its
-        commands make through the proxy."""
+        commands make through the proxy (held meanwhile, its time limit standing still)."""
         permits = self.for_agent(agent, emit)
         shell.permit = permits.command
-        seat = getattr(shell, "seat", None)
-        if seat is not None:
-            seat.agent = agent
-            seat.emit = emit
+        seat = shell.seat
+        seat.agent = agent
+        seat.emit = emit
 
-            async def ask(host: str, port: int, verdict: Verdict) -> bool:
-                async with shell.held():
-                    return await permits.domain(host, port, verdict)
+        async def ask(host: str, port: int, verdict: Verdict) -> bool:
+            async with shell.held():
+                return await permits.domain(host, port, verdict)
 
-            seat.ask = ask
+        seat.ask = ask
 
 
 @dataclass

@@ -243,6 +243,9 @@ class AgentPool:
                     self.store, session, Path(workdir), self.settings, self.events.emit
                 )
                 permits = Permits(rules, session, Path(workdir), approvals)
+                sandbox = self.make_shell.sandbox
+                if sandbox is not None and sandbox.proxy is not None:
+                    permits.guard(sandbox.proxy)
             host = AgentHost(
                 self.settings,
                 gateway,

@@ -191,8 +191,12 @@ class Conversation:
         self.permits = (
             Permits(rules, self.session_id, workdir, self.approvals) if rules is not None else None
         )
+        self.shell.seat.emit = self.events.emit
         if self.permits is not None:
             self.permits.attach(self.shell, "main", self.events.emit)
+            sandbox = self.make_shell.sandbox
+            if sandbox is not None and sandbox.proxy is not None:
+                self.permits.guard(sandbox.proxy)
         self.executor = executor or open_executor(
             settings,
             gateway.credentials,
