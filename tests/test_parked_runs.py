@@ -93,8 +93,22 @@ def test_an_approval_answered_from_another_process_parks_only_the_agent_that_ask
     assert recorded_workers(tmp_path) == set(range(1, 21))
     assert not pending(tmp_path)
     # worker 7 ran the command it was allowed, and was shown its output
-    told = [json.dumps(e.body) for e in server.log if e.path == "/v1/messages"]
-    assert any("deploy 7\\n" in body for body in told)
+    assert "deploy 7" in tool_results(server)
+
+
+def tool_results(server: ScriptedServer) -> str:
+    """Every tool result the model was sent, one per line."""
+    texts: list[str] = []
+    for entry in server.log:
+        if entry.path != "/v1/messages":
+            continue
+        for message in entry.body.get("messages", []):
+            content = message.get("content")
+            for block in content if isinstance(content, list) else []:
+                if isinstance(block, dict) and block.get("type") == "tool_result":
+                    inner = block.get("content")
+                    texts.append(json.dumps(inner) if not isinstance(inner, str) else inner)
+    return "\n".join(texts)
 
 
 @pytest.mark.slow
@@ -163,8 +177,8 @@ def test_a_run_killed_while_an_approval_is_pending_finds_its_answer_on_resume(
     # answer given while no process was running was found
     assert resumed.returncode == 0, resumed.stderr
     assert recorded_workers(tmp_path) == {1, 2, 3}
-    told = [json.dumps(e.body) for e in server.log if e.path == "/v1/messages"]
-    assert not any("was not run" in body for body in told)
+    results = tool_results(server)
+    assert "was not run" not in results, results
     db = sqlite3.connect(tmp_path / ".orchmode" / "journal.db")
     try:
         results = [r[0] for r in db.execute("SELECT prompt FROM results WHERE role = 'worker'")]

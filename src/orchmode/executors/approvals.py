@@ -153,14 +153,18 @@ class Approvals:
     ) -> Answer:
         """The user's answer to ``request``, waited for parked (inside ``park()``).
 
-        The ``approvals`` setting ``deny`` or ``allow`` answers at once, recording nothing.
-        Asked before (a resumed run), the answer given then. Cancelled (the run stopped),
+        The ``approvals`` setting ``deny`` or ``allow`` answers at once, recording nothing
+        (unless the question has an answer already). Asked before (a resumed run), the
+        answer given then. Cancelled (the run stopped),
         the approval stays pending, and a resumed run asks again. A store that cannot
         record the question is a denial, never a crash.
         """
-        if self.settings.approvals == "deny":
-            return Answer(False, "denied", DENY_MODE)
-        if self.settings.approvals == "allow":
+        if self.settings.approvals != "ask":
+            given = await self._given(request)
+            if given is not None:  # answered while no process was running: it stands
+                return answer_of(given)
+            if self.settings.approvals == "deny":
+                return Answer(False, "denied", DENY_MODE)
             return Answer(True, "approved", ALLOW_MODE)
         try:
             asked = await self.store.request_approval(request)
@@ -183,6 +187,16 @@ class Approvals:
                 ApprovalAnswered(final.id, request.agent, final.status, final.always, final.reason)
             )
         return answer_of(final, timeout)
+
+    async def _given(self, request: ApprovalRequest) -> Approval | None:
+        """The answer a question of this session already has (a resumed run's), if any."""
+        try:
+            asked = await self.store.approvals(request.session)
+        except OrchmodeError:
+            return None
+        return next(
+            (a for a in asked if a.request.key == request.key and a.status != "pending"), None
+        )
 
     async def answer(
         self, id: int, approved: bool, *, always: bool = False, reason: str = ""
