@@ -3,12 +3,15 @@ from a second process, a run killed while an approval is pending and then resume
 
 from __future__ import annotations
 
+import http.server
 import json
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -185,3 +188,84 @@ def test_a_run_killed_while_an_approval_is_pending_finds_its_answer_on_resume(
     finally:
         db.close()
     assert len(results) >= 3
+
+
+@pytest.fixture
+def www(tmp_path: Path) -> Iterator[int]:
+    """A plain HTTP server on the host's loopback: what a sandboxed curl asks to reach."""
+    root = tmp_path / "www"
+    root.mkdir()
+    (root / "hello.txt").write_text("hello from the host\n")
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), partial(_Quiet, directory=str(root)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server.server_address[1]
+    server.shutdown()
+    server.server_close()
+
+
+class _Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@pytest.mark.slow
+def test_a_connection_to_an_ask_domain_waits_held_until_approved_always(
+    scripted: Callable[..., ScriptedServer], tmp_path: Path, www: int
+) -> None:
+    """In the real sandbox, worker 2's curl reaches a name `network_ask` names: the proxy
+    holds the connection while the question waits; `orchmode approve --always` lets it
+    through, and the next run in the directory does not ask again."""
+    work = tmp_path / "work"
+    work.mkdir()
+    env = base_env(XDG_CONFIG_HOME=str(tmp_path / "config"))
+    fetch = f"curl -sS --max-time 120 http://files.test:{www}/hello.txt"
+
+    def command(prompt: str) -> str:
+        return fetch if item_number(prompt) == 2 else "true"
+
+    server = scripted(OrchestrationScenario(subtasks=3, worker_command=command))
+    flags = ("--network-ask", "files.test", "--network-resolve", "files.test=127.0.0.1")
+    argv = [sys.executable, "-m", "orchmode", "run", "review this", "--base-url", server.url,
+            *flags, *LEASE]  # fmt: skip
+
+    def asked() -> list[dict[str, Any]]:
+        listed = subprocess.run(
+            [sys.executable, "-m", "orchmode", "approvals", "--json"],
+            cwd=work, env=env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert listed.returncode == 0, listed.stderr
+        return [json.loads(line) for line in listed.stdout.splitlines() if line.strip()]
+
+    run = subprocess.Popen(argv, cwd=work, env=env, stdin=subprocess.DEVNULL,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        wait_for(lambda: bool(asked()), "the connection asked", run)
+        (question,) = asked()
+        assert question["kind"] == "domain" and question["what"] == f"files.test:{www}"
+        answer = subprocess.run(
+            [sys.executable, "-m", "orchmode", "approve", str(question["id"]), "--always"],
+            cwd=work, env=env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert answer.returncode == 0, answer.stderr
+        _out, err = run.communicate(timeout=180)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    assert run.returncode == 0, err[-3000:]
+    assert "hello from the host" in tool_results(server)  # held, then let through
+
+    again = scripted(OrchestrationScenario(subtasks=3, worker_command=command))
+    second = subprocess.run(
+        [*argv[:4], "review it again", "--base-url", again.url, *flags, *LEASE],
+        cwd=work, env=env, capture_output=True, text=True, timeout=180,
+        stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "hello from the host" in tool_results(again)
+    every = subprocess.run(
+        [sys.executable, "-m", "orchmode", "approvals", "--json", "--all"],
+        cwd=work, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert len([line for line in every.stdout.splitlines() if line.strip()]) == 1
