@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.mcpserver.utilities.types import Image
+from mcp.types import ToolAnnotations
 
 #: A PNG's first bytes: enough for a content block that is not text.
 PNG = base64.b64decode(
@@ -45,7 +46,7 @@ def build(name: str = "demo") -> MCPServer:
         """Look a key up in the project's index (size: pad the answer to this many characters)."""
         return value_of(key, size)
 
-    @app.tool()
+    @app.tool(annotations=ToolAnnotations(readOnlyHint=True, openWorldHint=True))
     def add(a: int, b: int) -> str:
         """Add two integers."""
         return str(a + b)
@@ -81,7 +82,7 @@ def build(name: str = "demo") -> MCPServer:
         """Kills this server."""
         os._exit(7)
 
-    @app.tool()
+    @app.tool(annotations=ToolAnnotations(destructiveHint=True))
     def delete_everything() -> str:
         """A tool a cautious user denies."""
         return "deleted"

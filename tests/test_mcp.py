@@ -18,6 +18,7 @@ from conftest import StartServer, gateway_for, settings_for, store_for
 from mcp_servers import http_server, value_of
 from orchmode.core.errors import ConfigError
 from orchmode.core.events import Event, EventBus, McpCallDone, McpServerFailed, SubagentDone
+from orchmode.core.permissions import Rules
 from orchmode.session.agent import Conversation as Session
 from orchmode.testing import ScriptedServer
 from orchmode.testing.scenario import OrchestrationScenario, role_of
@@ -250,6 +251,53 @@ async def test_a_denied_tool_is_not_offered_and_a_call_to_it_is_refused(
     assert refused.get("is_error") is True
     assert "no MCP tool named 'mcp__demo__delete_everything'" in str(refused["content"])
     assert not [e for e in events if isinstance(e, McpCallDone)]  # nothing reached the server
+
+
+async def test_permission_rules_and_annotations_decide_each_call(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    """A deny rule refuses a tool, a destructive one asks (and unattended, is refused at
+    once), a read-only one runs though its server says it reaches the world, and one with
+    no annotations runs as it always has."""
+    calls = {
+        "who am I": ("mcp__demo__whoami", {}),
+        "clean up": ("mcp__demo__delete_everything", {}),
+        "sum it": ("mcp__demo__add", {"a": 2, "b": 3}),
+        "look it up": ("mcp__demo__lookup", {"key": "layout"}),
+    }
+
+    def call_of(subtask: str) -> tuple[str, dict[str, Any]]:
+        return next(call for name, call in calls.items() if name in subtask)
+
+    scenario = OrchestrationScenario(subtasks=list(calls), worker_call=call_of, worker_command=None)
+    settings_rules = {"permissions_deny": ("mcp__demo__whoami",), "approvals": "deny"}
+    server = await serve(scenario)
+    config = write_config(tmp_path / "mcp.json", {"demo": stdio(agents=["worker"])})
+    settings = settings_for(
+        server, tmp_path, mcp_config=config, sandbox="off", max_concurrent=1, **settings_rules
+    )
+    events: list[Event] = []
+    bus = EventBus()
+    bus.subscribe(events.append)
+    rules, warnings = Rules.load(settings, tmp_path, {"HOME": str(tmp_path)})
+    assert not warnings
+    session = Session(
+        settings,
+        gateway_for(settings, bus),
+        workdir=tmp_path,
+        store=store_for(tmp_path),
+        rules=rules,
+    )
+    try:
+        assert (await session.turn("look into the project")).ok
+    finally:
+        await session.close()
+    texts = " | ".join(result_texts(server, "worker"))
+    assert "demo/whoami was not called" in texts and "mcp__demo__whoami" in texts
+    assert "demo/delete_everything was not called" in texts and "--approvals deny" in texts
+    assert "5" in result_texts(server, "worker") and value_of("layout") in texts
+    reached = sorted(e.tool for e in events if isinstance(e, McpCallDone))
+    assert reached == ["add", "lookup"]  # nothing refused reached the server
 
 
 async def test_results_are_cut_like_bash_output_and_pictures_are_described(

@@ -55,7 +55,7 @@ def _annotations(listed: Any) -> Mapping[str, Any] | None:
     if annotations is None:
         return None
     if hasattr(annotations, "model_dump"):
-        dumped = annotations.model_dump(exclude_none=True)
+        dumped = annotations.model_dump(by_alias=True, exclude_none=True)
         return dumped if isinstance(dumped, dict) else None
     return annotations if isinstance(annotations, Mapping) else None
 
