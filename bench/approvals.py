@@ -6,9 +6,11 @@ rule asking anything, and once with a rule that makes one worker ask the user. T
 answers only after every other chain has finished, so the asking agent is parked the whole
 time. The figure is how long the other N-1 chains take in the second run against the
 first (target ≤ 1.05×): if the parked agent kept its slot, they would run on one slot fewer.
+The latency is long enough that the fan-out waits on the model, not on this machine's two
+cores (at 50 ms the harness's own CPU, not the slots, sets the pace, and hides the effect).
 
-    .venv/bin/python bench/approvals.py                  # 100 agents, 10 at once, 50 ms
-    .venv/bin/python bench/approvals.py --subtasks 100 --concurrent 10 --latency 0.05
+    .venv/bin/python bench/approvals.py                  # 100 agents, 10 at once, 200 ms
+    .venv/bin/python bench/approvals.py --subtasks 100 --concurrent 10 --latency 0.2
 """
 
 from __future__ import annotations
@@ -149,7 +151,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--subtasks", type=int, default=100)
     parser.add_argument("--concurrent", type=int, default=10)
-    parser.add_argument("--latency", type=float, default=0.05)
+    parser.add_argument("--latency", type=float, default=0.2)
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
     server, url = start_server(args.subtasks, args.latency)
@@ -162,6 +164,7 @@ def main() -> None:
     finally:
         server.kill()
         server.wait()
+    print("each run:", [f"{x:.2f}" for x in quiet], [f"{x:.2f}" for x in parked])
     q, p = statistics.median(quiet), statistics.median(parked)
     print(
         f"{args.subtasks} chains, {args.concurrent} at once, {args.latency * 1000:.0f} ms a "
