@@ -19,7 +19,7 @@ import pytest
 
 from orchmode.testing import ScriptedServer
 from orchmode.testing.scenario import OrchestrationScenario
-from recorded_runs import base_env, item_number, orchmode, worker_prompts
+from recorded_runs import base_env, item_number, orchmode, spawn_on_a_terminal, worker_prompts
 
 #: The one command of the fan-out that a rule asks about.
 ASKED = "echo deploy {n}"
@@ -269,3 +269,29 @@ def test_a_connection_to_an_ask_domain_waits_held_until_approved_always(
         cwd=work, env=env, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert len([line for line in every.stdout.splitlines() if line.strip()]) == 1
+
+
+@pytest.mark.slow
+def test_the_live_view_shows_the_question_and_takes_the_answer_typed_on_its_terminal(
+    scripted: Callable[..., ScriptedServer], tmp_path: Path
+) -> None:
+    """`orchmode run` on a terminal: the live view shows worker 2's question with how to
+    answer it; `/approve N` typed there lets it go on, and the run ends."""
+    import pexpect
+
+    scenario = OrchestrationScenario(subtasks=3, worker_command=commands_asking_for(2))
+    server = scripted(scenario)
+    child = spawn_on_a_terminal(
+        "run", "review this", "--base-url", server.url, "--sandbox", "off",
+        "--permissions-ask", ASK_RULE, cwd=tmp_path, width=160,
+    )  # fmt: skip
+    try:
+        child.expect(r"/approve (\d+)", timeout=90)
+        number = child.match.group(1)
+        child.sendline(f"/approve {number}")
+        child.expect(f"approved {number}", timeout=60)
+        child.expect(pexpect.EOF, timeout=120)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 0
+    assert "deploy 2" in tool_results(server)

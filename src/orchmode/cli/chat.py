@@ -39,6 +39,7 @@ from ..session.resume import interrupted
 from ..views.display import Display, DisplayMode, make_display
 from ..views.escape import visible
 from ..views.markdown import print_answer
+from .answers import answer
 from .failures import unless_the_store_fails
 
 PROMPT = "you> "
@@ -336,7 +337,7 @@ class Chat:
             case "/approvals":
                 await self._list_approvals()
             case "/approve" | "/deny":
-                await self._answer(name.lower() == "/approve", rest.strip())
+                await self._answer(line)
             case "/help":
                 self.say(HELP)
             case _:
@@ -357,31 +358,9 @@ class Chat:
                 f"{_doing(request.kind)} {request.what} ({request.why})"
             )
 
-    async def _answer(self, approved: bool, rest: str) -> None:
+    async def _answer(self, line: str) -> None:
         """``/approve N [always]`` or ``/deny N [why]``."""
-        number, _, more = rest.partition(" ")
-        more = more.strip()
-        usage = "/approve N [always]" if approved else "/deny N [why]"
-        if not number.isdigit() or (approved and more.lower() not in ("", "always")):
-            self.say(f"[chat] {usage}: N is the approval's number, as /approvals lists it")
-            return
-        try:
-            if approved:
-                answered = await self.session.approve(int(number), more.lower() == "always")
-            else:
-                answered = await self.session.deny(int(number), more)
-        except (AuthError, StoreError):
-            raise
-        except OrchmodeError as exc:
-            self.say(f"[chat] {exc}")
-            return
-        verb = "approved" if approved else "denied"
-        remembered = (
-            f"; {answered.request.rule} is allowed in {answered.request.workdir} from now on"
-            if answered.always
-            else ""
-        )
-        self.say(f"[chat] {verb} {answered.id}{remembered}")
+        self.say(f"[chat] {await answer(self.session, line)}")
 
     def turns(self) -> int:
         """User turns in the conversation, resumed ones included (tool results are not turns)."""

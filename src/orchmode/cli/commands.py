@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 import shutil
@@ -15,7 +16,7 @@ import sys
 import tempfile
 import typing
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
@@ -28,6 +29,7 @@ from .failures import unless_the_store_fails
 if typing.TYPE_CHECKING:
     from ..model.providers import Credentials
     from ..records.history import SessionHistory
+    from ..records.totals import SessionTotals
     from ..session.api import Session, TurnResult
     from ..views.display import Display, DisplayMode
 
@@ -370,26 +372,51 @@ async def _run(
     ) as session:
         if kept:
             _driving[:] = [session.id]
-        conversation = session.conversation
         try:
-            if session.resumed:
-                display.notice(f"[session] resuming {session.id}")
-            conversation.meta = {"command": "run", "task": task, "phase": 1}
-            session.set_mode(True)
-            first = await unless_the_store_fails(session, session.turn(task))
-            if first.error is not None:
-                raise first.error
-            _print_answer(first.text)
-            await _summary_turn(session, display, first)
-            conversation.meta["phase"] = "done"
-            await conversation.save()
-            display.notice(f"[session] {totals.describe()}")
-            if kept:
-                display.notice(
-                    f"[session] recorded as {session.id}; continue it with --session {session.id}"
-                )
+            async with _typed_answers(session, display, display_mode):
+                await _run_turns(session, display, task, totals, kept=kept)
         finally:
             display.stop()
+
+
+@contextlib.asynccontextmanager
+async def _typed_answers(
+    session: Session, display: Display, display_mode: DisplayMode
+) -> AsyncIterator[None]:
+    """On a terminal with the live view, ``/approve N`` and ``/deny N`` typed while the run
+    goes on answer its agents' questions (the view shows them, and says so)."""
+    from .answers import answering_typed_lines, terminal_input
+    from .chat import TypedLines
+
+    if display_mode != "live" or not terminal_input():
+        yield
+        return
+    typed = TypedLines(sys.stdin.fileno())
+    async with answering_typed_lines(session, lambda: typed.read(""), display.notice):
+        yield
+
+
+async def _run_turns(
+    session: Session, display: Display, task: str, totals: SessionTotals, *, kept: bool
+) -> None:
+    """``run``'s two turns: the task with the mode on, then its summary with the mode off."""
+    conversation = session.conversation
+    if session.resumed:
+        display.notice(f"[session] resuming {session.id}")
+    conversation.meta = {"command": "run", "task": task, "phase": 1}
+    session.set_mode(True)
+    first = await unless_the_store_fails(session, session.turn(task))
+    if first.error is not None:
+        raise first.error
+    _print_answer(first.text)
+    await _summary_turn(session, display, first)
+    conversation.meta["phase"] = "done"
+    await conversation.save()
+    display.notice(f"[session] {totals.describe()}")
+    if kept:
+        display.notice(
+            f"[session] recorded as {session.id}; continue it with --session {session.id}"
+        )
 
 
 async def _summary_turn(session: Session, display: Display, first: TurnResult) -> None:
