@@ -23,7 +23,6 @@ import json
 import os
 import re
 import shlex
-import tomllib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -34,7 +33,7 @@ import bashlex
 
 from .errors import ConfigError
 from .settings import Settings, project_settings, project_verdict, user_config_dir
-from .trust import locked, real_directory, replace_file, toml_string
+from .trust import directory_entries, locked, real_directory, replace_file, toml_string
 from .verdicts import Decision, Verdict
 
 if TYPE_CHECKING:
@@ -926,21 +925,8 @@ class _Remembered:
 
 def _read_remembered(config_dir: Path) -> dict[str, _Remembered]:
     path = config_dir / RULES_FILE
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return {}
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read {path}: {exc} — fix or delete it") from exc
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path} is not valid TOML: {exc} — fix or delete it") from exc
-    entries = data.get("directory", [])
-    if not isinstance(entries, list):
-        raise ConfigError(f"{path}: `directory` must be a list of tables — fix or delete it")
     found: dict[str, _Remembered] = {}
-    for entry in entries:
+    for entry in directory_entries(path):
         where = entry.get("path") if isinstance(entry, dict) else None
         allow = entry.get("allow", []) if isinstance(entry, dict) else None
         if not isinstance(where, str) or not isinstance(allow, list):

@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from .errors import ConfigError
 
@@ -127,23 +128,30 @@ def trust_file(config_dir: Path) -> Path:
     return config_dir / TRUST_FILE
 
 
-def read_records(config_dir: Path) -> dict[str, TrustRecord]:
-    """Every trusted directory, by real path (none when the file does not exist yet)."""
-    path = trust_file(config_dir)
+def directory_entries(path: Path) -> list[Any]:
+    """The ``[[directory]]`` tables of one of orchmode's own files in the user's config
+    directory (none when it does not exist yet); a broken one is a ConfigError saying so."""
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        return {}
+        return []
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read {path}: {exc} — fix or delete it") from exc
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path} is not valid TOML: {exc} — fix or delete it") from exc
-    records: dict[str, TrustRecord] = {}
     entries = data.get("directory", [])
     if not isinstance(entries, list):
         raise ConfigError(f"{path}: `directory` must be a list of tables — fix or delete it")
+    return entries
+
+
+def read_records(config_dir: Path) -> dict[str, TrustRecord]:
+    """Every trusted directory, by real path (none when the file does not exist yet)."""
+    path = trust_file(config_dir)
+    entries = directory_entries(path)
+    records: dict[str, TrustRecord] = {}
     for entry in entries:
         files = entry.get("files", {}) if isinstance(entry, dict) else None
         where = entry.get("path") if isinstance(entry, dict) else None
