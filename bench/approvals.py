@@ -21,11 +21,11 @@ import os
 import re
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
+import fanout  # bench/: the scripted server's process, started as the fan-out benchmark does
 from orchmode.core.events import ApprovalRequested, Event, EventBus, SubagentDone
 from orchmode.core.permissions import Rules
 from orchmode.core.settings import Settings
@@ -55,26 +55,10 @@ responder = OrchestrationScenario(
 
 
 def start_server(subtasks: int, latency: float) -> tuple[subprocess.Popen[str], str]:
-    env = {
-        **os.environ,
-        "BENCH_SUBTASKS": str(subtasks),
-        "BENCH_ASKING": str(ASKING),
-        "PYTHONPATH": str(Path(__file__).parent),
-    }
-    command = [sys.executable, "-m", "orchmode.testing", "--latency", str(latency)]
-    process = subprocess.Popen(
-        [*command, "--responder", "approvals:responder"],
-        stdout=subprocess.PIPE,
-        text=True,
-        env=env,
+    """The scripted server in its own process, answering with ``responder`` above."""
+    return fanout.start_server(
+        subtasks, latency, responder="approvals:responder", env={"BENCH_ASKING": str(ASKING)}
     )
-    assert process.stdout is not None
-    line = process.stdout.readline()
-    match = re.search(r"http://\S+", line)
-    if not match:
-        process.kill()
-        raise SystemExit(f"the scripted server did not start: {line!r}")
-    return process, match.group(0)
 
 
 class Others:

@@ -68,12 +68,24 @@ def process_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def start_server(subtasks: int, latency: float, *extra: str) -> tuple[subprocess.Popen[str], str]:
-    """The scripted server in its own process, answering with ``responder`` above."""
-    env = {**os.environ, "BENCH_SUBTASKS": str(subtasks), "PYTHONPATH": str(Path(__file__).parent)}
+def start_server(
+    subtasks: int,
+    latency: float,
+    *extra: str,
+    responder: str = "fanout:responder",
+    env: dict[str, str] | None = None,
+) -> tuple[subprocess.Popen[str], str]:
+    """The scripted server in its own process, answering with ``responder`` (this module's
+    above, unless another benchmark names its own), ``env`` added to its environment."""
+    env = {
+        **os.environ,
+        "BENCH_SUBTASKS": str(subtasks),
+        "PYTHONPATH": str(Path(__file__).parent),
+        **(env or {}),
+    }
     command = [sys.executable, "-m", "orchmode.testing", "--latency", str(latency)]
     process = subprocess.Popen(
-        [*command, "--responder", "fanout:responder", *extra],
+        [*command, "--responder", responder, *extra],
         stdout=subprocess.PIPE,
         text=True,
         env=env,
