@@ -562,3 +562,71 @@ def test_a_nodes_connections_and_approvals_travel_in_their_agents_stream() -> No
         assert ray.cloudpickle.loads(ray.cloudpickle.dumps(event)) == event
     pool.events.emit(McpServerFailed("srv", "down"))  # said once: to whichever job runs
     assert sum(isinstance(e, McpServerFailed) for s in streams.values() for e in s) == 1
+
+
+def test_an_agent_on_a_node_asks_through_the_store_and_gives_its_slot_away_on_the_driver(
+    cluster: LocalCluster, postgres_clean_url: str, project: Path, server: Any
+) -> None:
+    """One slot for six chains on Ray: worker 3 asks from its node; the driver gives its slot
+    away, so the other five chains all finish while it waits; `orchmode approve`, from
+    another process against the same store, lets it go on."""
+    import time
+
+    def command(prompt: str) -> str:
+        found = re.search(r"item (\d+)", prompt)
+        return "echo deploy 3" if found and found[1] == "3" else "true"
+
+    started = server(OrchestrationScenario(subtasks=6, worker_command=command))
+    args = orchmode_args(
+        started,
+        *on_ray(cluster, postgres_clean_url),
+        "--max-concurrent", "1", "--permissions-ask", "Bash(echo deploy:*)",
+    )  # fmt: skip
+    env = run_env(cluster)
+
+    def pending() -> list[dict[str, Any]]:
+        listed = subprocess.run(
+            [sys.executable, "-m", "orchmode", "approvals", "--json", "--store",
+             postgres_clean_url],
+            cwd=project, env=env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert listed.returncode == 0, listed.stderr
+        return [json.loads(line) for line in listed.stdout.splitlines() if line.strip()]
+
+    def finished_chains() -> int:
+        with psycopg.connect(postgres_clean_url) as db:
+            (count,) = db.execute(
+                "SELECT count(*) FROM results WHERE role = 'verifier'"
+            ).fetchone() or (0,)
+        return int(count)
+
+    run = subprocess.Popen(args, cwd=project, env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 180
+        while not pending():
+            assert run.poll() is None, run.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, "worker 3 never asked"
+            time.sleep(0.2)  # polling a store another process writes
+        (asked,) = pending()
+        assert asked["what"] == "echo deploy 3"
+        while finished_chains() < 5:  # only possible with the asking agent's slot given away
+            assert run.poll() is None, run.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, "the other chains did not finish"
+            time.sleep(0.2)
+        answer = subprocess.run(
+            [sys.executable, "-m", "orchmode", "approve", str(asked["id"]), "--store",
+             postgres_clean_url],
+            cwd=project, env=env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert answer.returncode == 0, answer.stderr
+        out, err = run.communicate(timeout=240)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    assert run.returncode == 0, err[-3000:]
+    assert "6 agents reported" in out
+    events = recorded(postgres_clean_url, session_of(err))
+    kinds = [kind for kind, _ in events]
+    assert "ApprovalRequested" in kinds and "ApprovalAnswered" in kinds
