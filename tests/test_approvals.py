@@ -566,3 +566,32 @@ async def test_lines_typed_on_a_terminal_during_a_turn_are_taken_whole_and_none_
     finally:
         os.close(master)
         os.close(slave)
+
+
+async def test_a_secret_in_an_asking_command_is_masked_in_the_question_recorded(
+    tmp_path: Path,
+) -> None:
+    """The command an agent asks to run is recorded in the store, where secrets never go:
+    the session's values are masked in it (and in the event), and the question times out
+    as a denial with the reason in the refusal."""
+    from orchmode.core.permissions import Rules
+    from orchmode.core.secrets import Masker
+    from orchmode.executors.permits import Permits
+
+    settings = Settings(permissions_ask=("Bash(echo deploy:*)",), approval_timeout=0.2)
+    rules, _ = Rules.load(settings, tmp_path, {"HOME": str(tmp_path)})
+    store = await open_store(f"sqlite:///{tmp_path / 'store.db'}")
+    seen: list[Event] = []
+    secret = "hunter2-very-secret-value"
+    try:
+        broker = Approvals(store, "s1", tmp_path, settings, seen.append)
+        permits = Permits(rules, "s1", tmp_path, broker, Masker([secret]))
+        refusal = await permits.for_agent("worker 1.1").command(f"echo deploy {secret}")
+        (recorded,) = await store.approvals("s1")
+        await broker.close()
+    finally:
+        await store.close()
+    assert refusal is not None and "was not run" in refusal and "approval_timeout" in refusal
+    assert recorded.status == "timed out"
+    assert secret not in recorded.request.what and "echo deploy" in recorded.request.what
+    assert not any(secret in repr(event) for event in seen)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..core.events import Event
 from ..core.permissions import Rules, Verdict
+from ..core.secrets import Masker
 from ..store.base import ApprovalKind, ApprovalRequest
 from .parking import Parking, current, parked
 
@@ -41,6 +42,8 @@ class Permits:
     session: str
     workdir: Path
     approvals: Approvals | None = None
+    #: Masks the session's secrets in what a question records (a command may hold one).
+    masker: Masker | None = None
     #: Rules answered "always" in this run: they hold for every agent from then on.
     remembered: set[str] = field(default_factory=set)
 
@@ -135,13 +138,15 @@ class AgentPermits:
         broker = permits.approvals
         if broker is None:
             return False, f"{verdict.why()} asks for approval, and nobody can answer here"
+        mask = permits.masker.mask if permits.masker is not None else str
+        what = mask(what)
         request = ApprovalRequest(
             session=permits.session,
             agent=self.agent,
             workdir=str(permits.workdir),
             kind=kind,
             what=what,
-            why=verdict.why(),
+            why=mask(verdict.why()),
             rule=rule,
             key=_key(self.agent, kind, what),
         )

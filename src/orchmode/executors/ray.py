@@ -161,6 +161,8 @@ class AgentPool:
         self.events.subscribe(self._route)
         self.routes: dict[str, Callable[[Event], None]] = {}
         self.hosts: dict[str, AgentHost] = {}
+        #: The driver's secrets and this node's, masked in all that leaves the node.
+        self.node_masker: Masker | None = None
         self.store: Store | None = None
         self.gateways: list[ModelGateway] = []
         self.make_shell: ShellFactory | None = None
@@ -175,6 +177,7 @@ class AgentPool:
             self.mcp = McpHub.of(self.mcp_config, self.settings, Path.cwd(), self.events)
             secrets += self.mcp_config.secrets
         masker = Masker([*secrets, *(self.masked.value.split("\n") if self.masked else ())])
+        self.node_masker = masker
         withheld = Secrets(SecretFiles(self.settings.secret_files), Path.cwd(), masker)
         withheld.look()
         if self.mcp is not None:
@@ -242,7 +245,7 @@ class AgentPool:
                 approvals = Approvals(
                     self.store, session, Path(workdir), self.settings, self.events.emit
                 )
-                permits = Permits(rules, session, Path(workdir), approvals)
+                permits = Permits(rules, session, Path(workdir), approvals, self.node_masker)
                 sandbox = self.make_shell.sandbox
                 if sandbox is not None and sandbox.proxy is not None:
                     permits.guard(sandbox.proxy)

@@ -189,7 +189,9 @@ class Conversation:
         #: to: the user, through the store, with the asking agent parked meanwhile.
         self.approvals = Approvals(store, self.session_id, workdir, settings, self.events.emit)
         self.permits = (
-            Permits(rules, self.session_id, workdir, self.approvals) if rules is not None else None
+            Permits(rules, self.session_id, workdir, self.approvals, masker)
+            if rules is not None
+            else None
         )
         self.shell.seat.emit = self.events.emit
         if self.permits is not None:
