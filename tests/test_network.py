@@ -289,6 +289,15 @@ async def test_the_proxy_variables_point_inside_and_exempt_loopback(shell: Shell
     ]
 
 
+async def test_the_listener_step_leaves_no_signal_ignored(shell: Shell) -> None:
+    """The step before the shell is a Python, which ignores SIGPIPE and SIGXFSZ: the shell
+    and what it runs get them back at their defaults, as a shell without the step has."""
+    ignored = await shell.run("grep SigIgn /proc/self/status")
+    assert int(ignored.split()[-1], 16) & (1 << 12 | 1 << 24) == 0  # SIGPIPE 13, SIGXFSZ 25
+    piped = await shell.run("yes | head -n 1")
+    assert piped.strip() == "y"  # no "Broken pipe" from `yes`
+
+
 async def test_an_agents_connections_are_events_on_the_bus_under_its_name(
     serve: StartServer, tmp_path: Path, www: tuple[Path, int]
 ) -> None:

@@ -58,6 +58,11 @@ _LISTENER_STEP = (
     " os.write(2,('orchmode: this shell has no network proxy (%s) — commands reach no "
     "network; restart the shell'%e).encode()+b'\\n')\n"
     " os.closerange(f,f+1)\n"
+    # Python ignores SIGPIPE and SIGXFSZ, and an ignored signal stays ignored across exec:
+    # back to their defaults, or `yes | head` would complain of a broken pipe, and a file
+    # past agent_write_mb would fail its writes instead of stopping the process.
+    "import _signal as g\n"
+    "g.signal(g.SIGPIPE,g.SIG_DFL);g.signal(g.SIGXFSZ,g.SIG_DFL)\n"
     "os.execvp(sys.argv[2],sys.argv[2:])\n"
 )
 
