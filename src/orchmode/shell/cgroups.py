@@ -18,9 +18,11 @@ from pathlib import Path
 
 __all__ = ["SandboxUnavailable"]
 
-# Retries of removing a shell's cgroup while its last processes are reaped: 0.05 s, doubling.
+# Retries of removing a shell's cgroup while its last processes are reaped: 0.05 s, doubling
+# up to 3.2 s between tries, for a minute in all (a loaded machine may take seconds to reap).
 _RETRY_FIRST = 0.05
-_RETRY_LAST = 6.4
+_RETRY_LAST = 3.2
+_RETRY_FOR = 60.0
 
 
 class SandboxUnavailable(OSError):
@@ -185,7 +187,7 @@ def _remove_cgroups(paths: list[Path]) -> None:
         _schedule_retry(_RETRY_FIRST)
 
 
-def _schedule_retry(delay: float) -> None:
+def _schedule_retry(delay: float, spent: float = 0.0) -> None:
     """One chain of retries per event loop, however many shells close at once."""
     global _retry_loop
     try:
@@ -195,10 +197,10 @@ def _schedule_retry(delay: float) -> None:
     if _retry_loop is loop and delay == _RETRY_FIRST:
         return  # a chain is already running on this loop
     _retry_loop = loop
-    loop.call_later(delay, _retry_stale, delay)
+    loop.call_later(delay, _retry_stale, delay, spent + delay)
 
 
-def _retry_stale(delay: float) -> None:
+def _retry_stale(delay: float, spent: float) -> None:
     global _retry_loop
     _retry_loop = None
     for path in list(_stale):
@@ -209,5 +211,5 @@ def _retry_stale(delay: float) -> None:
         except OSError:
             continue
         _stale.discard(path)
-    if _stale and delay * 2 <= _RETRY_LAST:
-        _schedule_retry(delay * 2)
+    if _stale and spent < _RETRY_FOR:
+        _schedule_retry(min(delay * 2, _RETRY_LAST), spent)
