@@ -17,7 +17,12 @@ from ..core.errors import AuthError, OrchmodeError, StoreError
 if TYPE_CHECKING:
     from ..session.api import Session
 
-__all__ = ["answer", "answering_typed_lines", "is_answer"]
+__all__ = ["answer", "answering_typed_lines", "doing", "is_answer"]
+
+
+def doing(kind: str) -> str:
+    """What an approval of ``kind`` lets the agent do, as a verb."""
+    return {"command": "run", "domain": "connect to", "mcp": "call"}.get(kind, "do")
 
 
 def is_answer(line: str) -> bool:

@@ -39,7 +39,7 @@ from ..session.resume import interrupted
 from ..views.display import Display, DisplayMode, make_display
 from ..views.escape import visible
 from ..views.markdown import print_answer
-from .answers import answer
+from .answers import answer, doing
 from .failures import unless_the_store_fails
 
 PROMPT = "you> "
@@ -296,7 +296,7 @@ class Chat:
         """Say an approval asked for, and its answer, on the chat's own lines."""
         if isinstance(event, ApprovalRequested):
             self.say(
-                f"[chat] approval {event.id}: {event.agent} asks to {_doing(event.kind)} "
+                f"[chat] approval {event.id}: {event.agent} asks to {doing(event.kind)} "
                 f"{event.what} ({event.why}) — /approve {event.id}, /approve {event.id} "
                 f"always, or /deny {event.id} [why]"
             )
@@ -355,7 +355,7 @@ class Chat:
             request = approval.request
             self.say(
                 f"[chat] approval {approval.id}: {request.agent} asks to "
-                f"{_doing(request.kind)} {request.what} ({request.why})"
+                f"{doing(request.kind)} {request.what} ({request.why})"
             )
 
     async def _answer(self, line: str) -> None:
@@ -369,11 +369,6 @@ class Chat:
             for m in self.session.conversation.history
             if m.get("role") == "user" and isinstance(m.get("content"), str)
         )
-
-
-def _doing(kind: str) -> str:
-    """What an approval of ``kind`` lets the agent do, as a verb."""
-    return {"command": "run", "domain": "connect to", "mcp": "call"}.get(kind, "do")
 
 
 def _install_interrupt(handler: Callable[[], None]) -> Callable[[], None]:

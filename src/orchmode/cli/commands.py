@@ -973,6 +973,7 @@ def _print_approvals(
 
 def cmd_approve(args: argparse.Namespace) -> int:
     from ..session.api import approve
+    from .answers import doing
 
     settings = _settings(args)
     answered = asyncio.run(approve(args.id, args.always, settings=settings,
@@ -980,7 +981,7 @@ def cmd_approve(args: argparse.Namespace) -> int:
     request = answered.request
     _say(
         f"approved {answered.id}: {request.agent} (session {request.session}) may "
-        f"{_doing(request.kind)} {request.what}"
+        f"{doing(request.kind)} {request.what}"
     )
     if answered.always:
         _say(f"remembered for {request.workdir}: {request.rule} is allowed there from now on")
@@ -989,6 +990,7 @@ def cmd_approve(args: argparse.Namespace) -> int:
 
 def cmd_deny(args: argparse.Namespace) -> int:
     from ..session.api import deny
+    from .answers import doing
 
     settings = _settings(args)
     answered = asyncio.run(deny(args.id, args.reason, settings=settings,
@@ -996,14 +998,9 @@ def cmd_deny(args: argparse.Namespace) -> int:
     request = answered.request
     _say(
         f"denied {answered.id}: {request.agent} (session {request.session}) may not "
-        f"{_doing(request.kind)} {request.what}"
+        f"{doing(request.kind)} {request.what}"
     )
     return 0
-
-
-def _doing(kind: str) -> str:
-    """What an approval of ``kind`` lets the agent do, as a verb."""
-    return {"command": "run", "domain": "connect to", "mcp": "call"}.get(kind, "do")
 
 
 def _configure_logging(debug: bool) -> None:

@@ -67,15 +67,12 @@ class Permits:
         commands make through the proxy (held meanwhile, its time limit standing still)."""
         permits = self.for_agent(agent, emit)
         shell.permit = permits.command
-        seat = shell.seat
-        seat.agent = agent
-        seat.emit = emit
 
         async def ask(host: str, port: int, verdict: Verdict) -> bool:
             async with shell.held():
                 return await permits.domain(host, port, verdict)
 
-        seat.ask = ask
+        shell.seat.ask = ask  # (the seat's agent and events are set by whoever hands the shell on)
 
 
 @dataclass
