@@ -62,7 +62,7 @@ from orchmode.session.agent import Conversation
 from orchmode.store.sqlite import SQLiteStore
 from orchmode.testing import ScriptedServer
 from orchmode.testing.scenario import OrchestrationScenario
-from orchmode.trees.copies import Trees
+from orchmode.trees.trees import Trees
 from orchmode.trees.workspaces import OverlayWorkspace, Spec, Workspace, Workspaces
 
 KEY = "test-key"
@@ -289,7 +289,7 @@ async def workspace_steps(workdir: Path, names: list[str], repeats: int, overlay
     try:
         for n in range(repeats):
             started = time.perf_counter()
-            snapshot = await trees.snapshot()
+            snapshot = await trees.snapshots.snapshot()
             steps.snapshot.append(time.perf_counter() - started)
             spec = Spec(snapshot.commit, ignored=snapshot.ignored, chain=f"1.{n}")
             # The call's first workspace brings the session's checkout up to date (the
@@ -328,7 +328,7 @@ async def workspace_steps(workdir: Path, names: list[str], repeats: int, overlay
             steps.verifier_anew.append(time.perf_counter() - started)
 
             started = time.perf_counter()
-            merged = await trees.merge(change)
+            merged = await trees.merges.merge(change)
             steps.merge.append(time.perf_counter() - started)
             if merged.fate != "merged":
                 raise SystemExit(f"the worker's change was not merged: {merged}")

@@ -30,7 +30,7 @@ from pathlib import Path
 from orchmode.core.secrets import Masker, Secrets
 from orchmode.core.settings import Settings
 from orchmode.executors.host import ShellFactory
-from orchmode.trees.copies import Trees
+from orchmode.trees.trees import Trees
 
 GIT = ["git", "-c", "user.name=b", "-c", "user.email=b@b", "-c", "gc.auto=0"]
 
@@ -54,11 +54,11 @@ async def snapshot_ms(root: Path, patterns: tuple[str, ...], repeats: int) -> fl
     found = Secrets.start(patterns, root, {})
     trees = Trees(root, secrets=found if patterns else None)
     try:
-        await trees.snapshot()  # the first one fills git's caches
+        await trees.snapshots.snapshot()  # the first one fills git's caches
         times = []
         for _ in range(repeats):
             started = time.perf_counter()
-            await trees.snapshot()
+            await trees.snapshots.snapshot()
             times.append(time.perf_counter() - started)
     finally:
         trees.close()

@@ -35,8 +35,8 @@ from orchmode.shell.bwrap import probe
 from orchmode.shell.output import _OutputCollector
 from orchmode.testing import ScriptedServer
 from orchmode.testing.scenario import OrchestrationScenario, keep_both_sides
-from orchmode.trees.copies import Trees
 from orchmode.trees.patches import refusals, summarise
+from orchmode.trees.trees import Trees
 from recorded_runs import base_env, orchmode
 
 # gc.auto=0: a commit of 10,000 files would start packing them in the background, under
@@ -267,10 +267,10 @@ async def test_a_snapshot_never_holds_a_secret_file(repo: Path) -> None:
     secrets = Secrets.start(Settings().secret_files, repo, {})
     trees = Trees(repo, secrets=secrets)
     try:
-        snapshot = await trees.snapshot()
+        snapshot = await trees.snapshots.snapshot()
         listing = subprocess.run(
             ["git", "ls-tree", "-r", "--name-only", snapshot.commit],
-            env={"GIT_DIR": str(trees.store)},
+            env={"GIT_DIR": str(trees.store.git_dir)},
             capture_output=True,
             text=True,
             check=True,

@@ -16,9 +16,10 @@ import pytest
 from orchmode.core.events import TokenUsage
 from orchmode.core.results import AgentResult, Change, Status
 from orchmode.store import Store
-from orchmode.trees.copies import Trees
+from orchmode.trees.checkout import Checkout
 from orchmode.trees.git import TreeError
 from orchmode.trees.runs import run_name, sweep_dead_runs
+from orchmode.trees.trees import Trees
 from test_isolation import GIT, git_out, repo
 
 make_repo = repo  # a committed repository
@@ -27,14 +28,14 @@ out = git_out
 
 async def worker_change(trees: Trees, edit: str) -> Change:
     """A copy of the tree now, ``edit`` run in it as a worker would, and its change."""
-    snapshot = await trees.snapshot()
-    copy = trees.plan_copy("worker", snapshot.commit)
-    await trees.make_copy(copy, ignored=snapshot.ignored)
+    snapshot = await trees.snapshots.snapshot()
+    copy = trees.copies.plan_copy("worker", snapshot.commit)
+    await trees.copies.make_copy(copy, ignored=snapshot.ignored)
     subprocess.run(edit, shell=True, cwd=copy.path, check=True)
     try:
-        return await trees.change_of(copy)
+        return await trees.copies.change_of(copy)
     finally:
-        trees.remove(copy)
+        trees.copies.remove(copy)
 
 
 async def test_a_staged_change_and_the_users_index_survive_a_snapshot_and_a_merge(
@@ -48,7 +49,7 @@ async def test_a_staged_change_and_the_users_index_survive_a_snapshot_and_a_merg
     trees = Trees(root)
     change = await worker_change(trees, "echo more >> b.txt && cat a.txt > seen.txt")
     assert "+a staged, then edited" in change.patch  # the copy had the working tree's text
-    assert (await trees.merge(change)).fate == "merged"
+    assert (await trees.merges.merge(change)).fate == "merged"
     assert (root / "b.txt").read_text() == "b\nmore\n"
     assert hashlib.sha256((root / ".git" / "index").read_bytes()).hexdigest() == index
     assert out(root, "diff", "--cached", "--name-only") == "a.txt\n"
@@ -63,7 +64,7 @@ async def test_a_working_directory_inside_a_repository_is_copied_alone(tmp_path:
     trees = Trees(root / "pkg")
     change = await worker_change(trees, "test ! -e top.txt && sed -i 's/1/2/' mod.py")
     assert "diff --git a/mod.py b/mod.py" in change.patch
-    assert (await trees.merge(change)).fate == "merged"
+    assert (await trees.merges.merge(change)).fate == "merged"
     assert (root / "pkg" / "mod.py").read_text() == "x = 2\n"
     trees.close()
 
@@ -81,12 +82,12 @@ async def test_a_patch_aimed_at_git_or_orchmode_is_refused_and_nothing_written(
 ) -> None:
     root = make_repo(tmp_path / "r", {"a.txt": "a\n"})
     trees = Trees(root)
-    snapshot = await trees.snapshot()
+    snapshot = await trees.snapshots.snapshot()
     patch = (
         f"diff --git a/{target} b/{target}\nnew file mode 100755\n"
         f"index 0000000..1111111\n--- /dev/null\n+++ b/{target}\n@@ -0,0 +1 @@\n+evil\n"
     )
-    merge = await trees.merge(Change(snapshot.commit, patch))
+    merge = await trees.merges.merge(Change(snapshot.commit, patch))
     assert merge.fate == "refused" and reason in " ".join(merge.detail)
     assert not (root / target).exists() or (root / target).read_text() != "evil\n"
     trees.close()
@@ -102,7 +103,7 @@ async def test_a_symlink_moved_out_of_its_directory_by_a_pure_rename_is_refused(
     trees = Trees(root)
     change = await worker_change(trees, "git mv deep/er/up up 2>/dev/null || mv deep/er/up up")
     assert "rename from" in change.patch  # the text has no mode for it
-    merge = await trees.merge(change)
+    merge = await trees.merges.merge(change)
     assert merge.fate == "refused", merge
     assert "outside the tree" in " ".join(merge.detail)
     assert not (root / "up").is_symlink()
@@ -116,16 +117,16 @@ async def test_a_change_whose_snapshot_is_gone_applies_only_if_it_fits_as_it_is(
     trees = Trees(root)
     change = await worker_change(trees, "echo two >> a.txt")
     orphan = Change("0" * 40, change.patch)
-    assert (await trees.merge(orphan)).fate == "merged"
+    assert (await trees.merges.merge(orphan)).fate == "merged"
     assert (root / "a.txt").read_text() == "one\ntwo\n"
-    assert (await trees.merge(orphan)).fate == "conflict"  # it no longer fits
+    assert (await trees.merges.merge(orphan)).fate == "conflict"  # it no longer fits
     trees.close()
 
 
 async def test_garbage_as_a_patch_is_refused_with_a_reason(tmp_path: Path) -> None:
     root = make_repo(tmp_path / "r", {"a.txt": "a\n"})
     trees = Trees(root)
-    merge = await trees.merge(Change("0" * 40, "diff --git a/x\n@@ nonsense"))
+    merge = await trees.merges.merge(Change("0" * 40, "diff --git a/x\n@@ nonsense"))
     assert merge.fate == "refused" and "cannot be read" in merge.detail[0]
     trees.close()
 
@@ -160,10 +161,10 @@ async def test_a_heap_of_untracked_files_is_refused_before_anything_is_copied(
 ) -> None:
     root = make_repo(tmp_path / "r", {"a.txt": "a\n"})
     (root / "data.bin").write_bytes(b"\0" * 3_000_000)
-    monkeypatch.setattr("orchmode.trees.copies.MAX_UNTRACKED_MB", 2)
+    monkeypatch.setattr("orchmode.trees.snapshot.MAX_UNTRACKED_MB", 2)
     trees = Trees(root)
     with pytest.raises(TreeError, match=r"3 MB of untracked files.*data\.bin \(3 MB\)"):
-        await trees.snapshot()
+        await trees.snapshots.snapshot()
     trees.close()
 
 
@@ -171,9 +172,9 @@ async def test_tracked_files_never_count_against_the_untracked_limit(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     root = make_repo(tmp_path / "r", {"big.txt": "x" * 3_000_000})
-    monkeypatch.setattr("orchmode.trees.copies.MAX_UNTRACKED_MB", 2)
+    monkeypatch.setattr("orchmode.trees.snapshot.MAX_UNTRACKED_MB", 2)
     trees = Trees(root)
-    assert (await trees.snapshot()).commit  # 3 MB, but committed
+    assert (await trees.snapshots.snapshot()).commit  # 3 MB, but committed
     trees.close()
 
 
@@ -202,10 +203,10 @@ async def test_a_snapshot_holds_exactly_what_git_add_all_would(tmp_path: Path) -
     os.chmod(root / "d0" / "f2.txt", 0o755)  # a mode change
     os.symlink("kept.txt", root / "link")  # a new symlink
     trees = Trees(root)
-    snapshot = await trees.snapshot()
-    index = trees.run / "check.index"
-    expected = await trees._tree_of_workdir(index)
-    assert await trees.tree_of(snapshot.commit) == expected
+    snapshot = await trees.snapshots.snapshot()
+    index = trees.store.run / "check.index"
+    expected = await trees.checkout.tree_now(index)
+    assert await trees.store.tree_of(snapshot.commit) == expected
     assert snapshot.ignored == ("build/", "noise.log")
     assert out(root, "status", "--porcelain").count("\n") > 5  # the user's state untouched
     trees.close()
@@ -218,7 +219,7 @@ async def test_a_merge_writes_only_its_files_and_keeps_the_users_edits_elsewhere
     trees = Trees(root)
     change = await worker_change(trees, "echo more >> a.txt && echo new > c.txt")
     (root / "b.txt").write_text("the user's edit, made while the agent worked\n")
-    (merge,) = await trees.merge_all([change])
+    (merge,) = await trees.merges.merge_all([change])
     assert merge.fate == "merged"
     assert (root / "a.txt").read_text() == "a\nmore\n"
     assert (root / "c.txt").read_text() == "new\n"
@@ -233,7 +234,7 @@ async def test_a_file_the_user_made_where_a_change_adds_one_is_a_conflict(
     trees = Trees(root)
     change = await worker_change(trees, "echo agent > c.txt")
     (root / "c.txt").write_text("the user's own c.txt\n")
-    (merge,) = await trees.merge_all([change])
+    (merge,) = await trees.merges.merge_all([change])
     assert merge.fate == "conflict" and "c.txt" in merge.detail
     assert (root / "c.txt").read_text() == "the user's own c.txt\n"
     trees.close()
@@ -269,10 +270,10 @@ async def test_a_snapshot_reads_again_past_a_database_being_written_under_it(
     trees = Trees(work)
     try:
         for _ in range(60):
-            snapshot = await trees.snapshot()
+            snapshot = await trees.snapshots.snapshot()
             listing = subprocess.run(
                 ["git", "ls-tree", "--name-only", snapshot.commit],
-                env={**os.environ, **trees.store_env()},
+                env={**os.environ, **trees.store.env()},
                 capture_output=True,
                 text=True,
                 check=True,
@@ -287,13 +288,13 @@ async def test_a_snapshot_reads_again_past_a_database_being_written_under_it(
 
 OPEN_AND_SNAPSHOT = """
 import asyncio, sys
-from orchmode.trees.copies import Trees
+from orchmode.trees.trees import Trees
 
 async def main() -> None:
     trees = Trees(sys.argv[1])
     sys.stdin.readline()  # every process is started before any opens the store
     await trees.open()
-    print((await trees.snapshot()).commit)
+    print((await trees.snapshots.snapshot()).commit)
     trees.close()
 
 asyncio.run(main())
@@ -332,31 +333,31 @@ async def test_a_write_killed_half_way_is_finished_before_the_next_merge_reads_t
     trees = Trees(root)
     change = await worker_change(trees, "mv docs manual && echo moved >> log.txt")
 
-    async def killed(self: Trees, before: object, after: object, index: Path) -> None:
+    async def killed(self: Checkout, before: object, after: object, index: Path) -> None:
         for path in before:  # type: ignore[attr-defined]
             if path not in after:  # type: ignore[operator]
                 self._delete(path)
         raise KeyboardInterrupt  # stands for SIGKILL: nothing after this runs
 
-    original = Trees._write_files
-    monkeypatch.setattr(Trees, "_write_files", killed)
+    original = Checkout._write_files
+    monkeypatch.setattr(Checkout, "_write_files", killed)
     with pytest.raises(KeyboardInterrupt):
-        await trees.merge_all([change])
+        await trees.merges.merge_all([change])
     assert not (root / "docs").exists() and not (root / "manual").exists()
-    assert trees.intent.is_file()
+    assert trees.checkout.intent.is_file()
     trees.close()
 
-    monkeypatch.setattr(Trees, "_write_files", original)
+    monkeypatch.setattr(Checkout, "_write_files", original)
     resumed = Trees(root)  # the next process
-    finished = await resumed.finish_interrupted_write()
-    assert "manual/p0.md" in finished and not resumed.intent.exists()
+    finished = await resumed.checkout.finish_interrupted_write()
+    assert "manual/p0.md" in finished and not resumed.checkout.intent.exists()
     assert sorted(p.name for p in (root / "manual").iterdir()) == [f"p{i}.md" for i in range(5)]
     assert (root / "log.txt").read_text() == "head\nmoved\n"
-    (merge,) = await resumed.merge_all([change])  # as a resumed call merges it again
+    (merge,) = await resumed.merges.merge_all([change])  # as a resumed call merges it again
     assert merge.fate == "merged", merge
     assert (root / "log.txt").read_text() == "head\nmoved\n"
     assert not (root / "docs").exists()
-    assert await resumed.finish_interrupted_write() == []  # nothing left to finish
+    assert await resumed.checkout.finish_interrupted_write() == []  # nothing left to finish
     resumed.close()
 
 
@@ -374,19 +375,19 @@ async def test_finishing_a_killed_write_keeps_aside_what_holds_neither_side_befo
         trees, "echo merged >> log.txt && rm gone.txt && echo more >> same.txt && echo n > new.txt"
     )
 
-    async def killed(self: Trees, before: object, after: object, index: Path) -> None:
+    async def killed(self: Checkout, before: object, after: object, index: Path) -> None:
         raise KeyboardInterrupt  # stands for SIGKILL, before the first write
 
-    monkeypatch.setattr(Trees, "_write_files", killed)
+    monkeypatch.setattr(Checkout, "_write_files", killed)
     with pytest.raises(KeyboardInterrupt):
-        await trees.merge_all([change])
+        await trees.merges.merge_all([change])
     trees.close()
     monkeypatch.undo()
     (root / "log.txt").write_text("head\nmy own edit\n")  # after the kill, by hand
     (root / "gone.txt").write_text("old\nedited too\n")
     resumed = Trees(root)
     with caplog.at_level("WARNING", logger="orchmode"):
-        finished = await resumed.finish_interrupted_write()
+        finished = await resumed.checkout.finish_interrupted_write()
     resumed.close()
     assert sorted(finished) == ["gone.txt", "log.txt", "new.txt", "same.txt"]
     assert (root / "log.txt").read_text() == "head\nmerged\n"  # the merge, whole

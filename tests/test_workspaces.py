@@ -26,10 +26,10 @@ from orchmode.core.settings import Settings
 from orchmode.executors.host import ShellFactory
 from orchmode.shell.bash import ShellResult
 from orchmode.shell.bwrap import overlay_problem, probe
-from orchmode.trees.copies import Trees
 from orchmode.trees.layers import scan_upper
 from orchmode.trees.limits import DiskLimits
 from orchmode.trees.patches import summarise
+from orchmode.trees.trees import Trees
 from orchmode.trees.workspaces import OverlayWorkspace, Spec, Workspace, Workspaces
 from test_isolation import GIT, git_out, repo
 
@@ -84,7 +84,7 @@ class Agents:
         self.shells = ShellFactory.build(self.settings, self.trees.workdir, ())
 
     async def snapshot(self) -> Spec:
-        snapshot = await self.trees.snapshot()
+        snapshot = await self.trees.snapshots.snapshot()
         return Spec(snapshot.commit, ignored=snapshot.ignored, chain="1.1")
 
     async def run(
@@ -170,7 +170,7 @@ async def test_a_workspace_on_10000_files_holds_only_what_its_agent_wrote(
         "pkg9/mod9/f9999.py",  # a whiteout
         "run.log",
     ]
-    merges = await agents.trees.merge_all([change])
+    merges = await agents.trees.merges.merge_all([change])
     assert [m.fate for m in merges] == ["merged"]
     assert "calculate" in (big / "pkg3/mod4/f3400.py").read_text()
     assert not (big / "pkg9/mod9/f9999.py").exists()
@@ -181,8 +181,8 @@ async def test_a_workspace_on_10000_files_holds_only_what_its_agent_wrote(
 def checked_out(agents: Agents) -> list[Path]:
     """Every checkout of the tree there is: the one kept between sessions, and any of the
     run's own."""
-    kept = agents.trees.home / "checkout"
-    own = [p for p in agents.trees.run.iterdir() if p.name.startswith("lower")]
+    kept = agents.trees.store.home / "checkout"
+    own = [p for p in agents.trees.store.run.iterdir() if p.name.startswith("lower")]
     return [*([kept] if kept.is_dir() else []), *own]
 
 
@@ -234,7 +234,7 @@ async def test_two_sessions_at_once_share_the_kept_checkout_and_neither_changes_
     result, change, _ = await second.run(await second.snapshot(), "cat a.txt; echo c > c.txt")
     assert result.output == "second"  # its own snapshot, layered over the other's
     assert change is not None and changed_files(change) == {"c.txt": "added"}
-    kept = first.trees.home / "checkout"
+    kept = first.trees.store.home / "checkout"
     assert (kept / "a.txt").read_text() == "first\n"  # never changed under the first
     assert checked_out(second) == [kept]
     held.discard()
@@ -310,7 +310,7 @@ async def test_every_kind_of_edit_is_read_from_the_upper_layer(
         "sub/z.txt": "added",
         "tracked.log": "modified",
     }
-    (merge,) = await agents.trees.merge_all([change])
+    (merge,) = await agents.trees.merges.merge_all([change])
     assert merge.fate == "merged", merge
     assert (workdir / "new.txt").read_text() == "keep me\n" * 20
     assert (workdir / "dir").read_text() == "now a file\n"
@@ -341,7 +341,7 @@ async def test_a_200_mb_file_written_in_place_is_one_small_change(
     (only,) = summarise(change.patch).files
     assert (only.path, only.kind, only.added, only.removed) == ("big.txt", "modified", 1, 1)
     assert len(change.patch) < 2_000
-    (merge,) = await agents.trees.merge_all([change])
+    (merge,) = await agents.trees.merges.merge_all([change])
     assert merge.fate == "merged"
     with open(workdir / "big.txt", "rb") as handle:
         handle.seek(104857600)
@@ -384,15 +384,15 @@ UNPRIVILEGED = textwrap.dedent(
     from orchmode.core.settings import Settings
     from orchmode.executors.host import ShellFactory
     from orchmode.shell.bwrap import overlay_problem
-    from orchmode.trees.copies import Trees
+    from orchmode.trees.trees import Trees
     from orchmode.trees.workspaces import Spec, Workspaces
 
     async def main(workdir):
         trees = Trees(workdir)
         await trees.open()
-        problem = overlay_problem("bwrap", False, trees.run)
+        problem = overlay_problem("bwrap", False, trees.store.run)
         workspaces = Workspaces(trees, overlays=problem is None)
-        snapshot = await trees.snapshot()
+        snapshot = await trees.snapshots.snapshot()
         workspace = workspaces.workspace("agent", Spec(snapshot.commit))
         await workspace.open()
         shells = ShellFactory.build(Settings(workdir=workdir), trees.workdir, ())
@@ -400,7 +400,7 @@ UNPRIVILEGED = textwrap.dedent(
         ran = await shell.run("id -u; echo mine > mine.txt; rm a.txt; stat -c %u mine.txt")
         await shell.close()
         change = await workspace.close()
-        merges = await trees.merge_all([change])
+        merges = await trees.merges.merge_all([change])
         trees.close()
         print(json.dumps({"problem": problem, "output": ran.output,
                           "fates": [m.fate for m in merges], "kind": type(workspace).__name__}))
@@ -477,7 +477,7 @@ async def test_where_overlays_are_refused_each_agent_gets_a_full_copy(
     workdir = repo(tmp_path / "a,b", {"a.txt": "a\n"})  # a comma: mount options cannot say it
     trees = Trees(workdir)
     await trees.open()
-    problem = overlay_problem("bwrap", False, trees.run)
+    problem = overlay_problem("bwrap", False, trees.store.run)
     trees.close()
     assert problem is not None and "cannot carry" in problem
     agents = agents_in(workdir, overlays=False)

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from ..core.agents import AgentDefinition
     from ..core.settings import Settings
     from ..model.providers import Credentials
-    from ..trees.copies import Trees
+    from ..trees.trees import Trees
     from .host import AgentHost
     from .ray import RayExecutor
 

@@ -35,8 +35,8 @@ from ..shell.sandbox import Sandbox, ShellSandboxing
 from ..store import Store
 from ..store.claims import keep_claim
 from ..tools.mcptools import with_mcp_tools
-from ..trees.copies import Trees
 from ..trees.limits import DiskLimits, WriteWatch, floor_problem, watching
+from ..trees.trees import Trees
 from ..trees.workspaces import Spec, Workspace, Workspaces
 from . import Job, TreeJob
 from .permits import Permits
@@ -392,7 +392,7 @@ class AgentHost:
             return "full copies were asked for (workspaces = copy)"
         if self.make_shell.sandbox is None:
             return "the sandbox is off, and overlays are mounted inside it"
-        return overlay_problem(settings.sandbox_bwrap, settings.allow_network, self.trees.run)
+        return overlay_problem(settings.sandbox_bwrap, settings.allow_network, self.trees.store.run)
 
     def _fresh(self, job: Job, stem: str | None = None) -> Ready:
         """A new shell for ``job``: in a workspace being opened, if it works in one."""
@@ -430,8 +430,8 @@ class AgentHost:
         if tree.pending is not None:  # the snapshot is taken now
             tree = await tree.with_snapshot()
             workspace.spec = replace(workspace.spec, base=tree.base, ignored=tree.ignored)
-        if tree.bundle is not None and not await self.trees.has(tree.base):
-            await self.trees.receive(tree.base, await _fetch(tree.bundle))
+        if tree.bundle is not None and not await self.trees.store.has(tree.base):
+            await self.trees.store.receive(tree.base, await _fetch(tree.bundle))
         await workspace.open()
 
     async def _finish_workspace(

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 from ..core.events import EventBus
 from ..core.results import AgentResult
-from ..trees.copies import Trees
+from ..trees.trees import Trees
 from . import Job
 from .host import AgentHost
 

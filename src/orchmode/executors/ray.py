@@ -57,7 +57,7 @@ from ..model.providers import Credentials
 from ..store import Store, open_store
 from ..tools.mcpconfig import McpConfig, load
 from ..tools.mcptools import McpHub
-from ..trees.copies import Trees
+from ..trees.trees import Trees
 from . import Job, WorkerLost
 from .approvals import Approvals
 from .host import AgentHost, ShellFactory
@@ -395,7 +395,7 @@ class RayExecutor:
         and fetched by each node that runs a copy of it."""
         ref = self._bundles.get(commit)
         if ref is None:
-            ref = ray.put(await trees.bundle(commit))
+            ref = ray.put(await trees.store.bundle(commit))
             self._bundles[commit] = ref
         return ref
 

@@ -2,7 +2,7 @@
 
 Every change is saved as a patch file beside the agents' reports (the main agent reads it
 from its sandbox). Then, in subtask order, each change the ``merge`` policy lets through is
-merged into the working directory by :meth:`.Trees.merge_all` — whole, or not at all. A
+merged into the working directory by :meth:`.Merges.merge_all` — whole, or not at all. A
 change that conflicts with those merged before it (or with the user's edits) goes, under
 ``resolve = "agent"``, to a resolver (:mod:`.resolve`), one after another in subtask order,
 each on the tree as merged so far; a confirmed resolution is merged like any change. The
@@ -23,8 +23,10 @@ from ..core.events import ChangeSettled, EventBus
 from ..core.results import Change
 from ..core.settings import MergePolicy
 from ..store.result_files import ResultFiles
-from ..trees.copies import Conflict, Merge, Trees
+from ..trees.conflicts import Conflict
+from ..trees.merges import Merge
 from ..trees.patches import PatchSummary, describe_summary, summary_of
+from ..trees.trees import Trees
 
 
 @dataclass(frozen=True)
@@ -130,14 +132,7 @@ async def merge_changes(
         if c.change is not None and not c.change.empty and reason is None
     ]
     outcomes = {c.index: _Outcome() for c in eligible}
-    written: dict[int, str] = {}
-    if ledger is not None:
-        for candidate in eligible:
-            before = await ledger.written(candidate)
-            if before is not None:
-                written[candidate.index] = before
-                outcomes[candidate.index].merge = Merge("merged")
-                outcomes[candidate.index].resolved_with = before
+    written = await _written_before(ledger, eligible, outcomes)
     chosen = [c for c in eligible if c.index not in written]
     # A resolution confirmed by an earlier run of this call stands in for its change.
     earlier: dict[int, Resolution] = {}
@@ -150,14 +145,7 @@ async def merge_changes(
         earlier[c.index].change if c.index in earlier else c.change for c in chosen
     ]  # fmt: skip
     if to_merge:
-        async with _merging(trees):
-            merges = await _merge_all(trees, [m for m in to_merge if m is not None])
-            for candidate, merge in zip(chosen, merges, strict=True):
-                outcomes[candidate.index].merge = merge
-                if candidate.index in earlier:
-                    outcomes[candidate.index].resolved_with = earlier[candidate.index].before
-                if ledger is not None and merge.fate == "merged":
-                    await ledger.record(candidate, outcomes[candidate.index].resolved_with)
+        await _merge_chosen(trees, chosen, to_merge, earlier, outcomes, ledger)
     if resolver is not None:
         merged = [
             (c.index, c.change)
@@ -176,6 +164,55 @@ async def merge_changes(
                 resolution = await _resolve(trees, resolver, candidate, outcome, merged, ledger)
                 if resolution is not None:
                     merged.append((candidate.index, resolution))
+    return _lines(results, policy, call, candidates, held, outcomes, events)
+
+
+async def _written_before(
+    ledger: Ledger | None, eligible: Sequence[Candidate], outcomes: dict[int, _Outcome]
+) -> dict[int, str]:
+    """The candidates an earlier run of this call wrote (taken as merged), and what each
+    one's conflict was resolved against."""
+    written: dict[int, str] = {}
+    if ledger is None:
+        return written
+    for candidate in eligible:
+        before = await ledger.written(candidate)
+        if before is not None:
+            written[candidate.index] = before
+            outcomes[candidate.index].merge = Merge("merged")
+            outcomes[candidate.index].resolved_with = before
+    return written
+
+
+async def _merge_chosen(
+    trees: Trees,
+    chosen: Sequence[Candidate],
+    to_merge: Sequence[Change | None],
+    earlier: dict[int, Resolution],
+    outcomes: dict[int, _Outcome],
+    ledger: Ledger | None,
+) -> None:
+    """Merge the chosen changes in one write, and record each one merged."""
+    async with _merging(trees):
+        merges = await _merge_all(trees, [m for m in to_merge if m is not None])
+        for candidate, merge in zip(chosen, merges, strict=True):
+            outcomes[candidate.index].merge = merge
+            if candidate.index in earlier:
+                outcomes[candidate.index].resolved_with = earlier[candidate.index].before
+            if ledger is not None and merge.fate == "merged":
+                await ledger.record(candidate, outcomes[candidate.index].resolved_with)
+
+
+def _lines(
+    results: ResultFiles | None,
+    policy: MergePolicy,
+    call: int,
+    candidates: Sequence[Candidate],
+    held: Sequence[str | None],
+    outcomes: dict[int, _Outcome],
+    events: EventBus,
+) -> list[str]:
+    """One line per subtask saying what became of its change (and its event)."""
     lines = []
     for candidate, reason in zip(candidates, held, strict=True):
         change = candidate.change
@@ -206,7 +243,7 @@ def left_out_note(change: Change | None) -> str:
 
 async def _merge_all(trees: Trees, changes: list[Change]) -> list[Merge]:
     try:
-        return await trees.merge_all(changes)
+        return await trees.merges.merge_all(changes)
     except OrchmodeError as exc:  # git itself failed: every change is kept
         return [Merge("conflict", (f"merging failed: {exc}",)) for _ in changes]
 
@@ -239,11 +276,11 @@ async def _resolve(
     assert change is not None
     try:
         async with _merging(trees):
-            conflict = await trees.conflict_of(change, f"change-{candidate.index}")
+            conflict = await trees.conflicts.conflict_of(change, f"change-{candidate.index}")
             if conflict is None:
                 return None  # not a conflict of contents (its snapshot is gone, a file moved)
             touching = [(i, m) for i, m in merged if _touches(m, conflict.files)]
-            edited = await trees.edited_besides(
+            edited = await trees.conflicts.edited_besides(
                 change.base, conflict.files, [m for _, m in touching], conflict.ours
             )
     except OrchmodeError as exc:
@@ -343,12 +380,12 @@ def _settle(
 async def _merging(trees: Trees) -> AsyncIterator[None]:
     """One merge into a working directory at a time, across processes too."""
     await trees.open()
-    fd = os.open(trees.home / "merge.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fd = os.open(trees.store.home / "merge.lock", os.O_RDWR | os.O_CREAT, 0o600)
     try:
         await asyncio.to_thread(fcntl.flock, fd, fcntl.LOCK_EX)
         # A write a killed process left half done is finished before anything reads the
         # directory: what follows sees each change there whole, or not at all.
-        await trees.finish_interrupted_write()
+        await trees.checkout.finish_interrupted_write()
         yield
     finally:
         os.close(fd)  # closing lets the lock go

@@ -47,8 +47,8 @@ from ..store import BudgetState, Store, content_key
 from ..store.claims import claim_or_take_over, holder_name, keep_claim
 from ..store.result_files import ResultFiles
 from ..tools.mcptools import with_mcp_tools
-from ..trees.copies import Trees
 from ..trees.patches import describe_change
+from ..trees.trees import Trees
 from .changes import Candidate, Ledger, Resolver, merge_changes
 from .condense import SubtaskEntry, fit_result, full_text
 from .plans import Subtask, title, verdict_of
@@ -219,7 +219,7 @@ class FanoutEngine:
 
     async def _take_snapshot(self) -> TreeJob:
         assert self.trees is not None
-        snapshot = await self.trees.snapshot()
+        snapshot = await self.trees.snapshots.snapshot()
         bundle = await self.executor.share_tree(self.trees, snapshot.commit)
         return TreeJob(snapshot.commit, ignored=snapshot.ignored, bundle=bundle)
 

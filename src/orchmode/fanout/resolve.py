@@ -33,8 +33,9 @@ from ..core.prompts import (
 from ..core.results import AgentResult, Change, Status
 from ..core.settings import Settings
 from ..store import Store, content_key
-from ..trees.copies import Conflict, Trees
+from ..trees.conflicts import Conflict
 from ..trees.patches import describe_change
+from ..trees.trees import Trees
 from .changes import Candidate, Resolution
 from .plans import verdict_of
 from .slots import VERIFIER_PRIORITY, WORKER_PRIORITY
@@ -146,41 +147,18 @@ async def resolve(
     failed = _failure(resolver)
     if failed:
         return Resolution(None, failed, before)
-    ours = resolver.change
-    assert ours is not None
-    resolved: str | None = conflict.tree
-    if not ours.empty:
-        # Known already when the resolver ran here (read from its layer); else applied.
-        known = ours.base == conflict.commit
-        resolved = await trees.merge_ahead(ours) if known else None
-        if resolved is None:
-            resolved = await trees.tree_with(conflict.tree, ours.patch)
+    assert resolver.change is not None
+    resolved = await _resolved_tree(trees, conflict, resolver.change)
     if resolved is None:
         return Resolution(None, "the resolver's change does not apply to the conflict", before)
-    left = await trees.markers_left(resolved, conflict)
+    left = await trees.conflicts.markers_left(resolved, conflict)
     if left:
         return Resolution(None, f"conflict markers are left in {', '.join(left)}", before)
-    whole = Change(change.base, await trees.diff(change.base, resolved))
     if engine.settings.verify:
-        check = verify_resolution_prompt(
-            candidate.subtask,
-            candidate.summary,
-            before,
-            conflict.hunks,
-            resolver.text,
-            describe_change(Change(conflict.ours, await trees.diff(conflict.ours, resolved))),
-        )
-        view = replace(tree, base=whole.base, patch=whole.patch, writable=False, chain="")
-        verifier = await engine.run_subagent(
-            call, index, "verifier", check, VERIFIER_PRIORITY, tree=view
-        )
-        verdict = verdict_of(verifier.text) if verifier.finished else None
-        if verdict != "confirmed":
-            why = f"its resolution was {verdict or 'not verified'}"
-            if verifier.finished:
-                why += f": {_first_line(verifier.text)}"
+        why = await _verify(engine, call, candidate, conflict, before, tree, resolver, resolved)
+        if why:
             return Resolution(None, why, before)
-    resolution = Change(conflict.ours, await trees.diff(conflict.ours, resolved))
+    resolution = Change(conflict.ours, await trees.store.diff(conflict.ours, resolved))
     # Recorded before it is written: a run killed from here on merges this very resolution.
     await engine.store.record(
         resolution_key(engine, candidate),
@@ -189,6 +167,54 @@ async def resolve(
         AgentResult(before, Status.FINISHED, change=resolution),
     )
     return Resolution(resolution, before=before)
+
+
+async def _resolved_tree(trees: Trees, conflict: Conflict, ours: Change) -> str | None:
+    """The tree the resolver's change makes of the conflict's, or None if it does not apply."""
+    if ours.empty:
+        return conflict.tree
+    # Known already when the resolver ran here (read from its layer); else applied.
+    known = ours.base == conflict.commit
+    resolved = await trees.merges.merge_ahead(ours) if known else None
+    if resolved is None:
+        resolved = await trees.store.tree_with(conflict.tree, ours.patch)
+    return resolved
+
+
+async def _verify(
+    engine: Engine,
+    call: int,
+    candidate: Candidate,
+    conflict: Conflict,
+    before: str,
+    tree: TreeJob,
+    resolver: AgentResult,
+    resolved: str,
+) -> str:
+    """Run a verifier on the resolution; why it is not confirmed ("" when it is)."""
+    trees = engine.trees
+    change = candidate.change
+    assert trees is not None and change is not None
+    whole = Change(change.base, await trees.store.diff(change.base, resolved))
+    check = verify_resolution_prompt(
+        candidate.subtask,
+        candidate.summary,
+        before,
+        conflict.hunks,
+        resolver.text,
+        describe_change(Change(conflict.ours, await trees.store.diff(conflict.ours, resolved))),
+    )
+    view = replace(tree, base=whole.base, patch=whole.patch, writable=False, chain="")
+    verifier = await engine.run_subagent(
+        call, candidate.index, "verifier", check, VERIFIER_PRIORITY, tree=view
+    )
+    verdict = verdict_of(verifier.text) if verifier.finished else None
+    if verdict == "confirmed":
+        return ""
+    why = f"its resolution was {verdict or 'not verified'}"
+    if verifier.finished:
+        why += f": {_first_line(verifier.text)}"
+    return why
 
 
 def _failure(resolver: AgentResult) -> str:

@@ -198,7 +198,7 @@ class Workflow(FanoutEngine):
             if tree is not None:
                 tree = await tree.with_snapshot()
             if self.trees is not None and worker.change is not None and not worker.change.empty:
-                self.trees.merge_ahead(worker.change)  # its merge, ahead, while it is verified
+                self.trees.merges.merge_ahead(worker.change)  # merged ahead, while it is verified
             prompt = self.verify_prompt(subtask, worker, isolation)
             verifier = await self.run_subagent(
                 call,

@@ -56,7 +56,7 @@ from ..store.claims import holder_name
 from ..store.result_files import ResultFiles, results_dir
 from ..tools.calls import run_bash, tool_result
 from ..tools.mcptools import McpHub, with_mcp_tools
-from ..trees.copies import Trees
+from ..trees.trees import Trees
 
 log = logging.getLogger("orchmode")
 

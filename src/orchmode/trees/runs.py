@@ -46,6 +46,13 @@ def write_file(path: Path, text: str) -> None:
     os.replace(partial, path)
 
 
+def remove_index(index: Path) -> None:
+    """An index file, and the lock a git stopped by a signal leaves beside it."""
+    for path in (index, index.with_name(index.name + ".lock")):
+        with contextlib.suppress(OSError):
+            path.unlink()
+
+
 def remove_tree(path: Path) -> None:
     """Remove a copy, even one whose agent made files read-only."""
 

@@ -27,12 +27,13 @@ from pathlib import Path
 
 from ..core.overlay import Overlay
 from ..core.results import Change
-from .copies import Copy, Trees
+from .copies import Copy
 from .git import TreeError, _Work, on_thread
 from .layers import check_ignore, read_layer
 from .limits import DiskLimits, written_size
+from .lowers import Lower
 from .runs import remove_tree
-from .snapshots import Lower
+from .trees import Trees
 
 log = logging.getLogger("orchmode")
 
@@ -98,7 +99,7 @@ class Workspace(ABC):
     @property
     def disk(self) -> Path:
         """A path on the file system that holds the agent's writes."""
-        return self.workspaces.trees.run
+        return self.workspaces.trees.store.run
 
     def _kept_or_gone(self, change: Change, keep_for: str | None) -> Change:
         """``change``, once the workspace is kept for its verifier, or else removed (a
@@ -145,10 +146,10 @@ class Workspaces:
             workspace.discard()
 
     def objects(self) -> tuple[tuple[Path, Path], ...]:
-        trees = self.trees
-        views = [(trees.store_objects, trees.store_objects)]
-        if trees.user_objects is not None:
-            views.append((trees.user_objects, trees.alias))
+        store = self.trees.store
+        views = [(store.objects, store.objects)]
+        if store.user_objects is not None:
+            views.append((store.user_objects, store.alias))
         return tuple(views)
 
 
@@ -166,7 +167,7 @@ class OverlayWorkspace(Workspace):
         self.workspaces = workspaces
         self.trees = workspaces.trees
         self.spec = spec
-        self.home = self.trees.plan_directory(stem)
+        self.home = self.trees.copies.plan_directory(stem)
         self.upper = self.home / "upper"
         self._work = self.home / "work"
         self.target = self.home / "mnt"
@@ -195,7 +196,7 @@ class OverlayWorkspace(Workspace):
         try:
             layers = stack.layers
             if spec.patch.strip():
-                patched = await trees.patch_layer(stack, spec.patch)
+                patched = await trees.derived.patch_layer(stack, spec.patch)
                 layers = (patched, *layers)
                 self.bare = False
             self.layers = layers
@@ -227,12 +228,12 @@ class OverlayWorkspace(Workspace):
             raise
         change = Change(base, patch, left)
         if patch:
-            self.trees.know(change, tree)
+            self.trees.merges.know(change, tree)
         return self._kept_or_gone(change, keep_for)
 
     def discard(self) -> None:
         self._release()
-        self.trees.throw_away(self.home, layers=True)
+        self.trees.copies.throw_away(self.home, layers=True)
 
     def _release(self) -> None:
         if self._lower is not None:
@@ -244,11 +245,11 @@ class OverlayWorkspace(Workspace):
         if self._shown is None:
             spec = self.spec
             if not spec.patch.strip():
-                tree = await self.trees.tree_of(spec.base)
+                tree = await self.trees.store.tree_of(spec.base)
                 self._shown = (spec.base, tree)
             else:
                 patched = self.layers[0]
-                self._shown = await self.trees.derive(spec.base, patched)
+                self._shown = await self.trees.derived.derive(spec.base, patched)
         return self._shown
 
     def written(self) -> int:
@@ -281,8 +282,8 @@ class OverlayWorkspace(Workspace):
             work,
             self.upper,
             base_tree,
-            trees.store_env(),
-            trees.home,
+            trees.store.env(),
+            trees.store.home,
             ignored,
             self.workspaces.limits,
         )
@@ -327,13 +328,13 @@ class _Verifying(Workspace):
 
 
 class CopyWorkspace(Workspace):
-    """A full copy of the tree (see :meth:`Trees.make_copy`): where overlays cannot be made."""
+    """A full copy of the tree (see :meth:`.Copies.make_copy`): where overlays cannot be made."""
 
     def __init__(self, workspaces: Workspaces, stem: str, spec: Spec) -> None:
         self.workspaces = workspaces
         self.trees = workspaces.trees
         self.spec = spec
-        self.copy: Copy = self.trees.plan_copy(stem, spec.base)
+        self.copy: Copy = self.trees.copies.plan_copy(stem, spec.base)
         self._made = False
         #: What the copy took on disk once made: the agent's writes are what it adds.
         self._start_size = 0
@@ -352,12 +353,12 @@ class CopyWorkspace(Workspace):
         spec = self.spec
         if spec.writable and spec.patch.strip():
             # A resolver's copy: its change is measured from the tree with the patch in it.
-            start = await self.trees.derive_from_patch(spec.base, spec.patch)
+            start = await self.trees.derived.derive_from_patch(spec.base, spec.patch)
             self.copy = Copy(self.copy.path, start, self.copy.index)
-            await self.trees.make_copy(self.copy, "", spec.ignored)
+            await self.trees.copies.make_copy(self.copy, "", spec.ignored)
         else:
             self.copy = Copy(self.copy.path, spec.base, self.copy.index)
-            await self.trees.make_copy(self.copy, spec.patch, spec.ignored)
+            await self.trees.copies.make_copy(self.copy, spec.patch, spec.ignored)
         if spec.writable:
             self._start_size = await asyncio.to_thread(written_size, self.copy.path)
         self._made = True
@@ -372,14 +373,14 @@ class CopyWorkspace(Workspace):
             self.discard()
             return None
         try:
-            change = await self.trees.change_of(self.copy, self.workspaces.limits)
+            change = await self.trees.copies.change_of(self.copy, self.workspaces.limits)
         except BaseException:
             self.discard()
             raise
         return self._kept_or_gone(change, keep_for)
 
     def discard(self) -> None:
-        self.trees.discard(self.copy)
+        self.trees.copies.discard(self.copy)
 
 
 def _empty(directory: Path) -> bool:

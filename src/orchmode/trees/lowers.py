@@ -142,7 +142,7 @@ class Stack:
 
 
 class Lowers:
-    """The checkouts of one :class:`~orchmode.trees.copies.Trees` run, and their layers."""
+    """The checkouts of one :class:`~orchmode.trees.trees.Trees` run, and their layers."""
 
     def __init__(
         self,
