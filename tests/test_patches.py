@@ -20,7 +20,8 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from orchmode.trees.patches import FileChange, PatchError, PatchSummary, refusals, summarise
+from orchmode.trees.patches import FileChange, PatchError, PatchSummary, summarise
+from orchmode.trees.refusals import refusals
 
 GIT_ENV = {
     **os.environ,

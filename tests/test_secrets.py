@@ -35,7 +35,8 @@ from orchmode.shell.bwrap import probe
 from orchmode.shell.output import _OutputCollector
 from orchmode.testing import ScriptedServer
 from orchmode.testing.scenario import OrchestrationScenario, keep_both_sides
-from orchmode.trees.patches import refusals, summarise
+from orchmode.trees.patches import summarise
+from orchmode.trees.refusals import refusals
 from orchmode.trees.trees import Trees
 from recorded_runs import base_env, orchmode
 

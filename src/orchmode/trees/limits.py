@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.settings import Settings
-from .patches import _show
+from .patches import printable
 
 MB = 1 << 20
 #: A change may hold this many times ``change_file_max_mb`` in all (the journal keeps the
@@ -265,7 +265,7 @@ def left_out_of(sizes: dict[str, int], limits: DiskLimits) -> dict[str, str]:
     limit = limits.change_file // MB
     for path, size in sizes.items():
         if size > limits.change_file:
-            out[path] = f"{_show(path)} ({mb(size)}, over change_file_max_mb = {limit})"
+            out[path] = f"{printable(path)} ({mb(size)}, over change_file_max_mb = {limit})"
     kept = {p: s for p, s in sizes.items() if p not in out}
     total = sum(kept.values())
     for path, size in sorted(kept.items(), key=lambda item: (-item[1], item[0])):
@@ -273,7 +273,7 @@ def left_out_of(sizes: dict[str, int], limits: DiskLimits) -> dict[str, str]:
             break
         total -= size
         out[path] = (
-            f"{_show(path)} ({mb(size)}: the change's files passed {limits.change_total // MB} MB "
-            f"in all, {CHANGE_TOTAL_FILES} × change_file_max_mb)"
+            f"{printable(path)} ({mb(size)}: the change's files passed "
+            f"{limits.change_total // MB} MB in all, {CHANGE_TOTAL_FILES} × change_file_max_mb)"
         )
     return out

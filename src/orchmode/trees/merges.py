@@ -18,7 +18,8 @@ from typing import Literal
 from ..core.results import Change
 from ..core.secrets import Secrets
 from .checkout import Checkout
-from .patches import FileChange, PatchSummary, refusals, summary_of
+from .patches import FileChange, PatchSummary, summary_of
+from .refusals import refusals
 from .store import TreeStore
 
 Fate = Literal["merged", "conflict", "refused", "no change"]
