@@ -1,4 +1,4 @@
-"""Snapshots on disk, read-only, that the agents' overlays are layered on.
+"""Read-only checkouts of snapshots, which the agents' overlays are layered on.
 
 The tree is checked out once: the first Workflow call's snapshot is materialised in full
 (the one cost that grows with the repository), and each later call's snapshot is the same

@@ -1,5 +1,8 @@
-"""Reading a patch's lines as git writes them: a cursor whose errors name the line, quoted
-file names, and binary blocks (each checked to inflate to the size it claims)."""
+"""A patch's lines read as git writes them: the cursor, quoted file names, binary blocks.
+
+The cursor's errors name the line they are about; a binary block is checked to inflate to
+the size it claims, as ``git apply`` checks it.
+"""
 
 from __future__ import annotations
 
