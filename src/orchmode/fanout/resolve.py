@@ -155,7 +155,8 @@ async def resolve(
     if left:
         return Resolution(None, f"conflict markers are left in {', '.join(left)}", before)
     if engine.settings.verify:
-        why = await _verify(engine, call, candidate, conflict, before, tree, resolver, resolved)
+        check, view = await _check(trees, candidate, conflict, before, tree, resolver, resolved)
+        why = await _verify(engine, call, index, check, view)
         if why:
             return Resolution(None, why, before)
     resolution = Change(conflict.ours, await trees.store.diff(conflict.ours, resolved))
@@ -181,20 +182,18 @@ async def _resolved_tree(trees: Trees, conflict: Conflict, ours: Change) -> str 
     return resolved
 
 
-async def _verify(
-    engine: Engine,
-    call: int,
+async def _check(
+    trees: Trees,
     candidate: Candidate,
     conflict: Conflict,
     before: str,
     tree: TreeJob,
     resolver: AgentResult,
     resolved: str,
-) -> str:
-    """Run a verifier on the resolution; why it is not confirmed ("" when it is)."""
-    trees = engine.trees
+) -> tuple[str, TreeJob]:
+    """The verifier's prompt, and its read-only view of the change as resolved."""
     change = candidate.change
-    assert trees is not None and change is not None
+    assert change is not None
     whole = Change(change.base, await trees.store.diff(change.base, resolved))
     check = verify_resolution_prompt(
         candidate.subtask,
@@ -204,9 +203,13 @@ async def _verify(
         resolver.text,
         describe_change(Change(conflict.ours, await trees.store.diff(conflict.ours, resolved))),
     )
-    view = replace(tree, base=whole.base, patch=whole.patch, writable=False, chain="")
+    return check, replace(tree, base=whole.base, patch=whole.patch, writable=False, chain="")
+
+
+async def _verify(engine: Engine, call: int, index: int, check: str, view: TreeJob) -> str:
+    """Run a verifier on the resolution; why it is not confirmed ("" when it is)."""
     verifier = await engine.run_subagent(
-        call, candidate.index, "verifier", check, VERIFIER_PRIORITY, tree=view
+        call, index, "verifier", check, VERIFIER_PRIORITY, tree=view
     )
     verdict = verdict_of(verifier.text) if verifier.finished else None
     if verdict == "confirmed":
