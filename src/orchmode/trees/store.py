@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import os
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -115,9 +116,12 @@ class TreeStore:
         return env
 
     async def git(
-        self, *args: str, index: Path | None = None, data: bytes | None = None,
-        ok: tuple[int, ...] = (0,),
-    ) -> tuple[int, bytes]:  # fmt: skip
+        self,
+        *args: str,
+        index: Path | None = None,
+        data: bytes | None = None,
+        ok: Sequence[int] = (0,),
+    ) -> tuple[int, bytes]:
         """Run git on the store, from its home."""
         return await git(*args, env=self.env(index), cwd=self.home, data=data, ok=ok)
 

@@ -45,8 +45,6 @@ class Trees:
     ) -> None:
         self.store = TreeStore(workdir, home)
         self.workdir = self.store.workdir
-        #: The secret files a snapshot leaves out and a change may not write.
-        self.secrets = secrets
         #: The checkouts overlays are layered on, and the layers made over them.
         self.lowers: Lowers = self.store.lowers
         self.checkout = Checkout(self.store, secrets)
