@@ -33,10 +33,10 @@ from ..core.events import (
     TurnDone,
     TurnStarted,
 )
+from ..core.results import Report, read_report
 from ..core.wire import has_block, joined_text
 from ..store import EventRow
 from .codec import parse_row
-from .findings import RecordedReport, read_report
 from .network import NetworkLog
 from .totals import SessionTotals
 from .wording import change_fate, compaction_text, condensed_text, seconds
@@ -247,7 +247,7 @@ class AgentRecord:
         return "failed"
 
     @property
-    def report(self) -> RecordedReport | None:
+    def report(self) -> Report | None:
         return read_report(self.result) if self.status == "finished" else None
 
     @property

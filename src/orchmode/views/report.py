@@ -20,8 +20,7 @@ import hashlib
 import math
 from html import escape
 
-from ..core.prompts import SEVERITIES
-from ..records.findings import RecordedFinding, severity_rank
+from ..core.results import SEVERITIES, Finding, severity_rank
 from ..records.history import (
     AGENT_STATES,
     STATE_LABELS,
@@ -280,7 +279,7 @@ def _timeline(history: SessionHistory) -> str:
 
 
 def _finding_item(
-    turn: Turn, worker: AgentRecord, verifier: AgentRecord | None, finding: RecordedFinding
+    turn: Turn, worker: AgentRecord, verifier: AgentRecord | None, finding: Finding
 ) -> str:
     if verifier is None:
         verdict = "not verified"

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import IO
 
-from ..records.findings import severity_rank
+from ..core.results import severity_rank
 from ..records.history import (
     STATE_LABELS,
     AgentRecord,
