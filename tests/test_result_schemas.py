@@ -218,6 +218,22 @@ def test_without_a_schema_the_tool_is_the_shared_one() -> None:
     assert "data" not in REPORT_FINDINGS_TOOL["input_schema"]["properties"]
 
 
+def test_the_tool_schema_and_the_report_model_agree() -> None:
+    tool_schema = REPORT_FINDINGS_TOOL["input_schema"]
+    good = {"summary": "s", "findings": [{"claim": "c", "evidence": "e", "severity": "low"}]}
+    bad = [
+        {"summary": "", "findings": []},
+        {"summary": "s"},
+        {"summary": "s", "findings": [{"claim": "c", "evidence": "e", "severity": "grave"}]},
+        {"summary": "s", "findings": [{"claim": "c", "severity": "low"}]},
+    ]
+    assert check_schema(tool_schema) is None and "$defs" not in tool_schema
+    assert validate_data(tool_schema, good) == [] and isinstance(parse_report(good), Report)
+    for report_input in bad:
+        assert validate_data(tool_schema, report_input) != []
+        assert isinstance(parse_report(report_input), str)
+
+
 def test_with_a_schema_data_is_required_and_the_shared_tool_is_untouched() -> None:
     before = copy.deepcopy(REPORT_FINDINGS_TOOL)
     tool = report_tool(SCORES)

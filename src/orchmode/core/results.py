@@ -2,6 +2,10 @@
 
 These types sit at the bottom so that the store, which keeps them, and the loops and the
 fan-out, which make and read them, all import them from one place.
+
+A report is declared by :class:`Report` alone: report_findings' schema is generated from it
+(:func:`report_input_schema`), the model's input is checked against it, and a recorded
+report is read back through it, leniently, by :func:`read_report`.
 """
 
 from __future__ import annotations
@@ -83,7 +87,7 @@ Severity = Literal["high", "medium", "low", "info"]
 SEVERITIES: tuple[str, ...] = get_args(Severity)
 
 #: The validation context that reads a recorded report: see :func:`read_report`.
-RECORDED = {"recorded": True}
+_RECORDED = {"recorded": True}
 
 
 def _recorded(info: ValidationInfo) -> bool:
@@ -152,7 +156,7 @@ class Report(BaseModel):
         findings = []
         for item in items if isinstance(items, list) else []:
             try:
-                findings.append(Finding.model_validate(item, context=RECORDED))
+                findings.append(Finding.model_validate(item, context=_RECORDED))
             except ValidationError:
                 continue
         fields: dict[str, Any] = {
@@ -201,7 +205,7 @@ def read_report(result: str) -> TypedReport | None:
     """A finished agent's recorded report, as far as it can be read; None for other text
     (an error, a limit's note). Its ``data`` is in ``model_fields_set`` when it had one."""
     try:
-        return TypedReport.model_validate(json.loads(result), context=RECORDED)
+        return TypedReport.model_validate(json.loads(result), context=_RECORDED)
     except (ValueError, TypeError, RecursionError):  # ValidationError is a ValueError
         return None
 
