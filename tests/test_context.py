@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchmode.core.prompts import SEVERITIES, quote_result, verify_prompt
+from orchmode.core.prompts import quote_result, verify_prompt
+from orchmode.core.results import SEVERITIES
 from orchmode.core.settings import Settings
 from orchmode.fanout.condense import AgentEntry, SubtaskEntry, fit_result, fit_value, full_text
 from orchmode.model.context import (

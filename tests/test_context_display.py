@@ -35,8 +35,9 @@ from orchmode.core.events import (
     TurnStarted,
 )
 from orchmode.records.codec import event_row, parse_row
-from orchmode.records.history import Command, SessionHistory, read_session
+from orchmode.records.history import SessionHistory, read_session
 from orchmode.records.recorder import EventRecorder
+from orchmode.records.steps import Command
 from orchmode.records.totals import SessionTotals
 from orchmode.store import EventRow
 from orchmode.store.sqlite import SQLiteStore

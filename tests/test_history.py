@@ -40,8 +40,8 @@ from orchmode.core.events import (
     TurnDone,
     TurnStarted,
 )
+from orchmode.core.results import read_report
 from orchmode.records.codec import event_row, parse_row
-from orchmode.records.findings import read_report
 from orchmode.records.history import answers, read_session
 from orchmode.records.network import DECISIONS, NetworkLog
 from orchmode.store import EventRow

@@ -15,16 +15,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchmode.core.prompts import REPORT_FINDINGS_TOOL
-from orchmode.core.results import Report, parse_report
+from orchmode.core.results import Report, TypedReport, parse_report
 from orchmode.core.schemas import (
     MAX_REPORT_ATTEMPTS,
     MAX_SCHEMA_BYTES,
     MAX_VIOLATIONS,
     Rejected,
     ReportAttempts,
-    TypedReport,
     check_schema,
-    parse_typed_report,
     report_tool,
     validate_data,
 )
@@ -57,6 +55,12 @@ WITH_DEFS: dict[str, Any] = {
 
 def report(data: object) -> dict[str, Any]:
     return {"summary": "Done.", "findings": [], "data": data}
+
+
+def first_attempt(tool_input: object, schema: dict[str, Any] | None) -> TypedReport | str:
+    """A subagent's first report_findings call: its report, or what the agent is told."""
+    taken = ReportAttempts(schema).take(tool_input)
+    return taken if isinstance(taken, TypedReport) else taken.message
 
 
 # --- check_schema -------------------------------------------------------------------------
@@ -202,7 +206,7 @@ def test_a_remote_reference_is_refused_and_never_fetched(
     assert error is not None and f"{url}/s.json" in error and "never fetched" in error
     violations = validate_data(schema, {"x": "fine"})  # even if the check were skipped
     assert len(violations) == 1 and "cannot be resolved" in violations[0]
-    assert isinstance(parse_typed_report(report({"x": "fine"}), schema), str)
+    assert isinstance(first_attempt(report({"x": "fine"}), schema), str)
     assert hits == []
 
 
@@ -212,6 +216,22 @@ def test_a_remote_reference_is_refused_and_never_fetched(
 def test_without_a_schema_the_tool_is_the_shared_one() -> None:
     assert report_tool(None) is REPORT_FINDINGS_TOOL
     assert "data" not in REPORT_FINDINGS_TOOL["input_schema"]["properties"]
+
+
+def test_the_tool_schema_and_the_report_model_agree() -> None:
+    tool_schema = REPORT_FINDINGS_TOOL["input_schema"]
+    good = {"summary": "s", "findings": [{"claim": "c", "evidence": "e", "severity": "low"}]}
+    bad = [
+        {"summary": "", "findings": []},
+        {"summary": "s"},
+        {"summary": "s", "findings": [{"claim": "c", "evidence": "e", "severity": "grave"}]},
+        {"summary": "s", "findings": [{"claim": "c", "severity": "low"}]},
+    ]
+    assert check_schema(tool_schema) is None and "$defs" not in tool_schema
+    assert validate_data(tool_schema, good) == [] and isinstance(parse_report(good), Report)
+    for report_input in bad:
+        assert validate_data(tool_schema, report_input) != []
+        assert isinstance(parse_report(report_input), str)
 
 
 def test_with_a_schema_data_is_required_and_the_shared_tool_is_untouched() -> None:
@@ -298,43 +318,44 @@ def test_a_long_offending_value_is_clipped_in_the_message() -> None:
     assert len(violation) < 400
 
 
-# --- parse_typed_report and attempts -------------------------------------------------------
+# --- the first attempt and the attempts ---------------------------------------------------
 
 
 def test_a_valid_typed_report_carries_its_data_and_is_a_report() -> None:
     data = {"items": [{"name": "a", "score": 2}]}
-    parsed = parse_typed_report(report(data), SCORES)
+    parsed = first_attempt(report(data), SCORES)
     assert isinstance(parsed, TypedReport) and isinstance(parsed, Report)
     assert parsed.data == data and parsed.summary == "Done." and parsed.findings == []
     assert parsed.model_dump()["data"] == data
 
 
 def test_data_may_be_null_when_the_schema_allows_it_but_not_missing() -> None:
-    parsed = parse_typed_report(report(None), {"type": "null"})
+    parsed = first_attempt(report(None), {"type": "null"})
     assert isinstance(parsed, TypedReport) and parsed.data is None
-    error = parse_typed_report({"summary": "s", "findings": []}, {"type": "null"})
+    error = first_attempt({"summary": "s", "findings": []}, {"type": "null"})
     assert isinstance(error, str) and "- data: Field required" in error
 
 
 def test_without_a_schema_data_is_dropped() -> None:
-    parsed = parse_typed_report(report({"anything": 1}), None)
+    parsed = first_attempt(report({"anything": 1}), None)
     assert isinstance(parsed, TypedReport) and parsed.data is None
 
 
 def test_an_invalid_report_lists_every_problem_and_asks_again() -> None:
     bad = {"summary": "", "findings": [{"claim": "c"}], "data": {"items": [{"score": "x"}]}}
-    error = parse_typed_report(bad, SCORES)
+    error = first_attempt(bad, SCORES)
     assert isinstance(error, str)
     lines = error.splitlines()
     assert lines[0] == "error: report_findings input is invalid:"
-    assert set(lines[1:-1]) == {
+    assert set(lines[1:-2]) == {
         "- summary: String should have at least 1 character",
         "- findings.0.evidence: Field required",
         "- findings.0.severity: Field required",
         "- data.items[0]: 'name' is a required property",
         "- data.items[0].score: 'x' is not of type 'number'",
     }
-    assert lines[-1].startswith("Call report_findings again") and "data" in lines[-1]
+    assert lines[-2].startswith("Call report_findings again") and "data" in lines[-2]
+    assert lines[-1] == "(2 attempts left.)"
 
 
 def test_the_untyped_report_error_reads_as_before() -> None:
@@ -434,7 +455,7 @@ def test_generated_instances_of_generated_schemas_pass(case: tuple[dict[str, Any
     schema, instance = case
     assert check_schema(schema) is None
     assert validate_data(schema, instance) == []
-    parsed = parse_typed_report(report(instance), schema)
+    parsed = first_attempt(report(instance), schema)
     assert isinstance(parsed, TypedReport) and parsed.data == instance
 
 
@@ -456,13 +477,13 @@ def test_one_field_of_another_type_is_exactly_one_violation_at_its_path(
         parent[route[-1]] = wrong
     (violation,) = validate_data(schema, broken)
     assert violation == f"{where}: {wrong!r} is not of type {kind!r}"
-    error = parse_typed_report(report(broken), schema)
+    error = first_attempt(report(broken), schema)
     assert isinstance(error, str) and f"- {violation}\n" in error
 
 
 def test_an_empty_schema_still_asks_for_data() -> None:
-    error = parse_typed_report({"summary": "s", "findings": []}, {})
+    error = first_attempt({"summary": "s", "findings": []}, {})
     assert isinstance(error, str) and "- data: Field required" in error
-    assert error.endswith("and data following the schema of the data property.")
-    parsed = parse_typed_report(report([1, "two"]), {})
+    assert error.endswith("and data following the schema of the data property.\n(2 attempts left.)")
+    parsed = first_attempt(report([1, "two"]), {})
     assert isinstance(parsed, TypedReport) and parsed.data == [1, "two"]

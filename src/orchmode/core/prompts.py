@@ -12,6 +12,7 @@ from typing import Any
 
 from .agents import AgentDefinition, describe_roles
 from .mode import Notice
+from .results import report_input_schema
 
 MAIN_SYSTEM = """\
 You are a careful software engineering agent working in the user's directory through a \
@@ -187,40 +188,13 @@ WORKFLOW_TOOL: dict[str, Any] = {
 
 BASH_TOOL: dict[str, Any] = {"type": "bash_20250124", "name": "bash"}
 
-SEVERITIES = ("high", "medium", "low", "info")
-
 REPORT_FINDINGS_TOOL: dict[str, Any] = {
     "name": "report_findings",
     "description": (
         "Report the result of your subtask. Call it exactly once, when you are done: it ends "
         "your subtask. Give findings you verified, not a narration of what you did."
     ),
-    "input_schema": {
-        "type": "object",
-        "properties": {
-            "summary": {
-                "type": "string",
-                "description": "Two or three sentences: the answer to your subtask.",
-            },
-            "findings": {
-                "type": "array",
-                "items": {
-                    "type": "object",
-                    "properties": {
-                        "claim": {"type": "string", "description": "One sentence."},
-                        "evidence": {
-                            "type": "string",
-                            "description": "The file and line, or command output, that "
-                            "verified the claim.",
-                        },
-                        "severity": {"type": "string", "enum": list(SEVERITIES)},
-                    },
-                    "required": ["claim", "evidence", "severity"],
-                },
-            },
-        },
-        "required": ["summary", "findings"],
-    },
+    "input_schema": report_input_schema(),
 }
 
 MAIN_TOOLS: list[dict[str, Any]] = [WORKFLOW_TOOL, BASH_TOOL]

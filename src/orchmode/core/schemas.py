@@ -32,7 +32,7 @@ from referencing import Registry, Resource, Specification
 from referencing.exceptions import Unresolvable
 
 from .prompts import REPORT_FINDINGS_TOOL
-from .results import Report, check_report
+from .results import Report, TypedReport, check_report
 
 #: How many report_findings calls a typed subtask gets: after this many invalid ones it fails.
 MAX_REPORT_ATTEMPTS = 3
@@ -134,26 +134,6 @@ def validate_data(schema: dict[str, Any], data: object) -> list[str]:
         rest = len(violations) - MAX_VIOLATIONS
         violations = [*violations[:MAX_VIOLATIONS], f"… and {rest} more"]
     return violations
-
-
-class TypedReport(Report):
-    """A report with its ``data``, which followed the subtask's schema (None without one).
-
-    A :class:`Report` in every other way, so code that takes a report takes this one too.
-    """
-
-    data: Any = None
-
-
-def parse_typed_report(tool_input: object, schema: dict[str, Any] | None) -> TypedReport | str:
-    """The validated report, or an error naming every problem (path and message) to act on.
-
-    The summary and findings are checked as :func:`orchmode.core.results.parse_report` checks
-    them, and ``data`` against ``schema``; all problems are listed at once, so that one more
-    call can fix them all. Without a schema, ``data`` is not asked for and is dropped.
-    """
-    report = _judge(tool_input, schema)
-    return report if isinstance(report, TypedReport) else _asking_again(report, schema)
 
 
 def _asking_again(problems: list[str], schema: dict[str, Any] | None) -> str:

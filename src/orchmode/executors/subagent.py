@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..core.events import EventBus, Role
-from ..core.results import AgentResult, Report, Status, parse_report
-from ..core.schemas import ReportAttempts, TypedReport
+from ..core.results import AgentResult, Report, Status, TypedReport, parse_report
+from ..core.schemas import ReportAttempts
 from ..core.wire import Block, Message
 from ..loop import AgentLoop, Ending, Finish, Handler, LoopResult, Room, Toolbox
 from ..model.context import Meter, Window

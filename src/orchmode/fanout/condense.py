@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..core.prompts import SEVERITIES
+from ..core.results import SEVERITIES, Finding, read_report
 from ..model.context import CHARS_PER_TOKEN, estimate_tokens
 
 #: Characters of a summary, verdict or plain-text result kept in a condensed result.
@@ -90,7 +90,7 @@ class _Agent:
     label: str
     file: str
     kept: str
-    findings: list[dict[str, str]] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
     shown: list[bool] = field(default_factory=list)
     #: A typed result's data as compact JSON ("" for none): kept whole unless the summaries
     #: and data of all agents together do not fit the budget.
@@ -100,7 +100,7 @@ class _Agent:
         counts: dict[str, int] = {}
         for finding, shown in zip(self.findings, self.shown, strict=True):
             if not shown:
-                counts[finding["severity"]] = counts.get(finding["severity"], 0) + 1
+                counts[finding.severity] = counts.get(finding.severity, 0) + 1
         return counts
 
 
@@ -134,7 +134,7 @@ def _condense(
     for severity in SEVERITIES:  # high first; the first finding that does not fit ends it
         for agent in agents:
             for n, finding in enumerate(agent.findings):
-                if finding["severity"] != severity:
+                if finding.severity != severity:
                     continue
                 cost = estimate_tokens(_finding_line(finding)) + 1
                 if cost > room:
@@ -159,7 +159,7 @@ def _condense(
 
 def _take_apart(label: str, entry: AgentEntry) -> _Agent:
     file = Path(entry.path).name if entry.path else ""
-    report = _report(entry.text)
+    report = read_report(entry.text)
     if report is None:
         # orchmode's closing note (a refusal's reasons, a cut reply) is kept whole.
         body, _, note = entry.text.strip().rpartition("\n")
@@ -167,9 +167,12 @@ def _take_apart(label: str, entry: AgentEntry) -> _Agent:
             body, note = entry.text.strip(), ""
         kept = _cap(body, SUMMARY_CAP) + (f"\n{note}" if note else "")
         return _Agent(label, file, kept.strip())
-    summary, findings = report
-    data = _data(entry.text) or ""
-    return _Agent(label, file, _cap(summary, SUMMARY_CAP), findings, [False] * len(findings), data)
+    findings = [f for f in report.findings if f.severity in SEVERITIES]
+    data = ""
+    if "data" in report.model_fields_set:
+        data = json.dumps(report.data, ensure_ascii=False, sort_keys=True)
+    summary = _cap(report.summary, SUMMARY_CAP)
+    return _Agent(label, file, summary, findings, [False] * len(findings), data)
 
 
 def _cut_data(agents: Sequence[_Agent], room: int) -> None:
@@ -189,38 +192,6 @@ def _cut_data(agents: Sequence[_Agent], room: int) -> None:
             )
 
 
-def _data(text: str) -> str | None:
-    """A typed report's ``data`` as compact JSON, or None when the result has none."""
-    try:
-        value: Any = json.loads(text)
-    except ValueError:
-        return None
-    if not isinstance(value, dict) or "data" not in value:
-        return None
-    return json.dumps(value["data"], ensure_ascii=False, sort_keys=True)
-
-
-def _report(text: str) -> tuple[str, list[dict[str, str]]] | None:
-    """A report_findings result's summary and findings, or None for any other text."""
-    try:
-        value: Any = json.loads(text)
-    except ValueError:
-        return None
-    if not isinstance(value, dict) or not isinstance(value.get("summary"), str):
-        return None
-    findings = []
-    for item in value.get("findings") or []:
-        if isinstance(item, dict) and item.get("severity") in SEVERITIES:
-            findings.append(
-                {
-                    "claim": str(item.get("claim", "")),
-                    "evidence": str(item.get("evidence", "")),
-                    "severity": str(item["severity"]),
-                }
-            )
-    return value["summary"], findings
-
-
 def _render(agent: _Agent, *, data: bool = True) -> str:
     label = f"{agent.label} (report: {agent.file})" if agent.file else agent.label
     lines = [label, agent.kept]
@@ -236,10 +207,10 @@ def _render(agent: _Agent, *, data: bool = True) -> str:
     return "\n".join(lines)
 
 
-def _finding_line(finding: dict[str, str]) -> str:
-    claim = " ".join(finding["claim"].split())
-    evidence = _cap(" ".join(finding["evidence"].split()), EVIDENCE_CAP, note="")
-    return f"- [{finding['severity']}] {claim} (evidence: {evidence})"
+def _finding_line(finding: Finding) -> str:
+    claim = " ".join(finding.claim.split())
+    evidence = _cap(" ".join(finding.evidence.split()), EVIDENCE_CAP, note="")
+    return f"- [{finding.severity}] {claim} (evidence: {evidence})"
 
 
 def _cap(text: str, limit: int, note: str = " [cut; the whole text is in the report file]") -> str:

@@ -33,16 +33,14 @@ from ..core.events import (
     TurnDone,
     TurnStarted,
 )
+from ..core.results import Report, read_report
 from ..core.wire import has_block, joined_text
 from ..store import EventRow
 from .codec import parse_row
-from .findings import RecordedReport, read_report
 from .network import NetworkLog
+from .steps import Command, Compaction, CondensedResult, SettledChange
 from .totals import SessionTotals
-from .wording import change_fate, compaction_text, condensed_text, seconds
-
-#: Where an MCP call ran, in the report's sandbox column: not in the bash sandbox.
-MCP_SANDBOX = "none: an MCP server, with your rights"
+from .wording import seconds
 
 
 @dataclass
@@ -67,103 +65,6 @@ class Resolving:
     def checks_resolution(self, call: int, index: int, role: Role) -> bool:
         """Whether the agent ``role c.i`` heard of now is the verifier of a resolution."""
         return role == "verifier" and (call, index) in self.seen
-
-
-@dataclass(frozen=True)
-class Compaction:
-    """A conversation made smaller to fit the context window: what an agent lost, and when."""
-
-    event: ContextCompacted
-    at: float
-
-    @property
-    def agent(self) -> str:
-        return self.event.agent
-
-    def describe(self) -> str:
-        return compaction_text(self.event)
-
-
-@dataclass(frozen=True)
-class CondensedResult:
-    """A Workflow result the model saw condensed: what it missed, and where the whole is."""
-
-    event: ResultCondensed
-    at: float
-
-    def describe(self) -> str:
-        return condensed_text(self.event)
-
-
-@dataclass(frozen=True)
-class SettledChange:
-    """What became of a worker's change to its copy of the tree, and where its patch is."""
-
-    event: ChangeSettled
-    at: float
-
-    @property
-    def fate(self) -> str:
-        return self.event.fate
-
-    @property
-    def path(self) -> str:
-        return self.event.path
-
-    @property
-    def what(self) -> str:
-        """Its fate, with why: ``conflict in a.py``, ``not merged (refuted)``."""
-        return change_fate(self.event)
-
-    def describe(self) -> str:
-        """``merged: 2 files (+10 −2): src/a.py (+8 −2), b.py (+2 −0)``."""
-        files = self.event.files.strip()
-        text = self.what + (f": {files}" if files else "")
-        return " ".join(text.split())  # one line, whatever the file names hold
-
-
-@dataclass(frozen=True)
-class Command:
-    """One bash command or MCP tool call, the main agent's or a subagent's."""
-
-    agent: str
-    #: The command line; for an MCP call, ``mcp <server>/<tool>``.
-    command: str
-    exit_code: int | None
-    timed_out: bool
-    duration: float
-    sandbox: str
-    at: float
-    #: ``bash`` or ``mcp``; an MCP call has no exit code, only ok or its error.
-    kind: str = "bash"
-    error: str = ""
-
-    @property
-    def outcome(self) -> str:
-        if self.kind == "mcp":
-            return "ok" if self.ok else f"error: {self.error or 'failed'}"
-        if self.timed_out:
-            return "timed out"
-        return "no exit code" if self.exit_code is None else f"exit {self.exit_code}"
-
-    @property
-    def ok(self) -> bool:
-        return not self.timed_out and self.exit_code == 0
-
-    @classmethod
-    def of_mcp(cls, event: McpCallDone, at: float) -> Command:
-        """An MCP call, shown like a command: it runs outside the sandbox, as the user."""
-        return cls(
-            event.agent,
-            f"mcp {event.server}/{event.tool}",
-            0 if event.ok else 1,
-            False,
-            event.duration,
-            MCP_SANDBOX,
-            at,
-            "mcp",
-            event.error,
-        )
 
 
 #: Subagent states as the report colours them, with the words a reader sees.
@@ -247,7 +148,7 @@ class AgentRecord:
         return "failed"
 
     @property
-    def report(self) -> RecordedReport | None:
+    def report(self) -> Report | None:
         return read_report(self.result) if self.status == "finished" else None
 
     @property
@@ -473,33 +374,9 @@ def _apply(turn: Turn, event: Event, at: float) -> None:
             if agent is not None:
                 agent.requests += 1
         case BashDone() | McpCallDone():
-            if isinstance(event, McpCallDone):
-                command = Command.of_mcp(event, at)
-            else:
-                command = Command(
-                    event.agent,
-                    event.command,
-                    event.exit_code,
-                    event.timed_out,
-                    event.duration,
-                    event.sandbox,
-                    at,
-                )
-            agent = _agent_named(turn, event.agent, at)
-            if agent is None:
-                turn.steps.append(command)
-            else:
-                agent.commands.append(command)
-                agent.activity.append(command)
+            _command_done(turn, event, at)
         case ContextCompacted():
-            compaction = Compaction(event, at)
-            turn.compactions.append(compaction)
-            agent = _agent_named(turn, event.agent, at)
-            if agent is None:  # the main agent's: a step of the turn, between its commands
-                turn.steps.append(compaction)
-            else:
-                agent.activity.append(compaction)
-                turn.fanout(agent.call, at).compactions.append(compaction)
+            _compacted(turn, event, at)
         case ResultCondensed():
             condensed = CondensedResult(event, at)
             turn.condensed.append(condensed)
@@ -507,6 +384,13 @@ def _apply(turn: Turn, event: Event, at: float) -> None:
         case ChangeSettled():
             worker = turn.fanout(event.call, at).agent(event.index, "worker")
             worker.change = SettledChange(event, at)
+        case _:
+            _apply_to_fanout(turn, event, at)
+
+
+def _apply_to_fanout(turn: Turn, event: Event, at: float) -> None:
+    """Fold an event of a fan-out or of one of its agents into the turn."""
+    match event:
         case FanoutStarted():
             fanout = turn.fanout(event.call, at)
             fanout.started_at = at
@@ -526,17 +410,54 @@ def _apply(turn: Turn, event: Event, at: float) -> None:
             if event.node:  # a rerun after a lost node starts again elsewhere
                 agent.node = event.node
         case SubagentDone():
-            agent = turn.subagent(event.call, event.index, event.role, at)
-            agent.done_at = at
-            if agent.started_at is None:  # a journal hit or a budget skip never started
-                agent.started_at = at - max(0.0, event.duration)
-            agent.status, agent.turns, agent.usage = event.status, event.turns, event.usage
-            agent.duration, agent.from_journal = event.duration, event.from_journal
-            agent.verdict, agent.result, agent.cost = event.verdict, event.result, event.cost
-            if event.node:  # where it finished, if it was placed on a node
-                agent.node = event.node
-            if event.report_path:
-                agent.report_path = event.report_path
+            _subagent_done(turn, event, at)
+
+
+def _command_done(turn: Turn, event: BashDone | McpCallDone, at: float) -> None:
+    """A command is a step of the turn when the main agent ran it, else its agent's."""
+    if isinstance(event, McpCallDone):
+        command = Command.of_mcp(event, at)
+    else:
+        command = Command(
+            event.agent,
+            event.command,
+            event.exit_code,
+            event.timed_out,
+            event.duration,
+            event.sandbox,
+            at,
+        )
+    agent = _agent_named(turn, event.agent, at)
+    if agent is None:
+        turn.steps.append(command)
+    else:
+        agent.commands.append(command)
+        agent.activity.append(command)
+
+
+def _compacted(turn: Turn, event: ContextCompacted, at: float) -> None:
+    compaction = Compaction(event, at)
+    turn.compactions.append(compaction)
+    agent = _agent_named(turn, event.agent, at)
+    if agent is None:  # the main agent's: a step of the turn, between its commands
+        turn.steps.append(compaction)
+    else:
+        agent.activity.append(compaction)
+        turn.fanout(agent.call, at).compactions.append(compaction)
+
+
+def _subagent_done(turn: Turn, event: SubagentDone, at: float) -> None:
+    agent = turn.subagent(event.call, event.index, event.role, at)
+    agent.done_at = at
+    if agent.started_at is None:  # a journal hit or a budget skip never started
+        agent.started_at = at - max(0.0, event.duration)
+    agent.status, agent.turns, agent.usage = event.status, event.turns, event.usage
+    agent.duration, agent.from_journal = event.duration, event.from_journal
+    agent.verdict, agent.result, agent.cost = event.verdict, event.result, event.cost
+    if event.node:  # where it finished, if it was placed on a node
+        agent.node = event.node
+    if event.report_path:
+        agent.report_path = event.report_path
 
 
 def _agent_named(turn: Turn, name: str, at: float) -> AgentRecord | None:

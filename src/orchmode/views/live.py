@@ -287,13 +287,20 @@ class LiveView:
                 if row is not None:
                     row.running = f"mcp {event.server}/{event.tool}"
             case BashDone() | McpCallDone():
-                row = self._row_of(event.agent)
-                if row is not None:
-                    row.running = ""
-                self.commands.append(event)
-                if len(self.commands) > COMMANDS_SHOWN:
-                    self.commands.pop(0)
-                    self.commands_before += 1
+                self._command_done(event)
+            case ModelRequestDone(agent=agent):
+                self._count_request(agent, event.usage, event.cost)
+            case BudgetStatus(line=line):
+                self.budget_line = line
+            case ContextCompacted():
+                self.compaction = event
+                self.compactions += 1
+            case _:
+                self._apply_to_call(event)
+
+    def _apply_to_call(self, event: Event) -> None:
+        """Fold an event of one Workflow call, or of one of its agents, into its view."""
+        match event:
             case FanoutStarted(call=call, subtasks=n, not_run=not_run):
                 view = self.calls.setdefault(call, CallView(call))
                 view.subtasks, view.not_run = n, not_run
@@ -301,40 +308,50 @@ class LiveView:
                     view.row(index, "worker")
             case ScriptStarted(call=call):
                 self.calls.setdefault(call, CallView(call, script=True))
-            case SubagentStarted(call=call, index=index, role=role, title=title):
-                view = self._call(call)
-                row = view.row(index, role, self.resolving.checks_resolution(call, index, role))
-                if role != "worker":  # its prompt is a stock brief: show the subtask
-                    title = view.subtask(index) or title
-                row.title, row.state, row.started = title, RUNNING, self.clock()
-                if event.node:  # a rerun after a lost node starts again elsewhere
-                    row.node = event.node
-            case SubagentDone(call=call, index=index, role=role):
-                view = self._call(call)
-                row = view.row(index, role, self.resolving.checks_resolution(call, index, role))
-                row.status, row.turns, row.verdict = event.status, event.turns, event.verdict
-                row.usage, row.cost, row.duration = event.usage, event.cost, event.duration
-                row.state = self._state(event)
-                if event.node:
-                    row.node = event.node
-                if not row.title and role != "worker":
-                    row.title = view.subtask(index)
-            case ModelRequestDone(agent=agent):
-                self._count_request(agent, event.usage, event.cost)
-            case BudgetStatus(line=line):
-                self.budget_line = line
+            case SubagentStarted():
+                self._subagent_started(event)
+            case SubagentDone():
+                self._subagent_done(event)
             case FanoutDone(call=call, duration=duration):
                 self._call(call).duration = duration
             case ScriptDone(call=call, duration=duration, error=error):
                 view = self._call(call)
                 view.duration, view.error = duration, error
-            case ContextCompacted():
-                self.compaction = event
-                self.compactions += 1
             case ResultCondensed(call=call):
                 self._call(call).condensed = event
             case ChangeSettled(call=call, index=index):
                 self._call(call).row(index, "worker").change = event
+
+    def _command_done(self, event: BashDone | McpCallDone) -> None:
+        row = self._row_of(event.agent)
+        if row is not None:
+            row.running = ""
+        self.commands.append(event)
+        if len(self.commands) > COMMANDS_SHOWN:
+            self.commands.pop(0)
+            self.commands_before += 1
+
+    def _subagent_started(self, event: SubagentStarted) -> None:
+        call, index, role, title = event.call, event.index, event.role, event.title
+        view = self._call(call)
+        row = view.row(index, role, self.resolving.checks_resolution(call, index, role))
+        if role != "worker":  # its prompt is a stock brief: show the subtask
+            title = view.subtask(index) or title
+        row.title, row.state, row.started = title, RUNNING, self.clock()
+        if event.node:  # a rerun after a lost node starts again elsewhere
+            row.node = event.node
+
+    def _subagent_done(self, event: SubagentDone) -> None:
+        call, index, role = event.call, event.index, event.role
+        view = self._call(call)
+        row = view.row(index, role, self.resolving.checks_resolution(call, index, role))
+        row.status, row.turns, row.verdict = event.status, event.turns, event.verdict
+        row.usage, row.cost, row.duration = event.usage, event.cost, event.duration
+        row.state = self._state(event)
+        if event.node:
+            row.node = event.node
+        if not row.title and role != "worker":
+            row.title = view.subtask(index)
 
     @staticmethod
     def _state(event: SubagentDone) -> str:

@@ -18,64 +18,26 @@ from __future__ import annotations
 import base64
 import hashlib
 import math
-from html import escape
 
-from ..core.prompts import SEVERITIES
-from ..records.findings import RecordedFinding, severity_rank
-from ..records.history import (
-    AGENT_STATES,
-    STATE_LABELS,
-    AgentRecord,
-    Command,
-    Compaction,
-    CondensedResult,
-    Fanout,
-    SessionHistory,
-    SettledChange,
-    Turn,
-)
+from ..core.results import SEVERITIES, Finding, severity_rank
+from ..records.history import AGENT_STATES, STATE_LABELS, AgentRecord, Fanout, SessionHistory, Turn
 from ..records.network import ApprovalRecord, Reach
 from ..records.network import size as byte_size
-from .escape import visible
-from .formatting import money, seconds, when
-from .markdown import to_html, to_inline_html
-
-
-def e(value: object) -> str:
-    """Escaped for both text and double-quoted attributes, control characters shown."""
-    return escape(visible(str(value)), quote=True)
-
-
-def md_block(text: str, name: str, *, breaks: bool = False) -> str:
-    """Model-written Markdown as sanitised HTML in ``<div class="NAME md">``; ``breaks``
-    keeps each line break (evidence quotes lines of code and output)."""
-    return f'<div class="{name} md">{to_html(visible(text), breaks=breaks)}</div>'
-
-
-def md_inline(text: str, name: str) -> str:
-    """Like :func:`md_block`, but a single paragraph stays inline (a claim beside its badge)."""
-    inline = to_inline_html(visible(text))
-    if inline is None:
-        return md_block(text, name)
-    return f'<span class="{name} md">{inline}</span>'
-
-
-def clock(at: float | None) -> str:
-    return when(at, "%Y-%m-%d %H:%M:%S")
-
-
-def agent_id(turn: Turn, agent: AgentRecord) -> str:
-    """A unique anchor: call numbers restart when a session is resumed in a new process, and
-    a resolution's verifier has its subtask's verifier's name."""
-    resolution = "-resolution" if agent.resolution else ""
-    return f"agent-t{turn.number}-{agent.call}-{agent.index}-{agent.role}{resolution}"
-
-
-def _role_attributes(agent: AgentRecord) -> str:
-    """``data-agent`` (the name its requests are recorded under), ``data-role``, and
-    ``data-checks="resolution"`` on the verifier of a resolution."""
-    checks = ' data-checks="resolution"' if agent.resolution else ""
-    return f'data-agent="{e(agent.name)}" data-role="{agent.role}"{checks}'
+from ..records.steps import Command, Compaction, CondensedResult
+from .formatting import money, seconds
+from .report_agents import agents_section
+from .report_assets import SCRIPT, STYLE
+from .report_html import (
+    agent_id,
+    clock,
+    commands_table,
+    compaction_item,
+    e,
+    md_block,
+    md_inline,
+    node_attribute,
+    role_attributes,
+)
 
 
 def render_report(history: SessionHistory) -> str:
@@ -94,7 +56,7 @@ def render_report(history: SessionHistory) -> str:
             _network(history),
             _approvals(history),
             _turns(history),
-            _agents(history),
+            agents_section(history),
         ]
     )
     return (
@@ -203,16 +165,11 @@ def _bar(turn: Turn, fanout: Fanout, agent: AgentRecord, start: float, span: flo
     )
     return (
         f'<a class="bar role-{agent.role} state-{state}" href="#{agent_id(turn, agent)}" '
-        f'{_role_attributes(agent)} data-state="{state}" '
+        f'{role_attributes(agent)} data-state="{state}" '
         f'data-turn="{turn.number}" data-call="{fanout.call}" data-index="{agent.index}"'
-        f"{_node_attribute(agent)} "
+        f"{node_attribute(agent)} "
         f'style="left:{left:.3f}%;width:{width:.3f}%" title="{e(tip)}"></a>'
     )
-
-
-def _node_attribute(agent: AgentRecord) -> str:
-    """``data-node`` for an agent placed on a cluster node; nothing for one run locally."""
-    return f' data-node="{e(agent.node)}"' if agent.node else ""
 
 
 def _fanout_timeline(turn: Turn, fanout: Fanout) -> str:
@@ -280,7 +237,7 @@ def _timeline(history: SessionHistory) -> str:
 
 
 def _finding_item(
-    turn: Turn, worker: AgentRecord, verifier: AgentRecord | None, finding: RecordedFinding
+    turn: Turn, worker: AgentRecord, verifier: AgentRecord | None, finding: Finding
 ) -> str:
     if verifier is None:
         verdict = "not verified"
@@ -434,41 +391,7 @@ def _approvals(history: SessionHistory) -> str:
     )
 
 
-# --- turns and agents ---------------------------------------------------------------------
-
-
-def _commands(commands: list[Command]) -> str:
-    if not commands:
-        return ""
-    rows = "".join(
-        f'<tr class="{"ok" if c.ok else "bad"}"><td><code>{e(c.command)}</code></td>'
-        f"<td>{e(c.outcome)}</td><td>{e(seconds(c.duration))}</td>"
-        f"<td>{e(c.sandbox or '—')}</td></tr>"
-        for c in commands
-    )
-    return (
-        '<table class="commands"><thead><tr><th>command</th><th>outcome</th><th>time</th>'
-        f"<th>sandbox</th></tr></thead><tbody>{rows}</tbody></table>"
-    )
-
-
-def _compaction(
-    turn: Turn, compaction: Compaction, agent: AgentRecord | None = None, *, named: bool = True
-) -> str:
-    """One compaction, naming the agent it happened to (linked to it when ``agent`` is given)
-    unless it is listed under that agent (``named=False``)."""
-    event = compaction.event
-    if agent is not None:
-        who = f'<a href="#{agent_id(turn, agent)}">{e(agent.name)}</a>: '
-    else:
-        who = f"{e(event.agent)}: " if named else ""
-    return (
-        f'<li class="compaction" data-agent="{e(event.agent)}" data-how="{e(event.how)}" '
-        f'data-refused="{"yes" if event.refused else "no"}" '
-        f'data-tokens-before="{event.tokens_before}" data-tokens-after="{event.tokens_after}">'
-        f'<span class="badge context">context</span> {who}{e(compaction.describe())} '
-        f'<span class="meta">{e(when(compaction.at, "%H:%M:%S"))}</span></li>'
-    )
+# --- turns ----------------------------------------------------------------------------------
 
 
 def _condensed(condensed: CondensedResult) -> str:
@@ -491,7 +414,7 @@ def _fanout_step(turn: Turn, fanout: Fanout) -> str:
     # by the compaction, not the name: a resolution's verifier has its subtask's verifier's
     owners = {id(c): agent for agent in fanout.agents for c in agent.compactions}
     if fanout.compactions:
-        items = "".join(_compaction(turn, c, owners.get(id(c))) for c in fanout.compactions)
+        items = "".join(compaction_item(turn, c, owners.get(id(c))) for c in fanout.compactions)
         html += f'<ul class="compactions">{items}</ul>'
     if fanout.condensed is not None:
         html += _condensed(fanout.condensed)
@@ -508,9 +431,9 @@ def _turns(history: SessionHistory) -> str:
         steps = []
         for step in turn.steps:
             if isinstance(step, Command):
-                steps.append(_commands([step]))
+                steps.append(commands_table([step]))
             elif isinstance(step, Compaction):
-                steps.append(f'<ul class="compactions">{_compaction(turn, step)}</ul>')
+                steps.append(f'<ul class="compactions">{compaction_item(turn, step)}</ul>')
             else:
                 steps.append(_fanout_step(turn, step))
         answer = f"<h4>answer</h4>{md_block(turn.answer, 'answer')}" if turn.answer else ""
@@ -526,281 +449,3 @@ def _turns(history: SessionHistory) -> str:
         )
     content = "\n".join(parts) or '<p class="meta">No turns recorded.</p>'
     return f'<section id="turns"><h2>Turns</h2>\n{content}\n</section>'
-
-
-#: A settled change's fate as a CSS class (anything a newer orchmode records reads "other").
-_CHANGE_CLASSES = {
-    "merged": "merged",
-    "conflict": "conflict",
-    "refused": "refused",
-    "not merged": "not-merged",
-    "kept": "kept",
-}
-
-
-def _change_badge(change: SettledChange, text: str) -> str:
-    known = _CHANGE_CLASSES.get(change.fate, "other")
-    return f'<span class="badge change-{known}">{e(text)}</span>'
-
-
-def _change(change: SettledChange) -> str:
-    """A worker's change: its fate and why, its lines added and removed, its files, its patch."""
-    event = change.event
-    patch = (
-        f'<p>patch kept at <code class="patch-path">{e(event.path)}</code></p>'
-        if event.path
-        else ""
-    )
-    return (
-        f'<h4>change</h4><p class="change" data-fate="{e(event.fate)}" '
-        f'data-added="{event.added}" data-removed="{event.removed}">'
-        f"{_change_badge(change, change.what)} "
-        f'<span class="lines">+{event.added} −{event.removed}</span> '
-        f'<span class="files">{e(event.files)}</span></p>{patch}'
-    )
-
-
-def _verdict_badge(verdict: str | None, label: str = "") -> str:
-    """A verdict as a badge (nothing without one); ``label`` says whose it is."""
-    if not verdict:
-        return ""
-    return f' <span class="badge verdict-{e(verdict)}">{e(label + verdict)}</span>'
-
-
-def _agent_details(
-    turn: Turn, agent: AgentRecord, nodes: bool = False, checked: AgentRecord | None = None
-) -> str:
-    """One agent's details; ``nodes`` when the run had agents on cluster nodes; ``checked``,
-    for a resolver, the verifier of its resolution (its verdict is shown beside it)."""
-    usage = agent.usage
-    state = agent.state
-    verdict = _verdict_badge(agent.verdict)
-    if checked is not None:
-        verdict += _verdict_badge(checked.verdict, "resolution ")
-    facts = [
-        ("status", agent.status or "never finished"),
-        *([("node", agent.node or "—")] if nodes else []),
-        ("turns", str(agent.turns)),
-        ("model requests", str(agent.requests)),
-        ("input tokens", f"{usage.input_tokens:,}"),
-        ("output tokens", f"{usage.output_tokens:,}"),
-        ("cache reads", f"{usage.cache_read_tokens:,}"),
-        ("cache writes", f"{usage.cache_write_tokens:,}"),
-        ("read from cache", f"{usage.cache_hit:.0%}"),
-        ("cost", money(agent.cost)),
-        ("duration", seconds(agent.duration)),
-        ("started", clock(agent.started_at)),
-        ("ended", clock(agent.done_at)),
-        *([("compactions", str(len(agent.compactions)))] if agent.compactions else []),
-    ]
-    dl = "".join(f"<dt>{e(k)}</dt><dd>{e(v)}</dd>" for k, v in facts)
-    saved = (
-        f'<h4>full result</h4><p><code class="report-path">{e(agent.report_path)}</code></p>'
-        if agent.report_path
-        else ""
-    )
-    context = (
-        '<h4>context</h4><ul class="compactions">'
-        + "".join(_compaction(turn, c, named=False) for c in agent.compactions)
-        + "</ul>"
-        if agent.compactions
-        else ""
-    )
-    prompt = (
-        f'<h4>prompt</h4><pre class="prompt">{e(agent.prompt)}</pre>'
-        if agent.prompt
-        else '<p class="meta">No prompt recorded (the agent never started: the budget '
-        "skipped it, or it is a journal hit in a record older than this orchmode).</p>"
-    )
-    report = agent.report
-    if report is not None:
-        items = "".join(
-            f'<li data-severity="{e(f.severity)}"><span class="badge severity-'
-            f'{e(f.severity if f.severity in SEVERITIES else "other")}">{e(f.severity)}</span> '
-            f"{md_inline(f.claim, 'claim')}"
-            + (md_block(f.evidence, "evidence", breaks=True) if f.evidence else "")
-            + "</li>"
-            for f in sorted(report.findings, key=lambda f: severity_rank(f.severity))
-        )
-        result = (
-            f"<h4>summary</h4>{md_block(report.summary, 'summary')}"
-            f'<ul class="agent-findings">{items}</ul>'
-        )
-    elif agent.result:
-        result = f'<h4>result</h4><pre class="result">{e(agent.result)}</pre>'
-    else:
-        result = ""
-    commands = _commands(agent.commands)
-    node = f"node {e(agent.node)} · " if agent.node else ""
-    change = agent.change
-    changed = (
-        " " + _change_badge(change, f"+{change.event.added} −{change.event.removed} {change.fate}")
-        if change is not None
-        else ""
-    )
-    return (
-        f'<details class="agent" id="{agent_id(turn, agent)}" {_role_attributes(agent)} '
-        f'data-state="{state}"{_node_attribute(agent)}>'
-        f'<summary><span class="swatch state-{state} role-{agent.role}"></span>'
-        f"<b>{e(agent.label)}</b> {e(agent.title if agent.role == 'worker' else '')} "
-        f'<span class="badge state-{state}">{e(STATE_LABELS[state])}</span>{verdict}{changed} '
-        f'<span class="meta">{node}{agent.tokens:,} tokens · {e(money(agent.cost))} · '
-        f"{e(seconds(agent.duration))}</span></summary>"
-        f'<div class="agent-body"><dl class="facts">{dl}</dl>{prompt}{result}{saved}'
-        + (_change(change) if change is not None else "")
-        + (f"<h4>commands</h4>{commands}" if commands else "")
-        + context
-        + "</div></details>"
-    )
-
-
-def _agents(history: SessionHistory) -> str:
-    nodes = any(agent.node for agent in history.agents)  # a run on a cluster shows where
-    parts = [
-        _agent_details(turn, agent, nodes, fanout.resolution_verifier(agent))
-        for turn in history.turns
-        for fanout in turn.fanouts
-        for agent in fanout.agents
-    ]
-    content = "\n".join(parts) or '<p class="meta">No subagents ran.</p>'
-    return f'<section id="agents"><h2>Agents</h2>\n{content}\n</section>'
-
-
-STYLE = """
-:root { --done:#2f9e5b; --failed:#d64545; --journal:#3b82c4; --skipped:#d99a1e;
-  --interrupted:#8e5cc9; --ink:#1d2430; --muted:#667085; --line:#e4e7ec; --bg:#fbfbfc; }
-* { box-sizing: border-box; }
-body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; color: var(--ink);
-  background: var(--bg); margin: 0 auto; padding: 24px 32px 64px; max-width: 1400px; }
-h1 { font-size: 22px; margin: 0 0 4px; } h2 { font-size: 17px; margin: 32px 0 10px;
-  border-bottom: 1px solid var(--line); padding-bottom: 4px; }
-h3 { font-size: 15px; margin: 14px 0 6px; }
-h4 { font-size: 13px; margin: 12px 0 4px; color: var(--muted); text-transform: uppercase;
-  letter-spacing: .04em; }
-code, pre { font: 12.5px/1.4 ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; }
-pre { white-space: pre-wrap; word-break: break-word; background: #f2f4f7; padding: 8px 10px;
-  border-radius: 6px; margin: 4px 0; max-height: 360px; overflow: auto; }
-.meta { color: var(--muted); } .warn { color: var(--failed); }
-.badge { display: inline-block; padding: 0 7px; border-radius: 9px; font-size: 12px;
-  background: #eef0f3; color: var(--ink); white-space: nowrap; }
-.badge.state-done, .badge.state-finished, .badge.verdict-confirmed {
-  background: #dcf3e5; color: #1c6b3c; }
-.badge.state-failed, .badge.verdict-refuted { background: #fbe0e0; color: #9b2323; }
-.badge.state-journal { background: #deebf7; color: #1f5a91; }
-.badge.state-skipped, .badge.verdict-unclear { background: #fbefd6; color: #8a5a00; }
-.badge.state-interrupted { background: #ece3f7; color: #5e3591; }
-.badge.severity-high { background: var(--failed); color: #fff; }
-.badge.severity-medium { background: var(--skipped); color: #fff; }
-.badge.severity-low { background: var(--journal); color: #fff; }
-.badge.severity-info, .badge.severity-other { background: #d0d5dd; }
-dl.totals { display: grid; grid-template-columns: repeat(auto-fill, minmax(128px, 1fr));
-  gap: 10px; margin: 0; }
-.total { background: #fff; border: 1px solid var(--line); border-radius: 8px; padding: 8px 12px; }
-.total dt { color: var(--muted); font-size: 12px; } .total dd { margin: 0; font-size: 19px;
-  font-weight: 600; font-variant-numeric: tabular-nums; }
-.legend { display: flex; flex-wrap: wrap; gap: 14px; margin-bottom: 8px; }
-.legend-item { display: inline-flex; align-items: center; gap: 5px; cursor: pointer; }
-.swatch { display: inline-block; width: 14px; height: 10px; border-radius: 2px; }
-.state-done.swatch, .bar.state-done { background-color: var(--done); }
-.state-failed.swatch, .bar.state-failed { background-color: var(--failed); }
-.state-journal.swatch, .bar.state-journal { background-color: var(--journal); }
-.state-skipped.swatch, .bar.state-skipped { background-color: var(--skipped); }
-.state-interrupted.swatch, .bar.state-interrupted { background-color: var(--interrupted); }
-.role-verifier.swatch, .bar.role-verifier { background-image: repeating-linear-gradient(135deg,
-  rgba(255,255,255,.45) 0 3px, transparent 3px 7px); }
-.role-resolver.swatch, .bar.role-resolver { background-image: repeating-linear-gradient(90deg,
-  rgba(0,0,0,.3) 0 2px, transparent 2px 5px); }
-figure.fanout { margin: 0 0 18px; background: #fff; border: 1px solid var(--line);
-  border-radius: 8px; padding: 8px 12px; }
-figcaption { font-weight: 600; margin-bottom: 6px; }
-.lane { display: flex; align-items: center; height: 16px; }
-.lane-label { flex: 0 0 240px; overflow: hidden; white-space: nowrap; text-overflow: ellipsis;
-  font-size: 12px; color: var(--muted); padding-right: 8px; }
-.track { position: relative; flex: 1; height: 100%; border-left: 1px solid var(--line); }
-.lane:not(.axis) .track {
-  background: linear-gradient(var(--line), var(--line)) 0 50% / 100% 1px no-repeat; }
-.axis { height: 18px; } .tick { position: absolute; top: 0; font-size: 11px; color: var(--muted);
-  border-left: 1px solid var(--line); padding-left: 3px; height: 100%; }
-.bar { position: absolute; top: 3px; height: 10px; min-width: 3px; border-radius: 2px; }
-.bar:hover, .bar:focus { outline: 2px solid var(--ink); z-index: 1; }
-.hide-done .bar.state-done, .hide-failed .bar.state-failed, .hide-journal .bar.state-journal,
-.hide-skipped .bar.state-skipped, .hide-interrupted .bar.state-interrupted { visibility: hidden; }
-.severity-group ul, ul.agent-findings, ul.notices { list-style: none; padding: 0; margin: 0; }
-.finding { background: #fff; border: 1px solid var(--line); border-radius: 6px; padding: 6px 10px;
-  margin: 4px 0; } .finding .source { display: block; color: var(--muted); font-size: 12px; }
-.claim { font-weight: 500; }
-article.turn { background: #fff; border: 1px solid var(--line); border-radius: 8px;
-  padding: 4px 14px 10px; margin-bottom: 12px; }
-.notice { color: var(--journal); } .step { margin: 6px 0; font-weight: 500; }
-ul.compactions { list-style: none; padding: 0; margin: 4px 0; }
-.compaction, .condensed { margin: 3px 0; color: #8a5a00; }
-.badge.context { background: #fbefd6; color: #8a5a00; }
-code.report-path, code.patch-path { word-break: break-all; }
-.badge.change-merged { background: #dcf3e5; color: #1c6b3c; }
-.badge.change-conflict, .badge.change-refused { background: #fbe0e0; color: #9b2323; }
-.badge.change-not-merged { background: #fbefd6; color: #8a5a00; }
-.badge.change-kept { background: #deebf7; color: #1f5a91; }
-.change .lines { font-variant-numeric: tabular-nums; }
-table.commands { border-collapse: collapse; width: 100%; margin: 4px 0; }
-table.commands td, table.commands th { border-bottom: 1px solid var(--line); padding: 3px 8px;
-  text-align: left; vertical-align: top; }
-table.commands th { color: var(--muted); font-weight: 500; }
-table.commands tr.bad td:nth-child(2) { color: var(--failed); }
-table.network, table.approvals { border-collapse: collapse; width: 100%; margin: 4px 0;
-  background: #fff; } table.network td, table.network th, table.approvals td,
-table.approvals th { border-bottom: 1px solid var(--line); padding: 3px 8px; text-align: left;
-  vertical-align: top; } tr.traffic th { font-weight: 500; background: #f7f8fa; }
-table.network td:nth-child(n+6) { font-variant-numeric: tabular-nums; }
-code.what { word-break: break-all; }
-.badge.decision-allowed, .badge.decision-approved { background: #dcf3e5; color: #1c6b3c; }
-.badge.decision-denied { background: #fbe0e0; color: #9b2323; }
-.badge.decision-failed, .badge.decision-other { background: #fbefd6; color: #8a5a00; }
-.badge.decision-timed-out { background: #ece3f7; color: #5e3591; }
-details.agent { background: #fff; border: 1px solid var(--line); border-radius: 6px;
-  margin: 4px 0; padding: 4px 10px; } details.agent[open] { padding-bottom: 10px; }
-details.agent summary { cursor: pointer; }
-details.agent:target { outline: 2px solid var(--journal); }
-dl.facts { display: grid; grid-template-columns: repeat(auto-fill, minmax(140px, 1fr));
-  gap: 2px 12px; } dl.facts dt { color: var(--muted); font-size: 12px; } dl.facts dd { margin: 0; }
-.md { overflow-wrap: anywhere; } div.md > :first-child { margin-top: 0; }
-div.md > :last-child { margin-bottom: 0; } .md p { margin: 4px 0 8px; }
-div.md h1, div.md h2, div.md h3, div.md h4, div.md h5, div.md h6 { color: var(--ink);
-  text-transform: none; letter-spacing: normal; border: 0; padding: 0; margin: 12px 0 4px; }
-div.md h1 { font-size: 17px; } div.md h2 { font-size: 15.5px; } div.md h3 { font-size: 14.5px; }
-div.md h4, div.md h5, div.md h6 { font-size: 14px; }
-div.md ul, div.md ol { margin: 4px 0 8px; padding-left: 24px; } div.md ul { list-style: disc; }
-div.md ol { list-style: decimal; } div.md li { margin: 2px 0; }
-.md code { background: #f2f4f7; border-radius: 4px; padding: 0 3px; }
-.md pre code { background: none; padding: 0; }
-.md blockquote { margin: 4px 0; padding: 2px 12px; border-left: 3px solid var(--line);
-  color: var(--muted); }
-.md hr { border: 0; border-top: 1px solid var(--line); }
-.md table { border-collapse: collapse; margin: 6px 0; display: block; max-width: 100%;
-  overflow-x: auto; }
-.md th, .md td { border: 1px solid var(--line); padding: 3px 8px; text-align: left;
-  vertical-align: top; } .md th { background: #f2f4f7; font-weight: 600; }
-.md a { color: var(--journal); } .md-image { color: var(--muted); }
-div.evidence { background: #f7f8fa; border-left: 3px solid var(--line); padding: 4px 10px;
-  margin: 4px 0; border-radius: 0 6px 6px 0; }
-div.answer { margin: 4px 0; } .claim.md p { margin: 2px 0; }
-"""
-
-SCRIPT = """
-(function () {
-  "use strict";
-  function openTarget() {
-    var id = decodeURIComponent(location.hash.slice(1));
-    var target = id && document.getElementById(id);
-    if (target && target.tagName === "DETAILS") { target.open = true; }
-  }
-  window.addEventListener("hashchange", openTarget);
-  openTarget();
-  var timeline = document.getElementById("timeline");
-  document.querySelectorAll("input[data-toggle]").forEach(function (box) {
-    box.addEventListener("change", function () {
-      timeline.classList.toggle("hide-" + box.dataset.toggle, !box.checked);
-    });
-  });
-  document.body.dataset.ready = "yes";
-})();
-"""

@@ -9,16 +9,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import IO
 
-from ..records.findings import severity_rank
-from ..records.history import (
-    STATE_LABELS,
-    AgentRecord,
-    Command,
-    Compaction,
-    CondensedResult,
-    SessionHistory,
-)
+from ..core.results import severity_rank
+from ..records.history import STATE_LABELS, AgentRecord, SessionHistory
 from ..records.network import NetworkLog, connection_text, question_text, size
+from ..records.steps import Command, Compaction, CondensedResult
 from .escape import visible
 from .formatting import clip, money, plural, seconds, when
 from .progress import CHANGE_STYLES
