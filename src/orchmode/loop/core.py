@@ -20,7 +20,8 @@ from enum import StrEnum
 from ..core.errors import AuthError, OrchmodeError, PromptTooLong
 from ..core.events import ModelRefused, TokenUsage
 from ..core.wire import Block, Message
-from ..model.gateway import ModelChoice, ModelGateway, ModelReply
+from ..model.gateway import ModelChoice, ModelGateway
+from ..model.reply import ModelReply
 from .room import Room
 from .stops import Step, StopRule, refusal_note, rule_for
 from .toolbox import Toolbox
