@@ -1,4 +1,4 @@
-"""A streamed response put together from the SDK's raw events, as a :class:`ModelReply`."""
+"""A streamed response put together from the SDK's raw events into a finished reply."""
 
 from __future__ import annotations
 
