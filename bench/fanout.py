@@ -44,7 +44,7 @@ from orchmode.model.providers import Credentials
 from orchmode.records.recorder import EventRecorder
 from orchmode.session.agent import Conversation
 from orchmode.store.sqlite import SQLiteStore
-from orchmode.telemetry.traces import start_tracing
+from orchmode.telemetry.tracing import start_tracing
 from orchmode.testing.scenario import OrchestrationScenario
 
 #: What the server process answers with (imported there as ``fanout:responder``).

@@ -21,7 +21,7 @@ from orchmode.executors.subagent import Subagent
 from orchmode.loop import STOPS, AgentLoop, Ending, Finish, Room, Step, Toolbox, rule_for
 from orchmode.loop.toolbox import NOT_RUN
 from orchmode.model.context import Meter, Window
-from orchmode.model.gateway import ModelReply
+from orchmode.model.reply import ModelReply
 from orchmode.session.agent import Conversation
 from orchmode.shell.bash import BashSession
 from orchmode.testing import Reply, ScriptedRequest

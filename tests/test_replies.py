@@ -41,7 +41,7 @@ from orchmode.core.events import (
 )
 from orchmode.core.wire import Block
 from orchmode.fanout.condense import SUMMARY_CAP, AgentEntry, SubtaskEntry, fit_result
-from orchmode.model.gateway import _ReplyBuilder
+from orchmode.model.reply import ReplyBuilder
 from orchmode.records.totals import SessionTotals
 from orchmode.testing import LoggedRequest, Recorded, ScriptedRequest, ScriptedServer
 from orchmode.testing.replies import Answer
@@ -593,7 +593,7 @@ def test_the_gateway_assembles_a_reply_as_the_events_mean_it_however_they_are_sp
         ("message_delta", {"type": "message_delta", "delta": delta, "usage": {"output_tokens": 3}})
     )
     events.append(("message_stop", {"type": "message_stop"}))
-    builder = _ReplyBuilder()
+    builder = ReplyBuilder()
     for _, data in events:
         builder.feed(_EVENTS.validate_python(data))
     assert builder.missing() is None

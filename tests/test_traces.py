@@ -38,7 +38,9 @@ from orchmode.core.events import (
     TurnStarted,
 )
 from orchmode.core.settings import Settings
-from orchmode.telemetry.traces import Traces, start_tracing, tracing_wanted, turn_ids
+from orchmode.telemetry.ids import turn_ids
+from orchmode.telemetry.traces import Traces
+from orchmode.telemetry.tracing import start_tracing, tracing_wanted
 from orchmode.testing import Fault, ScriptedServer
 from orchmode.testing.faults import FaultSchedule
 from orchmode.testing.scenario import OrchestrationScenario, role_of

@@ -10,20 +10,17 @@ after a crash serves its finished agents from the journal and runs only the rest
 
 That replay asks the same questions only if the program is deterministic, so it is given
 nothing that varies: ``random`` is seeded from the program's own text, the clock is frozen,
-sleeps return at once, and there is nothing else to read. (``budget()`` is the one
-exception: it reports the live ledger.)
+sleeps return at once, and there is nothing else to read (see
+:mod:`orchmode.fanout.script_sandbox`). ``budget()`` is the one exception: it reports the
+live ledger.
 """
 
 from __future__ import annotations
 
-import ast
 import asyncio
-import hashlib
 import json
 import time
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
 from typing import Any
 
 from pydantic_monty import (
@@ -38,84 +35,37 @@ from pydantic_monty import (
     MontyError,
     MontyRuntimeError,
     MontySyntaxError,
-    OSPolicy,
-    ResourceLimits,
 )
 
-from ..core.agents import AgentDefinition
 from ..core.errors import OrchmodeError
-from ..core.events import ResultCondensed, Role, ScriptDone, ScriptStarted
+from ..core.events import Role, ScriptDone, ScriptStarted
 from ..core.prompts import verify_prompt
 from ..core.results import AgentResult, Status
 from ..executors import TreeJob
-from ..model.context import CHARS_PER_TOKEN, estimate_tokens
 from ..trees.patches import describe_change
-from .condense import fit_value
 from .engine import FanoutEngine, data_note
-from .plans import Subtask, isolation_for, isolation_of, subtask_object, verdict_of
-from .slots import VERIFIER_PRIORITY, WORKER_PRIORITY
-
-#: Modules a script may import: pure computation inside the sandbox, nothing that reaches out.
-ALLOWED_MODULES = frozenset(
-    {
-        "bisect",
-        "collections",
-        "copy",
-        "dataclasses",
-        "decimal",
-        "functools",
-        "itertools",
-        "json",
-        "math",
-        "random",
-        "re",
-        "typing",
-    }
+from .plans import Subtask, isolation_for, isolation_of, verdict_of
+from .script_calls import (
+    KEYWORD_ONLY,
+    PARAMETERS,
+    STAND_INS,
+    AgentLimit,
+    agent_answer,
+    bind,
+    plain,
+    prompt_of,
+    typed_subtask,
 )
-#: Host calls a script may make in all (each log line is one): a guard against a chatty loop.
-HOST_CALL_LIMIT = 10_000
-#: Characters of a script's value shown at most, whatever its token budget; a larger one is
-#: condensed, and saved whole.
-RESULT_LIMIT = 100_000
-#: Tokens of a script's result kept for its budget line and notes, besides value and log.
-VALUE_MARGIN = 200
-#: What the sandbox's clock always says, so a rerun sees the same time.
-FROZEN_CLOCK = datetime(2000, 1, 1, tzinfo=UTC)
-#: Seconds the pool waits past a script's compute limit before it kills a stuck worker.
-WORKER_GRACE = 10.0
-NO_ACCESS = "Workflow scripts have no file, network, environment or OS access"
-#: The host functions by name, with their parameters (``log`` takes any number of values).
-PARAMETERS: dict[str, tuple[str, ...]] = {
-    "agent": ("prompt", "isolation"),
-    "parallel": ("prompts", "isolation"),
-    "verify": ("prompt", "result"),
-    "budget": (),
-}
-#: Parameters taken by keyword only, after the positional ones: a schema or an agent's name
-#: passed by position, as in a script written before they existed, is still a TypeError.
-KEYWORD_ONLY: dict[str, tuple[str, ...]] = {
-    "agent": ("agent", "schema"),
-    "parallel": ("agent", "schema"),
-}
-#: Parameters that may be left out, and what they are then.
-DEFAULTS: dict[str, dict[str, object]] = {
-    "agent": {"agent": None, "schema": None, "isolation": None},
-    "parallel": {"agent": None, "schema": None, "isolation": None},
-}
-
-
-class ScriptError(Exception):
-    """Why a script stopped, worded for the model, with the line it stopped at when known."""
-
-    def __init__(self, message: str, line: int | None = None, trace: str = "") -> None:
-        super().__init__(message)
-        self.message = message
-        self.line = line
-        self.trace = trace
-
-
-class AgentLimit(RuntimeError):
-    """Raised inside the script when it asks for more agents than ``script_max_agents``."""
+from .script_report import ScriptLog, agents_phrase, error_text, fit_output, render_output
+from .script_sandbox import (
+    WORKER_GRACE,
+    ScriptError,
+    check_imports,
+    monty_failure,
+    refusal,
+    sandbox_rules,
+)
+from .slots import VERIFIER_PRIORITY, WORKER_PRIORITY
 
 
 async def run_script(
@@ -136,121 +86,6 @@ async def run_script(
     if tokens is not None:
         run.tokens = tokens
     return await run.run()
-
-
-def check_imports(source: str) -> ScriptError | None:
-    """The first import of a module outside :data:`ALLOWED_MODULES`, as an error.
-
-    Monty has ``os``, ``pathlib`` and friends built in and would import them quietly (their
-    calls are refused at run time anyway); refusing the import up front, wherever it is in
-    the program, gives the model one clear message. Source that Python cannot parse is left
-    to Monty, which reports the syntax error with its line.
-    """
-    try:
-        tree = ast.parse(source)
-    except (SyntaxError, ValueError):
-        return None
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            names = ["." * node.level + (node.module or "")]
-        else:
-            continue
-        for name in names:
-            if name.split(".")[0] not in ALLOWED_MODULES:
-                return ScriptError(
-                    f"the script may not import {name!r} — {NO_ACCESS}; it may import only "
-                    f"{', '.join(sorted(ALLOWED_MODULES))}",
-                    node.lineno,
-                )
-    return None
-
-
-def script_seed(source: str) -> int:
-    """The seed of the script's ``random``: the same program draws the same numbers."""
-    return int.from_bytes(hashlib.sha256(source.encode()).digest()[:8], "big")
-
-
-def plain(value: object) -> Any:
-    """``value`` as JSON-ready data: sandbox tuples, sets, bytes and objects included."""
-    if value is None or isinstance(value, bool | int | float | str):
-        return value
-    if isinstance(value, dict):
-        return {k if isinstance(k, str) else str(plain(k)): plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [plain(v) for v in value]
-    if isinstance(value, set | frozenset):
-        return sorted((plain(v) for v in value), key=repr)
-    if isinstance(value, bytes):
-        return value.decode("utf-8", errors="replace")
-    attributes = getattr(value, "attributes", None)  # a sandbox object, as a MontyClassProxy
-    if isinstance(attributes, dict):
-        return plain(attributes)
-    return repr(value)
-
-
-def agent_answer(result: AgentResult) -> dict[str, Any]:
-    """What ``agent()`` returns: the report as a dict, or an error dict."""
-    if not result.finished:
-        return {"error": result.text, "status": result.status.value}
-    try:
-        decoded = json.loads(result.text)
-    except ValueError:
-        decoded = None
-    if isinstance(decoded, dict):
-        return decoded
-    return {"summary": result.text, "findings": []}  # it answered in text, not a report
-
-
-@dataclass
-class ScriptLog:
-    """The lines the model sees under the result: ``log()`` calls and ``print()`` output."""
-
-    limit: int
-    lines: list[str] = field(default_factory=list)
-    dropped: int = 0
-    _size: int = 0
-    _partial: str = ""
-
-    def add(self, text: str) -> None:
-        for line in text.splitlines() or [""]:
-            room = self.limit - self._size
-            if room <= 0:
-                self.dropped += 1
-                continue
-            if len(line) > room:  # the line that fills the log is cut, not lost
-                line = line[:room] + "…"
-            self.lines.append(line)
-            self._size += len(line) + 1
-
-    def printed(self, _stream: str, text: str) -> None:
-        """The sandbox's ``print()``, which arrives in pieces: whole lines go to the log."""
-        *lines, self._partial = (self._partial + text).split("\n")
-        for line in lines:
-            self.add(line)
-
-    def render(self) -> str:
-        if self._partial:
-            self.add(self._partial)
-            self._partial = ""
-        if not self.lines and not self.dropped:
-            return ""
-        more = f"\n[orchmode: {self.dropped} more log lines were dropped]" if self.dropped else ""
-        return "[log]\n" + "\n".join(self.lines) + more
-
-
-def _host_function(name: str) -> Callable[..., None]:
-    """A stand-in the sandbox can hold when it names a host function without calling it."""
-
-    def stand_in(*_args: object, **_kwargs: object) -> None:  # never called: calls suspend
-        raise AssertionError("host functions are answered by the script runner")
-
-    stand_in.__name__ = stand_in.__qualname__ = name
-    return stand_in
-
-
-STAND_INS = {name: _host_function(name) for name in (*PARAMETERS, "log")}
 
 
 @dataclass
@@ -322,19 +157,7 @@ class ScriptRun:
 
     async def _sandboxed(self) -> object:
         s = self.engine.settings
-        limits: ResourceLimits = {
-            "max_feed_duration_secs": s.script_cpu_seconds,
-            "max_memory": s.script_memory_mb * 1024 * 1024,
-            "max_recursion_depth": s.script_recursion_limit,
-            "max_suspensions": HOST_CALL_LIMIT,
-        }
-        policy: OSPolicy = {
-            "random_start": {"seed": script_seed(self.source)},
-            "datetime": FROZEN_CLOCK,
-            "timezone": "utc",
-            "sleep": "zero",
-            "process_time": "zero",
-        }
+        limits, policy = sandbox_rules(s, self.source)
         try:
             async with (
                 AsyncMonty(
@@ -368,7 +191,7 @@ class ScriptRun:
             self.last_line = self._line_at(snapshot.position.filename, snapshot.position.start)
             if isinstance(snapshot, AsyncFunctionSnapshot):
                 if snapshot.is_os_function:
-                    answer: ExternalResult = {"exception": _refusal(snapshot)}
+                    answer: ExternalResult = {"exception": refusal(snapshot)}
                 elif snapshot.allow_eager_await:  # ``await agent(...)``: refuse before it runs
                     name = snapshot.function_name
                     answer = {
@@ -406,14 +229,16 @@ class ScriptRun:
                 return {"return_value": None}
             if name not in PARAMETERS:
                 raise NameError(f"name {name!r} is not defined")
-            values = _bind(name, PARAMETERS[name], args, kwargs, KEYWORD_ONLY.get(name, ()))
+            values = bind(name, PARAMETERS[name], args, kwargs, KEYWORD_ONLY.get(name, ()))
             if name == "agent":
-                subtask = _typed("agent()", values[0], values[2], values[3], self.engine.roles)
+                subtask = typed_subtask(
+                    "agent()", values[0], values[2], values[3], self.engine.roles
+                )
                 where = self._isolation("agent", values[1])
                 return {"return_value": await self._agent(subtask, where)}
             if name == "parallel":
                 # its defaults, checked once
-                _typed("parallel()", "-", values[2], values[3], self.engine.roles)
+                typed_subtask("parallel()", "-", values[2], values[3], self.engine.roles)
                 where = self._isolation("parallel", values[1])
                 return {
                     "return_value": await self._parallel(values[0], where, values[2], values[3])
@@ -497,7 +322,7 @@ class ScriptRun:
         if not isinstance(prompts, list | tuple):
             raise TypeError(f"parallel() takes a list of prompts, not {type(prompts).__name__}")
         subtasks = [
-            _typed(f"parallel() prompt {n}", p, agent, schema, self.engine.roles)
+            typed_subtask(f"parallel() prompt {n}", p, agent, schema, self.engine.roles)
             for n, p in enumerate(prompts, start=1)
         ]
         indexes = self._take(len(subtasks), f"parallel() of {len(subtasks)} prompts")
@@ -537,7 +362,7 @@ class ScriptRun:
         return answer
 
     async def _verify(self, prompt: object, result: object) -> dict[str, Any]:
-        subtask = _prompt("verify", prompt)
+        subtask = prompt_of("verify", prompt)
         if isinstance(result, dict) and "error" in result:
             why = (
                 "the model refused the subtask: there is nothing to verify"
@@ -615,79 +440,14 @@ class ScriptRun:
 
     # ------------------------------------------------------------------ reporting
 
+    def _failure(self, what: str, exc: MontySyntaxError | MontyRuntimeError) -> ScriptError:
+        return monty_failure(what, exc, self.engine.settings.script_cpu_seconds, self.last_line)
+
     def _line_at(self, filename: str, offset: int) -> int | None:
         """The 1-based line of a UTF-8 byte offset into the program."""
         if not filename.startswith("<python-input"):
             return self.last_line  # inside eval() or the like: keep the last known line
         return self.source.encode()[:offset].count(b"\n") + 1
-
-    def _failure(self, what: str, exc: MontySyntaxError | MontyRuntimeError) -> ScriptError:
-        """A Monty error, with its line (the innermost frame) and a short trace."""
-        display = exc.display("msg" if isinstance(exc, MontySyntaxError) else "type-msg")
-        lines = [frame.line for frame in exc.traceback()]
-        if "cannot suspend in this synchronous context" in display:
-            display += (
-                " — a host function cannot be handed to map(), sorted() and the like; call it "
-                "in a loop or a comprehension, or use parallel()"
-            )
-        if "suspension limit" in display:
-            display += (
-                f" — a script may make at most {HOST_CALL_LIMIT} host calls (agent, parallel, "
-                "verify, budget and log calls all count)"
-            )
-        if not lines:
-            # Monty stops a time limit from outside the running code, so there is no frame.
-            cpu = self.engine.settings.script_cpu_seconds
-            if "time limit" in display:
-                display += (
-                    f" — the script used up its {cpu:g} s of computing (script_cpu_seconds), "
-                    "time waiting on agents not counted; is there a loop that never ends?"
-                )
-            return ScriptError(f"{what}: {display}", None, self._last_call_note())
-        trace = ""
-        if len(lines) > 1:
-            shown = [str(n) for n in lines[:3]]
-            if len(lines) > 6:
-                shown.append(f"… {len(lines) - 6} more …")
-            shown += [str(n) for n in lines[max(3, len(lines) - 3) :]]
-            trace = f"(called through lines {' → '.join(shown)})"
-        return ScriptError(f"{what}: {display}", lines[-1], trace)
-
-    def _last_call_note(self) -> str:
-        if self.last_line is None:
-            return "(no line number: it had made no host call yet)"
-        return (
-            f"(no line number: Monty reports none for this; the last host call was at "
-            f"line {self.last_line})"
-        )
-
-    def _fit(self, value: str, log_text: str) -> str:
-        """The value within what is left of the result's budget once the log is in."""
-        engine = self.engine
-        budget = self.tokens or engine.window.result_tokens
-        room = max(budget - estimate_tokens(log_text) - VALUE_MARGIN, budget // 4)
-        room = min(room, RESULT_LIMIT // CHARS_PER_TOKEN)
-        if estimate_tokens(value) <= room:
-            return value
-        saved = None
-        if engine.results is not None:
-            saved = engine.results.write_text("script", self.source, value)
-        fitted, note = fit_value(value, room, saved)
-        engine.events.emit(
-            ResultCondensed(
-                self.call,
-                estimate_tokens(value),
-                estimate_tokens(fitted) + estimate_tokens(note),
-                budget,
-                note.removeprefix("[orchmode: ").removesuffix("]"),
-                saved or "",
-            )
-        )
-        return f"{fitted}\n{note}"
-
-    def _source_line(self, line: int) -> str:
-        lines = self.source.splitlines()
-        return lines[line - 1].strip() if 0 < line <= len(lines) else ""
 
     async def _tool_result(
         self,
@@ -698,30 +458,31 @@ class ScriptRun:
         sections: list[str] = []
         log_text = self.log.render()
         if error is None:
-            sections.append(self._fit(_render(output), log_text))
+            sections.append(
+                fit_output(
+                    self.engine,
+                    self.call,
+                    self.source,
+                    render_output(output),
+                    log_text,
+                    self.tokens,
+                )
+            )
         else:
-            head = error.message
-            if error.line is not None:
-                head = f"{head} (line {error.line})"
-                code = self._source_line(error.line)
-                if code:
-                    head += f"\n    {error.line} | {code}"
-            if error.trace:
-                head += f"\n{error.trace}"
-            sections.append(f"error: {head}")
+            sections.append(error_text(error, self.source))
         if log_text:
             sections.append(log_text)
         if error is not None and self.agents:
             sections.append(
-                f"[orchmode: the script had asked for {_agents(self.agents)} before it stopped; "
-                "the finished ones are in the journal, so a corrected script that asks the same "
-                "prompts gets their results back without running them again]"
+                f"[orchmode: the script had asked for {agents_phrase(self.agents)} before it "
+                "stopped; the finished ones are in the journal, so a corrected script that asks "
+                "the same prompts gets their results back without running them again]"
             )
         state = await self.engine.store.budget(self.engine.budget.session)
         if self.skipped:
             sections.append(
                 f"[orchmode: the session's budget is used up "
-                f"({self.engine.budget.describe(state)}): {_agents(self.skipped)} of this "
+                f"({self.engine.budget.describe(state)}): {agents_phrase(self.skipped)} of this "
                 "script were not run and came back as errors with status 'skipped'. Rerunning "
                 "them needs more budget: narrow the work to what matters most, or ask the user "
                 "to raise --max-subagents, --max-session-tokens or --max-cost.]"
@@ -731,47 +492,6 @@ class ScriptRun:
             sections.append("\n".join(lines))
         sections.append(self.engine.budget_status(state))
         return "\n\n".join(sections)
-
-
-def _render(output: object) -> str:
-    """The return value as JSON text, whole (:meth:`ScriptRun._fit` holds it to its budget)."""
-    text = json.dumps(plain(output), ensure_ascii=False)
-    if output is None:
-        text += (
-            "\n\n[orchmode: the script returned nothing — its result is the value of its last "
-            "line when that line is an expression, e.g. `results`]"
-        )
-    return text
-
-
-def _agents(count: int) -> str:
-    return f"{count} agent" if count == 1 else f"{count} agents"
-
-
-def _bind(
-    name: str,
-    parameters: tuple[str, ...],
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    keyword_only: tuple[str, ...] = (),
-) -> list[Any]:
-    """Arguments in parameter order, the keyword-only ones last, raising the TypeError
-    Python would for a bad call."""
-    if len(args) > len(parameters):
-        raise TypeError(
-            f"{name}() takes {len(parameters)} arguments ({len(args)} given): "
-            f"{name}({', '.join(parameters)})"
-        )
-    values = {**DEFAULTS.get(name, {}), **dict(zip(parameters, args, strict=False))}
-    given = set(parameters[: len(args)])
-    for key, value in kwargs.items():
-        if key not in (*parameters, *keyword_only) or key in given:
-            raise TypeError(f"{name}() got an unexpected keyword argument {key!r}")
-        values[key] = value
-    missing = [p for p in (*parameters, *keyword_only) if p not in values]
-    if missing:
-        raise TypeError(f"{name}() is missing its argument {missing[0]!r}")
-    return [values[p] for p in (*parameters, *keyword_only)]
 
 
 @dataclass
@@ -785,48 +505,3 @@ class _Isolated:
     #: What it was asked: its prompt, its result's schema, its role.
     subtask: Subtask
     verdict: str | None = None
-
-
-def _prompt(function: str, value: object) -> str:
-    if not isinstance(value, str):
-        raise TypeError(f"{function}() takes prompts as strings, not {type(value).__name__}")
-    if not value.strip():
-        raise ValueError(f"{function}() was given an empty prompt")
-    return value.strip()
-
-
-def _typed(
-    function: str,
-    value: object,
-    agent: object,
-    schema: object,
-    roles: Mapping[str, AgentDefinition],
-) -> Subtask:
-    """A subtask from a string or a ``{"prompt", "agent", "schema"}`` object; ``agent``
-    and ``schema`` are the call's own, which an object's keys override."""
-    if isinstance(value, dict):
-        item = {"agent": agent, "schema": schema, **plain(value)}
-        taken = subtask_object({k: v for k, v in item.items() if v is not None}, roles)
-        if isinstance(taken, str):
-            raise ValueError(f"{function}: {taken}")
-        return taken
-    if not isinstance(value, str):
-        raise TypeError(
-            f"{function} takes a prompt as a string or a {{prompt, schema}} object, "
-            f"not {type(value).__name__}"
-        )
-    if not value.strip():
-        raise ValueError(f"{function} was given an empty prompt")
-    prompt = value.strip()
-    taken = subtask_object({"prompt": prompt, "agent": agent, "schema": plain(schema)}, roles)
-    if isinstance(taken, str):
-        raise ValueError(f"{function}: {taken}")
-    return taken
-
-
-def _refusal(snapshot: AsyncFunctionSnapshot) -> Exception:
-    """The exception an OS call gets inside the sandbox: all of them are refused."""
-    if snapshot.function_name == "import":
-        module = snapshot.args[0] if snapshot.args else "?"
-        return ImportError(f"no module named {module!r} can be imported: {NO_ACCESS}")
-    return PermissionError(f"{snapshot.function_name} is not allowed: {NO_ACCESS}")

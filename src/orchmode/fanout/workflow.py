@@ -26,6 +26,7 @@ from .condense import AgentEntry, SubtaskEntry
 from .engine import SKIPPED, FanoutEngine
 from .plans import (
     BAD_ISOLATION,
+    Plan,
     Subtask,
     isolation_for,
     isolation_of,
@@ -62,6 +63,12 @@ class Workflow(FanoutEngine):
         plan = plan_subtasks(tool_input, self.settings.max_subtasks, self.roles)
         if isinstance(plan, str):
             return plan, True
+        return await self._fan_out(plan, isolation, tokens, tool_input)
+
+    async def _fan_out(
+        self, plan: Plan, isolation: str, tokens: int, tool_input: object
+    ) -> tuple[str, bool]:
+        """Run a flat plan's chains side by side, merge their changes, and write the result."""
         subtasks = [
             Subtask(prompt, plan.schema_of(n), plan.agent_of(n))
             for n, prompt in enumerate(plan.subtasks)
@@ -92,23 +99,9 @@ class Workflow(FanoutEngine):
             await asyncio.gather(*chains, return_exceptions=True)
             await self.finish_housekeeping()
         self.events.emit(FanoutDone(call, time.monotonic() - started))
-        head = [plan.note] if plan.note else []
-        where = ["worktree" if own is not None else "shared" for own in trees]
-        changes = [""] * len(pairs)
-        if tree is not None:
-            isolated = [i for i, own in enumerate(trees, start=1) if own is not None]
-            lines = await self.merge_changes(
-                call,
-                tree,
-                [
-                    (i, self.key_of("worker", s, "worktree"), s.prompt, *pairs[i - 1])
-                    for i in isolated
-                    for s in [subtasks[i - 1]]
-                ],
-            )
-            for i, line in zip(isolated, lines, strict=True):
-                changes[i - 1] = line
+        changes = await self._changes(call, tree, trees, subtasks, pairs)
         budget = await self.store.budget(self.budget.session)  # resolvers counted too
+        head = [plan.note] if plan.note else []
         skipped = [i for i, (worker, _) in enumerate(pairs, start=1) if worker.status is SKIPPED]
         unverified = [
             i
@@ -117,7 +110,46 @@ class Workflow(FanoutEngine):
         ]
         if skipped or unverified:
             head.append(self._budget_note(skipped, unverified, budget))
-        entries = [
+        entries = self._entries(subtasks, pairs, changes, trees)
+        tail = [self.budget_status(budget)]
+        return self.fit(call, head, entries, tail, tokens, tool_input), False
+
+    async def _changes(
+        self,
+        call: int,
+        tree: TreeJob | None,
+        trees: list[TreeJob | None],
+        subtasks: list[Subtask],
+        pairs: list[tuple[AgentResult, AgentResult | None]],
+    ) -> list[str]:
+        """Each subtask's line about its merged change ("" for one in the shared tree)."""
+        changes = [""] * len(pairs)
+        if tree is None:
+            return changes
+        isolated = [i for i, own in enumerate(trees, start=1) if own is not None]
+        lines = await self.merge_changes(
+            call,
+            tree,
+            [
+                (i, self.key_of("worker", s, "worktree"), s.prompt, *pairs[i - 1])
+                for i in isolated
+                for s in [subtasks[i - 1]]
+            ],
+        )
+        for i, line in zip(isolated, lines, strict=True):
+            changes[i - 1] = line
+        return changes
+
+    def _entries(
+        self,
+        subtasks: list[Subtask],
+        pairs: list[tuple[AgentResult, AgentResult | None]],
+        changes: list[str],
+        trees: list[TreeJob | None],
+    ) -> list[SubtaskEntry]:
+        """Each subtask's part of the tool result: its worker's, its verifier's, its change."""
+        where = ["worktree" if own is not None else "shared" for own in trees]
+        return [
             SubtaskEntry(
                 title(s.prompt),
                 AgentEntry(
@@ -140,8 +172,6 @@ class Workflow(FanoutEngine):
                 subtasks, pairs, changes, where, strict=True
             )
         ]
-        tail = [self.budget_status(budget)]
-        return self.fit(call, head, entries, tail, tokens, tool_input), False
 
     def _budget_note(self, skipped: list[int], unverified: list[int], budget: BudgetState) -> str:
         parts = []

@@ -20,7 +20,8 @@ from enum import StrEnum
 from ..core.errors import AuthError, OrchmodeError, PromptTooLong
 from ..core.events import ModelRefused, TokenUsage
 from ..core.wire import Block, Message
-from ..model.gateway import ModelChoice, ModelGateway, ModelReply
+from ..model.gateway import ModelChoice, ModelGateway
+from ..model.reply import ModelReply
 from .room import Room
 from .stops import Step, StopRule, refusal_note, rule_for
 from .toolbox import Toolbox
@@ -116,29 +117,22 @@ class AgentLoop:
                 return LoopResult(Ending.FAILED, turns, requests, usage, error=exc)
             turns += 1
             usage = usage + reply.usage
-            self.last_message_id = reply.message_id
-            self.hooks.replied(reply)
-            self.room.measured(messages, sent, reply)
+            self._took(messages, sent, reply)
             last_text = reply.text or last_text
-            rule = rule_for(reply.stop_reason, bool(reply.tool_uses))
-            refusal = reply.refusal
-            if refusal is not None:
-                rule = replace(rule, note=refusal_note(refusal))
+            rule = _rule_of(reply)
             if rule.compact_first and not retried and self.room.compact(messages, refused=True):
                 retried = True
                 continue
             retried = False
             if rule.step is Step.CONTINUE:
                 if reply.content:
-                    messages.append({"role": "assistant", "content": reply.content})
+                    await self._append_reply(messages, reply)
                     paused.append(reply.text)
-                    await self.hooks.changed()
                 continue
             if rule.step is Step.STOP:
                 text = "\n\n".join(t for t in [*paused, reply.text] if t)
                 if rule.kept and reply.content:
-                    messages.append({"role": "assistant", "content": reply.content})
-                    await self.hooks.changed()
+                    await self._append_reply(messages, reply)
                 stop = reply.stop_reason or "end_turn"
                 return LoopResult(
                     Ending.STOPPED,
@@ -149,15 +143,24 @@ class AgentLoop:
                     stop,
                     rule,
                     not reply.content,
-                    refusal=refusal,
+                    refusal=reply.refusal,
                 )
             paused.clear()
-            messages.append({"role": "assistant", "content": reply.content})
-            await self.hooks.changed()
+            await self._append_reply(messages, reply)
             finish = await self.run_tools(messages, tools, reply.tool_uses)
             if finish is not None:
                 return LoopResult(Ending.FINISHED, turns, requests, usage, finish)
         return LoopResult(Ending.TURN_LIMIT, turns, requests, usage, last_text)
+
+    def _took(self, messages: list[Message], sent: int, reply: ModelReply) -> None:
+        """A response came: remember it for the cache diagnostics, tell the role, measure it."""
+        self.last_message_id = reply.message_id
+        self.hooks.replied(reply)
+        self.room.measured(messages, sent, reply)
+
+    async def _append_reply(self, messages: list[Message], reply: ModelReply) -> None:
+        messages.append({"role": "assistant", "content": reply.content})
+        await self.hooks.changed()
 
     async def run_tools(
         self, messages: list[Message], tools: Toolbox, tool_uses: list[Block]
@@ -185,3 +188,12 @@ class AgentLoop:
             context_edits=self.room.context_edits(),
             choice=self.choice,
         )
+
+
+def _rule_of(reply: ModelReply) -> StopRule:
+    """What the loop does after this reply; a refusal's reasons go in its note."""
+    rule = rule_for(reply.stop_reason, bool(reply.tool_uses))
+    refusal = reply.refusal
+    if refusal is not None:
+        rule = replace(rule, note=refusal_note(refusal))
+    return rule

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from ..core.events import ContextCompacted, EventBus
 from ..core.wire import Block, Message
 from ..model.context import ESTIMATE_SLACK, Meter, Saver, Window, compact
-from ..model.gateway import ModelGateway, ModelReply
+from ..model.gateway import ModelGateway
+from ..model.reply import ModelReply
 
 #: Tool uses the API's context editing leaves whole at the end of the conversation.
 KEEP_TOOL_USES = 2

@@ -50,7 +50,8 @@ from ..model.context import (
     estimate_tokens,
     turn_starts,
 )
-from ..model.gateway import ModelGateway, ModelReply
+from ..model.gateway import ModelGateway
+from ..model.reply import ModelReply
 from ..store import Store
 from ..store.claims import holder_name
 from ..store.result_files import ResultFiles, results_dir

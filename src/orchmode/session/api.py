@@ -36,7 +36,7 @@ from ..records.totals import SessionTotals, UsageTotals, session_totals
 from ..shell.sandbox import preflight
 from ..store import Approval, Store, open_store
 from ..store.claims import claim_within, holding
-from ..telemetry.traces import start_tracing, tracing_wanted
+from ..telemetry.tracing import start_tracing, tracing_wanted
 from .agent import Conversation, SessionBusy, TurnResult
 
 __all__ = [

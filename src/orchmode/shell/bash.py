@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import os
 import secrets
-import shlex
 import shutil
 import signal
 import subprocess
@@ -19,9 +18,10 @@ from typing import Protocol
 
 from ..core.secrets import Masker
 from ..core.wording import listed
+from .bash_process import OUT_FD, ShellProcess, ShellProtocol, wait_event
+from .connections import Seat
 from .output import _OutputCollector
-from .processes import _kill_tree, _signal_name, has_ended, use_pidfd_child_watcher
-from .proxy import Seat
+from .processes import _signal_name, use_pidfd_child_watcher
 
 __all__ = ["BashSession", "ShellResult", "ShellSandbox"]
 
@@ -30,15 +30,6 @@ __all__ = ["BashSession", "ShellResult", "ShellSandbox"]
 # waiting for events, not sleeps: they only matter if something escaped the kill.
 _REAP_GRACE = 5.0
 _DRAIN_GRACE = 1.0
-# Output that background jobs write between two commands is shown with the next command;
-# this caps how much of it we hold on to.
-_STRAY_CAP = 64 * 1024
-
-# The shell's output pipe is duplicated onto this descriptor at start-up, and every command
-# runs with stdout/stderr redirected from it. The redirection is undone after each command,
-# so a command's `exec >file` or `exec 1>&-` cannot swallow the end marker or later output.
-_OUT_FD = 19
-
 _RESET_NOTE = "so the working directory and environment are reset"
 # How often a running command's guard is asked whether it must stop (a statvfs: cheap).
 _GUARD_PAUSE = 0.5
@@ -97,111 +88,6 @@ def _error(message: str, duration: float = 0.0) -> ShellResult:
     )
 
 
-class _ShellProtocol(asyncio.SubprocessProtocol):
-    """Routes the shell's merged stdout/stderr into the current command's collector."""
-
-    def __init__(self) -> None:
-        self.collector: _OutputCollector | None = None
-        self.stray = bytearray()
-        self.exited = asyncio.Event()  # the shell has been reaped
-        self.eof = asyncio.Event()  # nothing can write to the output pipe any more
-        self.wake = asyncio.Event()  # something the waiting command should look at
-
-    def begin(self, collector: _OutputCollector) -> None:
-        """Make ``collector`` receive output, starting with anything left over."""
-        self.collector = collector
-        if self.stray:
-            data = bytes(self.stray)
-            self.stray.clear()
-            collector.feed(data)
-
-    def _keep_stray(self, data: bytes) -> None:
-        room = _STRAY_CAP - len(self.stray)
-        if room > 0:
-            self.stray += data[:room]
-
-    def pipe_data_received(self, fd: int, data: bytes | str) -> None:
-        if isinstance(data, str):  # never happens with pipes; keeps the types honest
-            data = data.encode()
-        collector = self.collector
-        if collector is None or collector.finished:
-            self._keep_stray(data)
-            return
-        if collector.feed(data):
-            self._keep_stray(collector.leftover)
-            collector.leftover = b""
-            self.wake.set()
-
-    def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
-        if fd == 1:
-            self.eof.set()
-            self.wake.set()
-
-    def process_exited(self) -> None:
-        self.exited.set()
-        self.wake.set()
-
-
-async def _wait_event(event: asyncio.Event, timeout: float) -> bool:
-    """Wait for ``event`` at most ``timeout`` seconds; True if it was set."""
-    try:
-        await asyncio.wait_for(event.wait(), timeout)
-    except TimeoutError:
-        return False
-    return True
-
-
-@dataclass
-class _Shell:
-    """One running bash process and the pieces needed to talk to it."""
-
-    transport: asyncio.SubprocessTransport
-    protocol: _ShellProtocol
-    pid: int
-    nonce: str
-    used: bool = False
-    #: In a sandbox's own PID namespace, which the kernel empties when its first process
-    #: dies: killing the group is enough, and the /proc sweep (a read of every process on
-    #: the machine, per shell) is skipped.
-    contained: bool = False
-    #: Sent ahead of the first command, in the same write (one wake-up of bash, not two).
-    preamble: str = ""
-    #: Its process group was sent SIGKILL (a close kills at once, then reaps).
-    killed: bool = False
-
-    @property
-    def marker(self) -> bytes:
-        return b"\n" + self.nonce.encode() + b" "
-
-    def alive(self) -> bool:
-        proto = self.protocol
-        if proto.exited.is_set() or proto.eof.is_set() or self.transport.is_closing():
-            return False
-        return not has_ended(self.pid)  # killed since the loop last looked
-
-    def send(self, line: str) -> None:
-        stdin = self.transport.get_pipe_transport(0)
-        if not isinstance(stdin, asyncio.WriteTransport):
-            raise RuntimeError("the shell has no stdin pipe")
-        stdin.write((self.preamble + line).encode())
-        self.preamble = ""
-
-    def kill(self, *, sweep: bool = True) -> None:
-        """SIGKILL the group; ``sweep`` also hunts the session's members through /proc.
-
-        A shell that never ran a command has no children to hunt, nor has a contained one
-        anything that could escape, so neither sweeps (a read of every process's stat file).
-        """
-        sweep = sweep and self.used and not self.contained
-        if self.killed and not sweep:
-            return  # its group had SIGKILL already: the kernel lets no member fork past it
-        self.killed = True
-        _kill_tree(self.pid, self.protocol.exited.is_set(), sweep=sweep)
-
-    def returncode(self) -> int | None:
-        return self.transport.get_returncode()
-
-
 class BashSession:
     """One agent's persistent bash shell: cwd, variables and functions survive calls.
 
@@ -245,7 +131,7 @@ class BashSession:
         self._stopped: str | None = None
         self._closed = False
         self._lock = asyncio.Lock()
-        self._shell: _Shell | None = None
+        self._shell: ShellProcess | None = None
         self._tmpdir: str | None = None
         #: Asked before each command (the permission rules, and the user for an ``ask``):
         #: a text it returns refuses the command with that reason, and nothing runs.
@@ -395,7 +281,7 @@ class BashSession:
     ) -> None:
         await self.close()
 
-    async def _spawn(self) -> _Shell:
+    async def _spawn(self) -> ShellProcess:
         """Start bash in its own session, with a private dir for command files."""
         use_pidfd_child_watcher()
         if self._prepare is not None:
@@ -410,7 +296,7 @@ class BashSession:
         loop = asyncio.get_running_loop()
         try:
             transport, protocol = await loop.subprocess_exec(
-                _ShellProtocol,
+                ShellProtocol,
                 *argv,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
@@ -426,7 +312,7 @@ class BashSession:
                     os.close(fd)
         if self._sandbox is not None:
             self._sandbox.started(self.seat)
-        shell = _Shell(
+        shell = ShellProcess(
             transport,
             protocol,
             transport.get_pid(),
@@ -434,7 +320,7 @@ class BashSession:
             contained=self._sandbox is not None,
         )
         self._shell = shell
-        shell.preamble = f"exec {_OUT_FD}>&1\n"
+        shell.preamble = f"exec {OUT_FD}>&1\n"
         return shell
 
     def _spawn_argv(self) -> list[str]:
@@ -452,20 +338,20 @@ class BashSession:
         if self._sandbox is not None:
             self._sandbox.release()
 
-    async def _discard(self, shell: _Shell) -> None:
+    async def _discard(self, shell: ShellProcess) -> None:
         """Kill ``shell``'s processes, reap it and release its pipes."""
         if self._shell is shell:
             self._shell = None
         proto = shell.protocol
         try:
             shell.kill(sweep=False)
-            await _wait_event(proto.exited, _REAP_GRACE)
+            await wait_event(proto.exited, _REAP_GRACE)
             shell.kill()  # and stragglers that changed process group but kept our session
-            await _wait_event(proto.eof, _DRAIN_GRACE)
+            await wait_event(proto.eof, _DRAIN_GRACE)
         finally:
             shell.transport.close()
 
-    def _abandon(self, shell: _Shell) -> None:
+    def _abandon(self, shell: ShellProcess) -> None:
         """Synchronous kill for cancellation paths, where we cannot await the reaping."""
         if self._shell is shell:
             self._shell = None
@@ -480,6 +366,47 @@ class BashSession:
         if refused is not None:
             return _error(f"({refused}; the command was not run)")
         self._stopped = None
+        shell = await self._usable_shell(notes)
+        if shell is None:
+            try:
+                shell = await self._spawn()
+            except OSError as exc:
+                return _error(f"(error: could not start the shell: {exc})", loop.time() - started)
+        assert self._tmpdir is not None
+        script = Path(self._tmpdir, "command.sh")
+        try:
+            script.write_text(command, encoding="utf-8", errors="replace")
+        except OSError as exc:
+            return _error(f"(error: could not stage the command: {exc})", loop.time() - started)
+        masker = self._masker
+        margin = masker.longest if masker else 0
+        collector = _OutputCollector(shell.marker, self._output_limit, margin)
+        shell.protocol.begin(collector)
+        try:
+            shell.used = True
+            shell.send(shell.command_line(str(script)))
+            timed_out = not await self._wait(shell, collector, started + self._timeout)
+        except asyncio.CancelledError:
+            self._abandon(shell)
+            raise
+        if timed_out:
+            await self._discard(shell)
+            notes.insert(
+                0,
+                f"(timed out after {self._timeout:g} s; the shell was restarted, {_RESET_NOTE})",
+            )
+            return self._result(notes, collector, None, True, loop.time() - started, masker)
+        code = collector.status if collector.finished else await self._ended_early(shell, notes)
+        if self._stopped is not None:  # it ended as it was stopped: the shell is gone
+            notes.append(f"({self._stopped}; the next command starts a fresh shell)")
+            self._stopped = None
+        if code == _TOO_LARGE and self._sandbox is not None:
+            notes.append(_TOO_LARGE_NOTE)
+        return self._result(notes, collector, code, False, loop.time() - started, masker)
+
+    async def _usable_shell(self, notes: list[str]) -> ShellProcess | None:
+        """The running shell, unless it has exited or secret files were found since it
+        started (it is then discarded, and ``notes`` say why the state was reset)."""
         shell = self._shell
         if shell is not None and not shell.alive():
             await self._discard(shell)
@@ -497,81 +424,35 @@ class BashSession:
                 f"({listed(fresh)}); this ran in a fresh shell that withholds them, "
                 f"{_RESET_NOTE})"
             )
-        if shell is None:
-            try:
-                shell = await self._spawn()
-            except OSError as exc:
-                return _error(f"(error: could not start the shell: {exc})", loop.time() - started)
-        assert self._tmpdir is not None
-        script = Path(self._tmpdir, "command.sh")
-        try:
-            script.write_text(command, encoding="utf-8", errors="replace")
-        except OSError as exc:
-            return _error(f"(error: could not stage the command: {exc})", loop.time() - started)
+        return shell
 
-        # The nonce is split in two so that `set -x` tracing never prints it whole.
-        half = len(shell.nonce) // 2
-        line = (
-            f"{{ . {shlex.quote(str(script))} ; }} < /dev/null >&{_OUT_FD} 2>&1; "
-            f"printf '\\n%s%s %d\\n' {shell.nonce[:half]} {shell.nonce[half:]} \"$?\" "
-            f">&{_OUT_FD}\n"
-        )
-        masker = self._masker
-        margin = masker.longest if masker else 0
-        collector = _OutputCollector(shell.marker, self._output_limit, margin)
-        proto = shell.protocol
-        proto.begin(collector)
-        try:
-            shell.used = True
-            shell.send(line)
-            timed_out = not await self._wait(shell, collector, started + self._timeout)
-        except asyncio.CancelledError:
-            self._abandon(shell)
-            raise
-
-        if timed_out:
-            await self._discard(shell)
-            notes.insert(
-                0,
-                f"(timed out after {self._timeout:g} s; the shell was restarted, {_RESET_NOTE})",
+    async def _ended_early(self, shell: ShellProcess, notes: list[str]) -> int | None:
+        """The exit code of a shell that exited (or closed its output) before finishing
+        the command, with a note saying how it ended; None when it is not known."""
+        # EOF on the pipe usually arrives just before the exit status, so give it a moment.
+        died_by_itself = await wait_event(shell.protocol.exited, _DRAIN_GRACE)
+        await self._discard(shell)
+        rc = shell.returncode()
+        if died_by_itself and rc is not None and rc >= 0:
+            notes.append(
+                f"(the shell exited; the next command starts a fresh shell, {_RESET_NOTE})"
             )
-            return self._result(notes, collector, None, True, loop.time() - started, masker)
-
-        if collector.finished:
-            code = collector.status
-        else:
-            # The shell exited (or closed its output) before finishing the command. EOF on
-            # the pipe usually arrives just before the exit status, so give it a moment.
-            died_by_itself = await _wait_event(proto.exited, _DRAIN_GRACE)
-            await self._discard(shell)
-            rc = shell.returncode()
-            if died_by_itself and rc is not None and rc >= 0:
-                code = rc
-                notes.append(
-                    f"(the shell exited; the next command starts a fresh shell, {_RESET_NOTE})"
-                )
-            elif died_by_itself and rc is not None and self._stopped is not None:
-                code = 128 - rc
-                notes.append(
-                    f"({self._stopped}; the command was stopped, with everything the shell "
-                    f"started, and the next command starts a fresh shell, {_RESET_NOTE})"
-                )
-                self._stopped = None
-            elif died_by_itself and rc is not None:
-                code = 128 - rc
-                notes.append(
-                    f"(the shell was killed by {_signal_name(-rc)}; the next command "
-                    f"starts a fresh shell, {_RESET_NOTE})"
-                )
-            else:
-                code = None
-                notes.append(f"(the shell closed its output and was restarted, {_RESET_NOTE})")
-        if self._stopped is not None:  # it ended as it was stopped: the shell is gone
-            notes.append(f"({self._stopped}; the next command starts a fresh shell)")
+            return rc
+        if died_by_itself and rc is not None and self._stopped is not None:
+            notes.append(
+                f"({self._stopped}; the command was stopped, with everything the shell "
+                f"started, and the next command starts a fresh shell, {_RESET_NOTE})"
+            )
             self._stopped = None
-        if code == _TOO_LARGE and self._sandbox is not None:
-            notes.append(_TOO_LARGE_NOTE)
-        return self._result(notes, collector, code, False, loop.time() - started, masker)
+            return 128 - rc
+        if died_by_itself and rc is not None:
+            notes.append(
+                f"(the shell was killed by {_signal_name(-rc)}; the next command "
+                f"starts a fresh shell, {_RESET_NOTE})"
+            )
+            return 128 - rc
+        notes.append(f"(the shell closed its output and was restarted, {_RESET_NOTE})")
+        return None
 
     @contextlib.asynccontextmanager
     async def held(self) -> AsyncIterator[None]:
@@ -592,7 +473,9 @@ class BashSession:
         """Seconds the commands so far waited for the user (see :meth:`held`)."""
         return self._held_total + (now - self._held_since if self._holds else 0.0)
 
-    async def _wait(self, shell: _Shell, collector: _OutputCollector, deadline: float) -> bool:
+    async def _wait(
+        self, shell: ShellProcess, collector: _OutputCollector, deadline: float
+    ) -> bool:
         """Wait for the marker, the shell's death or the deadline (moved on by the time the
         command waited for the user); False on timeout."""
         loop = asyncio.get_running_loop()
@@ -604,8 +487,8 @@ class BashSession:
                 return False
             proto.wake.clear()
             if self._guard is None:
-                await _wait_event(proto.wake, remaining)
-            elif not await _wait_event(proto.wake, min(remaining, _GUARD_PAUSE)):
+                await wait_event(proto.wake, remaining)
+            elif not await wait_event(proto.wake, min(remaining, _GUARD_PAUSE)):
                 reason = self._guard() if self._stopped is None else None
                 if reason is not None:
                     self.stop(reason)

@@ -196,7 +196,16 @@ class SandboxPolicy:
         they are sorted by depth: a mask on /tmp comes before a working directory inside
         it, and a working directory comes before a home directory inside it.
         """
-        workdir = self.workdir
+        ops = [*self._system_mounts(sizes), *self._tree_mounts(), *self._withheld()]
+        ops.extend(self._state_mounts())
+        # The sockets the user listed, wherever they are (/run included); one that is not
+        # there yet is left out rather than failing the shell.
+        ops.extend((p, ["--ro-bind-try", str(p), str(p)]) for p in self._listed_sockets())
+        ops.sort(key=lambda op: _depth(op[0]))  # stable: equal depths keep their order
+        return ["--ro-bind", "/", "/", *itertools.chain.from_iterable(args for _, args in ops)]
+
+    def _system_mounts(self, sizes: bool) -> list[tuple[Path, list[str]]]:
+        """Devices, /proc, the masks over /tmp and /run, and the home directories."""
 
         def tmpfs(path: Path, size: int) -> list[str]:
             return ["--size", str(size), "--tmpfs", str(path)] if sizes else ["--tmpfs", str(path)]
@@ -223,10 +232,16 @@ class SandboxPolicy:
                 # Keep name resolution: systemd-resolved's stub file and socket.
                 ops.append((resolver, ["--ro-bind", str(resolver), str(resolver)]))
         for home in self.homes:
-            if home == workdir:
+            if home == self.workdir:
                 ops.extend(_dot_entry_masks(home))
             else:
                 ops.append((home, tmpfs(home, 16 * _MIB)))
+        return ops
+
+    def _tree_mounts(self) -> list[tuple[Path, list[str]]]:
+        """The working directory (or the agent's copy of it), and what stays read-only in it."""
+        workdir = self.workdir
+        ops: list[tuple[Path, list[str]]] = []
         writable = self.mode == "workspace-write" and (self.tree is None or self.tree_writable)
         bind = "--bind" if writable else "--ro-bind"
         source = self.tree if self.tree is not None else workdir
@@ -249,8 +264,12 @@ class SandboxPolicy:
                     continue
                 if os.path.lexists(entry) and not os.path.islink(entry) and self._has_stub(name):
                     ops.append((entry, ["--ro-bind", str(entry), str(entry)]))
-        ops.extend(self._withheld())
-        state = workdir / STATE_DIR
+        return ops
+
+    def _state_mounts(self) -> list[tuple[Path, list[str]]]:
+        """orchmode's state directory, read-only, with the results and views shown in it."""
+        ops: list[tuple[Path, list[str]]] = []
+        state = self.workdir / STATE_DIR
         shown = [p for p in self.readable if p.is_dir()]
         inside = [p for p in shown if p.is_relative_to(state)]
         if state.is_dir():
@@ -270,11 +289,7 @@ class SandboxPolicy:
             if src.is_dir() and not dest.is_relative_to(state)
         )
         ops.extend((p, ["--ro-bind", str(p), str(p)]) for p in shown if p not in inside)
-        # The sockets the user listed, wherever they are (/run included); one that is not
-        # there yet is left out rather than failing the shell.
-        ops.extend((p, ["--ro-bind-try", str(p), str(p)]) for p in self._listed_sockets())
-        ops.sort(key=lambda op: _depth(op[0]))  # stable: equal depths keep their order
-        return ["--ro-bind", "/", "/", *itertools.chain.from_iterable(args for _, args in ops)]
+        return ops
 
     def _listed_sockets(self) -> list[Path]:
         """The listed sockets to bind in. Not one in the working directory when the

@@ -27,7 +27,6 @@ import os
 import socket
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 from urllib.parse import urlsplit
 
 import h11
@@ -36,6 +35,18 @@ from ..core.domains import DomainRules, normalise_host, special_address
 from ..core.events import Event, NetworkConnection
 from ..core.permissions import Verdict
 from ..core.settings import Settings
+from .connections import Connection, Seat
+from .relay import (
+    CHUNK,
+    HEAD_LIMIT,
+    answer,
+    authority,
+    forward,
+    next_event,
+    send_event,
+    socks_reply,
+    tunnel,
+)
 
 __all__ = ["LISTEN_PORT", "Attachment", "Proxy", "Seat", "parse_resolve"]
 
@@ -43,40 +54,9 @@ log = logging.getLogger("orchmode")
 
 #: The port the proxy listens on inside every sandbox (each has a loopback of its own).
 LISTEN_PORT = 3128
-#: How much of a relay is read at once; with the writer's drain, what a connection holds.
-CHUNK = 64 * 1024
-#: The longest request or response head accepted.
-HEAD_LIMIT = 64 * 1024
-
 Decide = Callable[[str, int], Verdict]
 CheckAddress = Callable[[str, str], Verdict]
 Emit = Callable[[Event], None]
-
-# Hop-by-hop headers: they concern the proxy's own connections, never the next one.
-_HOP = frozenset(
-    {
-        b"connection",
-        b"proxy-connection",
-        b"keep-alive",
-        b"proxy-authorization",
-        b"proxy-authenticate",
-        b"te",
-        b"trailer",
-        b"upgrade",
-    }
-)
-
-
-@dataclass
-class Seat:
-    """Who is behind one sandboxed shell's connections: mutable, because shells are started
-    ahead of need before the agent that takes one is known."""
-
-    agent: str = "main"
-    #: An ask verdict's answer: True approved. None: an ask is denied (nobody to ask).
-    ask: Callable[[str, int, Verdict], Awaitable[bool]] | None = None
-    #: Where this shell's NetworkConnection events go (None: the proxy's default emit).
-    emit: Callable[[Event], None] | None = None
 
 
 def parse_resolve(entries: tuple[str, ...] | list[str]) -> tuple[dict[str, str], list[str]]:
@@ -106,20 +86,6 @@ class _Refused(Exception):
     def __init__(self, status: int, socks: int, line: str, decision: str) -> None:
         super().__init__(line)
         self.status, self.socks, self.line, self.decision = status, socks, line, decision
-
-
-@dataclass
-class _Connection:
-    """What one client connection's event will say."""
-
-    seat: Seat
-    started: float
-    host: str = ""
-    port: int = 0
-    decision: str = "failed"
-    rule: str = ""
-    sent: int = 0
-    received: int = 0
 
 
 @dataclass(eq=False)
@@ -256,7 +222,7 @@ class Proxy:
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, seat: Seat
     ) -> None:
         self._writers.add(writer)
-        conn = _Connection(seat, asyncio.get_running_loop().time())
+        conn = Connection(seat, asyncio.get_running_loop().time())
         try:
             async with asyncio.timeout(self.head_timeout) as head:
                 first = await reader.read(1)
@@ -268,7 +234,7 @@ class Proxy:
                 else:
                     await self._http(first, reader, writer, conn, head)
         except TimeoutError:
-            await _answer(writer, conn, 400, "the request did not arrive in time")
+            await answer(writer, conn, 400, "the request did not arrive in time")
         except (ConnectionError, asyncio.IncompleteReadError, OSError):
             pass
         except Exception:  # never one connection's bug takes the proxy down
@@ -278,7 +244,7 @@ class Proxy:
             writer.close()
             self._record(conn)
 
-    def _record(self, conn: _Connection) -> None:
+    def _record(self, conn: Connection) -> None:
         if not conn.host:
             return  # no destination was named: nothing reached, nothing to say
         event = NetworkConnection(
@@ -301,7 +267,7 @@ class Proxy:
             log.exception("orchmode: a network event could not be recorded")
 
     async def _reach(
-        self, host: str, port: int, conn: _Connection
+        self, host: str, port: int, conn: Connection
     ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         """Decide, ask, resolve, check the address and connect; :class:`_Refused` if not."""
         name = normalise_host(host)
@@ -387,26 +353,26 @@ class Proxy:
         first: bytes,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
-        conn: _Connection,
+        conn: Connection,
         head: asyncio.Timeout,
     ) -> None:
         client = h11.Connection(h11.SERVER, max_incomplete_event_size=HEAD_LIMIT)
         client.receive_data(first)
         try:
-            request = await _next(client, reader, conn, sent=True)
+            request = await next_event(client, reader, conn, sent=True)
         except h11.RemoteProtocolError as exc:
-            await _answer(writer, conn, 400, f"the request could not be read ({exc})")
+            await answer(writer, conn, 400, f"the request could not be read ({exc})")
             return
         if not isinstance(request, h11.Request):
             return  # the client closed before a whole head
         target = request.target.decode("latin-1")
         try:
             if request.method == b"CONNECT":
-                host, port = _authority(target, None)
+                host, port = authority(target, None)
             else:
                 parts = urlsplit(target)
                 if parts.scheme.lower() != "http" or not parts.hostname:
-                    await _answer(
+                    await answer(
                         writer,
                         conn,
                         400,
@@ -416,25 +382,25 @@ class Proxy:
                     return
                 host, port = parts.hostname, parts.port or 80
         except ValueError:
-            await _answer(writer, conn, 400, f"`{target[:200]}` is no address to reach")
+            await answer(writer, conn, 400, f"`{target[:200]}` is no address to reach")
             return
         head.reschedule(None)  # a wait for an approval is not the client's slowness
         try:
             up_reader, up_writer = await self._reach(host, port, conn)
         except _Refused as refused:
             conn.decision = refused.decision
-            await _answer(writer, conn, refused.status, refused.line)
+            await answer(writer, conn, refused.status, refused.line)
             return
         self._writers.add(up_writer)
         try:
             if request.method == b"CONNECT":
-                _send(writer, conn, client, h11.Response(status_code=200, headers=[]))
+                send_event(writer, conn, client, h11.Response(status_code=200, headers=[]))
                 early, _ = client.trailing_data
                 if early:
                     up_writer.write(early)
-                await _relay(reader, writer, up_reader, up_writer, conn)
+                await tunnel(reader, writer, up_reader, up_writer, conn)
             else:
-                await _forward(request, client, reader, writer, up_reader, up_writer, conn)
+                await forward(request, client, reader, writer, up_reader, up_writer, conn)
         finally:
             self._writers.discard(up_writer)
             up_writer.transport.abort()
@@ -445,7 +411,7 @@ class Proxy:
         self,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
-        conn: _Connection,
+        conn: Connection,
         head: asyncio.Timeout,
     ) -> None:
         count = (await reader.readexactly(1))[0]
@@ -470,13 +436,13 @@ class Proxy:
             host = raw.decode("ascii", "replace")
             conn.sent += 1
         else:
-            await _socks_reply(writer, conn, 8)
+            await socks_reply(writer, conn, 8)
             return
         port = int.from_bytes(await reader.readexactly(2), "big")
         conn.sent += len(raw) + 2
         if version != 5 or command != 1:  # CONNECT only: no BIND, no UDP
             conn.host, conn.port, conn.decision = host, port, "denied"
-            await _socks_reply(writer, conn, 7)
+            await socks_reply(writer, conn, 7)
             return
         head.reschedule(None)
         try:
@@ -484,12 +450,12 @@ class Proxy:
         except _Refused as refused:
             conn.decision = refused.decision
             log.info("%s", refused.line)
-            await _socks_reply(writer, conn, refused.socks)
+            await socks_reply(writer, conn, refused.socks)
             return
         self._writers.add(up_writer)
         try:
-            await _socks_reply(writer, conn, 0)
-            await _relay(reader, writer, up_reader, up_writer, conn)
+            await socks_reply(writer, conn, 0)
+            await tunnel(reader, writer, up_reader, up_writer, conn)
         finally:
             self._writers.discard(up_writer)
             up_writer.transport.abort()
@@ -546,187 +512,3 @@ def _address_refused(host: str, address: str, rule: str) -> str:
         f"orchmode: {host} resolves to {address}, a {kind or 'refused'} address, reached only "
         f"when the name or the address is named exactly — add {host} to network_allow"
     )
-
-
-def _authority(text: str, default: int | None) -> tuple[str, int]:
-    """``host:port`` (``[v6]:port``) as a CONNECT target names it."""
-    if text.startswith("["):
-        host, _, rest = text[1:].partition("]")
-        port_text = rest[1:] if rest.startswith(":") else ""
-    else:
-        host, _, port_text = text.rpartition(":")
-        if not host:
-            host, port_text = port_text, ""
-    if not port_text:
-        if default is None:
-            raise ValueError(text)
-        return host, default
-    return host, int(port_text)
-
-
-async def _next(
-    conn: h11.Connection, reader: asyncio.StreamReader, record: _Connection, *, sent: bool
-) -> Any:
-    """The next h11 event, reading more from ``reader`` while it needs data."""
-    while True:
-        event = conn.next_event()
-        if event is not h11.NEED_DATA:
-            return event
-        data = await reader.read(CHUNK)
-        if sent:
-            record.sent += len(data)
-        conn.receive_data(data)
-
-
-async def _answer(writer: asyncio.StreamWriter, conn: _Connection, status: int, line: str) -> None:
-    """A one-line plain-text answer, and the connection closed.
-
-    The line is the reason phrase too (in ASCII): a client that answers a refused CONNECT
-    shows the status line only (pip: ``Tunnel connection failed: 403 orchmode: …``)."""
-    if not line.startswith("orchmode:"):
-        line = f"orchmode: {line}"
-    body = (line + "\n").encode("utf-8", "replace")
-    reason = line.replace("—", "-").encode("ascii", "replace").decode("ascii")
-    reason = "".join(c if c.isprintable() else "?" for c in reason)
-    head = (
-        f"HTTP/1.1 {status} {reason}\r\n"
-        "Content-Type: text/plain; charset=utf-8\r\n"
-        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-    ).encode()
-    with contextlib.suppress(ConnectionError, OSError):
-        writer.write(head + body)
-        conn.received += len(head) + len(body)
-        await writer.drain()
-
-
-async def _socks_reply(writer: asyncio.StreamWriter, conn: _Connection, code: int) -> None:
-    reply = bytes([5, code, 0, 1, 0, 0, 0, 0, 0, 0])
-    with contextlib.suppress(ConnectionError, OSError):
-        writer.write(reply)
-        conn.received += len(reply)
-        await writer.drain()
-
-
-async def _pump(
-    reader: asyncio.StreamReader,
-    writer: asyncio.StreamWriter,
-    count: Callable[[int], None],
-) -> None:
-    """Copy until EOF, a chunk at a time, waiting for the writer to drain (the bound)."""
-    while data := await reader.read(CHUNK):
-        writer.write(data)
-        count(len(data))
-        await writer.drain()
-    if writer.can_write_eof():
-        with contextlib.suppress(OSError):
-            writer.write_eof()
-
-
-async def _relay(
-    reader: asyncio.StreamReader,
-    writer: asyncio.StreamWriter,
-    up_reader: asyncio.StreamReader,
-    up_writer: asyncio.StreamWriter,
-    conn: _Connection,
-) -> None:
-    """Both directions of a tunnel, until both have ended (or one has failed)."""
-
-    def sent(n: int) -> None:
-        conn.sent += n
-
-    def received(n: int) -> None:
-        conn.received += n
-
-    up = asyncio.ensure_future(_pump(reader, up_writer, sent))
-    down = asyncio.ensure_future(_pump(up_reader, writer, received))
-    try:
-        done, _ = await asyncio.wait({up, down}, return_when=asyncio.FIRST_EXCEPTION)
-        for task in done:
-            task.result()
-    finally:
-        for task in (up, down):
-            task.cancel()
-        await asyncio.gather(up, down, return_exceptions=True)
-
-
-async def _forward(
-    request: h11.Request,
-    client: h11.Connection,
-    reader: asyncio.StreamReader,
-    writer: asyncio.StreamWriter,
-    up_reader: asyncio.StreamReader,
-    up_writer: asyncio.StreamWriter,
-    conn: _Connection,
-) -> None:
-    """One plain HTTP request to its server, in origin form, and its response back; both
-    bodies streamed through h11, which frames them. Then both connections close."""
-    parts = urlsplit(request.target.decode("latin-1"))
-    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    headers = [(n, v) for n, v in request.headers if n.lower() not in _HOP]
-    if not any(n.lower() == b"host" for n, _ in headers):
-        headers.insert(0, (b"host", parts.netloc.encode("latin-1")))
-    headers.append((b"connection", b"close"))
-    server = h11.Connection(h11.CLIENT, max_incomplete_event_size=HEAD_LIMIT)
-    up_writer.write(
-        server.send(h11.Request(method=request.method, target=path.encode(), headers=headers))
-    )
-
-    async def upload() -> None:
-        while True:
-            event = await _next(client, reader, conn, sent=True)
-            if isinstance(event, h11.Data):
-                up_writer.write(server.send(h11.Data(data=event.data)))
-                await up_writer.drain()
-            elif isinstance(event, h11.EndOfMessage):
-                up_writer.write(server.send(h11.EndOfMessage()))
-                await up_writer.drain()
-                return
-            else:
-                return  # the client went away mid-body: the server's response is moot
-
-    async def download() -> None:
-        while True:
-            try:
-                event = await _next(server, up_reader, conn, sent=False)
-            except h11.RemoteProtocolError as exc:
-                if client.our_state is h11.SEND_RESPONSE:
-                    await _answer(writer, conn, 502, f"the server's answer was unreadable ({exc})")
-                return
-            if isinstance(event, h11.InformationalResponse):
-                if event.status_code != 101:
-                    _send(writer, conn, client, event)
-            elif isinstance(event, h11.Response):
-                kept = [(n, v) for n, v in event.headers if n.lower() not in _HOP]
-                kept.append((b"connection", b"close"))
-                _send(
-                    writer,
-                    conn,
-                    client,
-                    h11.Response(status_code=event.status_code, headers=kept, reason=event.reason),
-                )
-            elif isinstance(event, h11.Data):
-                _send(writer, conn, client, h11.Data(data=event.data))
-                await writer.drain()
-            elif isinstance(event, h11.EndOfMessage):
-                _send(writer, conn, client, h11.EndOfMessage())
-                await writer.drain()
-                return
-            else:  # closed before the response ended: the client sees it cut short
-                return
-
-    sending = asyncio.ensure_future(upload())
-    try:
-        await download()
-    finally:
-        sending.cancel()
-        with contextlib.suppress(BaseException):
-            await sending
-
-
-def _send(
-    writer: asyncio.StreamWriter, conn: _Connection, client: h11.Connection, event: Any
-) -> None:
-    data = client.send(event)
-    if data:
-        writer.write(data)
-        conn.received += len(data)

@@ -167,6 +167,27 @@ class Sandbox:
         if found.problem is not None or found.bwrap is None:
             raise SandboxUnavailable(found.problem)
         policy = self.policy
+        prefix, suffix = self._fixed_parts(found)
+        wrapper, inner = _limits_steps(policy, cgroup_dirs)
+        if channel_fd is not None:
+            # First thing inside: the listener made in the sandbox's network namespace.
+            inner = [*policy.listener_step(channel_fd), *inner]
+        sandboxed = [
+            *prefix,
+            *policy.socket_masks(),
+            *["--ro-bind", tmpdir, tmpdir],  # the shell's command files, last: on top
+            *["--seccomp", str(seccomp_fd)],
+            *suffix,
+            *inner,
+        ]
+        if policy.overlay is not None:
+            sandboxed = policy.overlay.wrap(sandboxed)
+        return [*wrapper, *sandboxed]
+
+    def _fixed_parts(self, found: Probe) -> tuple[list[str], list[str]]:
+        """What comes before and after each shell's own arguments: the same for every
+        shell until a secret file is found (it is then hidden too)."""
+        policy = self.policy
         if self._withheld != policy.withheld:  # secret files found since: hidden too
             self._prefix = None
         if self._prefix is None or self._suffix is None:
@@ -178,6 +199,7 @@ class Sandbox:
                 if "--unshare-user" not in flags:
                     flags.append("--unshare-user")
                 flags += ["--uid", str(os.getuid()), "--gid", str(os.getgid())]
+            assert found.bwrap is not None  # argv has refused a sandbox without it
             self._prefix = [found.bwrap, *flags, *policy.mounts(sizes=found.sizes)]
             proxy_env = policy.proxy_env() if self.proxy is not None else {}
             self._suffix = [
@@ -187,37 +209,32 @@ class Sandbox:
                 *["--unsetenv", "XDG_RUNTIME_DIR", "--unsetenv", "DBUS_SESSION_BUS_ADDRESS"],
                 "--",
             ]
-        wrapper: list[str] = []
-        bases: Mapping[str, Path] = {}
-        if cgroup_dirs:
-            cgroups = _cgroups()
-            bases = cgroups.bases if cgroups is not None else {}
-        script = policy.limits_script(cgroup_pids="pids" in bases, cgroup_memory="memory" in bases)
-        inner = ["bash", "--noprofile", "--norc", "-c", script, "orchmode-sandbox"]
-        if cgroup_dirs:
-            joins = _CGROUP_SCRIPT
-            if "pids" in bases and "memory" in bases:
-                # Only the CPU limit is left, and a process passes it on to all it starts:
-                # the wrapper sets it before becoming bubblewrap, which saves starting a
-                # second bash in every sandbox (a tenth of a shell's start-up).
-                joins = _CGROUP_SCRIPT.replace('exec "$@"', script)
-                inner = []
-            wrapper = ["/bin/sh", "-c", joins, "orchmode-cgroup"]
-            wrapper += [str(len(cgroup_dirs)), *map(str, cgroup_dirs)]
-        if channel_fd is not None:
-            # First thing inside: the listener made in the sandbox's network namespace.
-            inner = [*policy.listener_step(channel_fd), *inner]
-        sandboxed = [
-            *self._prefix,
-            *policy.socket_masks(),
-            *["--ro-bind", tmpdir, tmpdir],  # the shell's command files, last: on top
-            *["--seccomp", str(seccomp_fd)],
-            *self._suffix,
-            *inner,
-        ]
-        if policy.overlay is not None:
-            sandboxed = policy.overlay.wrap(sandboxed)
-        return [*wrapper, *sandboxed]
+        return self._prefix, self._suffix
+
+
+def _limits_steps(
+    policy: SandboxPolicy, cgroup_dirs: list[Path] | None
+) -> tuple[list[str], list[str]]:
+    """The wrapper that joins the shell's cgroups (none without them), and the step inside
+    the sandbox that sets the limits no cgroup holds."""
+    wrapper: list[str] = []
+    bases: Mapping[str, Path] = {}
+    if cgroup_dirs:
+        cgroups = _cgroups()
+        bases = cgroups.bases if cgroups is not None else {}
+    script = policy.limits_script(cgroup_pids="pids" in bases, cgroup_memory="memory" in bases)
+    inner = ["bash", "--noprofile", "--norc", "-c", script, "orchmode-sandbox"]
+    if cgroup_dirs:
+        joins = _CGROUP_SCRIPT
+        if "pids" in bases and "memory" in bases:
+            # Only the CPU limit is left, and a process passes it on to all it starts:
+            # the wrapper sets it before becoming bubblewrap, which saves starting a
+            # second bash in every sandbox (a tenth of a shell's start-up).
+            joins = _CGROUP_SCRIPT.replace('exec "$@"', script)
+            inner = []
+        wrapper = ["/bin/sh", "-c", joins, "orchmode-cgroup"]
+        wrapper += [str(len(cgroup_dirs)), *map(str, cgroup_dirs)]
+    return wrapper, inner
 
 
 class ShellSandboxing:

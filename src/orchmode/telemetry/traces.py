@@ -25,15 +25,11 @@ output go in only with ``trace_content``, and the session's secrets are masked i
 
 from __future__ import annotations
 
-import hashlib
-import os
-import random
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..core.errors import ConfigError
 from ..core.events import (
     ApprovalAnswered,
     ApprovalRequested,
@@ -58,106 +54,16 @@ from ..core.events import (
 )
 from ..core.secrets import Masker
 from ..core.settings import Settings
+from .ids import TurnIds, turn_ids
 
 if TYPE_CHECKING:
-    from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+    from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.trace import Span, Tracer
 
-#: The standard variables that switch tracing on, as every OpenTelemetry SDK reads them.
-ENDPOINT_VARIABLES = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
 #: ``gen_ai.provider.name`` for each of orchmode's providers.
 PROVIDERS = {"anthropic": "anthropic", "bedrock": "aws.bedrock", "vertex": "gcp.vertex_ai"}
 #: Characters of a prompt, reply or output put in a span with ``trace_content``.
 CONTENT_LIMIT = 8000
-INSTALL_HINT = "pip install 'orchmode[otel]'"
-
-
-def turn_ids(session: str, number: int) -> tuple[int, int]:
-    """The trace and root span IDs of a session's turn ``number`` as first run: derived, not
-    drawn, so that the run that resumes it can link to it without having recorded them."""
-    digest = hashlib.sha256(f"orchmode-turn:{session}:{number}".encode()).digest()
-    trace_id = int.from_bytes(digest[:16], "big") or 1
-    span_id = int.from_bytes(digest[16:24], "big") or 1
-    return trace_id, span_id
-
-
-def tracing_wanted(settings: Settings, environ: Mapping[str, str] = os.environ) -> bool:
-    """Whether this session exports traces: ``otlp_endpoint``, or an OTLP endpoint variable."""
-    return bool(settings.otlp_endpoint) or any(environ.get(name) for name in ENDPOINT_VARIABLES)
-
-
-def start_tracing(
-    settings: Settings,
-    secrets: Iterable[str] = (),
-    environ: Mapping[str, str] = os.environ,
-    processor: SpanProcessor | None = None,
-) -> Traces:
-    """The session's tracer, exporting over OTLP/HTTP in batches (or to ``processor``).
-
-    Every standard ``OTEL_*`` variable is honoured (headers, timeout, compression, service
-    name, resource attributes, sampler, batch sizes): the SDK reads them itself.
-    ``service.name`` is ``orchmode`` unless they name one. Raises :class:`ConfigError` when
-    the OpenTelemetry packages are not installed.
-    """
-    try:
-        from opentelemetry.sdk.resources import Resource
-        from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor
-        from opentelemetry.sdk.trace.id_generator import IdGenerator
-    except ImportError:
-        raise ConfigError(
-            f"traces were asked for (--otlp-endpoint or OTEL_EXPORTER_OTLP_*), but the "
-            f"OpenTelemetry packages are not installed — {INSTALL_HINT}"
-        ) from None
-    named = environ.get("OTEL_SERVICE_NAME") or "service.name=" in environ.get(
-        "OTEL_RESOURCE_ATTRIBUTES", ""
-    )
-    resource = Resource.create({} if named else {"service.name": "orchmode"})
-    ids = _TurnIds()
-
-    class Generator(IdGenerator):  # the SDK's interface, over the plan above
-        def generate_trace_id(self) -> int:
-            return ids.trace_id()
-
-        def generate_span_id(self) -> int:
-            return ids.span_id()
-
-    provider = TracerProvider(resource=resource, id_generator=Generator())
-    if processor is None:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
-        endpoint = settings.otlp_endpoint
-        exporter = (
-            OTLPSpanExporter(endpoint=endpoint.rstrip("/") + "/v1/traces")
-            if endpoint
-            else OTLPSpanExporter()
-        )
-        processor = BatchSpanProcessor(exporter)
-    provider.add_span_processor(processor)
-    traces = Traces(provider, settings, secrets)
-    traces.ids = ids
-    return traces
-
-
-class _TurnIds:
-    """The SDK's random IDs, except the next root span's when one is planned (a turn's)."""
-
-    def __init__(self) -> None:
-        self.planned: tuple[int, int] | None = None
-        self._root_span: int | None = None
-
-    def trace_id(self) -> int:
-        if self.planned is not None:
-            trace_id, self._root_span = self.planned
-            self.planned = None
-            return trace_id
-        return random.getrandbits(128) or 1
-
-    def span_id(self) -> int:
-        if self._root_span is not None:
-            span_id, self._root_span = self._root_span, None
-            return span_id
-        return random.getrandbits(64) or 1
 
 
 @dataclass
@@ -170,8 +76,8 @@ class Traces:
     #: On the turns' and agents' spans: the session they belong to.
     session_id: str = ""
     tracer: Tracer = field(init=False, repr=False)
-    #: Where a turn's own IDs are planned (set by :func:`start_tracing`).
-    ids: _TurnIds | None = field(default=None, init=False, repr=False)
+    #: Where a turn's own IDs are planned (set by :func:`.tracing.start_tracing`).
+    ids: TurnIds | None = field(default=None, init=False, repr=False)
     _turn: Span | None = field(default=None, init=False, repr=False)
     _calls: dict[int, Span] = field(default_factory=dict, init=False, repr=False)
     #: Each running subagent's span, by the name its requests and commands carry.
