@@ -17,7 +17,23 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .core import events as _events
-from .core.errors import AuthError, ConfigError, EndpointError, OrchmodeError
+from .core.errors import (
+    AuthError,
+    BudgetExhausted,
+    ClusterError,
+    ConfigError,
+    EndpointError,
+    ModelRequestError,
+    OrchmodeError,
+    Overloaded,
+    PromptTooLong,
+    SandboxError,
+    StoreError,
+    StreamInterrupted,
+    TransientFailure,
+    TreeError,
+    UnreadableRecord,
+)
 
 __version__ = "0.1.0"
 
@@ -39,6 +55,7 @@ if TYPE_CHECKING:
         deny,
         open_session,
     )
+    from .session.resume import CannotResume
     from .store.base import Approval, ApprovalRequest
 
 #: The events' public names, derived from their one declaration (``core/events.py`` is small:
@@ -61,6 +78,7 @@ _LAZY = {
     "ApprovalRequest": "store.base",
     "TurnResult": "session.agent",
     "SessionBusy": "session.agent",
+    "CannotResume": "session.resume",
     "Credentials": "model.providers",
     "ModelGateway": "model.gateway",
     "Settings": "core.settings",
@@ -72,19 +90,31 @@ __all__ = [
     "ApprovalNotPending",
     "ApprovalRequest",
     "AuthError",
+    "BudgetExhausted",
+    "CannotResume",
+    "ClusterError",
     "ConfigError",
     "Credentials",
     "EndpointError",
     "EventStream",
     "ModelGateway",
+    "ModelRequestError",
     "OrchmodeError",
+    "Overloaded",
+    "PromptTooLong",
     "RequestTotals",
+    "SandboxError",
     "Session",
     "SessionBusy",
     "SessionClosed",
     "Settings",
+    "StoreError",
+    "StreamInterrupted",
     "Totals",
+    "TransientFailure",
+    "TreeError",
     "TurnResult",
+    "UnreadableRecord",
     "__version__",
     "approvals",
     "approve",

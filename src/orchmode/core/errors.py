@@ -1,6 +1,31 @@
-"""One exception hierarchy whose messages are written for the person at the terminal.
+"""Every error orchmode raises on purpose, with messages written for the person at the terminal.
 
-The CLI prints ``orchmode: <message>`` and exits non-zero; tracebacks only with ``--debug``.
+The CLI prints ``orchmode: <message>`` and exits with the class's ``exit_code``; tracebacks
+only with ``--debug``. Catch :class:`OrchmodeError` for all of them, or a branch for one kind
+of trouble. Every class below is exported from ``orchmode``::
+
+    OrchmodeError                 exit 1
+    ├── ConfigError               exit 2: a flag, variable or orchmode.toml entry
+    ├── AuthError                 exit 3: credentials missing or refused
+    ├── EndpointError             exit 4: the Messages API unreachable or failing
+    │   ├── StreamInterrupted       a response stream broke off
+    │   ├── Overloaded              429/529 for longer than overload_patience
+    │   └── TransientFailure        a 5xx, timeout or lost connection, retries spent
+    ├── ModelRequestError         exit 5: the API refused a request (a 4xx)
+    │   └── PromptTooLong           the request passed the context window
+    ├── StoreError                exit 6: the store cannot be opened, read or written
+    ├── BudgetExhausted           exit 7: a cap of the session's budget would be crossed
+    ├── SandboxError              exit 8: bash cannot be sandboxed here
+    ├── ClusterError              exit 9: the Ray cluster cannot be used
+    ├── TreeError                 a git step of the workspaces failed
+    ├── UnreadableRecord          a recorded event its declaration does not accept
+    ├── SessionBusy               another process drives the session     (session/agent.py)
+    ├── SessionClosed             the session was used after it closed   (session/api.py)
+    ├── ApprovalNotPending        no approval waits under that id         (session/api.py)
+    └── CannotResume              the session cannot be resumed           (session/resume.py)
+
+The last four belong to the session layer and are declared there, since this module sits in
+the lowest layer; the rest are here so that a lower layer can raise them.
 """
 
 from __future__ import annotations
@@ -76,3 +101,17 @@ class ClusterError(OrchmodeError):
     """The Ray cluster cannot be used: Ray missing, the cluster unreachable, no live node."""
 
     exit_code = 9
+
+
+class BudgetExhausted(OrchmodeError):
+    """A cap of the session's budget would be crossed."""
+
+    exit_code = 7
+
+
+class TreeError(OrchmodeError):
+    """A git step of isolation failed; the message says which and why."""
+
+
+class UnreadableRecord(OrchmodeError):
+    """A recorded row that its event's declaration does not accept."""

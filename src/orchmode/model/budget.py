@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..core.errors import BudgetExhausted as BudgetExhausted  # where callers catch it
 from ..core.errors import OrchmodeError
 from ..core.events import TokenUsage
 from ..core.settings import Settings
@@ -25,12 +26,6 @@ log = logging.getLogger("orchmode")
 
 #: Characters per token when estimating a request's input; low, so the estimate is high.
 CHARS_PER_TOKEN = 3
-
-
-class BudgetExhausted(OrchmodeError):
-    """A cap of the session's budget would be crossed."""
-
-    exit_code = 7
 
 
 @dataclass(frozen=True)

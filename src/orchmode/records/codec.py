@@ -21,7 +21,7 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 from pydantic_core import PydanticSerializationError
 
-from ..core.errors import OrchmodeError
+from ..core.errors import UnreadableRecord as UnreadableRecord  # what read_event raises
 from ..core.events import EVENTS, Event
 from ..store import EventRow
 
@@ -33,10 +33,6 @@ KINDS: dict[str, type[Event]] = {cls.__name__: cls for cls in EVENTS}
 #: How events are read and written: no coercion, no NaN read as a number; a NaN written is
 #: written as ``NaN``, as ``json.dumps`` always did.
 _CONFIG = {"strict": True, "allow_inf_nan": False, "ser_json_inf_nan": "constants"}
-
-
-class UnreadableRecord(OrchmodeError):
-    """A recorded row that its event's declaration does not accept."""
 
 
 _ADAPTERS: dict[type[Any], TypeAdapter[Any]] = {}
