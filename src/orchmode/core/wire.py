@@ -37,8 +37,8 @@ def has_block(content: object, kind: BlockKind) -> bool:
     return isinstance(content, list) and any(is_block(block, kind) for block in content)
 
 
-def joined_text(content: object) -> str:
+def joined_text(content: object, separator: str = "\n\n") -> str:
     """The text blocks of a message's content joined as one reply (a string is its own)."""
     if isinstance(content, str):
         return content
-    return "\n\n".join(str(block.get("text", "")) for block in blocks_of(content, "text"))
+    return separator.join(str(block.get("text", "")) for block in blocks_of(content, "text"))

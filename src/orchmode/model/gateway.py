@@ -384,7 +384,7 @@ def _fold_system_messages(messages: Sequence[Message]) -> list[Message]:
         if message.get("role") != "system":
             folded.append(message)
             continue
-        notice = notice_as_user_text(_text_of(message.get("content")))
+        notice = notice_as_user_text(joined_text(message.get("content"), "\n"))
         previous = folded[-1] if folded else None
         if previous is None or previous.get("role") != "user":
             folded.append({"role": "user", "content": notice.lstrip()})
@@ -396,16 +396,6 @@ def _fold_system_messages(messages: Sequence[Message]) -> list[Message]:
             blocks = list(content) if isinstance(content, list) else []
             folded[-1] = {**previous, "content": [*blocks, {"type": "text", "text": notice}]}
     return folded
-
-
-def _text_of(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "\n".join(
-            str(b.get("text", "")) for b in content if isinstance(b, dict) and b.get("text")
-        )
-    return ""
 
 
 @dataclass(frozen=True)
