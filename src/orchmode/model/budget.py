@@ -24,6 +24,7 @@ from .context import estimate_tokens
 
 log = logging.getLogger("orchmode")
 
+
 @dataclass(frozen=True)
 class Reservation:
     tokens: int
