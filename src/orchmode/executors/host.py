@@ -172,7 +172,7 @@ class ShellFactory:
         return shell
 
     def in_workspace(
-        self, workspace: Workspace, prepare: Callable[[], Awaitable[None]]
+        self, workspace: Workspace, before_start: Callable[[], Awaitable[None]]
     ) -> BashSession:
         """A shell that works in ``workspace``: shown at the working directory's path inside
         the sandbox (an overlay mounted first, if it is one), with the ignored entries and
@@ -204,7 +204,7 @@ class ShellFactory:
                 output_limit=self.settings.output_limit,
                 env=self.env,
                 sandbox=sandbox,
-                prepare=prepare,
+                before_start=before_start,
                 masker=self.masker,
                 guard=self.floor_guard(workspace.disk, "its workspace") if writes else None,
             )
