@@ -30,29 +30,31 @@ the lowest layer; the rest are here so that a lower layer can raise them.
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class OrchmodeError(Exception):
     """A problem the user can act on; ``str(err)`` is the whole explanation."""
 
+    #: What the command line exits with; a subclass names its own in its class line.
     exit_code = 1
 
+    def __init_subclass__(cls, exit_code: int | None = None, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if exit_code is not None:
+            cls.exit_code = exit_code
 
-class ConfigError(OrchmodeError):
+
+class ConfigError(OrchmodeError, exit_code=2):
     """A bad flag, environment variable or ``orchmode.toml`` entry."""
 
-    exit_code = 2
 
-
-class AuthError(OrchmodeError):
+class AuthError(OrchmodeError, exit_code=3):
     """Missing or rejected credentials: retrying cannot help."""
 
-    exit_code = 3
 
-
-class EndpointError(OrchmodeError):
+class EndpointError(OrchmodeError, exit_code=4):
     """The Messages API could not be reached or kept failing."""
-
-    exit_code = 4
 
 
 class StreamInterrupted(EndpointError):
@@ -71,10 +73,8 @@ class TransientFailure(EndpointError):
     """A 5xx, a timeout or a lost connection: worth a few more tries."""
 
 
-class ModelRequestError(OrchmodeError):
+class ModelRequestError(OrchmodeError, exit_code=5):
     """The API refused a request (a 4xx other than authentication)."""
-
-    exit_code = 5
 
 
 class PromptTooLong(ModelRequestError):
@@ -85,28 +85,20 @@ class PromptTooLong(ModelRequestError):
         self.tokens = tokens
 
 
-class StoreError(OrchmodeError):
+class StoreError(OrchmodeError, exit_code=6):
     """The store (journal, claims, budget) cannot be opened, read or written."""
 
-    exit_code = 6
 
-
-class SandboxError(OrchmodeError):
-    """bash cannot be sandboxed here, and the user did not opt out with ``--sandbox off``."""
-
-    exit_code = 8
-
-
-class ClusterError(OrchmodeError):
-    """The Ray cluster cannot be used: Ray missing, the cluster unreachable, no live node."""
-
-    exit_code = 9
-
-
-class BudgetExhausted(OrchmodeError):
+class BudgetExhausted(OrchmodeError, exit_code=7):
     """A cap of the session's budget would be crossed."""
 
-    exit_code = 7
+
+class SandboxError(OrchmodeError, exit_code=8):
+    """bash cannot be sandboxed here, and the user did not opt out with ``--sandbox off``."""
+
+
+class ClusterError(OrchmodeError, exit_code=9):
+    """The Ray cluster cannot be used: Ray missing, the cluster unreachable, no live node."""
 
 
 class TreeError(OrchmodeError):
