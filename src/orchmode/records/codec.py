@@ -39,7 +39,7 @@ _ADAPTERS: dict[type[Any], TypeAdapter[Any]] = {}
 
 
 def adapter(cls: type[Any]) -> TypeAdapter[Any]:
-    """The one adapter that writes and reads ``cls``'s records (made on first use)."""
+    """The adapter that writes and reads ``cls``'s records, made on first use and kept."""
     found = _ADAPTERS.get(cls)
     if found is None:
         # pydantic takes a plain dataclass's settings from this attribute; it is set here so
