@@ -7,7 +7,8 @@ From Python::
         result = await s.turn("Review this repository")
 
 :func:`open_session` opens a :class:`Session`; its events are the classes exported here
-(:class:`BashDone`, :class:`SubagentDone`, …) and its totals a :class:`Totals`. See
+(:class:`BashDone`, :class:`SubagentDone`, …), its totals a :class:`Totals`, and every error
+it raises an :class:`OrchmodeError` (their tree opens ``core/errors.py``). See
 docs/library.md. Heavy parts are imported on first use, so the command line
 (and ``import orchmode``) starts quickly.
 """
