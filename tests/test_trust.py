@@ -138,7 +138,7 @@ def test_every_setting_is_classified_deliberately() -> None:
     for name, field in Settings.model_fields.items():
         extra = field.json_schema_extra
         assert isinstance(extra, dict) and extra.get("trust") in ("safe", "protected", "cap"), (
-            f"{name} has no trust marker: mark it SAFE, PROTECTED or a CAP in settings.py"
+            f"{name} has no trust marker: mark it SAFE, PROTECTED or a CAP in core/knobs.py"
         )
         if extra["trust"] == "cap":
             assert extra.get("stricter") in ("lower", "higher", "more"), name

@@ -7,7 +7,8 @@ From Python::
         result = await s.turn("Review this repository")
 
 :func:`open_session` opens a :class:`Session`; its events are the classes exported here
-(:class:`BashDone`, :class:`SubagentDone`, …) and its totals a :class:`Totals`. See
+(:class:`BashDone`, :class:`SubagentDone`, …), its totals a :class:`Totals`, and every error
+it raises an :class:`OrchmodeError` (their tree opens ``core/errors.py``). See
 docs/library.md. Heavy parts are imported on first use, so the command line
 (and ``import orchmode``) starts quickly.
 """
@@ -17,7 +18,23 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .core import events as _events
-from .core.errors import AuthError, ConfigError, EndpointError, OrchmodeError
+from .core.errors import (
+    AuthError,
+    BudgetExhausted,
+    ClusterError,
+    ConfigError,
+    EndpointError,
+    ModelRequestError,
+    OrchmodeError,
+    Overloaded,
+    PromptTooLong,
+    SandboxError,
+    StoreError,
+    StreamInterrupted,
+    TransientFailure,
+    TreeError,
+    UnreadableRecord,
+)
 
 __version__ = "0.1.0"
 
@@ -39,6 +56,7 @@ if TYPE_CHECKING:
         deny,
         open_session,
     )
+    from .session.resume import CannotResume
     from .store.base import Approval, ApprovalRequest
 
 #: The events' public names, derived from their one declaration (``core/events.py`` is small:
@@ -61,6 +79,7 @@ _LAZY = {
     "ApprovalRequest": "store.base",
     "TurnResult": "session.agent",
     "SessionBusy": "session.agent",
+    "CannotResume": "session.resume",
     "Credentials": "model.providers",
     "ModelGateway": "model.gateway",
     "Settings": "core.settings",
@@ -72,19 +91,31 @@ __all__ = [
     "ApprovalNotPending",
     "ApprovalRequest",
     "AuthError",
+    "BudgetExhausted",
+    "CannotResume",
+    "ClusterError",
     "ConfigError",
     "Credentials",
     "EndpointError",
     "EventStream",
     "ModelGateway",
+    "ModelRequestError",
     "OrchmodeError",
+    "Overloaded",
+    "PromptTooLong",
     "RequestTotals",
+    "SandboxError",
     "Session",
     "SessionBusy",
     "SessionClosed",
     "Settings",
+    "StoreError",
+    "StreamInterrupted",
     "Totals",
+    "TransientFailure",
+    "TreeError",
     "TurnResult",
+    "UnreadableRecord",
     "__version__",
     "approvals",
     "approve",

@@ -293,6 +293,7 @@ class BudgetStatus:
     """The session's budget as a Workflow call ended it (the line its tool result ends with)."""
 
     line: str
+    #: subagents the session may still launch under ``max_subagents``
     subagents_left: Count
 
 

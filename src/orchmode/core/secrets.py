@@ -325,12 +325,6 @@ class Masker:
         pieces.append(text[last:])
         return "".join(pieces)
 
-    def mask_data(self, data: T) -> T:
-        """``data`` (JSON-like: dicts, lists, strings) with every string masked."""
-        if self._pattern is None:
-            return data
-        return self._masked(data)  # type: ignore[no-any-return]
-
     def _masked(self, data: Any) -> Any:
         if isinstance(data, str):
             return self.mask(data)

@@ -3,8 +3,8 @@
 A conversation is saved, resumed, compacted and sent as the API's own JSON, and read back
 from disk, so messages and content blocks stay plain JSON objects rather than the SDK's
 ``MessageParam`` TypedDicts (which a stubbed or restored block would have to be rebuilt
-into). These aliases are declared here once; the helpers are the one place that reads a
-block's ``type``, and they take anything, because what comes from disk may be malformed.
+into). A block's ``type`` is read only through the helpers below, and they take anything,
+because what comes from disk may be malformed.
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ def has_block(content: object, kind: BlockKind) -> bool:
     return isinstance(content, list) and any(is_block(block, kind) for block in content)
 
 
-def joined_text(content: object) -> str:
+def joined_text(content: object, separator: str = "\n\n") -> str:
     """The text blocks of a message's content joined as one reply (a string is its own)."""
     if isinstance(content, str):
         return content
-    return "\n\n".join(str(block.get("text", "")) for block in blocks_of(content, "text"))
+    return separator.join(str(block.get("text", "")) for block in blocks_of(content, "text"))

@@ -210,7 +210,7 @@ class Approvals:
         answered = await record_answer(self.store, id, approved, always=always, reason=reason)
         if answered is None:
             return None
-        self._settle(answered)
+        self._wake_waiters(answered)
         if answered.always:
             remember_rule(answered, self.config_dir)
         return answered
@@ -255,7 +255,7 @@ class Approvals:
         if not entry[1]:
             del self._waiting[id]
 
-    def _settle(self, approval: Approval) -> None:
+    def _wake_waiters(self, approval: Approval) -> None:
         """Wake every agent of this process waiting for ``approval``."""
         entry = self._waiting.pop(approval.id, None)
         for future in entry[1] if entry else ():
@@ -275,6 +275,6 @@ class Approvals:
                 for id in [i for i in self._waiting if i not in still]:
                     approval = await self.store.approval(id)
                     if approval is not None and approval.status != "pending":
-                        self._settle(approval)
+                        self._wake_waiters(approval)
             except OrchmodeError as exc:  # tried again next time; the timeout still holds
                 log.debug("could not look for answers to approvals: %s", exc)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..core.background import Background
 from ..core.errors import AuthError, OrchmodeError
 from ..core.events import EventBus, WorkspacesChosen
 from ..core.prompts import SUBAGENT_TOOLS, subagent_system
@@ -171,7 +172,7 @@ class ShellFactory:
         return shell
 
     def in_workspace(
-        self, workspace: Workspace, prepare: Callable[[], Awaitable[None]]
+        self, workspace: Workspace, before_start: Callable[[], Awaitable[None]]
     ) -> BashSession:
         """A shell that works in ``workspace``: shown at the working directory's path inside
         the sandbox (an overlay mounted first, if it is one), with the ignored entries and
@@ -203,7 +204,7 @@ class ShellFactory:
                 output_limit=self.settings.output_limit,
                 env=self.env,
                 sandbox=sandbox,
-                prepare=prepare,
+                before_start=before_start,
                 masker=self.masker,
                 guard=self.floor_guard(workspace.disk, "its workspace") if writes else None,
             )
@@ -231,7 +232,7 @@ class AgentHost:
     workspaces: Workspaces | None = field(default=None, repr=False)
     _choosing: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
     _spawn_gate: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(SPAWNS))
-    _housekeeping: set[asyncio.Task[None]] = field(default_factory=set, repr=False)
+    _housekeeping: Background = field(default_factory=Background, repr=False)
     #: Shells started ahead for the agents to come (see :mod:`.pool`).
     pool: SandboxPool = field(init=False, repr=False)
 
@@ -313,10 +314,8 @@ class AgentHost:
     async def finish_housekeeping(self) -> None:
         """Wait for the housekeeping so far: results recorded, claims let go, shells closed,
         the requests' use in the budget ledger."""
-        while self._housekeeping:
-            for failure in await asyncio.gather(*self._housekeeping, return_exceptions=True):
-                if isinstance(failure, Exception):
-                    log.warning("housekeeping after a subagent failed: %s", failure)
+        for failure in await self._housekeeping.wait():
+            log.warning("housekeeping after a subagent failed: %s", failure)
         if self.gateway.budget is not None:
             await self.gateway.budget.flush()
         await self.pool.drain()
@@ -325,9 +324,7 @@ class AgentHost:
 
     def background(self, work: Coroutine[Any, Any, None]) -> None:
         """Housekeeping off the critical path; :meth:`finish_housekeeping` waits for all of it."""
-        task = asyncio.create_task(work)
-        self._housekeeping.add(task)
-        task.add_done_callback(self._housekeeping.discard)
+        self._housekeeping.start(work)
 
     def _watch(
         self, job: Job, shell: BashSession, workspace: Workspace | None

@@ -27,6 +27,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
 
+from ..core.background import Background
 from ..shell.bash import BashSession
 from ..trees.workspaces import Workspace
 
@@ -76,7 +77,7 @@ class SandboxPool:
     misses: int = 0
     _ready: dict[Hashable, deque[Ready]] = field(default_factory=dict, repr=False)
     _starting: dict[Hashable, int] = field(default_factory=dict, repr=False)
-    _tasks: set[asyncio.Task[None]] = field(default_factory=set, repr=False)
+    _tasks: Background = field(default_factory=Background, repr=False)
     _last_arrival: float | None = field(default=None, repr=False)
     _draining: bool = field(default=False, repr=False)
 
@@ -123,8 +124,7 @@ class SandboxPool:
 
     async def wait_for_starts(self) -> None:
         """Wait until no shell is being started (or closed) by the pool."""
-        while self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._tasks.wait()
 
     async def drain(self) -> None:
         """Close every shell no agent took, once the ones being started are up: the
@@ -160,9 +160,7 @@ class SandboxPool:
             self._starting[kind] -= 1
 
     def _background(self, work: Awaitable[None]) -> None:
-        task = asyncio.ensure_future(work)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks.start(work)
 
 
 async def _quietly(work: Awaitable[None]) -> None:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from ..core.agents import AgentDefinition
+from ..core.background import Background
 from ..core.errors import OrchmodeError
 from ..core.events import (
     BudgetStatus,
@@ -105,7 +106,7 @@ class FanoutEngine:
     calls: int = 0
     _tools: dict[Role, list[dict[str, Any]]] = field(default_factory=dict, repr=False)
     _slots: PrioritySlots | None = field(default=None, repr=False)
-    _housekeeping: set[asyncio.Task[None]] = field(default_factory=set, repr=False)
+    _housekeeping: Background = field(default_factory=Background, repr=False)
 
     @property
     def slots(self) -> PrioritySlots:
@@ -306,9 +307,8 @@ class FanoutEngine:
 
     async def finish_housekeeping(self) -> None:
         """Wait for the agents' housekeeping: results recorded, claims let go, use counted."""
-        for failure in await asyncio.gather(*self._housekeeping, return_exceptions=True):
-            if isinstance(failure, Exception):
-                log.warning("housekeeping after the fan-out failed: %s", failure)
+        for failure in await self._housekeeping.wait():
+            log.warning("housekeeping after the fan-out failed: %s", failure)
         await self.executor.finish_housekeeping()
         await self.budget.flush()
 
@@ -535,9 +535,7 @@ class FanoutEngine:
 
     def _background(self, work: Coroutine[Any, Any, None]) -> None:
         """Housekeeping off the critical path; finish_housekeeping() waits for all of it."""
-        task = asyncio.create_task(work)
-        self._housekeeping.add(task)
-        task.add_done_callback(self._housekeeping.discard)
+        self._housekeeping.start(work)
 
     def _journal_hit(
         self, call: int, index: int, role: Role, prompt: str, key: str, recorded: AgentResult

@@ -1,4 +1,4 @@
-"""The one agent loop: every agent — main, worker, verifier, resolver — runs through it.
+"""The agent loop that every agent — main, worker, verifier, resolver — runs through.
 
 Below the executors (which run subagents) and the session (which runs the main agent),
 above the gateway and the tools it drives. The roles differ only in what they pass in:

@@ -1,4 +1,4 @@
-"""One conversation's room in the context window: its size, and the one way it is made smaller.
+"""One conversation's room in the context window: its size, and how it is made smaller.
 
 Every agent's conversation is kept the same way: before each request, compacted once it
 passes the compaction point (the API asked to count first when only the estimate's slack

@@ -1,4 +1,4 @@
-"""What each stop reason of a response means to an agent loop: the one table.
+"""What each stop reason of a response means to an agent loop, as a table.
 
 Pure data and one lookup, so both the main agent and every subagent read the same answer
 to "go on, run the tools, or stop — and is the reply kept?".

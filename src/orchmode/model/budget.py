@@ -10,27 +10,19 @@ together spend past a cap. Without caps, requests only add what they used.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..core.errors import BudgetExhausted as BudgetExhausted  # where callers catch it
 from ..core.errors import OrchmodeError
 from ..core.events import TokenUsage
 from ..core.settings import Settings
 from ..store import BudgetCaps, BudgetState, Store
+from .context import estimate_tokens
 
 log = logging.getLogger("orchmode")
-
-#: Characters per token when estimating a request's input; low, so the estimate is high.
-CHARS_PER_TOKEN = 3
-
-
-class BudgetExhausted(OrchmodeError):
-    """A cap of the session's budget would be crossed."""
-
-    exit_code = 7
 
 
 @dataclass(frozen=True)
@@ -40,8 +32,8 @@ class Reservation:
 
 
 def estimate_input_tokens(system: str, messages: Sequence[Any], tools: Sequence[Any]) -> int:
-    size = len(system) + len(json.dumps([messages, tools], ensure_ascii=False, default=str))
-    return size // CHARS_PER_TOKEN + 1
+    """A request's input, estimated high: its reservation must cover what it will use."""
+    return estimate_tokens(system, [messages, tools])
 
 
 @dataclass

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ..core.settings import Settings
-from ..core.wire import Message, has_block, is_block
+from ..core.wire import Message, has_block, is_block, joined_text
 
 #: Characters per token for what the API has not counted yet; low, so estimates run high.
 CHARS_PER_TOKEN = 3
@@ -35,10 +35,13 @@ ESTIMATE_SLACK = 0.35
 TOO_LONG = re.compile(r"prompt is too long: (\d+) tokens > (\d+)")
 
 
-def estimate_tokens(value: object) -> int:
-    """A high estimate of the tokens ``value`` (text, or anything JSON) takes in a request."""
-    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-    return len(text) // CHARS_PER_TOKEN + 1
+def estimate_tokens(*values: object) -> int:
+    """A high estimate of the tokens ``values`` (text, or anything JSON) take in a request."""
+    size = sum(
+        len(v if isinstance(v, str) else json.dumps(v, ensure_ascii=False, default=str))
+        for v in values
+    )
+    return size // CHARS_PER_TOKEN + 1
 
 
 def too_long_count(message: str) -> int | None:
@@ -258,10 +261,6 @@ def content_text(content: object) -> str:
     """The text of a message's or tool result's content: a string, or its text blocks."""
     if content is None:
         return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "\n".join(
-            str(b.get("text", "")) for b in content if isinstance(b, dict) and "text" in b
-        )
+    if isinstance(content, str | list):
+        return joined_text(content, "\n")
     return json.dumps(content, ensure_ascii=False)

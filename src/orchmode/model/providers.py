@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from types import ModuleType
 from typing import Any
 
@@ -85,6 +85,27 @@ class Capabilities:
         return said
 
 
+# Context editing: "Amazon Bedrock (InvokeModel): beta" in the feature's documentation.
+# Mid-conversation system messages and top-level cache_control: not documented for
+# Bedrock; cache diagnostics: "Claude API" only. Effort: Bedrock's own OutputConfig
+# lists low..max. Token counting: the SDK raises for Bedrock.
+_BEDROCK = Capabilities(
+    label="Amazon Bedrock",
+    system_messages=False,
+    context_editing=True,
+    cache_diagnostics=False,
+    automatic_caching=False,
+    count_tokens=False,
+    effort=True,
+    body_version=BEDROCK_VERSION,
+    credentials_hint=(
+        "check the AWS credentials (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
+        "AWS_SESSION_TOKEN, AWS_PROFILE, or AWS_BEARER_TOKEN_BEDROCK) and that they may "
+        "invoke this model in this region"
+    ),
+    endpoint_hint="check --base-url, ANTHROPIC_BEDROCK_BASE_URL, AWS_REGION and the network",
+)
+
 CAPABILITIES: dict[Provider, Capabilities] = {
     "anthropic": Capabilities(
         label="the Anthropic API",
@@ -98,36 +119,13 @@ CAPABILITIES: dict[Provider, Capabilities] = {
         credentials_hint="check ANTHROPIC_API_KEY or ANTHROPIC_AUTH_TOKEN",
         endpoint_hint="check --base-url, ANTHROPIC_BASE_URL and the network",
     ),
-    # Context editing: "Amazon Bedrock (InvokeModel): beta" in the feature's documentation.
-    # Mid-conversation system messages and top-level cache_control: not documented for
-    # Bedrock; cache diagnostics: "Claude API" only. Effort: Bedrock's own OutputConfig
-    # lists low..max. Token counting: the SDK raises for Bedrock.
-    "bedrock": Capabilities(
-        label="Amazon Bedrock",
-        system_messages=False,
-        context_editing=True,
-        cache_diagnostics=False,
-        automatic_caching=False,
-        count_tokens=False,
-        effort=True,
-        body_version=BEDROCK_VERSION,
-        credentials_hint=(
-            "check the AWS credentials (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
-            "AWS_SESSION_TOKEN, AWS_PROFILE, or AWS_BEARER_TOKEN_BEDROCK) and that they may "
-            "invoke this model in this region"
-        ),
-        endpoint_hint="check --base-url, ANTHROPIC_BEDROCK_BASE_URL, AWS_REGION and the network",
-    ),
+    "bedrock": _BEDROCK,
     # Context editing: "Claude Models on Google Cloud (Google managed): beta". The rest as
     # for Bedrock, except that the SDK counts tokens on Vertex (count-tokens:rawPredict).
-    "vertex": Capabilities(
+    "vertex": replace(
+        _BEDROCK,
         label="Google Vertex AI",
-        system_messages=False,
-        context_editing=True,
-        cache_diagnostics=False,
-        automatic_caching=False,
         count_tokens=True,
-        effort=True,
         body_version=VERTEX_VERSION,
         credentials_hint=(
             "check the Google credentials (gcloud auth application-default login, or "

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..core.prompts import notice_as_user_text
-from ..core.wire import Block, Message
+from ..core.wire import Block, Message, joined_text
 from .providers import Capabilities
 
 #: A 5-minute cache breakpoint, as the API spells it.
@@ -82,7 +82,7 @@ def fold_system_messages(messages: Sequence[Message]) -> list[Message]:
         if message.get("role") != "system":
             folded.append(message)
             continue
-        notice = notice_as_user_text(_text_of(message.get("content")))
+        notice = notice_as_user_text(joined_text(message.get("content"), "\n"))
         previous = folded[-1] if folded else None
         if previous is None or previous.get("role") != "user":
             folded.append({"role": "user", "content": notice.lstrip()})
@@ -96,11 +96,3 @@ def fold_system_messages(messages: Sequence[Message]) -> list[Message]:
     return folded
 
 
-def _text_of(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "\n".join(
-            str(b.get("text", "")) for b in content if isinstance(b, dict) and b.get("text")
-        )
-    return ""

@@ -21,7 +21,7 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 from pydantic_core import PydanticSerializationError
 
-from ..core.errors import OrchmodeError
+from ..core.errors import UnreadableRecord as UnreadableRecord  # what read_event raises
 from ..core.events import EVENTS, Event
 from ..store import EventRow
 
@@ -35,15 +35,11 @@ KINDS: dict[str, type[Event]] = {cls.__name__: cls for cls in EVENTS}
 _CONFIG = {"strict": True, "allow_inf_nan": False, "ser_json_inf_nan": "constants"}
 
 
-class UnreadableRecord(OrchmodeError):
-    """A recorded row that its event's declaration does not accept."""
-
-
 _ADAPTERS: dict[type[Any], TypeAdapter[Any]] = {}
 
 
 def adapter(cls: type[Any]) -> TypeAdapter[Any]:
-    """The one adapter that writes and reads ``cls``'s records (made on first use)."""
+    """The adapter that writes and reads ``cls``'s records, made on first use and kept."""
     found = _ADAPTERS.get(cls)
     if found is None:
         # pydantic takes a plain dataclass's settings from this attribute; it is set here so

@@ -40,7 +40,6 @@ from ..executors.host import AgentHost, ShellFactory
 from ..executors.permits import Permits
 from ..fanout.workflow import Workflow
 from ..loop import AgentLoop, Ending, Handler, Hooks, LoopResult, Room, Toolbox
-from ..loop.room import KEEP_TOOL_USES as KEEP_TOOL_USES  # where it was before the one loop
 from ..model.budget import SessionBudget
 from ..model.context import (
     Meter,

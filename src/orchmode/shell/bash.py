@@ -106,7 +106,7 @@ class BashSession:
         env: Mapping[str, str] | None = None,
         argv_prefix: Sequence[str] = (),
         sandbox: ShellSandbox | None = None,
-        prepare: Callable[[], Awaitable[None]] | None = None,
+        before_start: Callable[[], Awaitable[None]] | None = None,
         masker: Masker | None = None,
         guard: Callable[[], str | None] | None = None,
     ) -> None:
@@ -121,7 +121,7 @@ class BashSession:
         self._argv = [*argv_prefix, "bash", "--noprofile", "--norc"]
         self._sandbox = sandbox
         #: Awaited before the first shell starts: the agent's copy of the tree being made.
-        self._prepare = prepare
+        self._before_start = before_start
         #: Secrets masked in every result, before it reaches the model or the records.
         self._masker = masker
         #: Asked before each command, and every half second while one runs: a reason it
@@ -284,8 +284,8 @@ class BashSession:
     async def _spawn(self) -> ShellProcess:
         """Start bash in its own session, with a private dir for command files."""
         use_pidfd_child_watcher()
-        if self._prepare is not None:
-            await self._prepare()
+        if self._before_start is not None:
+            await self._before_start()
         # A private dir and, sandboxed, the shell's cgroups (mkdir and writes in cgroupfs):
         # a millisecond or two of kernel work, done on a worker thread so that a wave of
         # agents starting does not hold up the event loop that sends their requests.

@@ -31,6 +31,7 @@ from urllib.parse import urlsplit
 
 import h11
 
+from ..core.background import Background
 from ..core.domains import DomainRules, normalise_host, special_address
 from ..core.events import Event, NetworkConnection
 from ..core.permissions import Verdict
@@ -127,7 +128,7 @@ class Proxy:
     #: How long a client has to send its request's head (or its SOCKS5 greeting).
     head_timeout: float = 30.0
     _attachments: set[Attachment] = field(default_factory=set, repr=False)
-    _tasks: set[asyncio.Task[None]] = field(default_factory=set, repr=False)
+    _tasks: Background = field(default_factory=Background, repr=False)
     _writers: set[asyncio.StreamWriter] = field(default_factory=set, repr=False)
 
     @classmethod
@@ -208,13 +209,10 @@ class Proxy:
             attachment.close()
         for writer in list(self._writers):
             writer.transport.abort()
-        for task in list(self._tasks):
-            task.cancel()
+        self._tasks.cancel()
 
     def _background(self, work: Awaitable[None]) -> None:
-        task = asyncio.ensure_future(work)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks.start(work)
 
     # ------------------------------------------------------------------ connections
 

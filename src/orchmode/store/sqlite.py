@@ -446,7 +446,7 @@ def _connect(path: Path, busy_timeout: float) -> sqlite3.Connection:
             f"cannot open the store {path}: {exc} — pass --store with a writable location"
         ) from exc
     try:
-        _prepare(db, path, busy_timeout)
+        _set_up(db, path, busy_timeout)
         problems = [" ".join(str(row[0]).split()) for row in db.execute("PRAGMA quick_check(2)")]
         if problems != ["ok"]:
             raise StoreError(damaged_message(path, "; ".join(problems)))
@@ -474,7 +474,7 @@ def _connect(path: Path, busy_timeout: float) -> sqlite3.Connection:
     return db
 
 
-def _prepare(db: sqlite3.Connection, path: Path, busy_timeout: float) -> None:
+def _set_up(db: sqlite3.Connection, path: Path, busy_timeout: float) -> None:
     """WAL, full sync, and the schema brought up to date."""
     db.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
     _into_wal(db, busy_timeout)
@@ -537,7 +537,7 @@ def _create(path: Path, busy_timeout: float) -> None:
     try:
         db = sqlite3.connect(partial, isolation_level=None, timeout=busy_timeout)
         try:
-            _prepare(db, partial, busy_timeout)
+            _set_up(db, partial, busy_timeout)
         finally:
             db.close()
         try:

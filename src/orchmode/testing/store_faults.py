@@ -97,13 +97,6 @@ def tmpfs(directory: Path, size: int) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(directory)], capture_output=True, check=False)
 
 
-def resize_tmpfs(directory: Path, size: int) -> None:
-    """Grow (or shrink) the tmpfs mounted on ``directory`` to ``size`` bytes."""
-    subprocess.run(
-        ["mount", "-o", f"remount,size={size}", str(directory)], capture_output=True, check=True
-    )
-
-
 def free_bytes(directory: Path) -> int:
     stat = os.statvfs(directory)
     return stat.f_bavail * stat.f_frsize

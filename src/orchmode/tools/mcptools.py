@@ -297,9 +297,6 @@ class McpHub:
             self._tools[role] = offered
             return offered
 
-    def handles(self, name: object) -> bool:
-        return isinstance(name, str) and name.startswith("mcp__")
-
     def names(self, role: Role) -> list[str]:
         return [t.api_name for t in self._tools.get(role, [])]
 

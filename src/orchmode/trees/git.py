@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TypeVar
 
-from ..core.errors import OrchmodeError
+from ..core.errors import TreeError as TreeError  # where the rooms of trees/ catch it
 
 #: Fixed names and dates: a snapshot's commit id depends on its tree alone.
 _IDENTITY = {
@@ -52,10 +52,6 @@ _DROPPED = (
     "GIT_NAMESPACE",
     "GIT_PREFIX",
 )
-
-
-class TreeError(OrchmodeError):
-    """A git step of isolation failed; the message says which and why."""
 
 
 def _environment(extra: Mapping[str, str]) -> dict[str, str]:
