@@ -33,7 +33,7 @@ from ..shell.bwrap import overlay_problem
 from ..shell.environment import command_environment
 from ..shell.sandbox import Sandbox, ShellSandboxing
 from ..store import Store
-from ..store.claims import keep_claim
+from ..store.claims import Claim
 from ..tools.mcptools import with_mcp_tools
 from ..trees.copies import Trees
 from ..trees.limits import DiskLimits, WriteWatch, floor_problem, watching
@@ -240,9 +240,8 @@ class AgentHost:
 
     async def run(self, job: Job, events: EventBus) -> AgentResult:
         """The job's result; any failure but a rejected credential becomes an error result."""
-        heartbeat = asyncio.create_task(
-            keep_claim(self.store, job.key, job.holder, self.settings.claim_lease)
-        )
+        claim = Claim.held(self.store, job.key, job.holder, self.settings.claim_lease)
+        claim.keep()
         if self._in_copy(job):
             await self._choose_workspaces(events)
         kind = self._pool_kind(job)
@@ -294,20 +293,19 @@ class AgentHost:
             except Exception as exc:
                 result = AgentResult(describe_failure(exc), Status.FAILED)
         except BaseException:  # cancelled or broken: let the next run take it at once
-            self.background(self.store.release(job.key, job.holder))
+            self.background(claim.release())
             if made is not None:
                 made.cancel()  # its workspace goes with the run's directory at the end
                 self.background(shell.close())
             raise
         finally:
-            heartbeat.cancel()
             if workspace is None:
                 self.background(shell.close())
         if workspace is not None and made is not None:
             result = await self._finish_workspace(result, job, shell, workspace, made)
         # Recorded in the background (finish_housekeeping() waits for it), so the chain goes on; the
         # claim is let go in the same write, so an agent waiting on it never finds neither.
-        self.background(self.store.record(job.key, job.role, job.prompt, result, holder=job.holder))
+        self.background(claim.record(job.role, job.prompt, result))
         return result
 
     async def finish_housekeeping(self) -> None:
