@@ -17,7 +17,7 @@ import socket
 import time
 import uuid
 import weakref
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
@@ -189,6 +189,26 @@ class Claim:
             await self.store.record(self.key, role, prompt, result, holder=self.holder)
 
         await self._end(write)
+
+    async def around(
+        self,
+        work: Awaitable[AgentResult],
+        role: Role,
+        prompt: str,
+        *,
+        later: Callable[[Coroutine[Any, Any, None]], None],
+    ) -> AgentResult:
+        """``work``'s result, with the claim renewed meanwhile. It ends as the work does:
+        with the result recorded, or let go if the work was cancelled or broken (the next
+        run may take it at once); ``later`` finishes that write off the caller's path."""
+        self.keep()
+        try:
+            result = await work
+        except BaseException:
+            later(self.release())
+            raise
+        later(self.record(role, prompt, result))
+        return result
 
     async def __aenter__(self) -> Claim:
         self.keep()
