@@ -1,4 +1,4 @@
-"""The fan-out engine: the one path every agent of a Workflow call takes.
+"""The fan-out engine: the path every agent of a Workflow call takes, whatever its form.
 
 A flat fan-out (:mod:`.workflow`) and an orchestration script (:mod:`.script`) both start
 their agents through :meth:`FanoutEngine.run_subagent`: journal lookup, claim, budget
@@ -333,7 +333,7 @@ class FanoutEngine:
     ) -> AgentResult:
         """One subagent through the store; any failure becomes an error result in its slot.
 
-        The one path every agent takes, a flat fan-out's or a script's: journal lookup,
+        Every agent takes this path, a flat fan-out's or a script's: journal lookup,
         claim, budget reservation, slot, executor. Its housekeeping finishes in the
         background, so whoever calls it must :meth:`finish_housekeeping` before reporting. ``relay``
         may hold a slot handed on by the previous agent of the chain; ``hand_on`` is where
