@@ -16,7 +16,7 @@ import weakref
 from collections.abc import Awaitable, Callable, Coroutine, Hashable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..core.background import Background
 from ..core.errors import AuthError, OrchmodeError
@@ -34,7 +34,7 @@ from ..shell.bwrap import overlay_problem
 from ..shell.environment import command_environment
 from ..shell.sandbox import Sandbox, ShellSandboxing
 from ..store import Store
-from ..store.claims import keep_claim
+from ..store.claims import Claim
 from ..tools.mcptools import with_mcp_tools
 from ..trees.limits import DiskLimits, WriteWatch, floor_problem, watching
 from ..trees.trees import Trees
@@ -82,6 +82,30 @@ async def _fetch(bundle: object) -> bytes:
     if not isinstance(data, bytes):
         raise OSError("the snapshot's bundle did not arrive")
     return data
+
+
+class Shells(Protocol):
+    """What a host needs of whatever makes its agents' shells: a :class:`ShellFactory`,
+    or a test's own maker of shells."""
+
+    #: The working directory the shells work in (a writing agent's disk is watched there).
+    workdir: Path
+    #: The sandbox the shells start in; None only when the user turned it off.
+    sandbox: Sandbox | None
+
+    def __call__(self) -> BashSession:
+        """A shell in the working directory."""
+        ...
+
+    def reading(self) -> BashSession:
+        """A shell that cannot write the working directory."""
+        ...
+
+    def in_workspace(
+        self, workspace: Workspace, prepare: Callable[[], Awaitable[None]]
+    ) -> BashSession:
+        """A shell working in ``workspace``, once ``prepare`` has opened it."""
+        ...
 
 
 @dataclass
@@ -155,19 +179,16 @@ class ShellFactory:
 
     def _shell(self, sandbox: Sandbox | None) -> BashSession:
         writes = sandbox is None or sandbox.mode == "workspace-write"
-        return self._made(
-            BashSession(
-                self.workdir,
-                timeout=self.settings.bash_timeout,
-                output_limit=self.settings.output_limit,
-                env=self.env,
-                sandbox=sandbox.for_shell() if sandbox is not None else None,
-                masker=self.masker,
-                guard=self.floor_guard(self.workdir, "the working directory") if writes else None,
-            )
+        guard = self.floor_guard(self.workdir, "the working directory") if writes else None
+        shell = BashSession(
+            self.workdir,
+            timeout=self.settings.bash_timeout,
+            output_limit=self.settings.output_limit,
+            env=self.env,
+            sandbox=sandbox.for_shell() if sandbox is not None else None,
+            masker=self.masker,
+            guard=guard,
         )
-
-    def _made(self, shell: BashSession) -> BashSession:
         self.made.add(shell)
         return shell
 
@@ -178,6 +199,8 @@ class ShellFactory:
         the sandbox (an overlay mounted first, if it is one), with the ignored entries and
         the objects its git needs shown read-only. Unsandboxed (``--sandbox off``, where
         workspaces are copies) the shell simply starts in the copy."""
+        writes = workspace.spec.writable
+        guard = self.floor_guard(workspace.disk, "its workspace") if writes else None
         base = self.sandbox
         if base is None:
             sandbox = None
@@ -196,19 +219,18 @@ class ShellFactory:
 
             sandbox = ShellSandboxing(build, base.mode)
             cwd = self.workdir
-        writes = workspace.spec.writable
-        return self._made(
-            BashSession(
-                cwd,
-                timeout=self.settings.bash_timeout,
-                output_limit=self.settings.output_limit,
-                env=self.env,
-                sandbox=sandbox,
-                before_start=before_start,
-                masker=self.masker,
-                guard=self.floor_guard(workspace.disk, "its workspace") if writes else None,
-            )
+        shell = BashSession(
+            cwd,
+            timeout=self.settings.bash_timeout,
+            output_limit=self.settings.output_limit,
+            env=self.env,
+            sandbox=sandbox,
+            before_start=before_start,
+            masker=self.masker,
+            guard=guard,
         )
+        self.made.add(shell)
+        return shell
 
 
 @dataclass
@@ -218,7 +240,7 @@ class AgentHost:
     settings: Settings
     gateway: ModelGateway
     store: Store
-    make_shell: Callable[[], BashSession]
+    make_shell: Shells
     #: The tree's private store and copies, for jobs under ``worktree`` isolation.
     trees: Trees | None = None
     #: The user's MCP servers, shared by every agent this host runs.
@@ -240,76 +262,99 @@ class AgentHost:
         self.pool = SandboxPool(self.settings.max_concurrent, self._spawn_gate, self._discard_ready)
 
     async def run(self, job: Job, events: EventBus) -> AgentResult:
-        """The job's result; any failure but a rejected credential becomes an error result."""
-        heartbeat = asyncio.create_task(
-            keep_claim(self.store, job.key, job.holder, self.settings.claim_lease)
-        )
+        """The job's result; any failure but a rejected credential becomes an error result.
+
+        Its claim is renewed here while it runs. The result is recorded in the background
+        (finish_housekeeping() waits for it), so the chain goes on; the claim is let go in
+        the same write, so an agent waiting on it never finds neither.
+        """
+        work = self._run_seated(job, events)
+        claim = Claim.held(self.store, job.key, job.holder, self.settings.claim_lease)
+        return await claim.around(work, job.role, job.prompt, later=self.background)
+
+    async def _run_seated(self, job: Job, events: EventBus) -> AgentResult:
+        """The agent run in its shell (and workspace), which are closed after it.
+
+        A shell not taken ready from the pool starts while the first model request is in
+        flight, so its start-up is off the critical path (and not ahead of a wave of
+        requests going out); the pool refills then too. Closed in the background, for the
+        same reason.
+        """
         if self._in_copy(job):
             await self._choose_workspaces(events)
         kind = self._pool_kind(job)
-        ready = self.pool.take(kind) if kind is not None else None
-        if ready is None:
-            ready = self._fresh(job)
+        ready = (self.pool.take(kind) if kind is not None else None) or self._fresh(job)
         shell, workspace, made = ready.shell, ready.workspace, ready.made
         # Its connections through the network proxy are this agent's from now on (a pooled
         # shell was started before the agent was known).
         shell.seat.agent = job.name
         shell.seat.emit = events.emit
-        # A shell not taken ready from the pool starts while the first model request is in
-        # flight, so its start-up is off the critical path (and not ahead of a wave of
-        # requests going out); the pool refills then too. Closed in the background, for
-        # the same reason.
         try:
-            try:
-                tools = await with_mcp_tools(SUBAGENT_TOOLS, self.mcp, job.role)
-                if job.agent is not None:
-                    tools = job.agent.offered(tools)
-                choice = ModelChoice.of(self.settings, job.role, job.agent)
-                agent = Subagent(
-                    gateway=self.gateway,
-                    shell=shell,
-                    events=events,
-                    name=job.name,
-                    system=subagent_system(job.agent),
-                    tools=typed_tools(tools, job.schema),
-                    max_turns=self.settings.subagent_turns,
-                    on_first_request=lambda: self._first_request_sent(job, kind, shell),
-                    window=Window.from_settings(self.settings, choice.model),
-                    mcp=self.mcp,
-                    role=job.role,
-                    schema=job.schema,
-                    choice=choice,
-                    agent=job.agent,
-                )
-                agent.watch = self._watch(job, shell, workspace)
-                if self.permits is not None:
-                    # asked with the agent parked, if it waits for the user
-                    self.permits.attach(shell, job.name, events.emit)
-                    agent.mcp_permit = self.permits.for_agent(job.name, events.emit).mcp
-                async with watching(agent.watch):
-                    result = await agent.run(job.prompt)
-            except AuthError:
-                raise  # retrying cannot help: stop the whole run
-            except BudgetExhausted as exc:
-                result = AgentResult(f"[orchmode: stopped — {exc}]", Status.SKIPPED)
-            except Exception as exc:
-                result = AgentResult(describe_failure(exc), Status.FAILED)
-        except BaseException:  # cancelled or broken: let the next run take it at once
-            self.background(self.store.release(job.key, job.holder))
+            result = await self._run_agent(job, events, ready, kind)
+        except BaseException:
             if made is not None:
                 made.cancel()  # its workspace goes with the run's directory at the end
                 self.background(shell.close())
             raise
         finally:
-            heartbeat.cancel()
             if workspace is None:
                 self.background(shell.close())
         if workspace is not None and made is not None:
             result = await self._finish_workspace(result, job, shell, workspace, made)
-        # Recorded in the background (finish_housekeeping() waits for it), so the chain goes on; the
-        # claim is let go in the same write, so an agent waiting on it never finds neither.
-        self.background(self.store.record(job.key, job.role, job.prompt, result, holder=job.holder))
         return result
+
+    async def _run_agent(
+        self, job: Job, events: EventBus, ready: Ready, kind: Hashable | None
+    ) -> AgentResult:
+        """The subagent's result; a failure of its own is an error result."""
+        shell = ready.shell
+        try:
+            mcp_permit = None
+            if self.permits is not None:
+                # asked with the agent parked, if it waits for the user
+                self.permits.attach(shell, job.name, events.emit)
+                mcp_permit = self.permits.for_agent(job.name, events.emit).mcp
+
+            def first_request_sent() -> None:
+                self._first_request_sent(job, kind, shell)
+
+            watch = self._watch(job, shell, ready.workspace)
+            agent = await self._agent(job, events, shell, first_request_sent)
+            agent.watch, agent.mcp_permit = watch, mcp_permit
+            async with watching(watch):
+                return await agent.run(job.prompt)
+        except AuthError:
+            raise  # retrying cannot help: stop the whole run
+        except BudgetExhausted as exc:
+            return AgentResult(f"[orchmode: stopped — {exc}]", Status.SKIPPED)
+        except Exception as exc:
+            return AgentResult(describe_failure(exc), Status.FAILED)
+
+    async def _agent(
+        self, job: Job, events: EventBus, shell: BashSession, on_first_request: Callable[[], None]
+    ) -> Subagent:
+        """The subagent for ``job``: its role's tools, prompt and model, working in ``shell``."""
+        tools = await with_mcp_tools(SUBAGENT_TOOLS, self.mcp, job.role)
+        if job.agent is not None:
+            tools = job.agent.offered(tools)
+        choice = ModelChoice.of(self.settings, job.role, job.agent)
+        window = Window.from_settings(self.settings, choice.model)
+        return Subagent(
+            gateway=self.gateway,
+            shell=shell,
+            events=events,
+            name=job.name,
+            system=subagent_system(job.agent),
+            tools=typed_tools(tools, job.schema),
+            max_turns=self.settings.subagent_turns,
+            on_first_request=on_first_request,
+            window=window,
+            mcp=self.mcp,
+            role=job.role,
+            schema=job.schema,
+            choice=choice,
+            agent=job.agent,
+        )
 
     async def finish_housekeeping(self) -> None:
         """Wait for the housekeeping so far: results recorded, claims let go, shells closed,
@@ -339,7 +384,7 @@ class AgentHost:
                 return None
             return WriteWatch(limits, workspace.disk, workspace.written, shell.stop)
         factory = self.make_shell
-        if _reads_only(job) or not isinstance(factory, ShellFactory):
+        if _reads_only(job):
             return None
         if factory.sandbox is not None and factory.sandbox.mode != "workspace-write":
             return None
@@ -361,18 +406,14 @@ class AgentHost:
         return None
 
     def _in_copy(self, job: Job) -> bool:
-        return (
-            job.tree is not None
-            and self.trees is not None
-            and isinstance(self.make_shell, ShellFactory)
-        )
+        return job.tree is not None and self.trees is not None
 
     async def _choose_workspaces(self, events: EventBus) -> None:
         """Overlays where they work, else full copies; said once, with the reason."""
         async with self._choosing:
             if self.workspaces is not None:
                 return
-            assert self.trees is not None and isinstance(self.make_shell, ShellFactory)
+            assert self.trees is not None
             await self.trees.open()
             reason = await asyncio.to_thread(self._overlay_problem)
             self.workspaces = Workspaces(
@@ -383,7 +424,7 @@ class AgentHost:
             events.emit(WorkspacesChosen(reason is None, reason or ""))
 
     def _overlay_problem(self) -> str | None:
-        assert self.trees is not None and isinstance(self.make_shell, ShellFactory)
+        assert self.trees is not None
         settings = self.settings
         if settings.workspaces == "copy":
             return "full copies were asked for (workspaces = copy)"
@@ -394,11 +435,10 @@ class AgentHost:
     def _fresh(self, job: Job, stem: str | None = None) -> Ready:
         """A new shell for ``job``: in a workspace being opened, if it works in one."""
         if not self._in_copy(job):
-            if _reads_only(job) and isinstance(self.make_shell, ShellFactory):
+            if _reads_only(job):
                 return Ready(self.make_shell.reading())
             return Ready(self.make_shell())
         assert job.tree is not None and self.workspaces is not None
-        assert isinstance(self.make_shell, ShellFactory)
         tree = job.tree
         spec = Spec(tree.base, tree.patch, tree.writable, tree.ignored, tree.chain)
         workspace = self.workspaces.workspace(stem or job.name, spec)

@@ -1,4 +1,4 @@
-"""The fan-out engine: the one path every agent of a Workflow call takes.
+"""The fan-out engine: the path every agent of a Workflow call takes, whatever its form.
 
 A flat fan-out (:mod:`.workflow`) and an orchestration script (:mod:`.script`) both start
 their agents through :meth:`FanoutEngine.run_subagent`: journal lookup, claim, budget
@@ -12,7 +12,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -45,11 +45,12 @@ from ..model.budget import SessionBudget
 from ..model.context import Window
 from ..model.gateway import ModelChoice, ModelGateway
 from ..store import BudgetState, Store, content_key
-from ..store.claims import claim_or_take_over, holder_name, keep_claim
+from ..store.claims import Claim, holder_name
 from ..store.result_files import ResultFiles
 from ..tools.mcptools import with_mcp_tools
 from ..trees.patches import describe_change
 from ..trees.trees import Trees
+from .agent_record import agent_record
 from .changes import Candidate, Ledger, Resolver, merge_changes
 from .condense import SubtaskEntry, fit_result, full_text
 from .plans import Subtask, title, verdict_of
@@ -65,9 +66,6 @@ SKIPPED = Status.SKIPPED
 #: A worker ending so is not sent to a verifier: failed, not run, or refused by the model
 #: (nothing to verify; its slot says why).
 _NOT_VERIFIED = (Status.FAILED, SKIPPED, Status.REFUSAL)
-#: How often an agent waiting on another's claim looks for the result: first, at most.
-CLAIM_POLL_FIRST = 0.05
-CLAIM_POLL_MAX = 1.0
 
 log = logging.getLogger("orchmode")
 
@@ -335,7 +333,7 @@ class FanoutEngine:
     ) -> AgentResult:
         """One subagent through the store; any failure becomes an error result in its slot.
 
-        The one path every agent takes, a flat fan-out's or a script's: journal lookup,
+        Every agent takes this path, a flat fan-out's or a script's: journal lookup,
         claim, budget reservation, slot, executor. Its housekeeping finishes in the
         background, so whoever calls it must :meth:`finish_housekeeping` before reporting. ``relay``
         may hold a slot handed on by the previous agent of the chain; ``hand_on`` is where
@@ -382,61 +380,34 @@ class FanoutEngine:
     ) -> AgentResult:
         isolation = "worktree" if tree is not None else "shared"
         key = self.key_of(role, Subtask(prompt, schema, agent), isolation)
-        if not self.settings.fresh:
-            recorded = await self.store.lookup(key)
-            if recorded is not None:
-                self._journal_hit(call, index, role, prompt, key, recorded)
-                return recorded
-        holder = self._new_holder()
-        recorded = await self._claim_or_wait(key, holder, relay)
-        if recorded is not None:  # another agent, here or elsewhere, just finished it
-            self._journal_hit(call, index, role, prompt, key, recorded)
-            return recorded
-        # Ours until the executor places the job; from then on the executor renews it.
-        heartbeat = asyncio.create_task(
-            keep_claim(self.store, key, holder, self.settings.claim_lease)
+        taken = await self._claim(key, relay.drop)
+        if isinstance(taken, AgentResult):  # recorded, perhaps by another agent just now
+            self._journal_hit(call, index, role, prompt, key, taken)
+            return taken
+        job = Job(
+            key,
+            taken.holder,
+            self.budget.session,
+            role,
+            f"{role} {call}.{index}",
+            prompt,
+            tree,
+            schema=schema,
+            agent=agent,
         )
+        # Ours until the executor places the job; from then on the executor renews it.
+        taken.keep()
         try:
-            job = Job(
-                key,
-                holder,
-                self.budget.session,
-                role,
-                f"{role} {call}.{index}",
-                prompt,
-                tree,
-                schema=schema,
-                agent=agent,
-            )
-            async with self.slots.slot(priority, relay) as tenure:
-                # Reserved only once it has a slot: an agent still queued when the process
-                # is killed has spent nothing, and a resume must not find it counted.
-                if not await self.budget.reserve_subagent():
-                    self._background(self.store.release(key, holder))
-                    result = AgentResult(
-                        f"[orchmode: not run — the session's budget of "
-                        f"{self.settings.max_subagents} subagents is used up]",
-                        SKIPPED,
-                    )
-                    self._done(call, index, role, prompt, key, result, 0.0)
-                    return result
-                # What the agent starts here may park it (an approval): its slot goes to
-                # the next agent meanwhile, and the time parked is not the agent's.
-                parking = PARKING.set(tenure)
-                try:
-                    outcome = await self._run_job(call, index, job, heartbeat)
-                finally:
-                    PARKING.reset(parking)
-                outcome = replace(
-                    outcome, duration=max(0.0, outcome.duration - tenure.parked_seconds)
-                )
-                if hand_on is not None and outcome.result.status not in _NOT_VERIFIED:
-                    hand_on.queue_next(VERIFIER_PRIORITY)
+            outcome = await self._run_in_slot(call, index, job, taken, priority, relay, hand_on)
         except BaseException:  # cancelled or broken: let the next run take it at once
-            self._background(self.store.release(key, holder))
+            self._background(taken.release())
             raise
         finally:
-            heartbeat.cancel()
+            taken.hand_over()
+        if outcome is None:
+            result = AgentResult(self._refusal(), SKIPPED)
+            self._done(call, index, role, prompt, key, result, 0.0)
+            return result
         self._done(
             call,
             index,
@@ -451,9 +422,56 @@ class FanoutEngine:
         )
         return outcome.result
 
-    async def _run_job(
-        self, call: int, index: int, job: Job, heartbeat: asyncio.Task[None]
-    ) -> _Outcome:
+    def _refusal(self) -> str:
+        limit = self.settings.max_subagents
+        return f"[orchmode: not run — the session's budget of {limit} subagents is used up]"
+
+    async def _claim(
+        self, key: str, on_wait: Callable[[], None] | None = None
+    ) -> Claim | AgentResult:
+        """The recorded result, or the claim to run it; waits while another holds it (a
+        slot handed on is given back by ``on_wait`` first: others can use it meanwhile)."""
+        fresh = self.settings.fresh
+        recorded = None if fresh else await self.store.lookup(key)
+        if recorded is not None:
+            return recorded
+        # Only a claim this process renews may be taken over when this process is gone.
+        holder = holder_name(renewed_here=isinstance(self.executor, LocalExecutor))
+        lease = self.settings.claim_lease
+        return await Claim.or_result(
+            self.store, key, holder, lease, look_again=not fresh, on_wait=on_wait
+        )
+
+    async def _run_in_slot(
+        self,
+        call: int,
+        index: int,
+        job: Job,
+        claim: Claim,
+        priority: int,
+        relay: Relay,
+        hand_on: Relay | None,
+    ) -> _Outcome | None:
+        """Run ``job`` once it has a slot; None if the budget refused it (claim let go)."""
+        async with self.slots.slot(priority, relay) as tenure:
+            # Reserved only once it has a slot: an agent still queued when the process
+            # is killed has spent nothing, and a resume must not find it counted.
+            if not await self.budget.reserve_subagent():
+                self._background(claim.release())
+                return None
+            # What the agent starts here may park it (an approval): its slot goes to
+            # the next agent meanwhile, and the time parked is not the agent's.
+            parking = PARKING.set(tenure)
+            try:
+                outcome = await self._run_job(call, index, job, claim)
+            finally:
+                PARKING.reset(parking)
+            outcome = replace(outcome, duration=max(0.0, outcome.duration - tenure.parked_seconds))
+            if hand_on is not None and outcome.result.status not in _NOT_VERIFIED:
+                hand_on.queue_next(VERIFIER_PRIORITY)
+            return outcome
+
+    async def _run_job(self, call: int, index: int, job: Job, claim: Claim) -> _Outcome:
         """Run ``job`` on the executor; if its node is lost, run it again where one is left.
 
         A lost node's claim is left to lapse (the node may be cut off yet still working),
@@ -463,12 +481,12 @@ class FanoutEngine:
         attempt = 1
         node = HERE
         role, prompt = job.role, job.prompt
-        renewing = heartbeat  # ours until the executor places the job
+        current = claim  # ours until the executor places the job
 
         def placed(where: str) -> None:
             nonlocal node
             node = where
-            renewing.cancel()
+            current.hand_over()
             self.events.emit(SubagentStarted(call, index, role, title(prompt), prompt, where))
 
         while True:
@@ -488,52 +506,20 @@ class FanoutEngine:
                     )
                 log.warning("%s: %s; running it again on another node", job.name, exc)
                 attempt += 1
-                job = replace(job, holder=self._new_holder())
-                recorded = await self._claim_or_wait(job.key, job.holder)
-                if recorded is not None:  # the lost node finished it after all
-                    return _Outcome(recorded, time.monotonic() - started, node, from_journal=True)
-                renewing = asyncio.create_task(
-                    keep_claim(self.store, job.key, job.holder, self.settings.claim_lease)
-                )
+                taken = await self._claim(job.key)
+                if isinstance(taken, AgentResult):  # the lost node finished it after all
+                    return _Outcome(taken, time.monotonic() - started, node, from_journal=True)
+                current = taken
+                current.keep()
+                job = replace(job, holder=current.holder)
                 continue
             except BaseException:
-                if renewing is not heartbeat:  # a rerun's claim; the caller lets go the first
-                    renewing.cancel()
-                    self._background(self.store.release(job.key, job.holder))
+                if current is not claim:  # a rerun's claim; the caller lets go the first
+                    self._background(current.release())
                 raise
             return _Outcome(result, time.monotonic() - started, node)
 
-    def _new_holder(self) -> str:
-        # Only a claim this process renews may be taken over when this process is gone.
-        return holder_name(renewed_here=isinstance(self.executor, LocalExecutor))
-
-    async def _claim_or_wait(
-        self, key: str, holder: str, relay: Relay | None = None
-    ) -> AgentResult | None:
-        """Claim ``key`` (returns None), or wait until its holder records a result.
-
-        Polls the store: that works across processes and machines alike. A holder that
-        died stops renewing, its lease lapses, and the claim comes to us. A slot handed on
-        in ``relay`` is given back before waiting: others can use it meanwhile.
-        """
-        pause = CLAIM_POLL_FIRST
-        lease = self.settings.claim_lease
-        while not await claim_or_take_over(self.store, key, holder, lease):
-            if relay is not None:
-                relay.drop()
-            await asyncio.sleep(pause)
-            pause = min(pause * 2, CLAIM_POLL_MAX)
-            recorded = await self.store.lookup(key)
-            if recorded is not None:
-                return recorded
-        # Its last holder may have recorded it and let go between our first look and our
-        # claim: holders record before releasing, so one more look settles it.
-        recorded = None if self.settings.fresh else await self.store.lookup(key)
-        if recorded is not None:
-            await self.store.release(key, holder)
-        return recorded
-
-    def _background(self, work: Coroutine[Any, Any, None]) -> None:
+    def _background(self, work: Coroutine[Any, Any, object]) -> None:
         """Housekeeping off the critical path; finish_housekeeping() waits for all of it."""
         self._housekeeping.start(work)
 
@@ -587,37 +573,15 @@ class FanoutEngine:
         """Write the agent's full result to its file; the path ("" when nothing is kept)."""
         if self.results is None:
             return ""
-        try:
-            report: object = json.loads(result.text)
-        except ValueError:
-            report = None
-        record: dict[str, object] = {
-            "role": role,
-            "prompt": prompt,
-            "status": result.status.value,
-            "turns": result.turns,
-            "verdict": verdict,
-            "report": report if isinstance(report, dict) else None,
-            "text": result.text,
-        }
-        change = result.change
-        if change is not None and not change.empty:
-            record["change"] = {
-                "base": change.base,
-                "files": describe_change(change),
-                "patch": self.results.write_patch(key, change.patch),
-            }
-        if change is not None and change.left_out:
-            record["left_out"] = list(change.left_out)
+        results = self.results
+        record = agent_record(
+            role, prompt, result, verdict, lambda patch: results.write_patch(key, patch)
+        )
         # Written on a worker thread (a temp file, a write, a rename: kernel time), off the
         # chain's path; finish_housekeeping() waits for it, so the file is there when the
         # call returns.
-        self._background(self._write_record(role, key, record))
+        self._background(asyncio.to_thread(self.results.write_agent, role, key, record))
         return str(self.results.agent_path(role, key))
-
-    async def _write_record(self, role: Role, key: str, record: dict[str, object]) -> None:
-        assert self.results is not None
-        await asyncio.to_thread(self.results.write_agent, role, key, record)
 
 
 def data_note(schema: dict[str, Any]) -> str:

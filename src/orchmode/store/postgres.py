@@ -31,24 +31,14 @@ from typing import Any, ClassVar, TypeVar
 
 import psycopg
 from psycopg import AsyncConnection
-from psycopg.conninfo import conninfo_to_dict
 from psycopg.pq import TransactionStatus
 from psycopg_pool import AsyncConnectionPool
 
 from ..core.errors import StoreError
 from ..core.events import Role
 from ..core.results import AgentResult
-from . import schema
-from .base import (
-    Approval,
-    ApprovalRequest,
-    BudgetCaps,
-    BudgetState,
-    EventRow,
-    Failure,
-    SessionInfo,
-    SessionRecord,
-)
+from . import base, schema
+from .pg_address import connect_message, location_of, one_line, parse_url
 
 log = logging.getLogger("orchmode")
 T = TypeVar("T")
@@ -140,7 +130,7 @@ class PostgresStore:
         self.location = location
         self._pool = pool
         self._secret = secret
-        self.failure = Failure()
+        self.failure = base.Failure()
         self._outage_limit = outage_limit
         #: When the current outage began (monotonic), None while the server answers.
         self._down_since: float | None = None
@@ -152,8 +142,8 @@ class PostgresStore:
         The first connection is made directly, not through the pool, so a refused connection
         or a wrong password surfaces as that error at once instead of a pool timeout.
         """
-        params = _parse(url)
-        location = _location(params)
+        params = parse_url(url)
+        location = location_of(params)
         secret = str(params.get("password") or "")
         # A timeout in the URL wins; libpq counts whole seconds, at least 2.
         kwargs: dict[str, Any] = {"autocommit": False}
@@ -162,7 +152,7 @@ class PostgresStore:
         try:
             conn = await AsyncConnection.connect(url, **kwargs)
         except psycopg.Error as exc:
-            raise StoreError(_connect_message(location, exc, secret)) from None
+            raise StoreError(connect_message(location, exc, secret)) from None
         try:
             async with conn:
                 await _migrate(conn, location, schema.MIGRATIONS)
@@ -173,7 +163,7 @@ class PostgresStore:
                 else "check --store"
             )
             raise StoreError(
-                f"cannot prepare the store at {location}: {_one_line(exc, secret)} — {hint}"
+                f"cannot prepare the store at {location}: {one_line(exc, secret)} — {hint}"
             ) from None
         pool: AsyncConnectionPool[Conn] = AsyncConnectionPool(
             url,
@@ -192,7 +182,7 @@ class PostgresStore:
         except BaseException as exc:
             await pool.close()
             if isinstance(exc, psycopg.Error):
-                raise StoreError(_connect_message(location, exc, secret)) from None
+                raise StoreError(connect_message(location, exc, secret)) from None
             raise
         return cls(location, pool, secret)
 
@@ -370,7 +360,7 @@ class PostgresStore:
             log.debug("%s", exc)
 
     async def reserve(
-        self, session: str, caps: BudgetCaps, *, subagents: int, tokens: int, cost: float
+        self, session: str, caps: base.BudgetCaps, *, subagents: int, tokens: int, cost: float
     ) -> bool:
         params = schema.reserve_params(session, caps, subagents=subagents, tokens=tokens, cost=cost)
 
@@ -387,7 +377,7 @@ class PostgresStore:
 
         await self._guarded(adjust, "settle the budget")
 
-    async def budget(self, session: str) -> BudgetState:
+    async def budget(self, session: str) -> base.BudgetState:
         async def read(conn: Conn) -> tuple[Any, ...] | None:
             return await (await conn.execute(BUDGET, (session,))).fetchone()
 
@@ -397,7 +387,7 @@ class PostgresStore:
             raise StoreError(
                 f"cannot read the budget in {self.location}: {self._clean(exc)}"
             ) from None
-        return BudgetState(*row) if row else BudgetState()
+        return base.BudgetState(*row) if row else base.BudgetState()
 
     async def save_session(self, session: str, workdir: str, state: str) -> None:
         async def save(conn: Conn) -> None:
@@ -406,26 +396,26 @@ class PostgresStore:
 
         await self._guarded(save, "save the session")
 
-    async def load_session(self, session: str) -> SessionRecord | None:
+    async def load_session(self, session: str) -> base.SessionRecord | None:
         row = await self._row(LOAD_SESSION, (session,), "read the session")
-        return SessionRecord(row[0], row[1]) if row else None
+        return base.SessionRecord(row[0], row[1]) if row else None
 
     async def latest_session(self) -> str | None:
         row = await self._row(LATEST_SESSION, (), "find the latest session")
         return str(row[0]) if row else None
 
-    async def sessions(self) -> list[SessionInfo]:
+    async def sessions(self) -> list[base.SessionInfo]:
         async def read(conn: Conn) -> list[tuple[Any, ...]]:
             return await (await conn.execute(LIST_SESSIONS)).fetchall()
 
         rows = await self._guarded(read, "list the sessions")
-        return [SessionInfo(str(r[0]), str(r[1]), float(r[2]), float(r[3])) for r in rows]
+        return [base.SessionInfo(str(r[0]), str(r[1]), float(r[2]), float(r[3])) for r in rows]
 
     async def next_event_seq(self, session: str) -> int:
         row = await self._row(NEXT_EVENT_SEQ, (session,), "number the events")
         return int(row[0]) if row else 1
 
-    async def append_events(self, session: str, events: Sequence[EventRow]) -> None:
+    async def append_events(self, session: str, events: Sequence[base.EventRow]) -> None:
         async def append(conn: Conn) -> None:
             async with conn.cursor() as cur:
                 await cur.executemany(
@@ -434,12 +424,12 @@ class PostgresStore:
 
         await self._guarded(append, "record events")
 
-    async def events(self, session: str) -> list[EventRow]:
+    async def events(self, session: str) -> list[base.EventRow]:
         async def read(conn: Conn) -> list[tuple[Any, ...]]:
             return await (await conn.execute(EVENTS, (session,))).fetchall()
 
         rows = await self._guarded(read, "read the events")
-        return [EventRow(*row) for row in rows]
+        return [base.EventRow(*row) for row in rows]
 
     async def record_messages(self, session: str, start: int, messages: Sequence[str]) -> None:
         rows = schema.message_rows(session, start, messages)
@@ -467,7 +457,7 @@ class PostgresStore:
         rows = await self._guarded(read, "read the conversation")
         return [str(row[0]) for row in rows]
 
-    async def request_approval(self, request: ApprovalRequest) -> Approval:
+    async def request_approval(self, request: base.ApprovalRequest) -> base.Approval:
         async def ask(conn: Conn) -> tuple[Any, ...] | None:
             # Asked again: the row is there, and no lock or id is needed.
             found = await (
@@ -487,14 +477,14 @@ class PostgresStore:
 
     async def answer_approval(
         self, id: int, approved: bool, *, always: bool = False, reason: str = ""
-    ) -> Approval | None:
+    ) -> base.Approval | None:
         params = schema.answer_params(id, approved, always=always, reason=reason, now=time.time())
         return await self._answer(params, "answer an approval")
 
-    async def time_out_approval(self, id: int) -> Approval | None:
+    async def time_out_approval(self, id: int) -> base.Approval | None:
         return await self._answer(schema.timed_out_params(id, time.time()), "time out an approval")
 
-    async def _answer(self, params: tuple[object, ...], what: str) -> Approval | None:
+    async def _answer(self, params: tuple[object, ...], what: str) -> base.Approval | None:
         """Answer a pending approval. Of two answers at once, the second waits on the row's
         lock, then finds it no longer pending (READ COMMITTED re-checks the WHERE against
         the committed row) and changes nothing."""
@@ -505,13 +495,13 @@ class PostgresStore:
         row = await self._guarded(answer, what)
         return None if row is None else schema.approval_of(row)
 
-    async def approval(self, id: int) -> Approval | None:
+    async def approval(self, id: int) -> base.Approval | None:
         row = await self._row(APPROVAL, (id,), "read an approval")
         return None if row is None else schema.approval_of(row)
 
     async def approvals(
         self, session: str | None = None, *, pending: bool = False
-    ) -> list[Approval]:
+    ) -> list[base.Approval]:
         query, params = schema.approvals_query(session, pending)
 
         async def read(conn: Conn) -> list[tuple[Any, ...]]:
@@ -535,7 +525,7 @@ class PostgresStore:
             raise StoreError(f"could not {what} in {self.location}: {self._clean(exc)}") from None
 
     def _clean(self, exc: BaseException) -> str:
-        return _one_line(exc, self._secret)
+        return one_line(exc, self._secret)
 
     async def close(self) -> None:
         await self._pool.close()
@@ -565,69 +555,3 @@ async def _migrate(conn: Conn, location: str, migrations: Sequence[tuple[str, li
             for statement in statements:
                 await conn.execute(_pg(statement))
             await conn.execute(RECORD_MIGRATION, (version, name, time.time()))
-
-
-def _parse(url: str) -> dict[str, Any]:
-    """The connection parameters; a parse error is reported without echoing the URL."""
-    try:
-        return conninfo_to_dict(url)
-    except psycopg.Error:
-        # psycopg's message quotes fragments of the URL, which may include the password.
-        raise StoreError(
-            "the --store URL is not a valid PostgreSQL address — expected "
-            "postgresql://user:password@host:port/database (percent-encode special characters)"
-        ) from None
-
-
-def _location(params: dict[str, Any]) -> str:
-    """The address for messages: user, host, port and database, never the password."""
-    user = params.get("user")
-    host = str(params.get("host") or params.get("hostaddr") or "")
-    if ":" in host and not host.startswith("/") and "," not in host:
-        host = f"[{host}]"
-    port = params.get("port")
-    dbname = params.get("dbname")
-    return (
-        "postgresql://"
-        + (f"{user}@" if user else "")
-        + host
-        + (f":{port}" if port else "")
-        + (f"/{dbname}" if dbname else "")
-    )
-
-
-def _one_line(exc: BaseException, secret: str) -> str:
-    """The first line of an error, without libpq's prefixes and never with the password."""
-    text = str(exc).strip()
-    line = text.splitlines()[0].strip() if text else type(exc).__name__
-    line = line.removeprefix("connection failed: ")
-    if " failed: " in line and line.startswith("connection to server"):
-        line = line.split(" failed: ", 1)[1]
-    line = line.removeprefix("FATAL:").strip()
-    if secret:
-        line = line.replace(secret, "***")
-    return line
-
-
-def _connect_message(location: str, exc: psycopg.Error, secret: str) -> str:
-    """One line naming why the server could not be reached and what to check."""
-    text = str(exc)
-    reason = _one_line(exc, secret)
-    if "password authentication failed" in text:
-        hint = "check the password in --store"
-    elif "no password supplied" in text:
-        reason, hint = "the server requires a password", "add it to --store"
-    elif "Connection refused" in text:
-        reason, hint = "connection refused", "is the server running? check --store"
-    elif isinstance(exc, psycopg.errors.ConnectionTimeout) or "timeout expired" in text:
-        reason = "connection timed out"
-        hint = "is the host reachable and the port right? check --store"
-    elif "database" in text and "does not exist" in text:
-        hint = "create it (createdb) or check the database name in --store"
-    elif "role" in text and "does not exist" in text:
-        hint = "check the user in --store"
-    elif "failed to resolve host" in text or "could not translate host name" in text:
-        reason, hint = "unknown host", "check the host name in --store"
-    else:
-        hint = "check --store"
-    return f"cannot connect to PostgreSQL at {location}: {reason} — {hint}"
