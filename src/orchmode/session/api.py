@@ -14,30 +14,24 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Generic, TypeVar, cast, overload
 
-from ..core.agents import AgentDefinition, load_definitions
 from ..core.errors import ConfigError, OrchmodeError
-from ..core.events import Event, EventBus, TokenUsage
-from ..core.permissions import Rules
-from ..core.secrets import Secrets, committed_secrets_warning
+from ..core.events import Event, TokenUsage
 from ..core.settings import Settings
-from ..executors import check_executor
-from ..executors.approvals import Approvals, record_answer, remember_rule
-from ..model.gateway import ModelGateway
+from ..executors.approvals import record_answer, remember_rule
 from ..model.providers import Credentials
 from ..records.recorder import EventRecorder
 from ..records.totals import SessionTotals, UsageTotals, session_totals
-from ..shell.sandbox import preflight
 from ..store import Approval, Store, open_store
 from ..store.claims import claim_within, holding
-from ..telemetry.traces import start_tracing, tracing_wanted
 from .agent import Conversation, SessionBusy, TurnResult
+from .wiring import open_conversation
 
 __all__ = [
     "ApprovalNotPending",
@@ -216,7 +210,6 @@ class Session:
         self._closed = False
         self._launched = 0
         self._final: Totals | None = None
-        self._broker: Approvals | None = None
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"mode {'on' if self.mode else 'off'}"
@@ -390,23 +383,10 @@ class Session:
     async def _answer(
         self, id: int, approved: bool, *, always: bool = False, reason: str
     ) -> Approval:
-        answered = await self._approvals().answer(id, approved, always=always, reason=reason)
+        answered = await self._engine.approvals.answer(id, approved, always=always, reason=reason)
         if answered is None:
             raise await _not_pending(self._engine.store, id)
         return answered
-
-    def _approvals(self) -> Approvals:
-        """The broker the session's agents wait on (so an answer here wakes them at once)."""
-        broker = getattr(self._engine, "approvals", None)
-        if isinstance(broker, Approvals):
-            return broker
-        if self._broker is None:
-            engine = self._engine
-            self._broker = Approvals(
-                engine.store, engine.session_id, engine.workdir, engine.settings,
-                engine.events.emit,
-            )  # fmt: skip
-        return self._broker
 
     def _snapshot(self) -> Totals:
         t = self._totals
@@ -452,8 +432,6 @@ class Session:
         except OrchmodeError as exc:
             log.warning("could not read the totals of session %s: %s", self.id, exc)
             self._final = self._snapshot()
-        if self._broker is not None:
-            await self._broker.close()
         await self._recorder.flush()
         for stream in tuple(self._streams):
             stream.close()
@@ -492,46 +470,25 @@ async def open_session(
     price, a ``SandboxError`` when bash cannot be sandboxed as configured (before anything
     is spent), and :class:`~orchmode.SessionBusy` while another process drives the session.
     """
-    settings, where = _prepared(settings or Settings(), workdir, session)
+    settings = _prepared(settings or Settings(), workdir, session)
     credentials = credentials or Credentials.from_env(os.environ, settings.provider)
-    warn = on_warning or _log_warning
-    for warning in preflight(settings):  # before anything is spent
-        warn(warning)
-    roles = _roles(settings, where, warn)
-    secrets = Secrets.start(settings.secret_files, where, os.environ, credentials.secrets)
-    if secrets.in_git:
-        warn(committed_secrets_warning(secrets.in_git))
-    rules, rule_warnings = Rules.load(settings, where, os.environ)
-    for warning in rule_warnings:
-        warn(warning)
-    bus = EventBus(mask=secrets.masker.mask_event)
-    masked = secrets.masker.secrets
-    traces = start_tracing(settings, masked) if tracing_wanted(settings) else None
-    if traces is not None:
-        bus.subscribe(traces)
-    try:
-        async with _claimed(settings, where, credentials, bus, roles, secrets, rules) as engine:
-            if traces is not None:
-                traces.session_id = engine.session_id
-                if engine.mcp is not None:
-                    traces.hide(engine.mcp.secrets)
-                    engine.mcp.traceparent = traces.traceparent
-            resumed = await engine.restore()
-            store = engine.store
-            # a resumed session's totals so far, as `orchmode budget` counts them
-            totals = session_totals(await store.events(engine.session_id)) if resumed else None
-            recorder = await EventRecorder.start(store, engine.session_id)
-            opened = Session(engine, totals or SessionTotals(), recorder, resumed=resumed)
-            for subscriber in subscribers:
-                opened.subscribe(subscriber)
-            bus.subscribe(opened._deliver)
-            try:
-                yield opened
-            finally:
-                await opened._close()
-    finally:
-        if traces is not None:  # every span sent, also after Ctrl-C or an error
-            await asyncio.shield(asyncio.to_thread(traces.close))
+    async with (
+        open_conversation(settings, credentials, warn=on_warning) as engine,
+        _claimed(engine),
+    ):
+        resumed = await engine.restore()
+        store = engine.store
+        # a resumed session's totals so far, as `orchmode budget` counts them
+        totals = session_totals(await store.events(engine.session_id)) if resumed else None
+        recorder = await EventRecorder.start(store, engine.session_id)
+        opened = Session(engine, totals or SessionTotals(), recorder, resumed=resumed)
+        for subscriber in subscribers:
+            opened.subscribe(subscriber)
+        engine.events.subscribe(opened._deliver)
+        try:
+            yield opened
+        finally:
+            await opened._close()
 
 
 async def approvals(
@@ -645,74 +602,21 @@ async def _store_of(
         await store.close()
 
 
-def _log_warning(warning: str) -> None:
-    log.warning("%s", warning)
-
-
-def _roles(
-    settings: Settings, workdir: Path, warn: Callable[[str], object]
-) -> dict[str, AgentDefinition]:
-    """The agent definitions, read once for the session; each bad file is a warning.
-
-    Under a cost cap, a role whose model has no price is an error before anything runs,
-    as the settings' own models are.
-    """
-    roles, warnings = load_definitions(workdir, extra=settings.agents_dir)
-    for warning in warnings:
-        warn(warning)
-    if settings.max_cost is not None:
-        for role in roles.values():
-            if role.model is not None and settings.price(role.model) is None:
-                raise ConfigError(
-                    f"max_cost needs a price for {role.model}, the model of agent "
-                    f"{role.name!r} ({role.path}) — add one to the prices setting"
-                )
-    return roles
-
-
 @asynccontextmanager
-async def _claimed(
-    settings: Settings,
-    workdir: Path,
-    credentials: Credentials,
-    events: EventBus,
-    roles: Mapping[str, AgentDefinition],
-    secrets: Secrets,
-    rules: Rules | None = None,
-) -> AsyncIterator[Conversation]:
-    """The conversation with its store, gateway and executor (started); all closed on the
-    way out.
+async def _claimed(engine: Conversation) -> AsyncIterator[None]:
+    """The session claimed in the store for as long as it is open, its executor started.
 
-    The session is claimed in the store for as long as it is open, so no two processes
-    drive one conversation at once. A process that died leaves a claim that lapses within
-    ``claim_lease``: it is waited for that long (and a little), then the session is busy.
+    No two processes drive one conversation at once. A process that died leaves a claim
+    that lapses within ``claim_lease``: it is waited for that long (and a little), then
+    the session is busy.
     """
-    check_executor(settings, workdir)  # before the store is opened, or anything spent
-    store = await open_store(settings.store_url(workdir))
-    gateway = ModelGateway(settings, credentials, events)
-    try:
-        engine = Conversation(
-            settings,
-            gateway,
-            workdir=workdir,
-            store=store,
-            events=events,
-            roles=roles,
-            secrets=secrets,
-            rules=rules,
-        )
-        try:
-            key, lease = session_key(engine.session_id), settings.claim_lease
-            if not await claim_within(store, key, engine.holder, lease, lease * 1.2):
-                raise _busy(engine.session_id, lease)
-            async with holding(store, key, engine.holder, lease):
-                await engine.executor.start()
-                yield engine
-        finally:
-            await engine.close()
-    finally:
-        await gateway.close()
-        await store.close()
+    store, lease = engine.store, engine.settings.claim_lease
+    key = session_key(engine.session_id)
+    if not await claim_within(store, key, engine.holder, lease, lease * 1.2):
+        raise _busy(engine.session_id, lease)
+    async with holding(store, key, engine.holder, lease):
+        await engine.executor.start()
+        yield
 
 
 def session_key(session_id: str) -> str:
@@ -730,7 +634,7 @@ def _busy(session_id: str, lease: float) -> SessionBusy:
 
 def _prepared(
     settings: Settings, workdir: str | os.PathLike[str] | None, name: str | None
-) -> tuple[Settings, Path]:
+) -> Settings:
     """The settings with the working directory resolved and checked, and the session's name."""
     where = Path(workdir) if workdir is not None else settings.workdir or Path.cwd()
     where = where.expanduser().resolve()
@@ -748,4 +652,4 @@ def _prepared(
         settings = settings.with_test_limits()
     if settings.max_cost is not None and (model := settings.unpriced()) is not None:
         raise ConfigError(f"max_cost needs a price for {model} — add one to Settings(prices=...)")
-    return settings, where
+    return settings
