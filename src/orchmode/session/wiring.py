@@ -95,13 +95,15 @@ async def session_parts(
     events: EventBus | None = None,
     rules: Rules | None = None,
     executor: Executor | None = None,
+    store: Store | None = None,
 ) -> AsyncIterator[Parts]:
     """The parts of a session in ``settings.workdir`` (which must be set), all closed on the
     way out; the executor started only by its user, and closed here unless ``executor`` was
     brought by the caller.
 
     ``events`` is a bus of the caller's own (its mask is set if it has none); ``rules``
-    replaces the permission rules the settings and files would give.
+    replaces the permission rules the settings and files would give; ``store`` is one the
+    caller opened (and closes), instead of the one the settings name.
     """
     workdir = settings.workdir
     if workdir is None:
@@ -130,8 +132,9 @@ async def session_parts(
         node = node_parts(settings, workdir, secrets, credentials.secrets, mcp, readable=readable)
         stack.callback(node.close)
         node.trees.sweep()  # copies left by a run that was killed
-        store = await open_store(settings.store_url(workdir))
-        stack.push_async_callback(store.close)
+        if store is None:
+            store = await open_store(settings.store_url(workdir))
+            stack.push_async_callback(store.close)
         gateway = ModelGateway(settings, credentials, bus)
         stack.push_async_callback(gateway.close)
         gateway.budget = budget = SessionBudget(store, session_id, settings)
@@ -164,12 +167,14 @@ async def open_conversation(
     events: EventBus | None = None,
     rules: Rules | None = None,
     executor: Executor | None = None,
+    store: Store | None = None,
 ) -> AsyncIterator[Conversation]:
     """A conversation on freshly built parts, as :func:`session_parts` takes them; not
     claimed and its executor not started (:func:`orchmode.open_session` does both)."""
     async with session_parts(
-        settings, credentials, warn=warn, events=events, rules=rules, executor=executor
-    ) as parts:
+        settings, credentials, warn=warn, events=events, rules=rules, executor=executor,
+        store=store,
+    ) as parts:  # fmt: skip
         conversation = Conversation(parts)
         try:
             yield conversation
