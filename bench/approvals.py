@@ -30,8 +30,7 @@ from orchmode.core.events import ApprovalRequested, Event, EventBus, SubagentDon
 from orchmode.core.permissions import Rules
 from orchmode.core.settings import Settings
 from orchmode.model.providers import Credentials
-from orchmode.session.agent import Conversation
-from orchmode.session.wiring import open_conversation
+from orchmode.session.agent import Conversation, open_conversation
 from orchmode.store.sqlite import SQLiteStore
 from orchmode.testing.scenario import OrchestrationScenario
 

@@ -35,8 +35,7 @@ from fanout import FanoutTally, process_cpu, server_chain_times, start_server
 from orchmode.core.events import EventBus
 from orchmode.core.settings import Settings
 from orchmode.model.providers import Credentials
-from orchmode.session.agent import Conversation
-from orchmode.session.wiring import open_conversation
+from orchmode.session.agent import Conversation, open_conversation
 from orchmode.testing.postgres import postgres_server
 from orchmode.testing.raycluster import LocalCluster, local_ray_cluster, session_members
 

@@ -28,7 +28,7 @@ from typing import Any
 from orchmode.core.events import ContextCompacted, EventBus, ResultCondensed, SubagentDone
 from orchmode.core.settings import Settings
 from orchmode.model.providers import Credentials
-from orchmode.session.wiring import open_conversation
+from orchmode.session.agent import open_conversation
 from orchmode.store.sqlite import SQLiteStore
 from orchmode.testing import LoggedRequest, Reply, ScriptedRequest, ScriptedServer
 from orchmode.testing.scenario import OrchestrationScenario, tool_call, turn_messages

@@ -42,7 +42,7 @@ from orchmode.executors.local import LocalExecutor
 from orchmode.model.gateway import ModelGateway
 from orchmode.model.providers import Credentials
 from orchmode.records.recorder import EventRecorder
-from orchmode.session.wiring import open_conversation
+from orchmode.session.agent import open_conversation
 from orchmode.store.sqlite import SQLiteStore
 from orchmode.telemetry.traces import start_tracing
 from orchmode.testing.scenario import OrchestrationScenario

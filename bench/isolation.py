@@ -57,7 +57,7 @@ from pathlib import Path
 from orchmode.core.events import ChangeSettled, Event, EventBus, FanoutDone, FanoutStarted
 from orchmode.core.settings import Settings
 from orchmode.model.providers import Credentials
-from orchmode.session.wiring import open_conversation
+from orchmode.session.agent import open_conversation
 from orchmode.store.sqlite import SQLiteStore
 from orchmode.testing import ScriptedServer
 from orchmode.testing.scenario import OrchestrationScenario

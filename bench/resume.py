@@ -69,7 +69,7 @@ from orchmode.core.events import EventBus
 from orchmode.core.prompts import VERIFY_MARKER
 from orchmode.core.settings import Settings
 from orchmode.model.providers import Credentials
-from orchmode.session.wiring import open_conversation
+from orchmode.session.agent import open_conversation
 from orchmode.store import Store, open_store
 from orchmode.testing import Reply, ScriptedRequest, ScriptedServer
 from orchmode.testing.scenario import OrchestrationScenario, first_user_text, role_of

@@ -23,7 +23,7 @@ from orchmode.core.pricing import default_prices
 from orchmode.core.settings import Settings
 from orchmode.model.providers import Credentials
 from orchmode.records.totals import SessionTotals
-from orchmode.session.wiring import open_conversation
+from orchmode.session.agent import open_conversation
 from orchmode.store.sqlite import SQLiteStore
 from orchmode.testing import ScriptedServer
 from orchmode.testing.scenario import OrchestrationScenario

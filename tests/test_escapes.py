@@ -56,7 +56,7 @@ from orchmode.core.secrets import WITHHELD_NOTE, Secrets
 from orchmode.core.settings import SandboxMode, Settings
 from orchmode.executors.host import ShellFactory
 from orchmode.model.providers import Credentials
-from orchmode.session.wiring import open_conversation
+from orchmode.session.agent import open_conversation
 from orchmode.shell.bash import BashSession, ShellResult
 from orchmode.shell.bwrap import probe
 from orchmode.testing import Reply, ScriptedRequest, ScriptedServer

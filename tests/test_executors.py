@@ -14,7 +14,7 @@ from orchmode.executors import Executor, check_executor, open_executor
 from orchmode.executors.host import AgentHost, ShellFactory
 from orchmode.executors.local import LocalExecutor
 from orchmode.model.providers import Credentials
-from orchmode.session.wiring import open_conversation
+from orchmode.session.agent import open_conversation
 from orchmode.store.claims import claim_within, holder_name, holding
 
 

@@ -23,7 +23,7 @@ from orchmode.loop.toolbox import NOT_RUN
 from orchmode.model.context import Meter, Window
 from orchmode.model.gateway import ModelReply
 from orchmode.model.providers import Credentials
-from orchmode.session.wiring import open_conversation
+from orchmode.session.agent import open_conversation
 from orchmode.shell.bash import BashSession
 from orchmode.testing import Reply, ScriptedRequest
 from orchmode.testing.scenario import report

@@ -15,7 +15,7 @@ from orchmode.core.events import Event, EventBus, ModelRequestDone, SubagentDone
 from orchmode.core.pricing import MODEL_ALIASES, default_prices
 from orchmode.core.settings import Settings
 from orchmode.model.providers import Credentials
-from orchmode.session.wiring import open_conversation
+from orchmode.session.agent import open_conversation
 from orchmode.testing import ScriptedServer
 from orchmode.testing.scenario import OrchestrationScenario, role_of
 from recorded_runs import orchmode

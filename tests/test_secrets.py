@@ -340,7 +340,7 @@ async def test_a_secret_file_made_between_turns_is_withheld_from_the_main_shell_
     the next turn starts, and the shell that still shows it is replaced before it can."""
     from conftest import API_KEY, settings_for
     from orchmode.model.providers import Credentials
-    from orchmode.session.wiring import open_conversation
+    from orchmode.session.agent import open_conversation
     from orchmode.testing import Reply, ScriptedRequest
 
     work = tmp_path / "work"

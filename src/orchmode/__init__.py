@@ -26,18 +26,21 @@ if TYPE_CHECKING:
     from .core.settings import Settings
     from .model.gateway import ModelGateway
     from .model.providers import Credentials
+    from .records.totals import RequestTotals, Totals
     from .session.agent import SessionBusy, TurnResult
-    from .session.api import (
+    from .session.api import EventStream, Session, SessionClosed, open_session
+    from .session.ledger import BudgetReport
+    from .session.resume import CannotResume, Interrupted
+    from .session.run_record import RunRecord
+    from .session.runs import RunAnswer, RunResult
+    from .session.stored import (
         ApprovalNotPending,
-        EventStream,
-        RequestTotals,
-        Session,
-        SessionClosed,
-        Totals,
         approvals,
         approve,
+        budget,
         deny,
-        open_session,
+        interrupted_run,
+        resumable,
     )
     from .store.base import Approval, ApprovalRequest
 
@@ -51,12 +54,21 @@ _LAZY = {
     "Session": "session.api",
     "SessionClosed": "session.api",
     "EventStream": "session.api",
-    "Totals": "session.api",
-    "RequestTotals": "session.api",
-    "approvals": "session.api",
-    "approve": "session.api",
-    "deny": "session.api",
-    "ApprovalNotPending": "session.api",
+    "Totals": "records.totals",
+    "RequestTotals": "records.totals",
+    "RunResult": "session.runs",
+    "RunAnswer": "session.runs",
+    "RunRecord": "session.run_record",
+    "BudgetReport": "session.ledger",
+    "Interrupted": "session.resume",
+    "CannotResume": "session.resume",
+    "approvals": "session.stored",
+    "approve": "session.stored",
+    "budget": "session.stored",
+    "deny": "session.stored",
+    "interrupted_run": "session.stored",
+    "resumable": "session.stored",
+    "ApprovalNotPending": "session.stored",
     "Approval": "store.base",
     "ApprovalRequest": "store.base",
     "TurnResult": "session.agent",
@@ -72,13 +84,19 @@ __all__ = [
     "ApprovalNotPending",
     "ApprovalRequest",
     "AuthError",
+    "BudgetReport",
+    "CannotResume",
     "ConfigError",
     "Credentials",
     "EndpointError",
     "EventStream",
+    "Interrupted",
     "ModelGateway",
     "OrchmodeError",
     "RequestTotals",
+    "RunAnswer",
+    "RunRecord",
+    "RunResult",
     "Session",
     "SessionBusy",
     "SessionClosed",
@@ -88,8 +106,11 @@ __all__ = [
     "__version__",
     "approvals",
     "approve",
+    "budget",
     "deny",
+    "interrupted_run",
     "open_session",
+    "resumable",
 ]
 __all__ += _EVENTS
 

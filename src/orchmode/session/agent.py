@@ -11,13 +11,15 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Coroutine, Sequence
+from collections.abc import AsyncIterator, Coroutine, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..core.errors import AuthError, OrchmodeError
-from ..core.events import ContextCompacted, TurnDone, TurnResumed, TurnStarted
+from ..core.events import ContextCompacted, EventBus, TurnDone, TurnResumed, TurnStarted
 from ..core.mode import ModeState
+from ..core.permissions import Rules
 from ..core.prompts import (
     MAIN_SYSTEM,
     NOTICES,
@@ -25,10 +27,11 @@ from ..core.prompts import (
     notice_as_user_text,
     turn_limit_note,
 )
+from ..core.settings import Settings
 from ..core.wire import Block, Message, blocks_of
+from ..executors import Executor
 from ..fanout.workflow import Workflow
 from ..loop import AgentLoop, Ending, Handler, Hooks, LoopResult, Room, Toolbox
-from ..loop.room import KEEP_TOOL_USES as KEEP_TOOL_USES  # where it was before the one loop
 from ..model.context import (
     Meter,
     Window,
@@ -38,12 +41,13 @@ from ..model.context import (
     turn_starts,
 )
 from ..model.gateway import ModelReply
+from ..model.providers import Credentials
+from ..store import Store
 from ..store.claims import holder_name
 from ..tools.calls import run_bash, tool_result
 from ..tools.mcptools import with_mcp_tools
-
-if TYPE_CHECKING:
-    from .wiring import Parts
+from .run_record import RunRecord
+from .wiring import Parts, Warn, session_parts
 
 log = logging.getLogger("orchmode")
 
@@ -94,9 +98,9 @@ class Conversation:
         #: The history as last checkpointed: the same message objects, so what is new (or
         #: rewritten by a compaction) is found by identity, without serialising anything.
         self._recorded: list[Message] = []
-        #: What the session was started for, kept with its state (``orchmode run`` records
-        #: its task and phase, so a resume can finish the run).
-        self.meta: dict[str, Any] = {}
+        #: What the session was started for, kept with its state: a run's task and how far
+        #: it got, so a resume can finish it (None: a chat).
+        self.run: RunRecord | None = None
         #: Where the current turn begins (its user text), and where its own messages begin:
         #: after that text and its notices.
         self._turn_start = 0
@@ -256,20 +260,18 @@ class Conversation:
         try:
             state = json.loads(record.state)
             history, mode = state["history"], ModeState(**state["mode"])
-            meta = state.get("meta") or {}
+            run = RunRecord.read(state.get("meta"))
             checkpoints = await self.store.load_messages(self.session_id)
             if checkpoints:
                 history = [json.loads(text) for text in checkpoints]
             if not isinstance(history, list) or not all(isinstance(m, dict) for m in history):
                 raise TypeError("history is not a list of messages")
-            if not isinstance(meta, dict):
-                raise TypeError("meta is not an object")
-        except (ValueError, TypeError, KeyError) as exc:
+        except (ValueError, TypeError, KeyError, OrchmodeError) as exc:
             raise OrchmodeError(
                 f"session {self.session_id!r} is recorded but cannot be resumed ({exc}) — "
                 "start a new one without --session"
             ) from exc
-        self.history, self.mode, self.meta = history, mode, meta
+        self.history, self.mode, self.run = history, mode, run
         self._recorded = list(history) if checkpoints else []
         self.meter.forget()
         return True
@@ -277,7 +279,11 @@ class Conversation:
     async def save(self) -> None:
         """Record the conversation and its mode; a failure is logged, not fatal."""
         state = json.dumps(
-            {"history": self.history, "mode": self.mode.snapshot(), "meta": self.meta}
+            {
+                "history": self.history,
+                "mode": self.mode.snapshot(),
+                "meta": self.run.saved() if self.run is not None else {},
+            }
         )
         try:
             await self.store.save_session(self.session_id, str(self.workdir), state)
@@ -459,3 +465,27 @@ def _second_turn_start(history: list[Message]) -> int | None:
     """Where the conversation's second user turn begins: cutting there lets go of the first
     turn and keeps the rest valid (it starts at a user text, never at a tool result)."""
     return next((i for i in turn_starts(history) if i > 0), None)
+
+
+@asynccontextmanager
+async def open_conversation(
+    settings: Settings,
+    credentials: Credentials,
+    *,
+    warn: Warn | None = None,
+    events: EventBus | None = None,
+    rules: Rules | None = None,
+    executor: Executor | None = None,
+    store: Store | None = None,
+) -> AsyncIterator[Conversation]:
+    """A conversation on freshly built parts, as :func:`session_parts` takes them; not
+    claimed and its executor not started (:func:`orchmode.open_session` does both)."""
+    async with session_parts(
+        settings, credentials, warn=warn, events=events, rules=rules, executor=executor,
+        store=store,
+    ) as parts:  # fmt: skip
+        conversation = Conversation(parts)
+        try:
+            yield conversation
+        finally:
+            await conversation.close()

@@ -39,7 +39,6 @@ from ..store.result_files import ResultFiles, results_dir
 from ..telemetry.traces import Traces, start_tracing, tracing_wanted
 from ..tools.mcptools import McpHub
 from ..trees.copies import Trees
-from .agent import Conversation
 
 log = logging.getLogger("orchmode")
 
@@ -156,30 +155,6 @@ async def session_parts(
             settings, workdir, session_id, bus, store, gateway, budget, secrets, mcp,
             results, node, approvals, permits, executor, roles, traces,
         )  # fmt: skip
-
-
-@asynccontextmanager
-async def open_conversation(
-    settings: Settings,
-    credentials: Credentials,
-    *,
-    warn: Warn | None = None,
-    events: EventBus | None = None,
-    rules: Rules | None = None,
-    executor: Executor | None = None,
-    store: Store | None = None,
-) -> AsyncIterator[Conversation]:
-    """A conversation on freshly built parts, as :func:`session_parts` takes them; not
-    claimed and its executor not started (:func:`orchmode.open_session` does both)."""
-    async with session_parts(
-        settings, credentials, warn=warn, events=events, rules=rules, executor=executor,
-        store=store,
-    ) as parts:  # fmt: skip
-        conversation = Conversation(parts)
-        try:
-            yield conversation
-        finally:
-            await conversation.close()
 
 
 def _tracing(
