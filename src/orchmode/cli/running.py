@@ -109,8 +109,7 @@ async def _resume(
     from ..session.stored import resumable
 
     found = await resumable(settings, workdir=workdir, session=wanted)
-    named = settings.model_copy(update={"session": found.id})
-    async with _shown_session(named, workdir, credentials, display_mode) as (
+    async with _shown_session(settings, workdir, credentials, display_mode, name=found.id) as (
         session,
         display,
         totals,
@@ -131,6 +130,7 @@ async def _shown_session(
     *,
     opening: Sequence[str] = (),
     kept: bool = True,
+    name: str | None = None,
 ) -> AsyncIterator[tuple[Session, Display, SessionTotals]]:
     """A session opened with its display (and what this process adds to its totals, as
     ``run`` counts them) subscribed; typed ``/approve`` lines answered on a terminal."""
@@ -148,6 +148,7 @@ async def _shown_session(
             settings,
             workdir=workdir,
             credentials=credentials,
+            session=name,
             subscribers=[totals, display],
             on_warning=_warn_on(display),
         ) as session:
