@@ -36,35 +36,40 @@ _driving: list[str] = []
 def cmd_run(args: argparse.Namespace) -> int:
     from ..core.prompts import DEFAULT_TASK
     from ..session.stored import interrupted_run
+    from ..views.display import choose_mode
 
     settings = settings_of(args)
     fixture = _make_fixture() if settings.test_mode else None
     try:
         workdir = fixture or workdir_of(settings)
         task = args.task or DEFAULT_TASK
+        earlier = None
         if fixture is None and not settings.session and workdir.is_dir():
             earlier = asyncio.run(interrupted_run(task, settings, workdir=workdir))
-            if earlier is not None and args.resume:
-                return cmd_resume(args, earlier.id)
-            if earlier is not None:
-                say(
-                    f"orchmode: session {earlier.id} was interrupted on this same task — "
-                    f"`orchmode resume {earlier.id}` (or `orchmode run --resume`) continues "
-                    "it where it stopped; starting a new session",
-                    sys.stderr,
-                )
-        asyncio.run(_run(settings, task, workdir, display_mode=_display_mode(args)))
+        mode = choose_mode(json_lines=args.json_lines, plain=args.plain, stream=sys.stderr)
+        if earlier is not None and args.resume:
+            asyncio.run(_continued(settings, workdir, earlier.id, mode))
+            return 0
+        if earlier is not None:
+            say(
+                f"orchmode: session {earlier.id} was interrupted on this same task — "
+                f"`orchmode resume {earlier.id}` (or `orchmode run --resume`) continues "
+                "it where it stopped; starting a new session",
+                sys.stderr,
+            )
+        asyncio.run(_run(settings, task, workdir, display_mode=mode))
     finally:
         if fixture is not None:
             shutil.rmtree(fixture, ignore_errors=True)
     return 0
 
 
-def cmd_resume(args: argparse.Namespace, session: str | None = None) -> int:
+def cmd_resume(args: argparse.Namespace) -> int:
+    from ..views.display import choose_mode
+
+    mode = choose_mode(json_lines=args.json_lines, plain=args.plain, stream=sys.stderr)
     settings = settings_of(args)
-    wanted = session or getattr(args, "session_id", None)
-    mode = _display_mode(args)
-    asyncio.run(_resume(settings, workdir_of(settings), wanted, display_mode=mode))
+    asyncio.run(_resume(settings, workdir_of(settings), args.session_id, display_mode=mode))
     return 0
 
 
@@ -109,13 +114,24 @@ async def _resume(
     from ..session.stored import resumable
 
     found = await resumable(settings, workdir=workdir, session=wanted)
-    async with _shown_session(settings, workdir, credentials, display_mode, name=found.id) as (
-        session,
+    await _continued(settings, workdir, found.id, display_mode, credentials)
+
+
+async def _continued(
+    settings: Settings,
+    workdir: Path,
+    session: str,
+    display_mode: DisplayMode,
+    credentials: Credentials | None = None,
+) -> None:
+    """The interrupted ``session`` finished, its answers printed as a whole run prints them."""
+    async with _shown_session(settings, workdir, credentials, display_mode, name=session) as (
+        opened,
         display,
         totals,
     ):
-        display.notice(f"[session] resuming {session.id} from its last recorded step")
-        result = await session.resume(_printer(display))
+        display.notice(f"[session] resuming {opened.id} from its last recorded step")
+        result = await opened.resume(_printer(display))
         _raise_failure(result.task, result.summary)
         display.notice(f"[session] {totals.describe()}")
     _driving.clear()

@@ -53,13 +53,13 @@ def node_parts(
 ) -> NodeParts:
     """The parts for agents working in ``workdir``; ``keys`` are secret values (API keys, the
     store's password) that no shell may see and every output has masked."""
-    masker = secrets.masker
     if mcp is not None:
         keys += mcp.secrets
-        mcp.share_masker(masker)
-    masker.add(keys)
+        mcp.masker = secrets.masker  # which learns the MCP configuration's values with the keys
+    trees = Trees(workdir, home=trees_home, secrets=secrets)
+    secrets.masker.add(keys)
     make_shell = ShellFactory.build(settings, workdir, keys, readable, secrets)
-    return NodeParts(masker, make_shell, Trees(workdir, home=trees_home, secrets=secrets))
+    return NodeParts(secrets.masker, make_shell, trees)
 
 
 def session_permits(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 from collections.abc import AsyncIterator, Coroutine, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -470,8 +471,10 @@ def _second_turn_start(history: list[Message]) -> int | None:
 @asynccontextmanager
 async def open_conversation(
     settings: Settings,
-    credentials: Credentials,
+    credentials: Credentials | None = None,
     *,
+    workdir: str | os.PathLike[str] | None = None,
+    session: str | None = None,
     warn: Warn | None = None,
     events: EventBus | None = None,
     rules: Rules | None = None,
@@ -481,8 +484,8 @@ async def open_conversation(
     """A conversation on freshly built parts, as :func:`session_parts` takes them; not
     claimed and its executor not started (:func:`orchmode.open_session` does both)."""
     async with session_parts(
-        settings, credentials, warn=warn, events=events, rules=rules, executor=executor,
-        store=store,
+        settings, credentials, workdir=workdir, session=session, warn=warn, events=events,
+        rules=rules, executor=executor, store=store,
     ) as parts:  # fmt: skip
         conversation = Conversation(parts)
         try:

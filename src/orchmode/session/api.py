@@ -20,7 +20,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Generic, TypeVar, cast, overload
 
-from ..core.errors import ConfigError, OrchmodeError
+from ..core.errors import OrchmodeError
 from ..core.events import Event
 from ..core.settings import Settings
 from ..model.context import turn_starts
@@ -433,10 +433,10 @@ async def open_session(
     price, a ``SandboxError`` when bash cannot be sandboxed as configured (before anything
     is spent), and :class:`~orchmode.SessionBusy` while another process drives the session.
     """
-    settings = _prepared(settings or Settings(), workdir, session)
-    credentials = credentials or Credentials.from_env(os.environ, settings.provider)
     async with (
-        open_conversation(settings, credentials, warn=on_warning) as engine,
+        open_conversation(
+            settings or Settings(), credentials, workdir=workdir, session=session, warn=on_warning
+        ) as engine,
         _claimed(engine),
     ):
         resumed = await engine.restore()
@@ -484,32 +484,5 @@ def _busy(session_id: str, lease: float) -> SessionBusy:
     )
 
 
-def _prepared(
-    settings: Settings, workdir: str | os.PathLike[str] | None, name: str | None
-) -> Settings:
-    """The settings with the working directory resolved and checked, and the session's name."""
-    where = Path(workdir) if workdir is not None else settings.workdir or Path.cwd()
-    where = where.expanduser().resolve()
-    if not where.is_dir():
-        raise ConfigError(
-            f"the working directory {where} does not exist — name an existing one (--workdir, "
-            "or workdir=)"
-        )
-    update: dict[str, object] = {"workdir": where}
-    if name is not None:
-        if not name.strip():
-            raise ConfigError("a session name needs some text — pass session=None for a new one")
-        update["session"] = name
-    settings = settings.model_copy(update=update)
-    if settings.test_mode:  # what load_settings does for the CLI, so the setting means the same
-        settings = settings.with_test_limits()
-    if settings.max_cost is not None and (model := settings.unpriced()) is not None:
-        raise ConfigError(
-            f"max_cost needs a price for {model} — add one to the prices setting "
-            f'([prices."{model}"] in ~/.config/orchmode/config.toml, or Settings(prices=...))'
-        )
-    return settings
-
-
 def _ignore(_: RunAnswer) -> None:
-    pass
+    """What a run does with its answers when the caller does not ask for them."""

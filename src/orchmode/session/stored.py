@@ -34,7 +34,8 @@ async def approvals(
     """The approvals in the store of ``settings`` and ``workdir`` (as :func:`open_session`
     finds it), oldest first: of every session or of ``session``, only those waiting for an
     answer unless ``pending=False``. A store not made yet has none (and is not made)."""
-    async with _store_of(settings, workdir) as store:
+    _, _, url = _located(settings, workdir)
+    async with _store_of(url) as store:
         return [] if store is None else await store.approvals(session, pending=pending)
 
 
@@ -83,10 +84,11 @@ async def _answer_in_store(
     workdir: str | os.PathLike[str] | None,
     config_dir: str | os.PathLike[str] | None = None,
 ) -> Approval:
-    async with _store_of(settings, workdir) as store:
+    _, _, url = _located(settings, workdir)
+    async with _store_of(url) as store:
         if store is None:
             raise ApprovalNotPending(
-                f"no approval {id}: nothing is recorded in {_store_url(settings, workdir)} yet "
+                f"no approval {id}: nothing is recorded in {url} yet "
                 "— pass the run's --store (or --workdir)"
             )
         answered = await record_answer(store, id, approved, always=always, reason=reason)
@@ -111,16 +113,19 @@ async def not_pending(store: Store, id: int) -> ApprovalNotPending:
     )
 
 
-def _store_url(settings: Settings | None, workdir: str | os.PathLike[str] | None) -> str:
-    return (settings or Settings()).store_url(_where(settings, workdir))
+def _located(
+    settings: Settings | None, workdir: str | os.PathLike[str] | None
+) -> tuple[Settings, Path, str]:
+    """The settings, the working directory and the store a session there would use."""
+    settings = settings or Settings()
+    where = Path(workdir) if workdir is not None else settings.workdir or Path.cwd()
+    where = where.expanduser().resolve()
+    return settings, where, settings.store_url(where)
 
 
 @asynccontextmanager
-async def _store_of(
-    settings: Settings | None, workdir: str | os.PathLike[str] | None
-) -> AsyncIterator[Store | None]:
-    """The store a run in ``workdir`` uses, opened; None for a SQLite file not made yet."""
-    url = _store_url(settings, workdir)
+async def _store_of(url: str) -> AsyncIterator[Store | None]:
+    """The store at ``url``, opened; None for a SQLite file not made yet."""
     if url.startswith("sqlite://") and not Path(url.removeprefix("sqlite://")).exists():
         yield None
         return
@@ -142,13 +147,10 @@ async def budget(
 
     Raises :class:`~orchmode.OrchmodeError` when the store holds no such session.
     """
-    settings = settings or Settings()
-    async with _store_of(settings, workdir) as store:
+    settings, _, url = _located(settings, workdir)
+    async with _store_of(url) as store:
         if store is None:
-            raise OrchmodeError(
-                f"no sessions are recorded in {_store_url(settings, workdir)} — run "
-                "`orchmode run` first"
-            )
+            raise OrchmodeError(f"no sessions are recorded in {url} — run `orchmode run` first")
         return await budget_report(store, session or settings.session, settings)
 
 
@@ -159,10 +161,11 @@ async def interrupted_run(
     workdir: str | os.PathLike[str] | None = None,
 ) -> Interrupted | None:
     """The newest run on ``task`` in ``workdir`` that was interrupted, if there is one."""
-    async with _store_of(settings, workdir) as store:
+    _, where, url = _located(settings, workdir)
+    async with _store_of(url) as store:
         if store is None:
             return None
-        return await latest_interrupted(store, _where(settings, workdir), task)
+        return await latest_interrupted(store, where, task)
 
 
 async def resumable(
@@ -177,19 +180,12 @@ async def resumable(
     Raises :class:`CannotResume` with what to do when there is none, or ``session`` is
     unknown, finished, or ran in another directory.
     """
-    where = _where(settings, workdir)
+    _, where, url = _located(settings, workdir)
     if not where.is_dir():
         raise ConfigError(f"the working directory {where} does not exist")
-    async with _store_of(settings, workdir) as store:
+    async with _store_of(url) as store:
         if store is None:
             raise CannotResume(
-                f"no interrupted session ran in {where} — nothing is recorded in "
-                f"{_store_url(settings, workdir)} yet"
+                f"no interrupted session ran in {where} — nothing is recorded in {url} yet"
             )
         return await choose(store, where, session)
-
-
-def _where(settings: Settings | None, workdir: str | os.PathLike[str] | None) -> Path:
-    settings = settings or Settings()
-    where = Path(workdir) if workdir is not None else settings.workdir or Path.cwd()
-    return where.expanduser().resolve()

@@ -9,7 +9,6 @@ gateway's connections, the shells, MCP servers, the executor, the tracer) are op
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import secrets as random
@@ -19,7 +18,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..core.agents import AgentDefinition, load_definitions
+from ..core.agents import AgentDefinition, check_role_prices, load_definitions
 from ..core.errors import ConfigError
 from ..core.events import EventBus
 from ..core.permissions import Rules
@@ -36,7 +35,8 @@ from ..model.providers import Credentials
 from ..shell.sandbox import preflight
 from ..store import Store, open_store
 from ..store.result_files import ResultFiles, results_dir
-from ..telemetry.traces import Traces, start_tracing, tracing_wanted
+from ..telemetry.session_traces import close_tracing, session_tracing
+from ..telemetry.traces import Traces
 from ..tools.mcptools import McpHub
 from ..trees.copies import Trees
 
@@ -88,118 +88,151 @@ class Parts:
 @asynccontextmanager
 async def session_parts(
     settings: Settings,
-    credentials: Credentials,
+    credentials: Credentials | None = None,
     *,
+    workdir: str | os.PathLike[str] | None = None,
+    session: str | None = None,
     warn: Warn | None = None,
     events: EventBus | None = None,
     rules: Rules | None = None,
     executor: Executor | None = None,
     store: Store | None = None,
 ) -> AsyncIterator[Parts]:
-    """The parts of a session in ``settings.workdir`` (which must be set), all closed on the
-    way out; the executor started only by its user, and closed here unless ``executor`` was
-    brought by the caller.
+    """The parts of a session, all closed on the way out; the executor started only by its
+    user, and closed here unless ``executor`` was brought by the caller.
 
-    ``events`` is a bus of the caller's own (its mask is set if it has none); ``rules``
-    replaces the permission rules the settings and files would give; ``store`` is one the
-    caller opened (and closes), instead of the one the settings name.
+    ``workdir`` and ``session`` (a name) are as :func:`orchmode.open_session` takes them;
+    ``credentials`` default to the environment's. ``events`` is a bus of the caller's own
+    (its mask is set if it has none); ``rules`` replaces the permission rules the settings
+    and files would give; ``store`` is one the caller opened (and closes), instead of the
+    one the settings name.
     """
-    workdir = settings.workdir
-    if workdir is None:
-        raise ConfigError("a session needs a working directory — set Settings(workdir=...)")
-    warn = warn or _log_warning
-    for warning in preflight(settings):  # before anything is spent
-        warn(warning)
-    roles = _roles(settings, workdir, warn)
-    secrets = Secrets.start(settings.secret_files, workdir, os.environ, credentials.secrets)
-    if secrets.in_git:
-        warn(committed_secrets_warning(secrets.in_git))
-    if rules is None:
-        rules, rule_warnings = Rules.load(settings, workdir, os.environ)
-        for warning in rule_warnings:
-            warn(warning)
-    check_executor(settings, workdir)
+    start = _checked(settings, workdir, session, credentials, warn or _log_warning, events, rules)
+    async with AsyncExitStack() as stack:
+        yield await _opened(stack, start, executor, store)
+
+
+@dataclass
+class _Start:
+    """What the start-up learnt before it opened anything."""
+
+    settings: Settings
+    workdir: Path
+    credentials: Credentials
+    session_id: str
+    events: EventBus
+    mcp: McpHub | None
+    roles: Mapping[str, AgentDefinition]
+    secrets: Secrets
+    rules: Rules | None
+
+
+def _checked(
+    settings: Settings,
+    workdir: str | os.PathLike[str] | None,
+    session: str | None,
+    credentials: Credentials | None,
+    warn: Warn,
+    events: EventBus | None,
+    rules: Rules | None,
+) -> _Start:
+    """Everything that can be refused without cost, refused before anything is opened: the
+    settings, the executor, the credentials, the MCP configuration, the sandbox, the prices,
+    the agent definitions and the rules."""
+    settings = _placed(settings, workdir, session)
+    where = settings.workdir
+    assert where is not None
+    check_executor(settings, where)
+    credentials = credentials or Credentials.from_env(os.environ, settings.provider)
     bus = events or EventBus()
+    mcp = McpHub.from_settings(settings, where, bus, os.environ)
+    for warning in preflight(settings):
+        warn(warning)
+    if settings.test_mode:  # what load_settings does for the CLI, so the setting means the same
+        settings = settings.with_test_limits()
+    if settings.max_cost is not None and (model := settings.unpriced()) is not None:
+        raise ConfigError(
+            f"max_cost needs a price for {model} — add one to the prices setting "
+            f'([prices."{model}"] in ~/.config/orchmode/config.toml, or Settings(prices=...))'
+        )
+    roles, warnings = load_definitions(where, extra=settings.agents_dir)
+    check_role_prices(roles, settings)
+    secrets = Secrets.start(settings.secret_files, where, os.environ, credentials.secrets)
     if bus.mask is None:
         bus.mask = secrets.masker.mask_event
-    session_id = settings.session or new_session_id()
-    mcp = McpHub.from_settings(settings, workdir, bus, os.environ)
-    results = ResultFiles(results_dir(workdir, session_id), secrets.masker)
-    readable = (results.directory,) if results.make_directory() else ()
-    async with AsyncExitStack() as stack:
-        traces = _tracing(settings, secrets, bus, session_id, mcp, stack)  # closed last
-        node = node_parts(settings, workdir, secrets, credentials.secrets, mcp, readable=readable)
-        stack.callback(node.close)
-        node.trees.sweep()  # copies left by a run that was killed
-        if store is None:
-            store = await open_store(settings.store_url(workdir))
-            stack.push_async_callback(store.close)
-        gateway = ModelGateway(settings, credentials, bus)
-        stack.push_async_callback(gateway.close)
-        gateway.budget = budget = SessionBudget(store, session_id, settings)
-        stack.push_async_callback(budget.flush)
-        approvals, permits = session_permits(
-            rules, store, session_id, workdir, settings, bus.emit, node
-        )
-        stack.push_async_callback(approvals.close)
-        if mcp is not None:
-            stack.push_async_callback(mcp.close)
-        if executor is None:
-            host = AgentHost(
-                settings, gateway, store, node.make_shell, node.trees, mcp,
-                masker=node.masker, permits=permits,
-            )  # fmt: skip
-            executor = open_executor(settings, credentials, workdir, host)
-            stack.push_async_callback(executor.close)
-        yield Parts(
-            settings, workdir, session_id, bus, store, gateway, budget, secrets, mcp,
-            results, node, approvals, permits, executor, roles, traces,
-        )  # fmt: skip
-
-
-def _tracing(
-    settings: Settings,
-    secrets: Secrets,
-    bus: EventBus,
-    session_id: str,
-    mcp: McpHub | None,
-    stack: AsyncExitStack,
-) -> Traces | None:
-    """The session's tracer, when traces are asked for: subscribed to its events, told the
-    session's secrets, and flushed on the way out (also after Ctrl-C or an error)."""
-    if not tracing_wanted(settings):
-        return None
-    traces = start_tracing(settings, secrets.masker.secrets)
-    traces.session_id = session_id
-    bus.subscribe(traces)
-    if mcp is not None:
-        traces.hide(mcp.secrets)
-        mcp.traceparent = traces.traceparent
-
-    async def close() -> None:
-        await asyncio.shield(asyncio.to_thread(traces.close))
-
-    stack.push_async_callback(close)
-    return traces
-
-
-def _roles(settings: Settings, workdir: Path, warn: Warn) -> dict[str, AgentDefinition]:
-    """The agent definitions, read once for the session; each bad file is a warning.
-
-    Under a cost cap, a role whose model has no price is an error before anything runs,
-    as the settings' own models are.
-    """
-    roles, warnings = load_definitions(workdir, extra=settings.agents_dir)
+    if rules is None:
+        rules, rule_warnings = Rules.load(settings, where, os.environ)
+        warnings += rule_warnings
+    if secrets.in_git:
+        warnings.append(committed_secrets_warning(secrets.in_git))
     for warning in warnings:
         warn(warning)
-    if settings.max_cost is not None:
-        for role in roles.values():
-            if role.model is not None and settings.price(role.model) is None:
-                raise ConfigError(
-                    f"max_cost needs a price for {role.model}, the model of agent "
-                    f"{role.name!r} ({role.path}) — add one to the prices setting"
-                )
-    return roles
+    session_id = settings.session or new_session_id()
+    return _Start(settings, where, credentials, session_id, bus, mcp, roles, secrets, rules)
+
+
+async def _opened(
+    stack: AsyncExitStack, start: _Start, executor: Executor | None, store: Store | None
+) -> Parts:
+    """The parts that hold resources, each closed by ``stack`` in the reverse order."""
+    settings, workdir, bus, mcp = start.settings, start.workdir, start.events, start.mcp
+    hidden = (*start.secrets.masker.secrets, *(mcp.secrets if mcp is not None else ()))
+    traces = session_tracing(settings, hidden, bus, start.session_id)
+    if traces is not None:  # closed last: every span sent, also after Ctrl-C or an error
+        stack.push_async_callback(close_tracing, traces)
+        if mcp is not None:
+            mcp.traceparent = traces.traceparent
+    if store is None:
+        store = await open_store(settings.store_url(workdir))
+        stack.push_async_callback(store.close)
+    results = ResultFiles(results_dir(workdir, start.session_id), start.secrets.masker)
+    gateway = ModelGateway(settings, start.credentials, bus)
+    stack.push_async_callback(gateway.close)
+    gateway.budget = budget = SessionBudget(store, start.session_id, settings)
+    stack.push_async_callback(budget.flush)
+    readable = (results.directory,) if results.make_directory() else ()
+    node = node_parts(
+        settings, workdir, start.secrets, start.credentials.secrets, mcp, readable=readable
+    )
+    stack.callback(node.close)
+    node.trees.sweep()  # copies left by a run that was killed
+    approvals, permits = session_permits(
+        start.rules, store, start.session_id, workdir, settings, bus.emit, node
+    )
+    stack.push_async_callback(approvals.close)
+    if mcp is not None:
+        stack.push_async_callback(mcp.close)
+    if executor is None:
+        host = AgentHost(
+            settings, gateway, store, node.make_shell, node.trees, mcp,
+            masker=node.masker, permits=permits,
+        )  # fmt: skip
+        executor = open_executor(settings, start.credentials, workdir, host)
+        stack.push_async_callback(executor.close)
+    return Parts(
+        settings, workdir, start.session_id, bus, store, gateway, budget, start.secrets, mcp,
+        results, node, approvals, permits, executor, start.roles, traces,
+    )  # fmt: skip
+
+
+def _placed(
+    settings: Settings, workdir: str | os.PathLike[str] | None, name: str | None
+) -> Settings:
+    """The settings with the working directory resolved (it must exist) and the session's
+    name, if one is given."""
+    where = Path(workdir) if workdir is not None else settings.workdir or Path.cwd()
+    where = where.expanduser().resolve()
+    if not where.is_dir():
+        raise ConfigError(
+            f"the working directory {where} does not exist — name an existing one (--workdir, "
+            "or workdir=)"
+        )
+    update: dict[str, object] = {"workdir": where}
+    if name is not None:
+        if not name.strip():
+            raise ConfigError("a session name needs some text — pass session=None for a new one")
+        update["session"] = name
+    return settings.model_copy(update=update)
 
 
 def _log_warning(warning: str) -> None:
