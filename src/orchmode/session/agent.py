@@ -13,7 +13,7 @@ import json
 import logging
 import os
 from collections.abc import AsyncIterator, Coroutine, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,8 +86,11 @@ class Conversation:
     context window.
     """
 
-    def __init__(self, parts: Parts) -> None:
+    def __init__(self, parts: Parts, closer: AsyncExitStack | None = None) -> None:
         self.parts = parts
+        #: Closes the parts when the conversation closes, for one started without a
+        #: ``with`` block (:func:`start_conversation`).
+        self._closer = closer
         self.settings = settings = parts.settings
         self.gateway = parts.gateway
         self.workdir = parts.workdir
@@ -441,8 +444,13 @@ class Conversation:
         )
 
     async def close(self) -> None:
-        """Close the main shell; the parts are closed by whoever built them."""
-        await self.shell.close()
+        """Close the main shell, and the parts if the conversation was given their closing."""
+        try:
+            await self.shell.close()
+        finally:
+            if self._closer is not None:
+                closer, self._closer = self._closer, None
+                await closer.aclose()
 
 
 class _MainHooks(Hooks):
@@ -470,6 +478,19 @@ def _second_turn_start(history: list[Message]) -> int | None:
 
 @asynccontextmanager
 async def open_conversation(
+    settings: Settings, credentials: Credentials | None = None, **options: Any
+) -> AsyncIterator[Conversation]:
+    """A conversation on freshly built parts (``options`` as :func:`session_parts` takes
+    them), closed with its parts on the way out; not claimed and its executor not started
+    (:func:`orchmode.open_session` does both)."""
+    conversation = await start_conversation(settings, credentials, **options)
+    try:
+        yield conversation
+    finally:
+        await conversation.close()
+
+
+async def start_conversation(
     settings: Settings,
     credentials: Credentials | None = None,
     *,
@@ -480,15 +501,25 @@ async def open_conversation(
     rules: Rules | None = None,
     executor: Executor | None = None,
     store: Store | None = None,
-) -> AsyncIterator[Conversation]:
-    """A conversation on freshly built parts, as :func:`session_parts` takes them; not
-    claimed and its executor not started (:func:`orchmode.open_session` does both)."""
-    async with session_parts(
-        settings, credentials, workdir=workdir, session=session, warn=warn, events=events,
-        rules=rules, executor=executor, store=store,
-    ) as parts:  # fmt: skip
-        conversation = Conversation(parts)
-        try:
-            yield conversation
-        finally:
-            await conversation.close()
+) -> Conversation:
+    """A conversation on freshly built parts, for a caller without a ``with`` block (a test,
+    a benchmark): its :meth:`~Conversation.close` closes the parts too."""
+    stack = AsyncExitStack()
+    try:
+        parts = await stack.enter_async_context(
+            session_parts(
+                settings,
+                credentials,
+                workdir=workdir,
+                session=session,
+                warn=warn,
+                events=events,
+                rules=rules,
+                executor=executor,
+                store=store,
+            )
+        )
+    except BaseException:
+        await stack.aclose()
+        raise
+    return Conversation(parts, closer=stack)
