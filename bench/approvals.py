@@ -29,9 +29,8 @@ import fanout  # bench/: the scripted server's process, started as the fan-out b
 from orchmode.core.events import ApprovalRequested, Event, EventBus, SubagentDone
 from orchmode.core.permissions import Rules
 from orchmode.core.settings import Settings
-from orchmode.model.gateway import ModelGateway
 from orchmode.model.providers import Credentials
-from orchmode.session.agent import Conversation
+from orchmode.session.agent import Conversation, open_conversation
 from orchmode.store.sqlite import SQLiteStore
 from orchmode.testing.scenario import OrchestrationScenario
 
@@ -104,31 +103,32 @@ async def one_run(url: str, subtasks: int, concurrent: int, asks: bool) -> float
         others = Others(subtasks, ASKING)
         events.subscribe(others)
         store = SQLiteStore.open(workdir / "store.db")
-        gateway = ModelGateway(settings, Credentials(api_key="test-key"), events)
         rules, _ = Rules.load(settings, workdir, {"HOME": where})
-        session = Conversation(
-            settings, gateway, workdir=workdir, store=store, events=events, rules=rules
-        )
-
-        async def answer_when_the_others_are_done() -> None:
-            await others.all_done.wait()
-            assert session.permits is not None and session.permits.approvals is not None
-            for asked in others.asked:
-                await session.permits.approvals.answer(asked, True)
-
-        started = time.monotonic()
-        answering = asyncio.create_task(answer_when_the_others_are_done())
+        credentials = Credentials(api_key="test-key")
         try:
-            await session.turn("fan out")
+            async with open_conversation(
+                settings, credentials, events=events, rules=rules, store=store
+            ) as session:
+                started = time.monotonic()
+                answering = asyncio.create_task(answer_when_done(session, others))
+                try:
+                    await session.turn("fan out")
+                finally:
+                    answering.cancel()
         finally:
-            answering.cancel()
-            await session.close()
-            await gateway.close()
             await store.close()
         if asks and not others.asked:
             raise SystemExit("the asking worker never asked: the rule did not match")
         assert others.done_at is not None
         return others.done_at - started
+
+
+async def answer_when_done(session: Conversation, others: Others) -> None:
+    """Say yes to every question once the other chains are done."""
+    await others.all_done.wait()
+    assert session.permits is not None and session.permits.approvals is not None
+    for asked in others.asked:
+        await session.permits.approvals.answer(asked, True)
 
 
 def main() -> None:

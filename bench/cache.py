@@ -20,9 +20,8 @@ from pathlib import Path
 
 from orchmode.core.events import EventBus
 from orchmode.core.settings import Settings
-from orchmode.model.gateway import ModelGateway
 from orchmode.model.providers import Credentials
-from orchmode.session.agent import Conversation
+from orchmode.session.agent import open_conversation
 from orchmode.store.sqlite import SQLiteStore
 from orchmode.testing import LoggedRequest, ScriptedServer
 from orchmode.testing.scenario import OrchestrationScenario
@@ -40,17 +39,15 @@ async def session(url: str, workdir: Path, turns: int) -> None:
     settings = Settings(base_url=url, workdir=workdir, max_retries=0)
     events = EventBus()
     store = SQLiteStore.open(workdir / "store.db")
-    gateway = ModelGateway(settings, Credentials(api_key="test-key"), events)
-    agent = Conversation(settings, gateway, workdir=workdir, store=store, events=events)
+    credentials = Credentials(api_key="test-key")
     try:
-        for n in range(turns):
-            agent.set_mode(n == 0)
-            result = await agent.turn(TURNS[n % len(TURNS)])
-            if result.error is not None:
-                raise result.error
+        async with open_conversation(settings, credentials, events=events, store=store) as agent:
+            for n in range(turns):
+                agent.set_mode(n == 0)
+                result = await agent.turn(TURNS[n % len(TURNS)])
+                if result.error is not None:
+                    raise result.error
     finally:
-        await agent.close()
-        await gateway.close()
         await store.close()
 
 

@@ -29,14 +29,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from fanout import FanoutTally, process_cpu, server_chain_times, start_server
 from orchmode.core.events import EventBus
 from orchmode.core.settings import Settings
-from orchmode.model.gateway import ModelGateway
 from orchmode.model.providers import Credentials
-from orchmode.session.agent import Conversation
-from orchmode.store import open_store
+from orchmode.session.agent import Conversation, open_conversation
 from orchmode.testing.postgres import postgres_server
 from orchmode.testing.raycluster import LocalCluster, local_ray_cluster, session_members
 
@@ -104,40 +103,18 @@ async def measure_ray(
     tally = FanoutTally()
     events.subscribe(tally)
     credentials = Credentials(api_key="test-key")
-    store = await open_store(store_url)
-    gateway = ModelGateway(settings, credentials, events)
     executor = RayExecutor(settings, credentials, workdir)
     await executor.start()
-    session = Conversation(
-        settings, gateway, workdir=workdir, store=store, events=events, executor=executor
-    )
     sessions = [node.pid for node in cluster.nodes]
     try:
-        before = [session_processes(s) for s in sessions]
-        actors_before = await executor.stats()
-        server_before = process_cpu(server_pid)
-        driver_before = time.process_time()
-        await session.turn("fan out")
-        driver_cpu = time.process_time() - driver_before
-        server_cpu = process_cpu(server_pid) - server_before
-        actors = await executor.stats()
-        nodes: dict[str, dict[str, float]] = {}
-        for node, stats in sorted(actors.items()):
-            index = cluster.addresses.index(node.split("#")[0])
-            after = session_processes(sessions[index])
-            nodes[node] = {
-                "actor_peak_mb": max(s.peak_rss for s in stats) / _MB,
-                "node_rss_mb": sum(rss for rss, _ in after.values()) / _MB,
-                "processes": len(after),
-                "actor_cpu": sum(s.cpu for s in stats)
-                - sum(s.cpu for s in actors_before.get(node, [])),
-                "node_cpu": cpu_since(before[index], after),
-            }
+        async with open_conversation(
+            settings, credentials, events=events, executor=executor
+        ) as session:
+            driver_cpu, server_cpu, nodes = await _measured_turn(
+                session, executor, sessions, list(cluster.addresses), server_pid
+            )
     finally:
-        await session.close()
         await executor.close()
-        await gateway.close()
-        await store.close()
     return {
         "makespan": tally.durations[0],
         "chains": list(tally.per_chain.values()),
@@ -147,6 +124,37 @@ async def measure_ray(
         "driver_cpu": driver_cpu,
         "server_cpu": server_cpu,
     }
+
+
+async def _measured_turn(
+    session: Conversation,
+    executor: Any,
+    sessions: list[int],
+    addresses: list[str],
+    server_pid: int,
+) -> tuple[float, float, dict[str, dict[str, float]]]:
+    """One fan-out turn; the driver's and the server's CPU, and each node's use."""
+    before = [session_processes(s) for s in sessions]
+    actors_before = await executor.stats()
+    server_before = process_cpu(server_pid)
+    driver_before = time.process_time()
+    await session.turn("fan out")
+    driver_cpu = time.process_time() - driver_before
+    server_cpu = process_cpu(server_pid) - server_before
+    actors = await executor.stats()
+    nodes: dict[str, dict[str, float]] = {}
+    for node, stats in sorted(actors.items()):
+        index = addresses.index(node.split("#")[0])
+        after = session_processes(sessions[index])
+        nodes[node] = {
+            "actor_peak_mb": max(s.peak_rss for s in stats) / _MB,
+            "node_rss_mb": sum(rss for rss, _ in after.values()) / _MB,
+            "processes": len(after),
+            "actor_cpu": sum(s.cpu for s in stats)
+            - sum(s.cpu for s in actors_before.get(node, [])),
+            "node_cpu": cpu_since(before[index], after),
+        }
+    return driver_cpu, server_cpu, nodes
 
 
 def run_ray(subtasks: int, concurrent: int, latency: float) -> dict[str, object]:

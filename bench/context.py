@@ -27,9 +27,8 @@ from typing import Any
 
 from orchmode.core.events import ContextCompacted, EventBus, ResultCondensed, SubagentDone
 from orchmode.core.settings import Settings
-from orchmode.model.gateway import ModelGateway
 from orchmode.model.providers import Credentials
-from orchmode.session.agent import Conversation
+from orchmode.session.agent import open_conversation
 from orchmode.store.sqlite import SQLiteStore
 from orchmode.testing import LoggedRequest, Reply, ScriptedRequest, ScriptedServer
 from orchmode.testing.scenario import OrchestrationScenario, tool_call, turn_messages
@@ -57,16 +56,14 @@ async def run_turns(
     events = EventBus()
     events.subscribe(seen.append)
     store = SQLiteStore.open(workdir / "store.db")
-    gateway = ModelGateway(config, Credentials(api_key=KEY), events)
-    session = Conversation(config, gateway, workdir=workdir, store=store, events=events)
+    credentials = Credentials(api_key=KEY)
     try:
-        for text in turns:
-            result = await session.turn(text)
-            if result.error is not None:
-                raise result.error
+        async with open_conversation(config, credentials, events=events, store=store) as session:
+            for text in turns:
+                result = await session.turn(text)
+                if result.error is not None:
+                    raise result.error
     finally:
-        await session.close()
-        await gateway.close()
         await store.close()
 
 

@@ -42,7 +42,7 @@ from orchmode.executors.local import LocalExecutor
 from orchmode.model.gateway import ModelGateway
 from orchmode.model.providers import Credentials
 from orchmode.records.recorder import EventRecorder
-from orchmode.session.agent import Conversation
+from orchmode.session.agent import open_conversation
 from orchmode.store.sqlite import SQLiteStore
 from orchmode.telemetry.tracing import start_tracing
 from orchmode.testing.scenario import OrchestrationScenario
@@ -183,20 +183,21 @@ async def one_turn(
     """One orchestrated user turn ("fan out") against the scripted server, its events
     recorded; its gateway, and how many agents were handed a started shell (of all)."""
     store = SQLiteStore.open(workdir / "store.db")
-    gateway = ModelGateway(settings, Credentials(api_key="test-key"), events)
-    session = Conversation(settings, gateway, workdir=workdir, store=store, events=events)
-    # Every event recorded in the store, as `orchmode run` does.
-    recorder = await EventRecorder.start(store, session.session_id)
-    events.subscribe(recorder)
+    credentials = Credentials(api_key="test-key")
     try:
-        await session.turn("fan out")
+        async with open_conversation(settings, credentials, events=events, store=store) as session:
+            # Every event recorded in the store, as `orchmode run` does.
+            recorder = await EventRecorder.start(store, session.session_id)
+            events.subscribe(recorder)
+            try:
+                await session.turn("fan out")
+            finally:
+                await recorder.flush()
     finally:
-        await recorder.flush()
-        await session.close()
-        await gateway.close()
         await store.close()
-    pool = session.executor.host.pool if isinstance(session.executor, LocalExecutor) else None
-    return gateway, (pool.hits, pool.hits + pool.misses) if pool else (0, 0)
+    executor = session.executor
+    pool = executor.host.pool if isinstance(executor, LocalExecutor) else None
+    return session.gateway, (pool.hits, pool.hits + pool.misses) if pool else (0, 0)
 
 
 async def bare_sdk_fanout(url: str, concurrent: int, chains: list[int]) -> tuple[float, float]:

@@ -56,9 +56,8 @@ from pathlib import Path
 
 from orchmode.core.events import ChangeSettled, Event, EventBus, FanoutDone, FanoutStarted
 from orchmode.core.settings import Settings
-from orchmode.model.gateway import ModelGateway
 from orchmode.model.providers import Credentials
-from orchmode.session.agent import Conversation
+from orchmode.session.agent import open_conversation
 from orchmode.store.sqlite import SQLiteStore
 from orchmode.testing import ScriptedServer
 from orchmode.testing.scenario import OrchestrationScenario
@@ -484,21 +483,23 @@ async def three_turns(url: str, workdir: Path, store_path: Path, kind: str) -> l
     for turns in (2, 1):
         events = EventBus()
         store = SQLiteStore.open(store_path)
-        gateway = ModelGateway(settings, Credentials(api_key=KEY), events)
-        session = Conversation(settings, gateway, workdir=workdir, store=store, events=events)
+        credentials = Credentials(api_key=KEY)
         try:
-            for _ in range(turns):
-                tally = Tally()
-                events.subscribers = [tally]
-                tally.started = started = time.perf_counter()
-                result = await asyncio.wait_for(session.turn("Fan out the edits."), TURN_DEADLINE)
-                wall = time.perf_counter() - started
-                if result.error is not None:
-                    raise SystemExit(f"{kind}: the turn failed: {result.error}")
-                spans.append(tally.span(kind, wall))
+            async with open_conversation(
+                settings, credentials, events=events, store=store
+            ) as session:
+                for _ in range(turns):
+                    tally = Tally()
+                    events.subscribers = [tally]
+                    tally.started = started = time.perf_counter()
+                    result = await asyncio.wait_for(
+                        session.turn("Fan out the edits."), TURN_DEADLINE
+                    )
+                    wall = time.perf_counter() - started
+                    if result.error is not None:
+                        raise SystemExit(f"{kind}: the turn failed: {result.error}")
+                    spans.append(tally.span(kind, wall))
         finally:
-            await session.close()
-            await gateway.close()
             await store.close()
     return spans
 

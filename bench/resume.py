@@ -68,9 +68,8 @@ from typing import Any, TextIO
 from orchmode.core.events import EventBus
 from orchmode.core.prompts import VERIFY_MARKER
 from orchmode.core.settings import Settings
-from orchmode.model.gateway import ModelGateway
 from orchmode.model.providers import Credentials
-from orchmode.session.agent import Conversation
+from orchmode.session.agent import open_conversation
 from orchmode.store import Store, open_store
 from orchmode.testing import Reply, ScriptedRequest, ScriptedServer
 from orchmode.testing.scenario import OrchestrationScenario, first_user_text, role_of
@@ -315,17 +314,14 @@ async def real_turn(name: str, store: Store, url: str, workdir: Path) -> TurnSha
         max_subagents=2 * TURN_SUBTASKS + 10,
     )
     events = EventBus()
-    gateway = ModelGateway(settings, Credentials(api_key=API_KEY), events)
-    session = Conversation(settings, gateway, workdir=workdir, store=store, events=events)
-    try:
+    credentials = Credentials(api_key=API_KEY)
+    async with open_conversation(settings, credentials, events=events, store=timer) as session:
         started = time.perf_counter()
         result = await asyncio.wait_for(
             session.turn("Review this repository for bugs."), TURN_DEADLINE
         )
         wall = time.perf_counter() - started
-    finally:
-        await session.close()
-        await gateway.close()
+        gateway = session.gateway
     if result.error is not None:
         raise SystemExit(f"{name}: the turn failed: {result.error}")
     return TurnShare(

@@ -21,10 +21,9 @@ from typing import Any
 from orchmode.core.events import EventBus
 from orchmode.core.pricing import default_prices
 from orchmode.core.settings import Settings
-from orchmode.model.gateway import ModelGateway
 from orchmode.model.providers import Credentials
 from orchmode.records.totals import SessionTotals
-from orchmode.session.agent import Conversation
+from orchmode.session.agent import open_conversation
 from orchmode.store.sqlite import SQLiteStore
 from orchmode.testing import ScriptedServer
 from orchmode.testing.scenario import OrchestrationScenario
@@ -40,15 +39,13 @@ async def fan_out(url: str, workdir: Path, **roles: Any) -> SessionTotals:
     totals = SessionTotals()
     events.subscribe(totals)
     store = SQLiteStore.open(workdir / "store.db")
-    gateway = ModelGateway(settings, Credentials(api_key="test-key"), events)
-    agent = Conversation(settings, gateway, workdir=workdir, store=store, events=events)
+    credentials = Credentials(api_key="test-key")
     try:
-        result = await agent.turn("Review this repository for bugs.")
-        if result.error is not None:
-            raise result.error
+        async with open_conversation(settings, credentials, events=events, store=store) as agent:
+            result = await agent.turn("Review this repository for bugs.")
+            if result.error is not None:
+                raise result.error
     finally:
-        await agent.close()
-        await gateway.close()
         await store.close()
     return totals
 

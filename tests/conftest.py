@@ -11,8 +11,11 @@ import pytest
 
 from orchmode.core.events import EventBus
 from orchmode.core.settings import Settings
+from orchmode.executors import Executor
 from orchmode.model.gateway import ModelGateway
 from orchmode.model.providers import Credentials
+from orchmode.session.agent import Conversation, start_conversation
+from orchmode.store import Store
 from orchmode.store.sqlite import SQLiteStore
 from orchmode.testing import Responder, ScriptedServer
 
@@ -125,3 +128,31 @@ async def _close_clients() -> AsyncIterator[None]:
         await _gateways.pop().close()
     while _stores:
         await _stores.pop().close()
+
+
+_conversations: list[Conversation] = []
+
+
+async def conversation_for(
+    settings: Settings,
+    *,
+    events: EventBus | None = None,
+    store: Store | None = None,
+    executor: Executor | None = None,
+    api_key: str = API_KEY,
+) -> Conversation:
+    """A conversation opened as every session opens one (the wiring builds its parts),
+    against the scripted server of ``settings``; closed, parts and all, by its ``close()``
+    or when the test ends."""
+    conversation = await start_conversation(
+        settings, Credentials(api_key=api_key), events=events, store=store, executor=executor
+    )
+    _conversations.append(conversation)
+    return conversation
+
+
+@pytest.fixture(autouse=True)
+async def _close_conversations() -> AsyncIterator[None]:
+    yield
+    while _conversations:
+        await _conversations.pop().close()

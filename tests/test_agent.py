@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from conftest import StartServer, gateway_for, settings_for, store_for
+from conftest import StartServer, conversation_for, settings_for, store_for
 from orchmode.core.errors import AuthError
 from orchmode.core.events import EventBus, TurnDone
 from orchmode.core.mode import Notice
@@ -23,9 +23,9 @@ def scripted(*replies: Reply | Fault) -> Any:
     return respond
 
 
-def session_for(server: ScriptedServer, tmp_path: Path, **overrides: Any) -> Session:
+async def session_for(server: ScriptedServer, tmp_path: Path, **overrides: Any) -> Session:
     settings = settings_for(server, tmp_path, **overrides)
-    return Session(settings, gateway_for(settings), workdir=tmp_path, store=store_for(tmp_path))
+    return await conversation_for(settings, store=store_for(tmp_path))
 
 
 def assert_all_accepted(server: ScriptedServer) -> None:
@@ -36,7 +36,7 @@ async def test_the_first_turn_carries_enter_directly_after_the_user_message(
     serve: StartServer, tmp_path: Path
 ) -> None:
     server = await serve(lambda r: Reply.text("hi"))
-    session = session_for(server, tmp_path)
+    session = await session_for(server, tmp_path)
     result = await session.turn("hello")
     assert (result.text, result.stop) == ("hi", "end_turn")
     assert server.log[0].body["messages"] == [
@@ -56,7 +56,7 @@ async def test_an_empty_reply_then_another_turn_is_accepted(
     serve: StartServer, tmp_path: Path
 ) -> None:
     server = await serve(scripted(Reply([]), Reply.text("second")))
-    session = session_for(server, tmp_path)
+    session = await session_for(server, tmp_path)
     first = await session.turn("one")
     assert first.stop == "empty" and "empty reply" in first.text
     second = await session.turn("two")
@@ -69,7 +69,7 @@ async def test_a_truncated_reply_is_dropped_from_the_history(
     serve: StartServer, tmp_path: Path
 ) -> None:
     server = await serve(scripted(Reply.text("cut of", stop_reason="max_tokens"), Reply.text("ok")))
-    session = session_for(server, tmp_path)
+    session = await session_for(server, tmp_path)
     first = await session.turn("one")
     assert (
         first.stop == "max_tokens"
@@ -87,7 +87,7 @@ async def test_refused_or_overflowing_replies_are_dropped(
     serve: StartServer, tmp_path: Path, stop: str
 ) -> None:
     server = await serve(scripted(Reply.text("no", stop_reason=stop), Reply.text("ok")))
-    session = session_for(server, tmp_path)
+    session = await session_for(server, tmp_path)
     first = await session.turn("one")
     assert first.stop == stop
     await session.turn("two")
@@ -99,7 +99,7 @@ async def test_pause_turn_continues_and_joins_the_text(serve: StartServer, tmp_p
     server = await serve(
         scripted(Reply.text("part one", stop_reason="pause_turn"), Reply.text("part two"))
     )
-    session = session_for(server, tmp_path)
+    session = await session_for(server, tmp_path)
     result = await session.turn("go")
     assert result.text == "part one\n\npart two" and result.model_calls == 2
     assert server.log[1].body["messages"][-1]["role"] == "assistant"
@@ -117,7 +117,7 @@ async def test_tool_calls_run_and_all_results_go_back_in_one_message(
         ]
     )
     server = await serve(scripted(two_calls, Reply.text("done")))
-    session = session_for(server, tmp_path)
+    session = await session_for(server, tmp_path)
     result = await session.turn("go")
     assert result.text == "done"
     results = server.log[1].body["messages"][-1]["content"]
@@ -130,7 +130,7 @@ async def test_the_turn_limit_is_reported(serve: StartServer, tmp_path: Path) ->
     server = await serve(
         lambda r: Reply.tool_use("bash", {"command": "true"}) if r.index < 3 else Reply.text("fine")
     )
-    session = session_for(server, tmp_path, main_turns=3)
+    session = await session_for(server, tmp_path, main_turns=3)
     result = await session.turn("loop forever")
     assert result.stop == "turn_limit" and "3 model calls" in result.text
     assert len(server.log) == 3
@@ -147,7 +147,7 @@ async def test_a_failed_request_ends_the_turn_and_the_next_turn_works(
             Reply.tool_use("bash", {"command": "true"}), Fault("server_error"), Reply.text("back")
         )
     )
-    session = session_for(server, tmp_path)
+    session = await session_for(server, tmp_path)
     first = await session.turn("one")
     assert first.stop == "error" and first.error is not None and "500" in first.text
     second = await session.turn("two")
@@ -162,8 +162,9 @@ async def test_a_bad_key_raises_auth_error(serve: StartServer, tmp_path: Path) -
     events = EventBus()
     seen: list[object] = []
     events.subscribe(seen.append)
-    gateway = gateway_for(settings, events, api_key="wrong")
-    session = Session(settings, gateway, workdir=tmp_path, store=store_for(tmp_path), events=events)
+    session = await conversation_for(
+        settings, events=events, store=store_for(tmp_path), api_key="wrong"
+    )
     with pytest.raises(AuthError, match="rejected the credentials"):
         await session.turn("hi")
     assert seen[-1] == TurnDone("error", 0)  # recorded as failed, not left open
@@ -171,7 +172,7 @@ async def test_a_bad_key_raises_auth_error(serve: StartServer, tmp_path: Path) -
 
 async def test_a_bad_workflow_call_is_an_error_result(serve: StartServer, tmp_path: Path) -> None:
     server = await serve(scripted(Reply.tool_use("Workflow", {"subtasks": []}), Reply.text("ok")))
-    session = session_for(server, tmp_path)
+    session = await session_for(server, tmp_path)
     await session.turn("go")
     result = server.log[1].body["messages"][-1]["content"][0]
     assert result["is_error"] is True and "no usable subtasks" in result["content"]
@@ -182,10 +183,10 @@ async def test_notices_fold_into_the_user_turn_for_endpoints_without_system_mess
     serve: StartServer, tmp_path: Path
 ) -> None:
     server = await serve(lambda r: Reply.text("hi"), system_messages=False)
-    refused = session_for(server, tmp_path / "a")
+    refused = await session_for(server, tmp_path / "a")
     result = await refused.turn("hello")
     assert result.error is not None and "400" in str(result.error)  # the plain way fails
-    session = session_for(server, tmp_path / "b", notice_delivery="user-text")
+    session = await session_for(server, tmp_path / "b", notice_delivery="user-text")
     assert (await session.turn("hello")).text == "hi"
     session.set_mode(False)
     assert (await session.turn("bye")).text == "hi"

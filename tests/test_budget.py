@@ -6,12 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import StartServer, gateway_for, settings_for, store_for
+from conftest import StartServer, conversation_for, settings_for, store_for
 from orchmode.core.events import TokenUsage
 from orchmode.core.pricing import ModelPrice, default_prices
 from orchmode.core.prompts import MAIN_SYSTEM, MAIN_TOOLS
 from orchmode.model.budget import BudgetExhausted, SessionBudget, estimate_input_tokens
-from orchmode.session.agent import Conversation as Session
 from orchmode.testing import Reply
 from orchmode.testing.scenario import OrchestrationScenario
 
@@ -46,7 +45,7 @@ async def test_a_token_cap_stops_requests_before_they_can_cross_it(
     cap = first + 1000 + 500
     settings = settings_for(server, tmp_path, max_tokens=1000, max_session_tokens=cap)
     store = store_for(tmp_path)
-    session = Session(settings, gateway_for(settings), workdir=tmp_path, store=store)
+    session = await conversation_for(settings, store=store)
     results = [await session.turn(f"question {i}") for i in range(5)]
     assert results[0].ok
     failed = [r for r in results if not r.ok]
@@ -61,7 +60,7 @@ async def test_settling_leaves_exactly_what_was_used(serve: StartServer, tmp_pat
     server = await serve(lambda r: Reply.text("answer " * 30))
     settings = settings_for(server, tmp_path, max_cost=10.0)
     store = store_for(tmp_path)
-    session = Session(settings, gateway_for(settings), workdir=tmp_path, store=store)
+    session = await conversation_for(settings, store=store)
     await session.turn("question")
     state = await store.budget(session.session_id)
     used = session.gateway.usage
@@ -78,7 +77,7 @@ async def test_a_dollar_cap_skips_subagents_and_says_so(serve: StartServer, tmp_
     # until a little has been spent.
     settings = settings_for(server, tmp_path, max_tokens=2000, max_cost=0.06, max_concurrent=2)
     store = store_for(tmp_path)
-    session = Session(settings, gateway_for(settings), workdir=tmp_path, store=store)
+    session = await conversation_for(settings, store=store)
     result = await session.turn("go")
     state = await store.budget(session.session_id)
     assert 0 < state.cost <= 0.06

@@ -339,3 +339,35 @@ def test_demo_runs_without_a_key_and_says_the_model_is_scripted(tmp_path: Path) 
         assert report.read_text().count('class="bar role-worker state-journal"') == 3
     finally:
         report.unlink()
+
+
+def _options_in_help(command: str, capsys: pytest.CaptureFixture[str]) -> list[str]:
+    from orchmode.cli.commands import main
+
+    with pytest.raises(SystemExit) as exited:
+        main([command, "--help"])
+    assert exited.value.code == 0
+    text = capsys.readouterr().out
+    return re.findall(r"^\s+(?:-\w, )?(--[\w-]+)", text, re.M)
+
+
+@pytest.mark.parametrize(
+    "command", ["budget", "show", "runs", "report", "approvals", "approve", "deny"]
+)
+def test_a_command_that_reads_the_store_lists_only_the_options_it_uses(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    options = _options_in_help(command, capsys)
+    assert "--workdir" in options and "--config" in options
+    assert not {"--sandbox", "--worker-effort", "--model", "--max-concurrent"} & set(options)
+    assert len(options) <= 12, options
+
+
+def test_a_command_that_starts_a_session_takes_every_setting(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from orchmode.core.settings import flag, flag_names
+
+    for command in ("run", "resume", "chat"):
+        options = set(_options_in_help(command, capsys))
+        assert {flag(name) for name in flag_names()} <= options, command

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from conftest import StartServer, gateway_for, settings_for, store_for
+from conftest import StartServer, conversation_for, settings_for, store_for
 from orchmode.core.events import ContextCompacted, EventBus, ResultCondensed, SubagentDone
 from orchmode.core.prompts import VERIFY_MARKER
 from orchmode.model.context import estimate_tokens
@@ -67,19 +67,13 @@ async def _close_sessions() -> AsyncIterator[None]:
         await _sessions.pop().close()
 
 
-def session_for(
+async def session_for(
     server: ScriptedServer, tmp_path: Path, events: EventBus | None = None, **overrides: Any
 ) -> Session:
     """A session on the scripted server; its shells are closed when the test ends."""
     settings = settings_for(server, tmp_path, **overrides)
     events = events or EventBus()
-    session = Session(
-        settings,
-        gateway_for(settings, events),
-        workdir=tmp_path,
-        store=store_for(tmp_path),
-        events=events,
-    )
+    session = await conversation_for(settings, events=events, store=store_for(tmp_path))
     _sessions.append(session)
     return session
 
@@ -176,7 +170,7 @@ async def test_six_turns_of_20_subtask_fanouts_all_complete_with_no_request_refu
     server = await serve(chat_scenario(), context_window=WINDOW, context_management=False)
     events = EventBus()
     seen = collect(events)
-    session = session_for(server, tmp_path, events, max_concurrent=40)
+    session = await session_for(server, tmp_path, events, max_concurrent=40)
     for turn in range(1, 7):
         result = await session.turn(f"turn {turn}")
         assert result.stop == "end_turn", result.text
@@ -200,7 +194,7 @@ async def test_the_apis_context_editing_clears_old_results_where_the_endpoint_ta
     server = await serve(chat_scenario(), context_window=WINDOW)
     events = EventBus()
     seen = collect(events)
-    session = session_for(server, tmp_path, events, max_concurrent=40)
+    session = await session_for(server, tmp_path, events, max_concurrent=40)
     for turn in range(1, 7):
         result = await session.turn(f"turn {turn}")
         assert result.text == "Turn done: 20 agents.", result.text
@@ -223,7 +217,7 @@ async def test_a_request_refused_as_too_long_is_compacted_and_sent_again(
     server = await serve(chat_scenario(), context_window=60_000, context_management=False)
     events = EventBus()
     seen = collect(events)
-    session = session_for(server, tmp_path, events, max_concurrent=40, context_window=120_000)
+    session = await session_for(server, tmp_path, events, max_concurrent=40, context_window=120_000)
     results = [await session.turn(f"turn {turn}") for turn in range(1, 4)]
     assert [r.text for r in results] == ["Turn done: 20 agents."] * 3
     too_long = [o for o in refused(server) if "prompt is too long" in o]
@@ -242,7 +236,7 @@ async def test_a_turn_that_cannot_fit_ends_clearly_and_the_next_one_works(
         return Reply.text(f"answer to {text}")
 
     server = await serve(respond, context_window=5_000, context_management=False)
-    session = session_for(server, tmp_path, context_window=50_000)
+    session = await session_for(server, tmp_path, context_window=50_000)
     first = await session.turn("huge " + "word " * 20_000)
     assert first.stop == "context_exceeded"
     assert "does not fit the model's context window" in first.text
@@ -283,7 +277,7 @@ async def test_the_main_agents_sandbox_reads_the_saved_reports_and_cannot_write_
     server = await serve(respond)
     (tmp_path / ".orchmode").mkdir()
     (tmp_path / ".orchmode" / "state.txt").write_text("orchmode's own, hidden")
-    session = session_for(server, tmp_path, verify=True)
+    session = await session_for(server, tmp_path, verify=True)
     await session.turn("go")
     (output,) = outputs
     assert '"summary": "a finding"' in output
@@ -300,7 +294,7 @@ async def test_every_agents_full_result_is_a_file_named_on_its_event(
     server = await serve(OrchestrationScenario(subtasks=3, report_bytes=3000))
     events = EventBus()
     seen = collect(events)
-    session = session_for(server, tmp_path, events)
+    session = await session_for(server, tmp_path, events)
     await session.turn("go")
     done = [e for e in seen if isinstance(e, SubagentDone)]
     assert len(done) == 6
@@ -319,7 +313,9 @@ async def test_a_condensed_result_is_byte_identical_on_a_journal_rerun(
     for run in range(2):
         events = EventBus()
         seen = collect(events)
-        session = session_for(server, tmp_path, events, workflow_result_tokens=8000, session="same")
+        session = await session_for(
+            server, tmp_path, events, workflow_result_tokens=8000, session="same"
+        )
         await session.turn("go")
         texts.append(next(e for e in seen if isinstance(e, ResultCondensed)))
         tool_result = next(text for text in tool_results(session) if "[agent 1:" in text)
@@ -336,7 +332,7 @@ async def test_a_verify_prompt_of_a_100kb_worker_result_stays_within_its_budget(
     serve: StartServer, tmp_path: Path
 ) -> None:
     server = await serve(OrchestrationScenario(subtasks=1, report_bytes=100_000))
-    session = session_for(server, tmp_path, verify_quote_tokens=5_000)
+    session = await session_for(server, tmp_path, verify_quote_tokens=5_000)
     await session.turn("go")
     verifier = next(e for e in server.log if role_of(e.body) == "verifier")
     prompt = first_user_text(ScriptedRequest(0, verifier.body, {}))
@@ -370,7 +366,7 @@ async def test_a_subagents_long_conversation_stays_inside_the_window(
     server = await serve(respond, context_window=20_000, context_management=False)
     events = EventBus()
     seen = collect(events)
-    session = session_for(
+    session = await session_for(
         server, tmp_path, events, context_window=20_000, context_management="harness"
     )
     result = await session.turn("go")
@@ -411,7 +407,7 @@ async def test_a_size_past_the_point_only_by_the_estimates_slack_is_counted_by_t
     server = await serve(respond, context_window=window)
     events = EventBus()
     seen = collect(events)
-    session = session_for(
+    session = await session_for(
         server,
         tmp_path,
         events,
@@ -434,7 +430,7 @@ async def test_a_scripts_value_is_held_to_the_result_budget_and_saved_whole(
     server = await serve(OrchestrationScenario(script=script, report_bytes=6000))
     events = EventBus()
     seen = collect(events)
-    session = session_for(server, tmp_path, events, workflow_result_tokens=6000)
+    session = await session_for(server, tmp_path, events, workflow_result_tokens=6000)
     await session.turn("go")
     result = next(text for text in tool_results(session) if "Review area" in text)
     assert estimate_tokens(result) <= 6000

@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from conftest import StartServer, gateway_for, settings_for, store_for
+from conftest import API_KEY, StartServer, settings_for
 from escape_attempts import (
     ATTEMPTS,
     BY_ID,
@@ -55,7 +55,8 @@ from orchmode.core.events import ChangeSettled, Event, EventBus
 from orchmode.core.secrets import WITHHELD_NOTE, Secrets
 from orchmode.core.settings import SandboxMode, Settings
 from orchmode.executors.host import ShellFactory
-from orchmode.session.agent import Conversation
+from orchmode.model.providers import Credentials
+from orchmode.session.agent import open_conversation
 from orchmode.shell.bash import BashSession, ShellResult
 from orchmode.shell.bwrap import probe
 from orchmode.testing import Reply, ScriptedRequest, ScriptedServer
@@ -531,12 +532,8 @@ async def test_a_run_whose_agents_all_attack_completes_and_every_change_stays_in
     events = EventBus()
     seen: list[Event] = []
     events.subscribe(seen.append)
-    store = store_for(state)
-    session = Conversation(settings, gateway_for(settings, events), workdir=work, store=store)
-    try:
+    async with open_conversation(settings, Credentials(api_key=API_KEY), events=events) as session:
         await session.turn("do the work")
-    finally:
-        await session.close()
 
     # every role tried every attempt
     ran = {role: scenario.stats.get(role, 0) for role in roles}

@@ -14,7 +14,7 @@ from orchmode.executors import Executor, check_executor, open_executor
 from orchmode.executors.host import AgentHost, ShellFactory
 from orchmode.executors.local import LocalExecutor
 from orchmode.model.providers import Credentials
-from orchmode.session.agent import Conversation
+from orchmode.session.agent import open_conversation
 from orchmode.store.claims import claim_within, holder_name, holding
 
 
@@ -34,16 +34,11 @@ async def test_a_conversation_runs_its_agents_on_the_executor_open_executor_give
     tmp_path: Path,
 ) -> None:
     settings = Settings(sandbox="off", workdir=tmp_path)
-    conversation = Conversation(
-        settings, gateway_for(settings), workdir=tmp_path, store=store_for(tmp_path)
-    )
-    try:
+    async with open_conversation(settings, Credentials(api_key=API_KEY)) as conversation:
         executor = conversation.executor
         assert isinstance(executor, LocalExecutor)
         assert executor.host.store is conversation.store
         assert executor.host.make_shell is conversation.make_shell
-    finally:
-        await conversation.close()
 
 
 def test_the_ray_executor_is_refused_with_a_sqlite_store_before_anything_opens(

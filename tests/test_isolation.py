@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from conftest import StartServer, gateway_for, settings_for, store_for
+from conftest import StartServer, conversation_for, settings_for, store_for
 from orchmode.core.events import ChangeSettled, Event, EventBus, WorkspacesChosen
 from orchmode.core.prompts import RESOLVE_MARKER
 from orchmode.session.agent import Conversation as Session
@@ -83,7 +83,7 @@ async def run(
     events.subscribe(keep)
     tmp_path.mkdir(exist_ok=True)
     store = store_for(tmp_path)
-    session = Session(settings, gateway_for(settings, events), workdir=workdir, store=store)
+    session = await conversation_for(settings, events=events, store=store)
     try:
         await session.turn("do the work")
     finally:
@@ -647,9 +647,7 @@ async def test_where_overlays_are_refused_the_run_says_so_once_and_copies_still_
     subtasks = [f"Write {i} $ echo {i} > f{i}.txt" for i in range(1, 4)]
     server = await serve(editing(subtasks))
     settings = settings_for(server, tmp_path, workdir=workdir)
-    session = Session(
-        settings, gateway_for(settings, events), workdir=workdir, store=store_for(tmp_path)
-    )
+    session = await conversation_for(settings, events=events, store=store_for(tmp_path))
     try:
         await session.turn("do the work")
     finally:

@@ -25,6 +25,7 @@ import orchmode
 from conftest import API_KEY, StartServer
 from orchmode.core.mode import Notice
 from orchmode.core.prompts import NOTICES, VERIFY_MARKER
+from orchmode.session.run_record import RunRecord
 from orchmode.testing import LoggedRequest, ScriptedServer
 from orchmode.testing.scenario import OrchestrationScenario
 from recorded_runs import base_env
@@ -400,7 +401,7 @@ def test_import_orchmode_loads_no_sdk_until_the_api_is_used() -> None:
 async def _an_unfinished_run(server: ScriptedServer, tmp_path: Path) -> str:
     """A session `orchmode run` left between its two turns: `orchmode resume` finishes it."""
     async with opened(tmp_path, server, session="cut") as session:
-        session.conversation.meta = {"command": "run", "task": "Review this", "phase": 1}
+        session.conversation.run = RunRecord(task="Review this")
         assert (await session.turn("Review this")).ok
     return "cut"
 
@@ -416,7 +417,7 @@ async def test_every_command_starts_its_session_with_the_library_open_session(
     """A subscriber added to ``orchmode.open_session`` sees exactly what the command's own
     view printed (its --json lines): the command's views are subscribers of that session,
     so a start-up of its own would leave the subscriber empty."""
-    from orchmode.cli import chat, commands
+    from orchmode.cli import chat, running
     from orchmode.core.settings import Settings
     from orchmode.session import api
     from orchmode.views.display import event_record
@@ -438,9 +439,9 @@ async def test_every_command_starts_its_session_with_the_library_open_session(
     assert chat.open_session is real  # the public one, bound when the chat was imported
     monkeypatch.setattr(chat, "open_session", spy)
     if command == "run":
-        await commands._run(settings, "Review this", tmp_path, credentials, display_mode="json")
+        await running._run(settings, "Review this", tmp_path, credentials, display_mode="json")
     elif command == "resume":
-        await commands._resume(settings, tmp_path, wanted, credentials=credentials,
+        await running._resume(settings, tmp_path, wanted, credentials=credentials,
                                display_mode="json")  # fmt: skip
     else:
         lines = io.StringIO("Review this\n/exit\n")

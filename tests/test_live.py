@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from conftest import StartServer, gateway_for, settings_for, store_for
+from conftest import StartServer, conversation_for, settings_for, store_for
 from network_runs import (
     APPROVAL_ID,
     ASK_WHY,
@@ -39,7 +39,6 @@ from orchmode.core.events import (
 )
 from orchmode.core.settings import Settings
 from orchmode.records.totals import SessionTotals
-from orchmode.session.agent import Conversation as Session
 from orchmode.testing.scenario import OrchestrationScenario
 from orchmode.views.display import JsonDisplay, PlainDisplay
 from orchmode.views.live import DONE, JOURNAL, SKIPPED, LiveView
@@ -57,8 +56,7 @@ async def record_turn(settings: Settings, tmp_path: Path, *views: Any) -> list[E
     events.subscribe(seen.append)
     for view in views:
         events.subscribe(view)
-    gateway = gateway_for(settings, events)
-    session = Session(settings, gateway, workdir=tmp_path, store=store_for(tmp_path), events=events)
+    session = await conversation_for(settings, events=events, store=store_for(tmp_path))
     try:
         session.set_mode(True)
         result = await session.turn("review this")

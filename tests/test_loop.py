@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conftest import StartServer, gateway_for, settings_for, store_for
+from conftest import API_KEY, StartServer, gateway_for, settings_for
 from orchmode.core.events import ContextCompacted, EventBus, TokenUsage
 from orchmode.core.prompts import SUBAGENT_SYSTEM, SUBAGENT_TOOLS
 from orchmode.core.results import Status
@@ -21,8 +21,9 @@ from orchmode.executors.subagent import Subagent
 from orchmode.loop import STOPS, AgentLoop, Ending, Finish, Room, Step, Toolbox, rule_for
 from orchmode.loop.toolbox import NOT_RUN
 from orchmode.model.context import Meter, Window
+from orchmode.model.providers import Credentials
 from orchmode.model.reply import ModelReply
-from orchmode.session.agent import Conversation
+from orchmode.session.agent import open_conversation
 from orchmode.shell.bash import BashSession
 from orchmode.testing import Reply, ScriptedRequest
 from orchmode.testing.scenario import report
@@ -139,11 +140,8 @@ async def test_the_main_turn_and_a_subagent_end_a_dropped_reply_by_the_same_rule
 ) -> None:
     server = await serve(lambda r: Reply.text("partial", stop_reason=stop))
     settings = settings_for(server, tmp_path)
-    session = Conversation(
-        settings, gateway_for(settings), workdir=tmp_path, store=store_for(tmp_path)
-    )
-    main = await session.turn("go")
-    await session.close()
+    async with open_conversation(settings, Credentials(api_key=API_KEY)) as session:
+        main = await session.turn("go")
     worker, _ = await run_subagent(server, tmp_path)
     rule = STOPS[stop]
     assert main.stop == stop and main.text.endswith(rule.note)
@@ -219,15 +217,8 @@ async def test_a_main_request_refused_as_too_long_does_not_use_up_a_turn(
         context_management="harness",
         output_limit=200_000,
     )
-    session = Conversation(
-        settings,
-        gateway_for(settings, events),
-        workdir=tmp_path,
-        store=store_for(tmp_path),
-        events=events,
-    )
-    result = await session.turn("go")
-    await session.close()
+    async with open_conversation(settings, Credentials(api_key=API_KEY), events=events) as session:
+        result = await session.turn("go")
     assert (result.text, result.stop) == ("done", "end_turn")
     assert [e.status for e in server.log] == [200, 400, 200]
     assert result.model_calls == 3  # every request sent, the refused one too

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conftest import StartServer, gateway_for, settings_for, store_for
+from conftest import StartServer, conversation_for, settings_for, store_for
 from mcp_servers import http_server, value_of
 from orchmode.core.errors import ConfigError
 from orchmode.core.events import Event, EventBus, McpCallDone, McpServerFailed, SubagentDone
@@ -87,9 +87,7 @@ async def run_session(
     events: list[Event] = []
     bus = EventBus()
     bus.subscribe(events.append)
-    session = Session(
-        settings, gateway_for(settings, bus), workdir=tmp_path, store=store_for(tmp_path)
-    )
+    session = await conversation_for(settings, events=bus, store=store_for(tmp_path))
     try:
         result = await session.turn("look into the project")
     finally:
@@ -281,10 +279,9 @@ async def test_permission_rules_and_annotations_decide_each_call(
     bus.subscribe(events.append)
     rules, warnings = Rules.load(settings, tmp_path, {"HOME": str(tmp_path)})
     assert not warnings
-    session = Session(
+    session = await conversation_for(
         settings,
-        gateway_for(settings, bus),
-        workdir=tmp_path,
+        events=bus,
         store=store_for(tmp_path),
         rules=rules,
     )
@@ -438,9 +435,7 @@ async def test_mcp_tools_are_part_of_a_subagents_journal_key(
         done: list[SubagentDone] = []
         bus = EventBus()
         bus.subscribe(lambda e: done.append(e) if isinstance(e, SubagentDone) else None)
-        session = Session(
-            settings, gateway_for(settings, bus), workdir=tmp_path, store=store_for(tmp_path)
-        )
+        session = await conversation_for(settings, events=bus, store=store_for(tmp_path))
         try:
             assert (await session.turn("check")).ok
         finally:

@@ -13,11 +13,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conftest import StartServer, gateway_for, settings_for
+from conftest import StartServer, conversation_for, settings_for
 from orchmode.executors.host import AgentHost
 from orchmode.executors.local import LocalExecutor
 from orchmode.executors.pool import Pace, Ready, SandboxPool
-from orchmode.session.agent import Conversation as Session
 from orchmode.shell.bash import BashSession
 from orchmode.shell.bwrap import probe
 from orchmode.store.sqlite import SQLiteStore
@@ -59,7 +58,7 @@ async def fan_out(
     output of every bash command the shells ran."""
     settings = settings_for(server, tmp_path, **overrides)
     store = SQLiteStore.open(tmp_path / "store.db")
-    session = Session(settings, gateway_for(settings), workdir=tmp_path, store=store)
+    session = await conversation_for(settings, store=store)
     try:
         await session.turn("check them all")
         assert isinstance(session.executor, LocalExecutor)

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from conftest import StartServer, gateway_for, settings_for, store_for
+from conftest import StartServer, conversation_for, settings_for, store_for
 from orchmode.core.events import (
     BashDone,
     BashStarted,
@@ -41,7 +41,6 @@ from orchmode.core.prompts import RESOLVE_MARKER, VERIFY_MARKER
 from orchmode.records.codec import event_row
 from orchmode.records.history import AgentRecord, Resolving, SessionHistory, read_session
 from orchmode.records.totals import SessionTotals
-from orchmode.session.agent import Conversation as Session
 from orchmode.shell.bwrap import probe
 from orchmode.testing.scenario import OrchestrationScenario
 from orchmode.views.display import PlainDisplay
@@ -573,8 +572,7 @@ async def test_a_real_run_s_resolvers_are_drawn_in_every_view(
     view = LiveView(SessionTotals(), clock=Clock())
     for subscriber in (seen.append, PlainDisplay(plain_out), view):
         bus.subscribe(subscriber)
-    session = Session(settings, gateway_for(settings, bus), workdir=workdir,
-                      store=store_for(tmp_path), events=bus)  # fmt: skip
+    session = await conversation_for(settings, events=bus, store=store_for(tmp_path))
     try:
         assert (await session.turn("write the parts")).ok
     finally:

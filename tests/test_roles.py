@@ -10,11 +10,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conftest import StartServer, gateway_for, settings_for, store_for
+from conftest import API_KEY, StartServer, settings_for
 from orchmode.core.events import Event, EventBus, ModelRequestDone, SubagentDone
 from orchmode.core.pricing import MODEL_ALIASES, default_prices
 from orchmode.core.settings import Settings
-from orchmode.session.agent import Conversation
+from orchmode.model.providers import Credentials
+from orchmode.session.agent import open_conversation
 from orchmode.testing import ScriptedServer
 from orchmode.testing.scenario import OrchestrationScenario, role_of
 from recorded_runs import orchmode
@@ -28,12 +29,8 @@ async def run_session(server: ScriptedServer, tmp_path: Path, **overrides: Any) 
     events = EventBus()
     seen: list[Event] = []
     events.subscribe(seen.append)
-    store = store_for(tmp_path)
-    session = Conversation(settings, gateway_for(settings, events), workdir=tmp_path, store=store)
-    try:
+    async with open_conversation(settings, Credentials(api_key=API_KEY), events=events) as session:
         await session.turn("review it")
-    finally:
-        await session.close()
     return seen
 
 

@@ -22,9 +22,8 @@ from typing import Any
 
 import pytest
 
-from conftest import gateway_for, store_for
+from conftest import conversation_for, store_for
 from orchmode.core.settings import SandboxMode, Settings
-from orchmode.session.agent import Conversation as Session
 from orchmode.shell.bash import BashSession, ShellResult
 from orchmode.shell.bwrap import probe
 from orchmode.shell.environment import command_environment
@@ -285,7 +284,7 @@ async def test_a_session_shell_has_no_api_key_and_no_home(
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.setenv("ANTHROPIC_API_KEY", API_KEY)
     settings = Settings(base_url="http://127.0.0.1:9", workdir=tmp_path)
-    session = Session(settings, gateway_for(settings), workdir=tmp_path, store=store_for(tmp_path))
+    session = await conversation_for(settings, store=store_for(tmp_path))
     try:
         assert session.shell.sandbox_mode == "workspace-write"
         result = await session.shell.run("env; cat ~/.ssh/id_ed25519")

@@ -10,10 +10,9 @@ from typing import Any
 
 import pytest
 
-from conftest import StartServer, gateway_for, settings_for, store_for
+from conftest import StartServer, conversation_for, settings_for, store_for
 from orchmode.core.events import EventBus, ScriptDone, ScriptStarted, SubagentDone, SubagentStarted
 from orchmode.core.prompts import WORKFLOW_DESCRIPTION
-from orchmode.session.agent import Conversation as Session
 from orchmode.session.agent import TurnResult
 from orchmode.testing import Reply, ScriptedRequest, ScriptedServer
 from orchmode.testing.scenario import OrchestrationScenario, first_user_text, role_of
@@ -53,9 +52,7 @@ async def run_session(
 ) -> TurnResult:
     settings = settings_for(server, tmp_path, **overrides)
     events = events or EventBus()
-    session = Session(
-        settings, gateway_for(settings, events), workdir=tmp_path, store=store_for(tmp_path)
-    )
+    session = await conversation_for(settings, events=events, store=store_for(tmp_path))
     try:
         return await session.turn("review it")
     finally:
@@ -257,7 +254,7 @@ async def test_a_used_up_session_budget_comes_back_as_skipped_errors(
 async def test_both_forms_or_neither_is_an_error_result(serve: StartServer, tmp_path: Path) -> None:
     server = await serve(scenario("1"))
     settings = settings_for(server, tmp_path)
-    session = Session(settings, gateway_for(settings), workdir=tmp_path, store=store_for(tmp_path))
+    session = await conversation_for(settings, store=store_for(tmp_path))
     try:
         both = await session.workflow.run({"subtasks": ["a"], "script": "agent('a')"})
         neither = await session.workflow.run({})

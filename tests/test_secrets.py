@@ -339,8 +339,9 @@ async def test_a_secret_file_made_between_turns_is_withheld_from_the_main_shell_
 ) -> None:
     """The main shell outlives a turn; a key the user saves meanwhile is looked for when
     the next turn starts, and the shell that still shows it is replaced before it can."""
-    from conftest import gateway_for, settings_for, store_for
-    from orchmode.session.agent import Conversation
+    from conftest import API_KEY, settings_for
+    from orchmode.model.providers import Credentials
+    from orchmode.session.agent import open_conversation
     from orchmode.testing import Reply, ScriptedRequest
 
     work = tmp_path / "work"
@@ -356,13 +357,10 @@ async def test_a_secret_file_made_between_turns_is_withheld_from_the_main_shell_
 
     server = await serve(respond)
     settings = settings_for(server, tmp_path, workdir=work)
-    session = Conversation(settings, gateway_for(settings), workdir=work, store=store_for(tmp_path))
-    try:
+    async with open_conversation(settings, Credentials(api_key=API_KEY)) as session:
         await session.turn("look around")
         key.write_text(f"{PEM_BODY}\n")  # saved meanwhile
         await session.turn("read the key")
-    finally:
-        await session.close()
     (result,) = server.log[3].body["messages"][-1]["content"]
     text = json.dumps(result)
     assert PEM_BODY not in json.dumps([e.body for e in server.log])

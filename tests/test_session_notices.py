@@ -10,12 +10,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import API_KEY
+from conftest import API_KEY, conversation_for
 from orchmode.core.prompts import NOTICES
 from orchmode.core.settings import Settings
-from orchmode.model.gateway import ModelGateway
-from orchmode.model.providers import Credentials
-from orchmode.session.agent import Conversation as Session
 from orchmode.store.sqlite import SQLiteStore
 from orchmode.testing import Reply, ScriptedServer
 from test_mode import events, reference
@@ -40,9 +37,8 @@ async def drive(
     config = Settings(
         base_url=server.url, max_retries=0, mode=start_on, refresh_every=every, workdir=workdir
     )
-    gateway = ModelGateway(config, Credentials(api_key=API_KEY))
     store = SQLiteStore.open(workdir / "store.db")
-    session = Session(config, gateway, workdir=workdir, store=store)
+    session = await conversation_for(config, store=store)
     try:
         for n, (kind, value) in enumerate(script):
             if kind == "set":
@@ -52,7 +48,6 @@ async def drive(
                 assert result.ok, result.text
     finally:
         await session.close()
-        await gateway.close()
         await store.close()
     return session.history
 

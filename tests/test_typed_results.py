@@ -13,13 +13,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from conftest import StartServer, gateway_for, settings_for, store_for
+from conftest import StartServer, conversation_for, settings_for, store_for
 from orchmode.core.agents import load_definitions
 from orchmode.core.events import EventBus, SubagentDone
 from orchmode.executors import Job
 from orchmode.fanout.plans import Plan, plan_subtasks
 from orchmode.model.context import estimate_tokens
-from orchmode.session.agent import Conversation as Session
 from orchmode.testing import ScriptedServer
 from orchmode.testing.scenario import OrchestrationScenario, role_of, schema_instance
 from test_result_schemas import SCORES
@@ -63,12 +62,7 @@ async def run_session(
     server: ScriptedServer, tmp_path: Path, events: EventBus | None = None, **overrides: Any
 ) -> str:
     settings = settings_for(server, tmp_path, **overrides)
-    session = Session(
-        settings,
-        gateway_for(settings, events or EventBus()),
-        workdir=tmp_path,
-        store=store_for(tmp_path),
-    )
+    session = await conversation_for(settings, events=events, store=store_for(tmp_path))
     try:
         return (await session.turn("review it")).text
     finally:

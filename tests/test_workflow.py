@@ -8,9 +8,8 @@ from typing import Any
 
 import pytest
 
-from conftest import StartServer, gateway_for, settings_for, store_for
+from conftest import StartServer, conversation_for, settings_for, store_for
 from orchmode.core.events import EventBus, SubagentDone
-from orchmode.session.agent import Conversation as Session
 from orchmode.store.sqlite import SQLiteStore
 from orchmode.testing import MIXED, Fault, Reply, ScriptedRequest, ScriptedServer
 from orchmode.testing.scenario import OrchestrationScenario, first_user_text, role_of
@@ -41,7 +40,7 @@ async def run_session(
     settings = settings_for(server, tmp_path, **overrides)
     events = EventBus()
     store = SQLiteStore.open(tmp_path / "store.db")
-    session = Session(settings, gateway_for(settings, events), workdir=tmp_path, store=store)
+    session = await conversation_for(settings, events=events, store=store)
     try:
         result = await session.turn("review it")
     finally:
@@ -186,9 +185,7 @@ async def test_events_tell_the_story_of_the_fan_out(serve: StartServer, tmp_path
     events = EventBus()
     seen: list[Any] = []
     events.subscribe(seen.append)
-    session = Session(
-        settings, gateway_for(settings, events), workdir=tmp_path, store=store_for(tmp_path)
-    )
+    session = await conversation_for(settings, events=events, store=store_for(tmp_path))
     await session.turn("go")
     await session.close()
     done = [e for e in seen if isinstance(e, SubagentDone)]
@@ -270,8 +267,7 @@ async def test_subagent_costs_and_the_main_agent_add_up_to_the_session(
     events = EventBus()
     events.subscribe(seen.append)
     store = SQLiteStore.open(tmp_path / "store.db")
-    gateway = gateway_for(settings, events)
-    session = Session(settings, gateway, workdir=tmp_path, store=store)
+    session = await conversation_for(settings, events=events, store=store)
     await session.turn("review it")
     await session.close()
     await store.close()
@@ -281,6 +277,7 @@ async def test_subagent_costs_and_the_main_agent_add_up_to_the_session(
     assert len(done) == 10 and all(d.cost == pytest.approx(price.cost(d.usage)) for d in done)
     assert all(d.cost > 0 for d in done)
     total = sum(d.cost for d in done) + sum(m.cost for m in main)
+    gateway = session.gateway
     assert total == pytest.approx(gateway.cost) and gateway.cost > 0
 
 

@@ -43,20 +43,22 @@ if TYPE_CHECKING:
     from .core.settings import Settings
     from .model.gateway import ModelGateway
     from .model.providers import Credentials
+    from .records.totals import RequestTotals, Totals
     from .session.agent import SessionBusy, TurnResult
-    from .session.api import (
+    from .session.api import EventStream, Session, SessionClosed, open_session
+    from .session.ledger import BudgetReport
+    from .session.resume import CannotResume, Interrupted
+    from .session.run_record import RunRecord
+    from .session.runs import RunAnswer, RunResult
+    from .session.stored import (
         ApprovalNotPending,
-        EventStream,
-        RequestTotals,
-        Session,
-        SessionClosed,
-        Totals,
         approvals,
         approve,
+        budget,
         deny,
-        open_session,
+        interrupted_run,
+        resumable,
     )
-    from .session.resume import CannotResume
     from .store.base import Approval, ApprovalRequest
 
 #: The events' public names, derived from their one declaration (``core/events.py`` is small:
@@ -69,17 +71,25 @@ _LAZY = {
     "Session": "session.api",
     "SessionClosed": "session.api",
     "EventStream": "session.api",
-    "Totals": "session.api",
-    "RequestTotals": "session.api",
-    "approvals": "session.api",
-    "approve": "session.api",
-    "deny": "session.api",
-    "ApprovalNotPending": "session.api",
+    "Totals": "records.totals",
+    "RequestTotals": "records.totals",
+    "RunResult": "session.runs",
+    "RunAnswer": "session.runs",
+    "RunRecord": "session.run_record",
+    "BudgetReport": "session.ledger",
+    "Interrupted": "session.resume",
+    "CannotResume": "session.resume",
+    "approvals": "session.stored",
+    "approve": "session.stored",
+    "budget": "session.stored",
+    "deny": "session.stored",
+    "interrupted_run": "session.stored",
+    "resumable": "session.stored",
+    "ApprovalNotPending": "session.stored",
     "Approval": "store.base",
     "ApprovalRequest": "store.base",
     "TurnResult": "session.agent",
     "SessionBusy": "session.agent",
-    "CannotResume": "session.resume",
     "Credentials": "model.providers",
     "ModelGateway": "model.gateway",
     "Settings": "core.settings",
@@ -92,18 +102,23 @@ __all__ = [
     "ApprovalRequest",
     "AuthError",
     "BudgetExhausted",
+    "BudgetReport",
     "CannotResume",
     "ClusterError",
     "ConfigError",
     "Credentials",
     "EndpointError",
     "EventStream",
+    "Interrupted",
     "ModelGateway",
     "ModelRequestError",
     "OrchmodeError",
     "Overloaded",
     "PromptTooLong",
     "RequestTotals",
+    "RunAnswer",
+    "RunRecord",
+    "RunResult",
     "SandboxError",
     "Session",
     "SessionBusy",
@@ -119,8 +134,11 @@ __all__ = [
     "__version__",
     "approvals",
     "approve",
+    "budget",
     "deny",
+    "interrupted_run",
     "open_session",
+    "resumable",
 ]
 __all__ += _EVENTS
 

@@ -35,12 +35,10 @@ from ..core.settings import Settings
 from ..model.providers import Credentials
 from ..records.totals import SessionTotals
 from ..session.api import Session, TurnResult, open_session
-from ..session.resume import interrupted
 from ..views.display import Display, DisplayMode, make_display
 from ..views.escape import visible
 from ..views.markdown import print_answer
 from .answers import answer, doing
-from .failures import unless_the_store_fails
 
 PROMPT = "you> "
 
@@ -245,7 +243,7 @@ class Chat:
     async def _drive(self, work: Coroutine[Any, Any, TurnResult]) -> None:
         """Run one turn (a new one, or an interrupted one finished) so Ctrl-C cancels it,
         reading lines meanwhile."""
-        self.turn_task = asyncio.create_task(unless_the_store_fails(self.session, work))
+        self.turn_task = asyncio.create_task(work)
         reader = asyncio.create_task(self._meanwhile())
         try:
             result = await self.turn_task
@@ -324,9 +322,7 @@ class Chat:
                     f"[chat] mode {self._mode()} · session {self.session.id} · {self.turns()} turns"
                 )
             case "/budget":
-                conversation = self.session.conversation
-                state = await conversation.store.budget(self.session.id)
-                self.say(f"[chat] {conversation.budget.describe(state)}")
+                self.say(f"[chat] {(await self.session.budget()).describe()}")
             case "/cost":
                 self.say(f"[chat] {self.totals.describe()}")
             case "/resume" if self.unfinished:
@@ -364,11 +360,7 @@ class Chat:
 
     def turns(self) -> int:
         """User turns in the conversation, resumed ones included (tool results are not turns)."""
-        return sum(
-            1
-            for m in self.session.conversation.history
-            if m.get("role") == "user" and isinstance(m.get("content"), str)
-        )
+        return self.session.user_turns
 
 
 def _install_interrupt(handler: Callable[[], None]) -> Callable[[], None]:
@@ -388,7 +380,7 @@ def _install_interrupt(handler: Callable[[], None]) -> Callable[[], None]:
 async def run_chat(
     settings: Settings,
     workdir: Path,
-    credentials: Credentials,
+    credentials: Credentials | None,
     *,
     display_mode: DisplayMode,
     stdin: TextIO | None = None,
@@ -408,8 +400,7 @@ async def run_chat(
             for warning in warnings:
                 display.notice(f"orchmode: warning: {warning}")
             session.subscribe(display)
-            store = session.conversation.store
-            cut_off = session.resumed and await interrupted(store, session.id) is not None
+            cut_off = session.resumed and await session.interrupted()
             if session.resumed:
                 state = "on" if session.mode else "off"
                 display.notice(f"[session] resuming {session.id} (mode {state})")

@@ -45,8 +45,9 @@ from typing import Any, Literal, cast, get_args
 
 import yaml
 
+from .errors import ConfigError
 from .pricing import model_id
-from .settings import Effort, Isolation
+from .settings import Effort, Isolation, Settings
 from .wire import Block
 
 #: Where a project's and a user's definitions live, as in Claude Code.
@@ -397,3 +398,16 @@ def _shown(path: Path, workdir: Path, home: Path) -> str:
         except ValueError:
             continue
     return str(path)
+
+
+def check_role_prices(roles: Mapping[str, AgentDefinition], settings: Settings) -> None:
+    """Under a cost cap, a role whose model has no price is an error before anything runs,
+    as the settings' own models are."""
+    if settings.max_cost is None:
+        return
+    for role in roles.values():
+        if role.model is not None and settings.price(role.model) is None:
+            raise ConfigError(
+                f"max_cost needs a price for {role.model}, the model of agent "
+                f"{role.name!r} ({role.path}) — add one to the prices setting"
+            )

@@ -59,8 +59,8 @@ from ..tools.mcpconfig import McpConfig, load
 from ..tools.mcptools import McpHub
 from ..trees.trees import Trees
 from . import Job, WorkerLost
-from .approvals import Approvals
 from .host import AgentHost, ShellFactory
+from .node import NodeParts, node_parts, session_permits
 from .parking import RemoteParking
 from .parking import current as current_parking
 from .permits import Permits
@@ -167,6 +167,7 @@ class AgentPool:
         self.gateways: list[ModelGateway] = []
         self.make_shell: ShellFactory | None = None
         self.trees: Trees | None = None
+        self.node: NodeParts | None = None
 
     async def ready(self) -> NodeInfo:
         """Open the store and build the shells' sandbox; say where this actor is."""
@@ -176,15 +177,16 @@ class AgentPool:
         if self.mcp_config is not None:
             self.mcp = McpHub.of(self.mcp_config, self.settings, Path.cwd(), self.events)
             secrets += self.mcp_config.secrets
-        masker = Masker([*secrets, *(self.masked.value.split("\n") if self.masked else ())])
-        self.node_masker = masker
+        masker = Masker(self.masked.value.split("\n") if self.masked else ())
         withheld = Secrets(SecretFiles(self.settings.secret_files), Path.cwd(), masker)
         withheld.look()
-        if self.mcp is not None:
-            self.mcp.share_masker(masker)
-        self.make_shell = ShellFactory.build(self.settings, Path.cwd(), secrets, secrets=withheld)
         # Copies live outside the directory Ray unpacked: Ray may replace that one.
-        self.trees = Trees(Path.cwd(), home=Path(tempfile.mkdtemp(prefix="orchmode-trees-")))
+        home = Path(tempfile.mkdtemp(prefix="orchmode-trees-"))
+        self.node = node_parts(
+            self.settings, Path.cwd(), withheld, secrets, self.mcp, trees_home=home
+        )
+        self.node_masker = masker
+        self.make_shell, self.trees = self.node.make_shell, self.node.trees
         sandbox = self.make_shell.sandbox
         problem = sandbox.probe().problem if sandbox is not None else None
         context = ray.get_runtime_context()
@@ -240,15 +242,12 @@ class AgentPool:
             gateway.budget = SessionBudget(self.store, session, self.settings)
             self.gateways.append(gateway)
             permits = None
-            if self.rules is not None:
+            if self.rules is not None and self.node is not None:
                 rules, workdir = self.rules
-                approvals = Approvals(
-                    self.store, session, Path(workdir), self.settings, self.events.emit
-                )
-                permits = Permits(rules, session, Path(workdir), approvals, self.node_masker)
-                sandbox = self.make_shell.sandbox
-                if sandbox is not None and sandbox.proxy is not None:
-                    permits.guard(sandbox.proxy)
+                _, permits = session_permits(
+                    rules, self.store, session, Path(workdir), self.settings, self.events.emit,
+                    self.node,
+                )  # fmt: skip
             host = AgentHost(
                 self.settings,
                 gateway,

@@ -164,15 +164,20 @@ class SessionBudget:
 
     def describe(self, state: BudgetState) -> str:
         """``12 of 500 subagents launched; 120,340 tokens; $0.84 spent``, with any caps."""
-        s = self.settings
-        parts = [f"{state.subagents} of {s.max_subagents} subagents launched"]
-        tokens = f"{state.tokens:,}"
-        if s.max_session_tokens is not None:
-            tokens += f" of {s.max_session_tokens:,}"
-        parts.append(f"{tokens} tokens")
-        if s.unpriced() is None:
-            cost = f"${state.cost:.2f}"
-            if s.max_cost is not None:
-                cost += f" of ${s.max_cost:.2f}"
-            parts.append(f"{cost} spent")
-        return "; ".join(parts)
+        return describe_budget(state, self.settings)
+
+
+def describe_budget(state: BudgetState, settings: Settings) -> str:
+    """``12 of 500 subagents launched; 120,340 tokens; $0.84 spent``, with the caps of
+    ``settings``; no dollars where a model has no price."""
+    parts = [f"{state.subagents} of {settings.max_subagents} subagents launched"]
+    tokens = f"{state.tokens:,}"
+    if settings.max_session_tokens is not None:
+        tokens += f" of {settings.max_session_tokens:,}"
+    parts.append(f"{tokens} tokens")
+    if settings.unpriced() is None:
+        cost = f"${state.cost:.2f}"
+        if settings.max_cost is not None:
+            cost += f" of ${settings.max_cost:.2f}"
+        parts.append(f"{cost} spent")
+    return "; ".join(parts)

@@ -94,5 +94,3 @@ def fold_system_messages(messages: Sequence[Message]) -> list[Message]:
             blocks = list(content) if isinstance(content, list) else []
             folded[-1] = {**previous, "content": [*blocks, {"type": "text", "text": notice}]}
     return folded
-
-

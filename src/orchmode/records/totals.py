@@ -15,53 +15,111 @@ from ..store import EventRow
 from .codec import parse_row
 
 
-@dataclass
-class UsageTotals:
+@dataclass(frozen=True)
+class RequestTotals:
+    """Model requests and what they used: tokens by kind, and dollars at the settings' prices."""
+
     requests: int = 0
     usage: TokenUsage = field(default_factory=TokenUsage)
+    #: Dollars, from :attr:`Settings.prices` (0 for a model without a price).
     cost: float = 0.0
 
-    def add(self, usage: TokenUsage, cost: float) -> None:
-        self.requests += 1
-        self.usage = self.usage + usage
-        self.cost += cost
+    @property
+    def tokens(self) -> int:
+        """Every token billed: input (cached and not) and output, as the budget counts them."""
+        return self.usage.total_input + self.usage.output_tokens
+
+    def __add__(self, other: RequestTotals) -> RequestTotals:
+        return RequestTotals(
+            self.requests + other.requests, self.usage + other.usage, self.cost + other.cost
+        )
+
+    def plus(self, usage: TokenUsage, cost: float) -> RequestTotals:
+        """These totals and one more request."""
+        return RequestTotals(self.requests + 1, self.usage + usage, self.cost + cost)
+
+    def describe(self) -> str:
+        """One line: requests, input with its cached share, output, dollars."""
+        return (
+            f"{self.requests} model requests · {self.usage.total_input:,} input tokens "
+            f"({self.usage.cache_hit:.0%} read from cache) · "
+            f"{self.usage.output_tokens:,} output · ${self.cost:.2f}"
+        )
+
+
+@dataclass(frozen=True)
+class Totals:
+    """What a session has used so far, main agent and subagents apart and together.
+
+    A resumed session's totals include what it used before it was resumed, so they agree
+    with ``orchmode budget`` for the same session.
+    """
+
+    main: RequestTotals
+    subagents: RequestTotals
+    #: Subagents (workers and verifiers) counted against ``max_subagents``; journal hits
+    #: are free and not counted.
+    subagents_launched: int
+    #: Requests whose prompt cache missed, as the API's diagnostics reported it.
+    cache_misses: int = 0
+
+    @property
+    def all(self) -> RequestTotals:
+        """The main agent and the subagents together."""
+        return self.main + self.subagents
+
+    @property
+    def requests(self) -> int:
+        """Model requests in all."""
+        return self.all.requests
+
+    @property
+    def tokens(self) -> int:
+        """Tokens in all: input, cache reads and writes, and output."""
+        return self.all.tokens
+
+    @property
+    def cost(self) -> float:
+        """Dollars in all."""
+        return self.all.cost
+
+    def describe(self) -> str:
+        """The line ``orchmode run`` ends with: requests, input and its cached share, output, $."""
+        return self.all.describe()
 
 
 @dataclass
 class SessionTotals:
-    """Totals for the main agent and for the subagents, kept apart and together."""
+    """The running tally behind :class:`Totals`: counted as each request's event goes by."""
 
-    main: UsageTotals = field(default_factory=UsageTotals)
-    subagents: UsageTotals = field(default_factory=UsageTotals)
+    main: RequestTotals = field(default_factory=RequestTotals)
+    subagents: RequestTotals = field(default_factory=RequestTotals)
     cache_misses: int = 0
     #: The same use split by the model that answered, in the order each was first seen
     #: ("" for requests recorded before each role could have its own model).
-    by_model: dict[str, UsageTotals] = field(default_factory=dict)
+    by_model: dict[str, RequestTotals] = field(default_factory=dict)
 
     def __call__(self, event: Event) -> None:
         if isinstance(event, ModelRequestDone):
-            part = self.main if event.agent == "main" else self.subagents
-            part.add(event.usage, event.cost)
-            self.by_model.setdefault(event.model, UsageTotals()).add(event.usage, event.cost)
+            if event.agent == "main":
+                self.main = self.main.plus(event.usage, event.cost)
+            else:
+                self.subagents = self.subagents.plus(event.usage, event.cost)
+            known = self.by_model.get(event.model, RequestTotals())
+            self.by_model[event.model] = known.plus(event.usage, event.cost)
             self.cache_misses += event.cache_miss is not None
 
     @property
-    def all(self) -> UsageTotals:
-        both = UsageTotals()
-        for part in (self.main, self.subagents):
-            both.requests += part.requests
-            both.usage = both.usage + part.usage
-            both.cost += part.cost
-        return both
+    def all(self) -> RequestTotals:
+        return self.main + self.subagents
 
     def describe(self) -> str:
         """One line: requests, input with its cached share, output, dollars."""
-        total = self.all
-        return (
-            f"{total.requests} model requests · {total.usage.total_input:,} input tokens "
-            f"({total.usage.cache_hit:.0%} read from cache) · "
-            f"{total.usage.output_tokens:,} output · ${total.cost:.2f}"
-        )
+        return self.all.describe()
+
+    def snapshot(self, launched: int) -> Totals:
+        """The totals as they stand, with ``launched`` subagents from the ledger."""
+        return Totals(self.main, self.subagents, launched, self.cache_misses)
 
     def describe_models(self) -> str:
         """Each model's share of the dollars, its dollars and tokens, dearest first:

@@ -12,14 +12,11 @@ import asyncio
 import json
 import logging
 import os
-import secrets
-import time
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import AsyncIterator, Coroutine, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from ..core.agents import AgentDefinition
 from ..core.errors import AuthError, OrchmodeError
 from ..core.events import ContextCompacted, EventBus, TurnDone, TurnResumed, TurnStarted
 from ..core.mode import ModeState
@@ -31,16 +28,11 @@ from ..core.prompts import (
     notice_as_user_text,
     turn_limit_note,
 )
-from ..core.secrets import Secrets
 from ..core.settings import Settings
 from ..core.wire import Block, Message, blocks_of
-from ..executors import Executor, open_executor
-from ..executors.approvals import Approvals
-from ..executors.host import AgentHost, ShellFactory
-from ..executors.permits import Permits
+from ..executors import Executor
 from ..fanout.workflow import Workflow
 from ..loop import AgentLoop, Ending, Handler, Hooks, LoopResult, Room, Toolbox
-from ..model.budget import SessionBudget
 from ..model.context import (
     Meter,
     Window,
@@ -49,14 +41,14 @@ from ..model.context import (
     estimate_tokens,
     turn_starts,
 )
-from ..model.gateway import ModelGateway
+from ..model.providers import Credentials
 from ..model.reply import ModelReply
 from ..store import Store
 from ..store.claims import holder_name
-from ..store.result_files import ResultFiles, results_dir
 from ..tools.calls import run_bash, tool_result
-from ..tools.mcptools import McpHub, with_mcp_tools
-from ..trees.trees import Trees
+from ..tools.mcptools import with_mcp_tools
+from .run_record import RunRecord
+from .wiring import Parts, Warn, session_parts
 
 log = logging.getLogger("orchmode")
 
@@ -65,11 +57,6 @@ CUT_OFF_NOTE = (
     "[orchmode: this command was cut off when orchmode stopped, and it was not run again "
     "on resume: it may have done part of its work. Check its effects before running it again.]"
 )
-
-
-def new_session_id() -> str:
-    """Sortable and unique enough: when it started, and a little randomness."""
-    return time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
 
 
 @dataclass(frozen=True)
@@ -94,78 +81,52 @@ class SessionBusy(OrchmodeError):
 class Conversation:
     """One conversation with the main agent: what a session runs its turns in.
 
-    Opened, claimed and closed by :func:`orchmode.open_session`, the one start-up; built
-    directly only by tests and benchmarks that bring their own gateway and store.
+    It takes its parts finished (see :func:`~orchmode.session.wiring.session_parts`) and
+    owns only what is its own: the history, the mode, the main shell and its room in the
+    context window.
     """
 
-    def __init__(
-        self,
-        settings: Settings,
-        gateway: ModelGateway,
-        *,
-        workdir: Path,
-        store: Store,
-        session_id: str | None = None,
-        events: EventBus | None = None,
-        on_text: Callable[[str], None] | None = None,
-        executor: Executor | None = None,
-        roles: Mapping[str, AgentDefinition] | None = None,
-        secrets: Secrets | None = None,
-        rules: Rules | None = None,
-    ) -> None:
-        self.settings = settings
-        self.gateway = gateway
-        self.workdir = workdir
-        self.events = events or gateway.events
-        self.on_text = on_text
+    def __init__(self, parts: Parts, closer: AsyncExitStack | None = None) -> None:
+        self.parts = parts
+        #: Closes the parts when the conversation closes, for one started without a
+        #: ``with`` block (:func:`start_conversation`).
+        self._closer = closer
+        self.settings = settings = parts.settings
+        self.gateway = parts.gateway
+        self.workdir = parts.workdir
+        self.events = parts.events
+        self.store = parts.store
+        self.session_id = parts.session_id
         self.mode = ModeState(mode_on=settings.mode, refresh_every=settings.refresh_every)
         self.history: list[Message] = []
         #: The history as last checkpointed: the same message objects, so what is new (or
         #: rewritten by a compaction) is found by identity, without serialising anything.
         self._recorded: list[Message] = []
-        #: What the session was started for, kept with its state (``orchmode run`` records
-        #: its task and phase, so a resume can finish the run).
-        self.meta: dict[str, Any] = {}
+        #: What the session was started for, kept with its state: a run's task and how far
+        #: it got, so a resume can finish it (None: a chat).
+        self.run: RunRecord | None = None
         #: Where the current turn begins (its user text), and where its own messages begin:
         #: after that text and its notices.
         self._turn_start = 0
         self._turn_body = 0
         #: The main conversation's last response, for the API's cache diagnostics.
         self.last_message_id: str | None = None
-        self.store = store
-        self.session_id = session_id or settings.session or new_session_id()
         #: Who holds this session's claim: this host, this process, this session object.
         self.holder = holder_name()
-        #: The user's MCP servers (``mcp_config``), started when an agent first needs them.
-        self.mcp = McpHub.from_settings(settings, workdir, self.events, os.environ)
-        credentials = gateway.credentials
-        keys: tuple[str, ...] = credentials.secrets
-        #: Secret files withheld from every agent, and every secret value masked.
-        self.secrets = secrets or Secrets.start(
-            settings.secret_files, workdir, os.environ, credentials.secrets
-        )
-        masker = self.secrets.masker
-        if self.events.mask is None:  # a bus of the caller's own
-            self.events.mask = masker.mask_event
-        if self.mcp is not None:
-            keys += self.mcp.secrets
-            self.mcp.share_masker(masker)
-        masker.add(keys)
-        #: Every agent's full result, and every tool result a compaction took out.
-        self.results = ResultFiles(results_dir(workdir, self.session_id), masker)
-        readable = (self.results.directory,) if self.results.make_directory() else ()
-        self.make_shell = ShellFactory.build(settings, workdir, keys, readable, self.secrets)
+        self.mcp = parts.mcp
+        self.secrets = parts.secrets
+        self.results = parts.results
+        self.make_shell = parts.make_shell
         self.shell = self.make_shell()
         self.window = Window.from_settings(settings)
-        #: The agent definitions subtasks may name, read once for the whole session.
-        self.roles: Mapping[str, AgentDefinition] = roles or {}
+        self.roles = parts.roles
         #: Workflow (listing the roles) and bash: the same for the whole session.
         self.main_tools = main_tools(self.roles)
         self.meter = Meter([MAIN_SYSTEM, self.main_tools])
         #: The conversation's room in the window, kept the way every agent's is.
         self.room = Room(
             "main",
-            gateway,
+            self.gateway,
             self.events,
             MAIN_SYSTEM,
             self.meter,
@@ -177,46 +138,17 @@ class Conversation:
         #: What the main agent is offered: Workflow, bash and its MCP tools (known once the
         #: first turn starts their servers).
         self.tools: list[Block] = self.main_tools
-        self.budget = SessionBudget(store, self.session_id, settings)
-        gateway.budget = self.budget
-        #: Where subagents run: the one ``settings`` ask for, opened (and closed) here,
-        #: unless the caller brought its own, which the caller then closes.
-        self._owns_executor = executor is None
-        #: The tree's private store and this process's copies of it (``worktree``).
-        self.trees = Trees(workdir, secrets=self.secrets)
-        self.trees.sweep()  # copies left by a run that was killed
-        #: The permission rules (None: none, as before they existed) and whom an ``ask`` goes
-        #: to: the user, through the store, with the asking agent parked meanwhile.
-        self.approvals = Approvals(store, self.session_id, workdir, settings, self.events.emit)
-        self.permits = (
-            Permits(rules, self.session_id, workdir, self.approvals, masker)
-            if rules is not None
-            else None
-        )
+        self.budget = parts.budget
+        self.trees = parts.trees
+        self.approvals = parts.approvals
+        self.permits = parts.permits
         self.shell.seat.emit = self.events.emit
         if self.permits is not None:
             self.permits.attach(self.shell, "main", self.events.emit)
-            sandbox = self.make_shell.sandbox
-            if sandbox is not None and sandbox.proxy is not None:
-                self.permits.guard(sandbox.proxy)
-        self.executor = executor or open_executor(
-            settings,
-            gateway.credentials,
-            workdir,
-            AgentHost(
-                settings,
-                gateway,
-                store,
-                self.make_shell,
-                self.trees,
-                self.mcp,
-                masker=masker,
-                permits=self.permits,
-            ),
-        )
+        self.executor = parts.executor
         self.workflow = Workflow(
             settings,
-            gateway,
+            self.gateway,
             self.budget,
             self.events,
             self.executor,
@@ -332,20 +264,18 @@ class Conversation:
         try:
             state = json.loads(record.state)
             history, mode = state["history"], ModeState(**state["mode"])
-            meta = state.get("meta") or {}
+            run = RunRecord.read(state.get("meta"))
             checkpoints = await self.store.load_messages(self.session_id)
             if checkpoints:
                 history = [json.loads(text) for text in checkpoints]
             if not isinstance(history, list) or not all(isinstance(m, dict) for m in history):
                 raise TypeError("history is not a list of messages")
-            if not isinstance(meta, dict):
-                raise TypeError("meta is not an object")
-        except (ValueError, TypeError, KeyError) as exc:
+        except (ValueError, TypeError, KeyError, OrchmodeError) as exc:
             raise OrchmodeError(
                 f"session {self.session_id!r} is recorded but cannot be resumed ({exc}) — "
                 "start a new one without --session"
             ) from exc
-        self.history, self.mode, self.meta = history, mode, meta
+        self.history, self.mode, self.run = history, mode, run
         self._recorded = list(history) if checkpoints else []
         self.meter.forget()
         return True
@@ -353,7 +283,11 @@ class Conversation:
     async def save(self) -> None:
         """Record the conversation and its mode; a failure is logged, not fatal."""
         state = json.dumps(
-            {"history": self.history, "mode": self.mode.snapshot(), "meta": self.meta}
+            {
+                "history": self.history,
+                "mode": self.mode.snapshot(),
+                "meta": self.run.saved() if self.run is not None else {},
+            }
         )
         try:
             await self.store.save_session(self.session_id, str(self.workdir), state)
@@ -394,7 +328,6 @@ class Conversation:
             MAIN_SYSTEM,
             self.room,
             _MainHooks(self),
-            on_text=self.on_text,
             last_message_id=self.last_message_id,
         )
 
@@ -511,19 +444,13 @@ class Conversation:
         )
 
     async def close(self) -> None:
+        """Close the main shell, and the parts if the conversation was given their closing."""
         try:
             await self.shell.close()
-            await self.budget.flush()
-            if self._owns_executor:
-                await self.executor.close()
-            if self.mcp is not None:
-                await self.mcp.close()
-            await self.approvals.close()
         finally:
-            # After an interrupt, closes cancelled mid-way (or never begun) leave shells up,
-            # and pooled ones no agent took: none outlives the session.
-            self.make_shell.abandon_all()
-            self.trees.close()
+            if self._closer is not None:
+                closer, self._closer = self._closer, None
+                await closer.aclose()
 
 
 class _MainHooks(Hooks):
@@ -547,3 +474,52 @@ def _second_turn_start(history: list[Message]) -> int | None:
     """Where the conversation's second user turn begins: cutting there lets go of the first
     turn and keeps the rest valid (it starts at a user text, never at a tool result)."""
     return next((i for i in turn_starts(history) if i > 0), None)
+
+
+@asynccontextmanager
+async def open_conversation(
+    settings: Settings, credentials: Credentials | None = None, **options: Any
+) -> AsyncIterator[Conversation]:
+    """A conversation on freshly built parts (``options`` as :func:`session_parts` takes
+    them), closed with its parts on the way out; not claimed and its executor not started
+    (:func:`orchmode.open_session` does both)."""
+    conversation = await start_conversation(settings, credentials, **options)
+    try:
+        yield conversation
+    finally:
+        await conversation.close()
+
+
+async def start_conversation(
+    settings: Settings,
+    credentials: Credentials | None = None,
+    *,
+    workdir: str | os.PathLike[str] | None = None,
+    session: str | None = None,
+    warn: Warn | None = None,
+    events: EventBus | None = None,
+    rules: Rules | None = None,
+    executor: Executor | None = None,
+    store: Store | None = None,
+) -> Conversation:
+    """A conversation on freshly built parts, for a caller without a ``with`` block (a test,
+    a benchmark): its :meth:`~Conversation.close` closes the parts too."""
+    stack = AsyncExitStack()
+    try:
+        parts = await stack.enter_async_context(
+            session_parts(
+                settings,
+                credentials,
+                workdir=workdir,
+                session=session,
+                warn=warn,
+                events=events,
+                rules=rules,
+                executor=executor,
+                store=store,
+            )
+        )
+    except BaseException:
+        await stack.aclose()
+        raise
+    return Conversation(parts, closer=stack)

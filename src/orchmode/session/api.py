@@ -14,43 +14,34 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Generic, TypeVar, cast, overload
 
-from ..core.agents import AgentDefinition, load_definitions
-from ..core.errors import ConfigError, OrchmodeError
-from ..core.events import Event, EventBus, TokenUsage
-from ..core.permissions import Rules
-from ..core.secrets import Secrets, committed_secrets_warning
+from ..core.errors import OrchmodeError
+from ..core.events import Event
 from ..core.settings import Settings
-from ..executors import check_executor
-from ..executors.approvals import Approvals, record_answer, remember_rule
-from ..model.gateway import ModelGateway
+from ..model.context import turn_starts
 from ..model.providers import Credentials
 from ..records.recorder import EventRecorder
-from ..records.totals import SessionTotals, UsageTotals, session_totals
-from ..shell.sandbox import preflight
-from ..store import Approval, Store, open_store
+from ..records.totals import SessionTotals, Totals, session_totals
+from ..store import Approval
 from ..store.claims import claim_within, holding
-from ..telemetry.tracing import start_tracing, tracing_wanted
-from .agent import Conversation, SessionBusy, TurnResult
+from .agent import Conversation, SessionBusy, TurnResult, open_conversation
+from .failures import unless_the_store_fails
+from .ledger import BudgetReport, budget_report
+from .resume import CannotResume, interrupted
+from .runs import OnAnswer, RunAnswer, RunResult, finish_run, run_task
+from .stored import not_pending
 
 __all__ = [
-    "ApprovalNotPending",
     "EventStream",
-    "RequestTotals",
     "Session",
     "SessionBusy",
     "SessionClosed",
-    "Totals",
     "TurnResult",
-    "approvals",
-    "approve",
-    "deny",
     "open_session",
 ]
 
@@ -58,6 +49,7 @@ log = logging.getLogger("orchmode")
 
 #: An event class, for a subscription or a stream of one kind of event only.
 E = TypeVar("E", bound=Event)
+T = TypeVar("T")
 
 #: What :meth:`Session.subscribe` returns: call it to stop the callback.
 Unsubscribe = Callable[[], None]
@@ -65,80 +57,6 @@ Unsubscribe = Callable[[], None]
 
 class SessionClosed(OrchmodeError):
     """The session was used after its ``async with`` block ended: open it again by its id."""
-
-
-class ApprovalNotPending(OrchmodeError):
-    """An approval that cannot be answered: none has that id, or it was answered already."""
-
-
-@dataclass(frozen=True)
-class RequestTotals:
-    """Model requests and what they used: tokens by kind, and dollars at the settings' prices."""
-
-    requests: int = 0
-    usage: TokenUsage = field(default_factory=TokenUsage)
-    #: Dollars, from :attr:`Settings.prices` (0 for a model without a price).
-    cost: float = 0.0
-
-    @property
-    def tokens(self) -> int:
-        """Every token billed: input (cached and not) and output, as the budget counts them."""
-        return self.usage.total_input + self.usage.output_tokens
-
-    @classmethod
-    def _of(cls, part: UsageTotals) -> RequestTotals:
-        return cls(part.requests, part.usage, part.cost)
-
-
-@dataclass(frozen=True)
-class Totals:
-    """What a session has used so far, main agent and subagents apart and together.
-
-    A resumed session's totals include what it used before it was resumed, so they agree
-    with ``orchmode budget`` for the same session.
-    """
-
-    main: RequestTotals
-    subagents: RequestTotals
-    #: Subagents (workers and verifiers) counted against ``max_subagents``; journal hits
-    #: are free and not counted.
-    subagents_launched: int
-    #: Requests whose prompt cache missed, as the API's diagnostics reported it.
-    cache_misses: int = 0
-
-    @property
-    def all(self) -> RequestTotals:
-        """The main agent and the subagents together."""
-        return RequestTotals(
-            self.main.requests + self.subagents.requests,
-            self.main.usage + self.subagents.usage,
-            self.main.cost + self.subagents.cost,
-        )
-
-    @property
-    def requests(self) -> int:
-        """Model requests in all."""
-        return self.all.requests
-
-    @property
-    def tokens(self) -> int:
-        """Tokens in all: input, cache reads and writes, and output."""
-        return self.all.tokens
-
-    @property
-    def cost(self) -> float:
-        """Dollars in all."""
-        return self.all.cost
-
-    def describe(self) -> str:
-        """The line ``orchmode run`` ends with: requests, input and its cached share, output, $."""
-        return self._session_totals().describe()
-
-    def _session_totals(self) -> SessionTotals:
-        def part(p: RequestTotals) -> UsageTotals:
-            return UsageTotals(p.requests, p.usage, p.cost)
-
-        return SessionTotals(part(self.main), part(self.subagents), self.cache_misses)
 
 
 class EventStream(Generic[E]):
@@ -216,7 +134,6 @@ class Session:
         self._closed = False
         self._launched = 0
         self._final: Totals | None = None
-        self._broker: Approvals | None = None
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"mode {'on' if self.mode else 'off'}"
@@ -251,10 +168,14 @@ class Session:
     def conversation(self) -> Conversation:
         """The conversation underneath: its history, store, budget ledger and saved state.
 
-        For a caller that needs more than turns, as the command line does (it records a
-        run's task and phase in ``conversation.meta``). Change it only between turns.
+        For a test or a tool that needs more than turns; change it only between turns.
         """
         return self._engine
+
+    @property
+    def user_turns(self) -> int:
+        """User turns in the conversation so far, a resumed one's included."""
+        return len(turn_starts(self._engine.history))
 
     @property
     def running_totals(self) -> SessionTotals:
@@ -293,8 +214,48 @@ class Session:
         """
         return await self._one_turn(self._engine.resume_turn)
 
-    async def _one_turn(self, work: Callable[[], Awaitable[TurnResult]]) -> TurnResult:
-        """Run ``work`` as the session's one running turn."""
+    async def run(self, task: str, on_answer: OnAnswer | None = None) -> RunResult:
+        """Run ``task`` as ``orchmode run`` does: one turn with orchestration mode on, then
+        (the mode off) a brief summary of its answer.
+
+        ``on_answer`` is called with each answer as soon as it is known, the task's and then
+        the summary's (only those that came without an error). The run is recorded with the
+        session, so :meth:`resume` finishes it if it is interrupted. No summary follows a
+        failed turn or a refused task. Raises as :meth:`turn` does.
+        """
+        return await self._one_turn(lambda: run_task(self._engine, task, on_answer or _ignore))
+
+    async def resume(self, on_answer: OnAnswer | None = None) -> RunResult:
+        """Finish what was interrupted: a run's remaining turns, with the answers the whole
+        run would have given, or a chat's interrupted turn (as :meth:`resume_turn`).
+
+        Raises :class:`CannotResume` when its last turn ended meanwhile (another process
+        finished it), and as :meth:`turn` does.
+        """
+        if await interrupted(self._engine.store, self.id) is None:
+            raise CannotResume(
+                f"session {self.id!r} was finished by another orchmode process meanwhile — "
+                f"`orchmode show {self.id}` prints it"
+            )
+        if self._engine.run is not None:
+            return await self._one_turn(lambda: finish_run(self._engine, on_answer or _ignore))
+        turn = await self.resume_turn()
+        if turn.error is None and on_answer is not None:
+            on_answer(RunAnswer(turn))
+        return RunResult(turn, None)
+
+    async def interrupted(self) -> bool:
+        """True if the session's last turn (or run) never ended: :meth:`resume` finishes it."""
+        return await interrupted(self._engine.store, self.id) is not None
+
+    async def budget(self) -> BudgetReport:
+        """The session's budget ledger: subagents, tokens and dollars against their caps."""
+        self._check_open("read its budget")
+        return await budget_report(self._engine.store, self.id, self._engine.settings)
+
+    async def _one_turn(self, work: Callable[[], Coroutine[Any, Any, T]]) -> T:
+        """Run ``work`` as the session's one running turn, stopped if the store fails in a
+        way no run can go on through."""
         self._check_open("run a turn")
         if self._turning:
             raise OrchmodeError(
@@ -302,7 +263,7 @@ class Session:
             )
         self._turning = True
         try:
-            return await work()
+            return await unless_the_store_fails(self._engine, work())
         finally:
             self._turning = False
 
@@ -390,32 +351,14 @@ class Session:
     async def _answer(
         self, id: int, approved: bool, *, always: bool = False, reason: str
     ) -> Approval:
-        answered = await self._approvals().answer(id, approved, always=always, reason=reason)
+        answered = await self._engine.approvals.answer(id, approved, always=always, reason=reason)
         if answered is None:
-            raise await _not_pending(self._engine.store, id)
+            raise await not_pending(self._engine.store, id)
         return answered
-
-    def _approvals(self) -> Approvals:
-        """The broker the session's agents wait on (so an answer here wakes them at once)."""
-        broker = getattr(self._engine, "approvals", None)
-        if isinstance(broker, Approvals):
-            return broker
-        if self._broker is None:
-            engine = self._engine
-            self._broker = Approvals(
-                engine.store, engine.session_id, engine.workdir, engine.settings,
-                engine.events.emit,
-            )  # fmt: skip
-        return self._broker
 
     def _snapshot(self) -> Totals:
         t = self._totals
-        return Totals(
-            RequestTotals._of(t.main),
-            RequestTotals._of(t.subagents),
-            self._launched,
-            t.cache_misses,
-        )
+        return t.snapshot(self._launched)
 
     def _detach(self, stream: EventStream[Any]) -> None:
         if stream in self._streams:
@@ -452,8 +395,6 @@ class Session:
         except OrchmodeError as exc:
             log.warning("could not read the totals of session %s: %s", self.id, exc)
             self._final = self._snapshot()
-        if self._broker is not None:
-            await self._broker.close()
         await self._recorder.flush()
         for stream in tuple(self._streams):
             stream.close()
@@ -492,227 +433,42 @@ async def open_session(
     price, a ``SandboxError`` when bash cannot be sandboxed as configured (before anything
     is spent), and :class:`~orchmode.SessionBusy` while another process drives the session.
     """
-    settings, where = _prepared(settings or Settings(), workdir, session)
-    credentials = credentials or Credentials.from_env(os.environ, settings.provider)
-    warn = on_warning or _log_warning
-    for warning in preflight(settings):  # before anything is spent
-        warn(warning)
-    roles = _roles(settings, where, warn)
-    secrets = Secrets.start(settings.secret_files, where, os.environ, credentials.secrets)
-    if secrets.in_git:
-        warn(committed_secrets_warning(secrets.in_git))
-    rules, rule_warnings = Rules.load(settings, where, os.environ)
-    for warning in rule_warnings:
-        warn(warning)
-    bus = EventBus(mask=secrets.masker.mask_event)
-    masked = secrets.masker.secrets
-    traces = start_tracing(settings, masked) if tracing_wanted(settings) else None
-    if traces is not None:
-        bus.subscribe(traces)
-    try:
-        async with _claimed(settings, where, credentials, bus, roles, secrets, rules) as engine:
-            if traces is not None:
-                traces.session_id = engine.session_id
-                if engine.mcp is not None:
-                    traces.hide(engine.mcp.secrets)
-                    engine.mcp.traceparent = traces.traceparent
-            resumed = await engine.restore()
-            store = engine.store
-            # a resumed session's totals so far, as `orchmode budget` counts them
-            totals = session_totals(await store.events(engine.session_id)) if resumed else None
-            recorder = await EventRecorder.start(store, engine.session_id)
-            opened = Session(engine, totals or SessionTotals(), recorder, resumed=resumed)
-            for subscriber in subscribers:
-                opened.subscribe(subscriber)
-            bus.subscribe(opened._deliver)
-            try:
-                yield opened
-            finally:
-                await opened._close()
-    finally:
-        if traces is not None:  # every span sent, also after Ctrl-C or an error
-            await asyncio.shield(asyncio.to_thread(traces.close))
-
-
-async def approvals(
-    settings: Settings | None = None,
-    *,
-    workdir: str | os.PathLike[str] | None = None,
-    session: str | None = None,
-    pending: bool = True,
-) -> list[Approval]:
-    """The approvals in the store of ``settings`` and ``workdir`` (as :func:`open_session`
-    finds it), oldest first: of every session or of ``session``, only those waiting for an
-    answer unless ``pending=False``. A store not made yet has none (and is not made)."""
-    async with _store_of(settings, workdir) as store:
-        return [] if store is None else await store.approvals(session, pending=pending)
-
-
-async def approve(
-    id: int,
-    always: bool = False,
-    *,
-    reason: str = "",
-    settings: Settings | None = None,
-    workdir: str | os.PathLike[str] | None = None,
-    config_dir: str | os.PathLike[str] | None = None,
-) -> Approval:
-    """Say yes to approval ``id`` from any process: the agent waiting for it goes on.
-
-    ``always`` remembers its rule for the directory it was asked in, in your own
-    configuration (``config_dir``, default ``~/.config/orchmode``), so the next run there
-    does not ask. Raises :class:`ApprovalNotPending` for an id with no pending approval.
-    """
-    return await _answer_in_store(
-        id, True, always=always, reason=reason, settings=settings, workdir=workdir,
-        config_dir=config_dir,
-    )  # fmt: skip
-
-
-async def deny(
-    id: int,
-    reason: str = "",
-    *,
-    settings: Settings | None = None,
-    workdir: str | os.PathLike[str] | None = None,
-) -> Approval:
-    """Say no to approval ``id`` from any process; ``reason`` reaches the agent.
-
-    Raises :class:`ApprovalNotPending` for an id with no pending approval.
-    """
-    return await _answer_in_store(id, False, reason=reason, settings=settings, workdir=workdir)
-
-
-async def _answer_in_store(
-    id: int,
-    approved: bool,
-    *,
-    always: bool = False,
-    reason: str,
-    settings: Settings | None,
-    workdir: str | os.PathLike[str] | None,
-    config_dir: str | os.PathLike[str] | None = None,
-) -> Approval:
-    async with _store_of(settings, workdir) as store:
-        if store is None:
-            raise ApprovalNotPending(
-                f"no approval {id}: nothing is recorded in {_store_url(settings, workdir)} yet "
-                "— pass the run's --store (or --workdir)"
-            )
-        answered = await record_answer(store, id, approved, always=always, reason=reason)
-        if answered is None:
-            raise await _not_pending(store, id)
-    if answered.always:
-        from ..core.settings import user_config_dir
-
-        where = Path(config_dir) if config_dir is not None else user_config_dir(os.environ)
-        remember_rule(answered, where)
-    return answered
-
-
-async def _not_pending(store: Store, id: int) -> ApprovalNotPending:
-    """Why approval ``id`` cannot be answered, said for the person who tried."""
-    found = await store.approval(id)
-    if found is None:
-        return ApprovalNotPending(
-            f"no approval {id} in {store.location} — `orchmode approvals` lists the pending ones"
-        )
-    return ApprovalNotPending(
-        f"approval {id} was answered already ({found.status}) — `orchmode approvals` lists "
-        "the pending ones"
-    )
-
-
-def _store_url(settings: Settings | None, workdir: str | os.PathLike[str] | None) -> str:
-    settings = settings or Settings()
-    where = Path(workdir) if workdir is not None else settings.workdir or Path.cwd()
-    return settings.store_url(where.expanduser().resolve())
-
-
-@asynccontextmanager
-async def _store_of(
-    settings: Settings | None, workdir: str | os.PathLike[str] | None
-) -> AsyncIterator[Store | None]:
-    """The store a run in ``workdir`` uses, opened; None for a SQLite file not made yet."""
-    url = _store_url(settings, workdir)
-    if url.startswith("sqlite://") and not Path(url.removeprefix("sqlite://")).exists():
-        yield None
-        return
-    store = await open_store(url)
-    try:
-        yield store
-    finally:
-        await store.close()
-
-
-def _log_warning(warning: str) -> None:
-    log.warning("%s", warning)
-
-
-def _roles(
-    settings: Settings, workdir: Path, warn: Callable[[str], object]
-) -> dict[str, AgentDefinition]:
-    """The agent definitions, read once for the session; each bad file is a warning.
-
-    Under a cost cap, a role whose model has no price is an error before anything runs,
-    as the settings' own models are.
-    """
-    roles, warnings = load_definitions(workdir, extra=settings.agents_dir)
-    for warning in warnings:
-        warn(warning)
-    if settings.max_cost is not None:
-        for role in roles.values():
-            if role.model is not None and settings.price(role.model) is None:
-                raise ConfigError(
-                    f"max_cost needs a price for {role.model}, the model of agent "
-                    f"{role.name!r} ({role.path}) — add one to the prices setting"
-                )
-    return roles
-
-
-@asynccontextmanager
-async def _claimed(
-    settings: Settings,
-    workdir: Path,
-    credentials: Credentials,
-    events: EventBus,
-    roles: Mapping[str, AgentDefinition],
-    secrets: Secrets,
-    rules: Rules | None = None,
-) -> AsyncIterator[Conversation]:
-    """The conversation with its store, gateway and executor (started); all closed on the
-    way out.
-
-    The session is claimed in the store for as long as it is open, so no two processes
-    drive one conversation at once. A process that died leaves a claim that lapses within
-    ``claim_lease``: it is waited for that long (and a little), then the session is busy.
-    """
-    check_executor(settings, workdir)  # before the store is opened, or anything spent
-    store = await open_store(settings.store_url(workdir))
-    gateway = ModelGateway(settings, credentials, events)
-    try:
-        engine = Conversation(
-            settings,
-            gateway,
-            workdir=workdir,
-            store=store,
-            events=events,
-            roles=roles,
-            secrets=secrets,
-            rules=rules,
-        )
+    async with (
+        open_conversation(
+            settings or Settings(), credentials, workdir=workdir, session=session, warn=on_warning
+        ) as engine,
+        _claimed(engine),
+    ):
+        resumed = await engine.restore()
+        store = engine.store
+        # a resumed session's totals so far, as `orchmode budget` counts them
+        totals = session_totals(await store.events(engine.session_id)) if resumed else None
+        recorder = await EventRecorder.start(store, engine.session_id)
+        opened = Session(engine, totals or SessionTotals(), recorder, resumed=resumed)
+        for subscriber in subscribers:
+            opened.subscribe(subscriber)
+        engine.events.subscribe(opened._deliver)
         try:
-            key, lease = session_key(engine.session_id), settings.claim_lease
-            if not await claim_within(store, key, engine.holder, lease, lease * 1.2):
-                raise _busy(engine.session_id, lease)
-            async with holding(store, key, engine.holder, lease):
-                await engine.executor.start()
-                yield engine
+            yield opened
         finally:
-            await engine.close()
-    finally:
-        await gateway.close()
-        await store.close()
+            await opened._close()
+
+
+@asynccontextmanager
+async def _claimed(engine: Conversation) -> AsyncIterator[None]:
+    """The session claimed in the store for as long as it is open, its executor started.
+
+    No two processes drive one conversation at once. A process that died leaves a claim
+    that lapses within ``claim_lease``: it is waited for that long (and a little), then
+    the session is busy.
+    """
+    store, lease = engine.store, engine.settings.claim_lease
+    key = session_key(engine.session_id)
+    if not await claim_within(store, key, engine.holder, lease, lease * 1.2):
+        raise _busy(engine.session_id, lease)
+    async with holding(store, key, engine.holder, lease):
+        await engine.executor.start()
+        yield
 
 
 def session_key(session_id: str) -> str:
@@ -728,24 +484,5 @@ def _busy(session_id: str, lease: float) -> SessionBusy:
     )
 
 
-def _prepared(
-    settings: Settings, workdir: str | os.PathLike[str] | None, name: str | None
-) -> tuple[Settings, Path]:
-    """The settings with the working directory resolved and checked, and the session's name."""
-    where = Path(workdir) if workdir is not None else settings.workdir or Path.cwd()
-    where = where.expanduser().resolve()
-    if not where.is_dir():
-        raise ConfigError(
-            f"the working directory {where} does not exist — pass workdir= an existing directory"
-        )
-    update: dict[str, object] = {"workdir": where}
-    if name is not None:
-        if not name.strip():
-            raise ConfigError("a session name needs some text — pass session=None for a new one")
-        update["session"] = name
-    settings = settings.model_copy(update=update)
-    if settings.test_mode:  # what load_settings does for the CLI, so the setting means the same
-        settings = settings.with_test_limits()
-    if settings.max_cost is not None and (model := settings.unpriced()) is not None:
-        raise ConfigError(f"max_cost needs a price for {model} — add one to Settings(prices=...)")
-    return settings, where
+def _ignore(_: RunAnswer) -> None:
+    """What a run does with its answers when the caller does not ask for them."""

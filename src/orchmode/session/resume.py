@@ -17,6 +17,7 @@ from ..core.errors import OrchmodeError
 from ..core.wire import blocks_of
 from ..records.history import read_session
 from ..store import Store
+from .run_record import RunRecord
 
 #: Recorded sessions looked through for the latest interrupted one, newest first.
 LOOK_BACK = 50
@@ -30,8 +31,8 @@ class CannotResume(OrchmodeError):
 class Interrupted:
     id: str
     workdir: str
-    #: what started it: ``{"command": "run", "task": ..., "phase": 1 | 2}``, or {} (chat)
-    meta: dict[str, Any]
+    #: the run it was started for, and how far that got (None: a chat)
+    run: RunRecord | None
 
     @property
     def command(self) -> str:
@@ -47,16 +48,16 @@ async def interrupted(store: Store, session: str, task: str | None = None) -> In
     record = await store.load_session(session)
     if record is None:
         return None
-    meta = _meta(record.state)
-    if task is not None and meta.get("task") != task:
+    run = _run(record.state)
+    if task is not None and (run is None or run.task != task):
         return None
     history = read_session(await store.events(session), session=session)
     cut_off = bool(history.turns) and history.turns[-1].status == "interrupted"
     # A run stopped between its two turns never started its summary turn.
-    unfinished_run = meta.get("command") == "run" and meta.get("phase") != "done"
+    unfinished_run = run is not None and run.phase != "done"
     if not (cut_off or unfinished_run):
         return None
-    return Interrupted(session, record.workdir, meta)
+    return Interrupted(session, record.workdir, run)
 
 
 async def latest_interrupted(
@@ -128,13 +129,12 @@ def pending_calls(messages: list[str]) -> list[str]:
     return described
 
 
-def _meta(state: str) -> dict[str, Any]:
+def _run(state: str) -> RunRecord | None:
     try:
         value = json.loads(state)
-    except ValueError:
-        return {}  # the session's own restore says what is wrong with it
-    meta = value.get("meta") if isinstance(value, dict) else None
-    return meta if isinstance(meta, dict) else {}
+        return RunRecord.read(value.get("meta") if isinstance(value, dict) else None)
+    except (ValueError, OrchmodeError):
+        return None  # the session's own restore says what is wrong with it
 
 
 def _same_dir(path: Path) -> str:

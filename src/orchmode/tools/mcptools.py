@@ -240,17 +240,12 @@ class McpHub:
     #: traces too continues the run's trace.
     traceparent: Callable[[str], str | None] | None = None
     #: Masks every secret in results and errors: the config's values, and the session's
-    #: own once :meth:`share_masker` gives it.
+    #: own once the session gives it its masker (which learns the config's values too).
     masker: Masker = field(default_factory=Masker)
 
     def __post_init__(self) -> None:
         self.secrets = self.config.secrets
         self.masker.add(self.secrets)
-
-    def share_masker(self, masker: Masker) -> None:
-        """Mask with the session's ``masker`` (which learns the config's values too)."""
-        masker.add(self.secrets)
-        self.masker = masker
 
     @classmethod
     def from_settings(

@@ -1,5 +1,4 @@
-"""Stopping a command whose store has failed: one line and a non-zero exit, not a run that
-goes on losing its records."""
+"""Stopping a turn whose store has failed, rather than a run that goes on losing its records."""
 
 from __future__ import annotations
 
@@ -12,14 +11,14 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ..core.errors import StoreError
 
 if TYPE_CHECKING:
-    from ..session.api import Session
     from ..store.base import Failure
+    from .agent import Conversation
 
 log = logging.getLogger("orchmode")
 T = TypeVar("T")
 
 
-async def unless_the_store_fails(session: Session, turn: Coroutine[Any, Any, T]) -> T:
+async def unless_the_store_fails(conversation: Conversation, turn: Coroutine[Any, Any, T]) -> T:
     """Run ``turn``, stopped if the store fails in a way no run can go on through.
 
     The disk full (under the journal or the result files) or the PostgreSQL server lost
@@ -27,7 +26,6 @@ async def unless_the_store_fails(session: Session, turn: Coroutine[Any, Any, T])
     as Ctrl-C cancels it (what is recorded stays recorded) and the failure is raised, for
     one line and a non-zero exit; `orchmode resume` continues once the cause is gone.
     """
-    conversation = session.conversation
     failure = conversation.store.failure
     results = conversation.results
     loop = asyncio.get_running_loop()

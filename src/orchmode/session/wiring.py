@@ -1,0 +1,239 @@
+"""A session's parts, built in order and closed in reverse: the start-up every session shares.
+
+Everything that can be refused without cost is checked first — the sandbox, the agent
+definitions, the permission rules, the executor — so a mistake in the settings is one line
+before any store is opened or any token spent. Then the secrets are learnt, so every part
+built after them masks what they mask, and the parts that hold resources (the store, the
+gateway's connections, the shells, MCP servers, the executor, the tracer) are opened.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets as random
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..core.agents import AgentDefinition, check_role_prices, load_definitions
+from ..core.errors import ConfigError
+from ..core.events import EventBus
+from ..core.permissions import Rules
+from ..core.secrets import Secrets, committed_secrets_warning
+from ..core.settings import Settings
+from ..executors import Executor, check_executor, open_executor
+from ..executors.approvals import Approvals
+from ..executors.host import AgentHost, ShellFactory
+from ..executors.node import NodeParts, node_parts, session_permits
+from ..executors.permits import Permits
+from ..model.budget import SessionBudget
+from ..model.gateway import ModelGateway
+from ..model.providers import Credentials
+from ..shell.sandbox import preflight
+from ..store import Store, open_store
+from ..store.result_files import ResultFiles, results_dir
+from ..telemetry.session_traces import close_tracing, session_tracing
+from ..telemetry.traces import Traces
+from ..tools.mcptools import McpHub
+from ..trees.trees import Trees
+
+log = logging.getLogger("orchmode")
+
+#: Where the start-up's warnings go: the sandbox is off, a file is not an agent definition.
+Warn = Callable[[str], object]
+
+
+def new_session_id() -> str:
+    """Sortable and unique enough: when it started, and a little randomness."""
+    return time.strftime("%Y%m%d-%H%M%S-") + random.token_hex(3)
+
+
+@dataclass
+class Parts:
+    """Everything a conversation runs on, opened and ready; closed by whoever built it."""
+
+    settings: Settings
+    workdir: Path
+    session_id: str
+    events: EventBus
+    store: Store
+    gateway: ModelGateway
+    budget: SessionBudget
+    secrets: Secrets
+    #: The user's MCP servers (``mcp_config``), started when an agent first needs them.
+    mcp: McpHub | None
+    #: Every agent's full result, and every tool result a compaction took out.
+    results: ResultFiles
+    node: NodeParts
+    approvals: Approvals
+    #: The permission rules applied (None: the settings have none).
+    permits: Permits | None
+    executor: Executor
+    #: The agent definitions subtasks may name, read once for the session.
+    roles: Mapping[str, AgentDefinition]
+    traces: Traces | None
+
+    @property
+    def make_shell(self) -> ShellFactory:
+        return self.node.make_shell
+
+    @property
+    def trees(self) -> Trees:
+        return self.node.trees
+
+
+@asynccontextmanager
+async def session_parts(
+    settings: Settings,
+    credentials: Credentials | None = None,
+    *,
+    workdir: str | os.PathLike[str] | None = None,
+    session: str | None = None,
+    warn: Warn | None = None,
+    events: EventBus | None = None,
+    rules: Rules | None = None,
+    executor: Executor | None = None,
+    store: Store | None = None,
+) -> AsyncIterator[Parts]:
+    """The parts of a session, all closed on the way out; the executor started only by its
+    user, and closed here unless ``executor`` was brought by the caller.
+
+    ``workdir`` and ``session`` (a name) are as :func:`orchmode.open_session` takes them;
+    ``credentials`` default to the environment's. ``events`` is a bus of the caller's own
+    (its mask is set if it has none); ``rules`` replaces the permission rules the settings
+    and files would give; ``store`` is one the caller opened (and closes), instead of the
+    one the settings name.
+    """
+    start = _checked(settings, workdir, session, credentials, warn or _log_warning, events, rules)
+    async with AsyncExitStack() as stack:
+        yield await _opened(stack, start, executor, store)
+
+
+@dataclass
+class _Start:
+    """What the start-up learnt before it opened anything."""
+
+    settings: Settings
+    workdir: Path
+    credentials: Credentials
+    session_id: str
+    events: EventBus
+    mcp: McpHub | None
+    roles: Mapping[str, AgentDefinition]
+    secrets: Secrets
+    rules: Rules | None
+
+
+def _checked(
+    settings: Settings,
+    workdir: str | os.PathLike[str] | None,
+    session: str | None,
+    credentials: Credentials | None,
+    warn: Warn,
+    events: EventBus | None,
+    rules: Rules | None,
+) -> _Start:
+    """Everything that can be refused without cost, refused before anything is opened: the
+    settings, the executor, the credentials, the MCP configuration, the sandbox, the prices,
+    the agent definitions and the rules."""
+    settings = _placed(settings, workdir, session)
+    where = settings.workdir
+    assert where is not None
+    check_executor(settings, where)
+    credentials = credentials or Credentials.from_env(os.environ, settings.provider)
+    bus = events or EventBus()
+    mcp = McpHub.from_settings(settings, where, bus, os.environ)
+    for warning in preflight(settings):
+        warn(warning)
+    if settings.test_mode:  # what load_settings does for the CLI, so the setting means the same
+        settings = settings.with_test_limits()
+    if settings.max_cost is not None and (model := settings.unpriced()) is not None:
+        raise ConfigError(
+            f"max_cost needs a price for {model} — add one to the prices setting "
+            f'([prices."{model}"] in ~/.config/orchmode/config.toml, or Settings(prices=...))'
+        )
+    roles, warnings = load_definitions(where, extra=settings.agents_dir)
+    check_role_prices(roles, settings)
+    secrets = Secrets.start(settings.secret_files, where, os.environ, credentials.secrets)
+    if bus.mask is None:
+        bus.mask = secrets.masker.mask_event
+    if rules is None:
+        rules, rule_warnings = Rules.load(settings, where, os.environ)
+        warnings += rule_warnings
+    if secrets.in_git:
+        warnings.append(committed_secrets_warning(secrets.in_git))
+    for warning in warnings:
+        warn(warning)
+    session_id = settings.session or new_session_id()
+    return _Start(settings, where, credentials, session_id, bus, mcp, roles, secrets, rules)
+
+
+async def _opened(
+    stack: AsyncExitStack, start: _Start, executor: Executor | None, store: Store | None
+) -> Parts:
+    """The parts that hold resources, each closed by ``stack`` in the reverse order."""
+    settings, workdir, bus, mcp = start.settings, start.workdir, start.events, start.mcp
+    hidden = (*start.secrets.masker.secrets, *(mcp.secrets if mcp is not None else ()))
+    traces = session_tracing(settings, hidden, bus, start.session_id)
+    if traces is not None:  # closed last: every span sent, also after Ctrl-C or an error
+        stack.push_async_callback(close_tracing, traces)
+        if mcp is not None:
+            mcp.traceparent = traces.traceparent
+    if store is None:
+        store = await open_store(settings.store_url(workdir))
+        stack.push_async_callback(store.close)
+    results = ResultFiles(results_dir(workdir, start.session_id), start.secrets.masker)
+    gateway = ModelGateway(settings, start.credentials, bus)
+    stack.push_async_callback(gateway.close)
+    gateway.budget = budget = SessionBudget(store, start.session_id, settings)
+    stack.push_async_callback(budget.flush)
+    readable = (results.directory,) if results.make_directory() else ()
+    node = node_parts(
+        settings, workdir, start.secrets, start.credentials.secrets, mcp, readable=readable
+    )
+    stack.callback(node.close)
+    node.trees.sweep()  # copies left by a run that was killed
+    approvals, permits = session_permits(
+        start.rules, store, start.session_id, workdir, settings, bus.emit, node
+    )
+    stack.push_async_callback(approvals.close)
+    if mcp is not None:
+        stack.push_async_callback(mcp.close)
+    if executor is None:
+        host = AgentHost(
+            settings, gateway, store, node.make_shell, node.trees, mcp,
+            masker=node.masker, permits=permits,
+        )  # fmt: skip
+        executor = open_executor(settings, start.credentials, workdir, host)
+        stack.push_async_callback(executor.close)
+    return Parts(
+        settings, workdir, start.session_id, bus, store, gateway, budget, start.secrets, mcp,
+        results, node, approvals, permits, executor, start.roles, traces,
+    )  # fmt: skip
+
+
+def _placed(
+    settings: Settings, workdir: str | os.PathLike[str] | None, name: str | None
+) -> Settings:
+    """The settings with the working directory resolved (it must exist) and the session's
+    name, if one is given."""
+    where = Path(workdir) if workdir is not None else settings.workdir or Path.cwd()
+    where = where.expanduser().resolve()
+    if not where.is_dir():
+        raise ConfigError(
+            f"the working directory {where} does not exist — name an existing one (--workdir, "
+            "or workdir=)"
+        )
+    update: dict[str, object] = {"workdir": where}
+    if name is not None:
+        if not name.strip():
+            raise ConfigError("a session name needs some text — pass session=None for a new one")
+        update["session"] = name
+    return settings.model_copy(update=update)
+
+
+def _log_warning(warning: str) -> None:
+    log.warning("%s", warning)
