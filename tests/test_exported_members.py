@@ -68,10 +68,15 @@ ERRORS = {
 API = {
     "Approval",
     "ApprovalRequest",
+    "BudgetReport",
     "Credentials",
     "EventStream",
+    "Interrupted",
     "ModelGateway",
     "RequestTotals",
+    "RunAnswer",
+    "RunRecord",
+    "RunResult",
     "Session",
     "Settings",
     "Totals",
@@ -79,8 +84,11 @@ API = {
     "__version__",
     "approvals",
     "approve",
+    "budget",
     "deny",
+    "interrupted_run",
     "open_session",
+    "resumable",
 }
 
 TESTING = {
