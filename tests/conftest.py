@@ -10,6 +10,7 @@ import hypothesis
 import pytest
 
 from orchmode.core.events import EventBus
+from orchmode.core.permissions import Rules
 from orchmode.core.settings import Settings
 from orchmode.executors import Executor
 from orchmode.model.gateway import ModelGateway
@@ -139,13 +140,19 @@ async def conversation_for(
     events: EventBus | None = None,
     store: Store | None = None,
     executor: Executor | None = None,
+    rules: Rules | None = None,
     api_key: str = API_KEY,
 ) -> Conversation:
     """A conversation opened as every session opens one (the wiring builds its parts),
     against the scripted server of ``settings``; closed, parts and all, by its ``close()``
     or when the test ends."""
     conversation = await start_conversation(
-        settings, Credentials(api_key=api_key), events=events, store=store, executor=executor
+        settings,
+        Credentials(api_key=api_key),
+        events=events,
+        store=store,
+        executor=executor,
+        rules=rules,
     )
     _conversations.append(conversation)
     return conversation

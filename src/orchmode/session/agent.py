@@ -11,16 +11,16 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 from collections.abc import AsyncIterator, Coroutine, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from typing_extensions import Unpack
+
 from ..core.errors import AuthError, OrchmodeError
-from ..core.events import ContextCompacted, EventBus, TurnDone, TurnResumed, TurnStarted
+from ..core.events import ContextCompacted, TurnDone, TurnResumed, TurnStarted
 from ..core.mode import ModeState
-from ..core.permissions import Rules
 from ..core.prompts import (
     MAIN_SYSTEM,
     NOTICES,
@@ -30,7 +30,6 @@ from ..core.prompts import (
 )
 from ..core.settings import Settings
 from ..core.wire import Block, Message, blocks_of
-from ..executors import Executor
 from ..fanout.workflow import Workflow
 from ..loop import AgentLoop, Ending, Handler, Hooks, LoopResult, Room, Toolbox
 from ..model.context import (
@@ -43,12 +42,11 @@ from ..model.context import (
 )
 from ..model.providers import Credentials
 from ..model.reply import ModelReply
-from ..store import Store
 from ..store.claims import holder_name
 from ..tools.calls import run_bash, tool_result
 from ..tools.mcptools import with_mcp_tools
 from .run_record import RunRecord
-from .wiring import Parts, Warn, session_parts
+from .wiring import Parts, StartOptions, session_parts
 
 log = logging.getLogger("orchmode")
 
@@ -478,7 +476,7 @@ def _second_turn_start(history: list[Message]) -> int | None:
 
 @asynccontextmanager
 async def open_conversation(
-    settings: Settings, credentials: Credentials | None = None, **options: Any
+    settings: Settings, credentials: Credentials | None = None, **options: Unpack[StartOptions]
 ) -> AsyncIterator[Conversation]:
     """A conversation on freshly built parts (``options`` as :func:`session_parts` takes
     them), closed with its parts on the way out; not claimed and its executor not started
@@ -491,34 +489,13 @@ async def open_conversation(
 
 
 async def start_conversation(
-    settings: Settings,
-    credentials: Credentials | None = None,
-    *,
-    workdir: str | os.PathLike[str] | None = None,
-    session: str | None = None,
-    warn: Warn | None = None,
-    events: EventBus | None = None,
-    rules: Rules | None = None,
-    executor: Executor | None = None,
-    store: Store | None = None,
+    settings: Settings, credentials: Credentials | None = None, **options: Unpack[StartOptions]
 ) -> Conversation:
     """A conversation on freshly built parts, for a caller without a ``with`` block (a test,
     a benchmark): its :meth:`~Conversation.close` closes the parts too."""
     stack = AsyncExitStack()
     try:
-        parts = await stack.enter_async_context(
-            session_parts(
-                settings,
-                credentials,
-                workdir=workdir,
-                session=session,
-                warn=warn,
-                events=events,
-                rules=rules,
-                executor=executor,
-                store=store,
-            )
-        )
+        parts = await stack.enter_async_context(session_parts(settings, credentials, **options))
     except BaseException:
         await stack.aclose()
         raise

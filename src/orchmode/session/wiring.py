@@ -17,6 +17,9 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypedDict
+
+from typing_extensions import Unpack
 
 from ..core.agents import AgentDefinition, check_role_prices, load_definitions
 from ..core.errors import ConfigError
@@ -85,31 +88,42 @@ class Parts:
         return self.node.trees
 
 
+class StartOptions(TypedDict, total=False):
+    """What a start-up may be given besides its settings and credentials."""
+
+    #: The working directory, as :func:`orchmode.open_session` takes it.
+    workdir: str | os.PathLike[str] | None
+    #: The session's name: a recorded one is taken up again.
+    session: str | None
+    #: Where the start-up's warnings go (the ``orchmode`` logger when left out).
+    warn: Warn | None
+    #: A bus of the caller's own (its mask is set if it has none).
+    events: EventBus | None
+    #: Rules in place of those the settings and files would give.
+    rules: Rules | None
+    #: An executor the caller brought (and closes).
+    executor: Executor | None
+    #: A store the caller opened (and closes), in place of the one the settings name.
+    store: Store | None
+
+
 @asynccontextmanager
 async def session_parts(
-    settings: Settings,
-    credentials: Credentials | None = None,
-    *,
-    workdir: str | os.PathLike[str] | None = None,
-    session: str | None = None,
-    warn: Warn | None = None,
-    events: EventBus | None = None,
-    rules: Rules | None = None,
-    executor: Executor | None = None,
-    store: Store | None = None,
+    settings: Settings, credentials: Credentials | None = None, **options: Unpack[StartOptions]
 ) -> AsyncIterator[Parts]:
     """The parts of a session, all closed on the way out; the executor started only by its
-    user, and closed here unless ``executor`` was brought by the caller.
-
-    ``workdir`` and ``session`` (a name) are as :func:`orchmode.open_session` takes them;
-    ``credentials`` default to the environment's. ``events`` is a bus of the caller's own
-    (its mask is set if it has none); ``rules`` replaces the permission rules the settings
-    and files would give; ``store`` is one the caller opened (and closes), instead of the
-    one the settings name.
-    """
-    start = _checked(settings, workdir, session, credentials, warn or _log_warning, events, rules)
+    user. ``credentials`` default to the environment's."""
+    start = _checked(
+        settings,
+        options.get("workdir"),
+        options.get("session"),
+        credentials,
+        options.get("warn") or _log_warning,
+        options.get("events"),
+        options.get("rules"),
+    )
     async with AsyncExitStack() as stack:
-        yield await _opened(stack, start, executor, store)
+        yield await _opened(stack, start, options.get("executor"), options.get("store"))
 
 
 @dataclass

@@ -135,8 +135,8 @@ class Proxy:
     def from_settings(cls, settings: Settings, emit: Emit | None = None) -> Proxy:
         """``network_allow``/``ask``/``deny`` decide, ``network_resolve`` names addresses;
         the problems with either are logged as warnings."""
-        rules = DomainRules.from_settings(settings)
         table, problems = parse_resolve(settings.network_resolve)
+        rules = DomainRules.from_settings(settings)
         for problem in [*rules.problems(), *problems]:
             log.warning("%s", problem)
         return cls(rules.decide, rules.address, table, emit)
