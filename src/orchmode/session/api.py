@@ -1,12 +1,12 @@
-"""The library API: open a session from Python, run turns, switch the mode, see events, totals.
+"""The library API: open a session from Python, run turns and runs, switch the mode, see
+events and totals.
 
-:func:`open_session` is the one way a session starts — ``orchmode run``, ``resume`` and
-``chat`` use it too, with their views as subscribers — so a session opened here is listed,
-shown, reported and resumed by the CLI like any other. Settings are built in code and
-credentials passed in, so no command line, environment variable or ``orchmode.toml`` is
-needed. The start-up, in order: the settings checked, the sandbox checked before anything
-is spent, the store, gateway and executor opened, the session claimed so no two processes
-drive it, a recorded conversation taken up again by its name, and every event recorded.
+``orchmode run``, ``resume`` and ``chat`` open their sessions with :func:`open_session` too,
+their views subscribed, so a session opened here is listed, shown, reported and resumed by
+the CLI like any other. Settings are built in code and credentials passed in, so no command
+line, environment variable or ``orchmode.toml`` is needed. Opening builds the parts
+(:mod:`.wiring`), claims the session so no two processes drive it, takes a recorded
+conversation up again by its name, and records every event from then on.
 """
 
 from __future__ import annotations
@@ -365,7 +365,8 @@ class Session:
             self._streams.remove(stream)
 
     def _deliver(self, event: Event) -> None:
-        """The one subscriber on the session's bus: totals, records, then the user's."""
+        """What the session's bus calls with each event: the totals, the recorder, then the
+        caller's callbacks and streams, in that order."""
         self._totals(event)
         self._recorder(event)
         for callback in tuple(self._callbacks):
