@@ -23,9 +23,9 @@ import pytest
 
 import orchmode
 from conftest import API_KEY, StartServer
+from orchmode import RunRecord
 from orchmode.core.mode import Notice
 from orchmode.core.prompts import NOTICES, VERIFY_MARKER
-from orchmode.session.run_record import RunRecord
 from orchmode.testing import LoggedRequest, ScriptedServer
 from orchmode.testing.scenario import OrchestrationScenario
 from recorded_runs import base_env
@@ -454,3 +454,90 @@ async def test_every_command_starts_its_session_with_the_library_open_session(
     ]
     assert "Synthesis: 2 agents reported; 2 results were confirmed." in out.out
     assert [type(e).__name__ for e in seen].count("TurnDone") == (1 if command == "chat" else 2)
+
+
+# --- a run, as `orchmode run` does it, from Python ----------------------------------------------
+
+
+async def test_a_run_answers_its_task_then_its_summary_and_records_itself_done(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    server = await serve(OrchestrationScenario(subtasks=2, scout_command=None))
+    answers: list[orchmode.RunAnswer] = []
+    async with opened(tmp_path, server) as session:
+        result = await session.run("Review this", answers.append)
+        assert not await session.interrupted()
+        assert session.mode is False  # the summary ran with the mode off, and it stays off
+    assert [a.summary for a in answers] == [False, True]
+    assert [a.turn for a in answers] == [result.task, result.summary]
+    assert result.ok and "Synthesis: 2 agents reported" in result.task.text
+    assert result.summary is not None and result.summary.text == SUMMARY
+    settings = settings_in(server)
+    assert await orchmode.interrupted_run("Review this", settings, workdir=tmp_path) is None
+
+
+async def test_a_run_stopped_between_its_turns_is_finished_by_resume_with_both_answers(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    server = await serve(OrchestrationScenario(subtasks=2, scout_command=None))
+    name = await _an_unfinished_run(server, tmp_path)
+    settings = settings_in(server)
+    found = await orchmode.resumable(settings, workdir=tmp_path)
+    assert found.id == name and found.run == RunRecord(task="Review this", phase=1)
+    earlier = await orchmode.interrupted_run("Review this", settings, workdir=tmp_path)
+    assert earlier is not None and earlier.id == name
+    requests = len(server.log)
+    answers: list[orchmode.RunAnswer] = []
+    async with opened(tmp_path, server, session=found.id) as session:
+        result = await session.resume(answers.append)
+        assert not await session.interrupted()
+    assert [a.summary for a in answers] == [False, True]
+    assert "Synthesis: 2 agents reported" in answers[0].turn.text
+    assert result.summary is not None and result.summary.text == SUMMARY
+    assert len(server.log) == requests + 1  # the task's answer was recorded: only the summary
+    with pytest.raises(orchmode.CannotResume, match="was not interrupted"):
+        await orchmode.resumable(settings, workdir=tmp_path, session=name)
+
+
+async def test_the_budget_report_reads_the_ledger_without_opening_a_session(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    server = await serve(OrchestrationScenario(subtasks=2, scout_command=None))
+    async with opened(tmp_path, server, max_subagents=40) as session:
+        await session.run("Review this")
+        inside = await session.budget()
+    totals = await session.totals()
+    report = await orchmode.budget(settings_in(server, max_subagents=40), workdir=tmp_path)
+    assert (report.session, report.ledger, report.used) == (
+        inside.session,
+        inside.ledger,
+        inside.used,
+    )
+    assert report.session == session.id
+    assert report.ledger.subagents == totals.subagents_launched == 4
+    assert report.subagents_left == 36
+    assert report.used.all == totals.all
+    assert report.lines()[:2] == [
+        f"session    {session.id}",
+        "subagents  4 launched of 40 (36 left)",
+    ]
+    assert report.describe().startswith("4 of 40 subagents launched; ")
+
+
+async def test_nothing_recorded_is_said_plainly_by_budget_and_resumable(tmp_path: Path) -> None:
+    with pytest.raises(orchmode.OrchmodeError, match="no sessions are recorded"):
+        await orchmode.budget(workdir=tmp_path)
+    with pytest.raises(orchmode.CannotResume, match="no interrupted session ran in"):
+        await orchmode.resumable(workdir=tmp_path)
+    assert await orchmode.interrupted_run("anything", workdir=tmp_path) is None
+    assert not (tmp_path / ".orchmode").exists()  # no store was made just to look
+
+
+def test_a_run_record_is_read_back_leniently_and_refused_clearly() -> None:
+    assert RunRecord.read({}) is None and RunRecord.read(None) is None
+    saved = RunRecord(task="Review this", phase=2).saved()
+    assert RunRecord.read(saved) == RunRecord(task="Review this", phase=2)
+    assert RunRecord.read({"command": "run", "task": "t", "phase": "done"}) is not None
+    for bad in ({"command": "run"}, {"command": "chat", "task": "t"}, {"task": "t", "phase": 3}):
+        with pytest.raises(orchmode.OrchmodeError, match="its run record cannot be read"):
+            RunRecord.read(bad)

@@ -232,7 +232,7 @@ class Session:
         Raises :class:`CannotResume` when its last turn ended meanwhile (another process
         finished it), and as :meth:`turn` does.
         """
-        if await interrupted(self._engine.store, self.id) is None:
+        if not await self.interrupted():
             raise CannotResume(
                 f"session {self.id!r} was finished by another orchmode process meanwhile — "
                 f"`orchmode show {self.id}` prints it"
@@ -246,6 +246,7 @@ class Session:
 
     async def interrupted(self) -> bool:
         """True if the session's last turn (or run) never ended: :meth:`resume` finishes it."""
+        await self._recorder.flush()  # the turns as they stand, not as last written
         return await interrupted(self._engine.store, self.id) is not None
 
     async def budget(self) -> BudgetReport:
