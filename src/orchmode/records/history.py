@@ -312,11 +312,6 @@ class SessionHistory:
         return [agent for turn in self.turns for agent in turn.agents]
 
     @property
-    def networked(self) -> list[Turn]:
-        """The turns whose agents made connections or asked the user anything."""
-        return [turn for turn in self.turns if turn.network]
-
-    @property
     def elapsed(self) -> float:
         if self.first_at is None or self.last_at is None:
             return 0.0
