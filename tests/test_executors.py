@@ -15,7 +15,7 @@ from orchmode.executors.host import AgentHost, ShellFactory
 from orchmode.executors.local import LocalExecutor
 from orchmode.model.providers import Credentials
 from orchmode.session.agent import open_conversation
-from orchmode.store.claims import claim_within, holder_name, holding
+from orchmode.store.claims import Claim, holder_name
 
 
 async def test_open_executor_returns_an_executor_for_the_local_case_too(tmp_path: Path) -> None:
@@ -56,9 +56,10 @@ async def test_a_held_claim_is_refused_to_others_and_let_go_after_the_block(
 ) -> None:
     store = store_for(tmp_path)
     mine, theirs = holder_name(), holder_name()
-    assert await claim_within(store, "session:s", mine, 0.6, 0)
-    async with holding(store, "session:s", mine, 0.6):
+    claim = await Claim.within(store, "session:s", mine, 0.6, 0)
+    assert claim is not None
+    async with claim:
         await asyncio.sleep(0.7)  # past the lease: renewed meanwhile
-        assert not await claim_within(store, "session:s", theirs, 0.6, 0.1)
+        assert await Claim.within(store, "session:s", theirs, 0.6, 0.1) is None
         assert await store.holder("session:s") == mine
-    assert await claim_within(store, "session:s", theirs, 0.6, 0)
+    assert await Claim.within(store, "session:s", theirs, 0.6, 0) is not None

@@ -28,7 +28,7 @@ from ..model.providers import Credentials
 from ..records.recorder import EventRecorder
 from ..records.totals import SessionTotals, Totals, session_totals
 from ..store import Approval
-from ..store.claims import claim_within, holding
+from ..store.claims import Claim
 from .agent import Conversation, SessionBusy, TurnResult, open_conversation
 from .failures import unless_the_store_fails
 from .ledger import BudgetReport, budget_report
@@ -466,9 +466,10 @@ async def _claimed(engine: Conversation) -> AsyncIterator[None]:
     """
     store, lease = engine.store, engine.settings.claim_lease
     key = session_key(engine.session_id)
-    if not await claim_within(store, key, engine.holder, lease, lease * 1.2):
+    claim = await Claim.within(store, key, engine.holder, lease, lease * 1.2)
+    if claim is None:
         raise _busy(engine.session_id, lease)
-    async with holding(store, key, engine.holder, lease):
+    async with claim:
         await engine.executor.start()
         yield
 

@@ -10,14 +10,13 @@ claim lapses for someone else to take.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import socket
 import time
 import uuid
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
@@ -245,16 +244,3 @@ class Claim:
                     return
             except OrchmodeError as exc:
                 log.warning("could not renew a claim: %s", exc)
-
-
-async def claim_within(store: Store, key: str, holder: str, lease: float, wait: float) -> bool:
-    """Claim ``key`` for ``holder``, trying for up to ``wait`` seconds; False if it stayed
-    taken. The claim is :meth:`Claim.held` by that holder from then on."""
-    return await Claim.within(store, key, holder, lease, wait) is not None
-
-
-@contextlib.asynccontextmanager
-async def holding(store: Store, key: str, holder: str, lease: float) -> AsyncIterator[None]:
-    """Keep a claim already taken renewed inside the block, and let it go on the way out."""
-    async with Claim.held(store, key, holder, lease):
-        yield
