@@ -38,9 +38,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .replies import LoggedRequest, Reply, ScriptedRequest
-from .scenario import OrchestrationScenario, mode_is_on, role_of
-from .server import ScriptedServer
+from orchmode.testing import LoggedRequest, Reply, ScriptedRequest, ScriptedServer
+from orchmode.testing.scenario import OrchestrationScenario, mode_is_on, role_of
 
 API_KEY = "test-key"
 #: A short lease, so a killed run's claims lapse quickly for the resume.
