@@ -6,8 +6,9 @@ mapping are then exercised exactly as in production. A *responder* decides what 
 "model" says (a :class:`.replies.Reply`) or how the API fails (a :class:`.replies.Fault`);
 the server does the wire format (see :mod:`.answer` and :mod:`.responses`), strict
 request validation (see :mod:`.validate`), authentication, concurrency limits, a
-prompt-cache simulation (see :mod:`.cache`), an optional context window, ``POST /v1/messages/count_tokens`` and the
-beta context editing (``clear_tool_uses_20250919``). Prompt sizes are the cache module's
+prompt-cache simulation (see :mod:`.cache`), an optional context window,
+``POST /v1/messages/count_tokens`` and the beta context editing
+(``clear_tool_uses_20250919``). Prompt sizes are the cache module's
 token estimate throughout, so the window, ``count_tokens`` and ``usage`` always agree.
 
 The same scripted model also answers on Amazon Bedrock's and Google Vertex AI's wire
