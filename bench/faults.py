@@ -38,12 +38,11 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from support.kill_scenario import make_repo, repo_files
 from support.kills import (
     PHASES,
     choose_moments,
-    make_repo,
     reference_run,
-    repo_files,
     run_kills,
     table,
 )

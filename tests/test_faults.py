@@ -21,11 +21,11 @@ from pathlib import Path
 import pytest
 
 from orchmode.shell.bwrap import probe
+from support.kill_scenario import make_repo
 from support.kills import (
     TRIGGERS,
     Reference,
     choose_moments,
-    make_repo,
     reference_run,
     run_kills,
     table,
