@@ -36,8 +36,8 @@ from orchmode.core.events import EventBus
 from orchmode.core.settings import Settings
 from orchmode.model.providers import Credentials
 from orchmode.session.agent import Conversation, open_conversation
-from orchmode.testing.postgres import postgres_server
-from orchmode.testing.raycluster import LocalCluster, local_ray_cluster, session_members
+from support.postgres import postgres_server
+from support.raycluster import LocalCluster, local_ray_cluster, session_members
 
 TARGET = 1.3
 _MB = 1024 * 1024

@@ -1,6 +1,6 @@
 """Does a run survive ``kill -9`` at any moment? Kills at random moments, each resumed.
 
-The scenario is the fault suite's (:mod:`orchmode.testing.kills`): ``orchmode run`` of a
+The scenario is the fault suite's (``tests/support/kills.py``): ``orchmode run`` of a
 worktree fan-out over a git repository of about 2,300 files, against the scripted server,
 whose six workers rewrite 600 files, delete a package, move a directory and change modes,
 add files and a binary one, and edit one file; three append to one changelog (two
@@ -38,12 +38,11 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from orchmode.testing.kills import (
+from support.kill_scenario import make_repo, repo_files
+from support.kills import (
     PHASES,
     choose_moments,
-    make_repo,
     reference_run,
-    repo_files,
     run_kills,
     table,
 )

@@ -15,7 +15,7 @@ distinct SHA-256 content keys. The backends:
 
 - ``sqlite``: the SQLite store (WAL, ``synchronous=FULL``) in a file in a temporary directory;
 - ``postgres``: the PostgreSQL store against a throw-away local server
-  (:func:`orchmode.testing.postgres.postgres_server`, fsync on); skipped, with the reason
+  (``postgres_server`` of ``tests/support/postgres.py``, fsync on); skipped, with the reason
   printed, when the server cannot be started;
 - ``json``: the baseline defined here, :class:`JsonFileJournal` — a dict loaded from one JSON
   file, the whole file re-serialised and rewritten on every record. Its writes grow with
@@ -438,7 +438,7 @@ async def json_run(root: Path, items: Sequence[Item], seed: int, fsync: bool) ->
 
 def postgres_run(items: Sequence[Item], seed: int, writers: int) -> Run | None:
     """The PostgreSQL measurement, or ``None`` (with the reason printed) if it cannot start."""
-    from orchmode.testing.postgres import postgres_server, reset_database
+    from support.postgres import postgres_server, reset_database
 
     with ExitStack() as stack:
         try:

@@ -13,7 +13,7 @@ The checkpoint is awaited before the run moves on. Three parts, each printed as 
    and two rarer operations: a compaction's rewrite of all 200 messages and the load a
    resume does. Each checkpoint is durable when it returns: SQLite in a temporary file
    (WAL, ``synchronous=FULL``), PostgreSQL on a throw-away local server
-   (:func:`orchmode.testing.postgres.postgres_server`, fsync on), skipped with the reason
+   (``postgres_server`` of ``tests/support/postgres.py``, fsync on), skipped with the reason
    printed when it cannot be started.
 2. **Its share of a real turn**: one orchestrated turn in this process (``Conversation``, the
    scripted server in a thread, the store in a temporary directory) of 200 subtasks, 0.2 s
@@ -945,7 +945,7 @@ def main() -> None:
         if "sqlite" in chosen:
             urls["sqlite"] = f"sqlite://{tmp / 'checkpoint.db'}"
         if "postgres" in chosen and parts & {1, 2}:
-            from orchmode.testing.postgres import postgres_server
+            from support.postgres import postgres_server
 
             try:
                 urls["postgres"] = stack.enter_context(postgres_server())
@@ -974,7 +974,7 @@ def main() -> None:
             )
             for name, url in urls.items():
                 if name == "postgres":
-                    from orchmode.testing.postgres import reset_database
+                    from support.postgres import reset_database
 
                     assert url is not None
                     reset_database(url)

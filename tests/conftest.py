@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -38,10 +39,80 @@ _NEEDS = {
 }
 
 
+#: Modules of pure logic, the ``unit`` lane (``scripts/test --unit``): no process, no
+#: sandbox, no server, no network; :func:`_refuse_outside_logic` holds them to it.
+UNIT_MODULES = frozenset(
+    {
+        "test_agent_definitions.py",
+        "test_context.py",
+        "test_domains.py",
+        "test_environment.py",
+        "test_mode.py",
+        "test_parking.py",
+        "test_readme.py",
+        "test_settings.py",
+        "test_subtasks.py",
+        "test_unit_lane.py",
+        "test_wire.py",
+    }
+)
+
+#: Audit events a unit test must not raise: starting a process, or any network traffic.
+_NOT_LOGIC = frozenset(
+    {
+        "subprocess.Popen",
+        "os.posix_spawn",
+        "os.fork",
+        "os.forkpty",
+        "os.exec",
+        "os.spawn",
+        "os.system",
+        "pty.spawn",
+        "socket.bind",
+        "socket.connect",
+    }
+)
+_unit_test_running = False
+
+
+class NotPureLogic(BaseException):
+    """A unit test started a process or used the network. A BaseException, so that no
+    ``except Exception`` in the code under test can swallow it."""
+
+
+def _refuse_outside_logic(event: str, args: tuple[Any, ...]) -> None:
+    if _unit_test_running and event in _NOT_LOGIC:
+        raise NotPureLogic(f"a unit test raised the audit event {event} {args!r:.200}")
+
+
+sys.addaudithook(_refuse_outside_logic)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[object]:
+    """Hold a ``unit`` test (its fixtures included) to pure logic while it runs."""
+    global _unit_test_running
+    _unit_test_running = item.get_closest_marker("unit") is not None
+    try:
+        return (yield)
+    finally:
+        _unit_test_running = False
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """``-m unit`` does not import the other test modules: the lane is whole modules."""
+    name = collection_path.name
+    if config.option.markexpr == "unit" and name.startswith("test_") and name.endswith(".py"):
+        return name not in UNIT_MODULES or None
+    return None
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark each test with the services it needs (``postgres``, ``ray``, ``browser``), from
-    its fixtures and module, so no test has to remember to say so."""
+    its fixtures and module, so no test has to remember to say so; and the ``unit`` lane."""
     for item in items:
+        if item.path.name in UNIT_MODULES:
+            item.add_marker("unit")
         needs = {_NEEDS[n] for n in getattr(item, "fixturenames", ()) if n in _NEEDS}
         callspec = getattr(item, "callspec", None)
         if callspec is not None and callspec.params.get("store_url") == "postgres":

@@ -8,7 +8,7 @@ from contextlib import ExitStack
 
 import pytest
 
-from orchmode.testing.postgres import PostgresUnavailable, postgres_server, reset_database
+from support.postgres import PostgresUnavailable, postgres_server, reset_database
 
 
 @pytest.fixture(scope="session")

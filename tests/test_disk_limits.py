@@ -31,9 +31,9 @@ from orchmode.shell.sandbox import Sandbox
 from orchmode.store.schema import result_of, result_row
 from orchmode.testing.replies import Reply, ScriptedRequest
 from orchmode.testing.scenario import OrchestrationScenario, first_user_text, role_of, tool_call
-from orchmode.testing.store_faults import FaultUnavailable, tmpfs
 from orchmode.trees.limits import MB, DiskLimits, WriteWatch, left_out_of, written_size
 from orchmode.views.progress import change_text
+from support.store_faults import FaultUnavailable, tmpfs
 from test_isolation import command_of, editing, nothing_left, repo, run, tool_result_text
 from test_script import started
 

@@ -1,7 +1,7 @@
 """The fault suite: a worktree fan-out killed with SIGKILL at random moments, then resumed.
 
 Real processes, real git, the real sandbox and real HTTP to the scripted model. The
-scenario (:mod:`orchmode.testing.kills`) is a repository of about 2,300 files whose workers
+scenario (``tests/support/kills.py``) is a repository of about 2,300 files whose workers
 rewrite 600 of them, delete a package, move a directory and change modes, add files and a
 binary one; three of them append to one changelog, so two conflicts go to resolvers; one
 change is refuted. After each kill, ``orchmode resume`` must finish the run with the working
@@ -21,11 +21,11 @@ from pathlib import Path
 import pytest
 
 from orchmode.shell.bwrap import probe
-from orchmode.testing.kills import (
+from support.kill_scenario import make_repo
+from support.kills import (
     TRIGGERS,
     Reference,
     choose_moments,
-    make_repo,
     reference_run,
     run_kills,
     table,

@@ -19,9 +19,9 @@ from orchmode.core.prompts import RESOLVE_MARKER
 from orchmode.session.agent import Conversation as Session
 from orchmode.shell.bwrap import probe
 from orchmode.testing import ScriptedServer
-from orchmode.testing.kills import repo_state
 from orchmode.testing.scenario import OrchestrationScenario
 from recorded_runs import kill_run_when, orchmode, worker_prompts
+from support.run_state import repo_state
 from test_script import started, workflow_block
 
 GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]

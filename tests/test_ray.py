@@ -21,10 +21,10 @@ import psycopg
 import pytest
 
 from orchmode.testing import ScriptedServer
-from orchmode.testing.raycluster import LocalCluster, RayUnavailable, local_ray_cluster
 from orchmode.testing.scenario import OrchestrationScenario
 from phoenix_fixture import Phoenix
 from recorded_runs import base_env
+from support.raycluster import LocalCluster, RayUnavailable, local_ray_cluster
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -1,6 +1,6 @@
 """`orchmode resume` of a run whose driver was SIGKILLed during a fan-out on a real Ray cluster.
 
-The nodes are real ``ray start`` processes (see :mod:`orchmode.testing.raycluster`), the
+The nodes are real ``ray start`` processes (see ``tests/support/raycluster.py``), the
 store is a real PostgreSQL server, the model is the scripted server, and both the killed
 run and its resume are ``orchmode`` processes, as a user runs them. The main agent plans
 anew on every request, so the resume passes only if nothing asks it for the plan again.
@@ -33,12 +33,6 @@ import psycopg
 import pytest
 
 from orchmode.testing import Reply, ScriptedRequest, ScriptedServer
-from orchmode.testing.raycluster import (
-    LocalCluster,
-    RayUnavailable,
-    local_ray_cluster,
-    session_members,
-)
 from orchmode.testing.scenario import (
     OrchestrationScenario,
     mode_is_on,
@@ -47,6 +41,12 @@ from orchmode.testing.scenario import (
     turn_messages,
 )
 from recorded_runs import base_env
+from support.raycluster import (
+    LocalCluster,
+    RayUnavailable,
+    local_ray_cluster,
+    session_members,
+)
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -20,9 +20,10 @@ import psycopg
 import pytest
 
 from orchmode.testing import ScriptedServer
-from orchmode.testing.postgres import PostgresServer, PostgresUnavailable, postgres_instance
 from orchmode.testing.scenario import OrchestrationScenario
-from orchmode.testing.store_faults import (
+from recorded_runs import base_env, orchmode, scripted_server
+from support.postgres import PostgresServer, PostgresUnavailable, postgres_instance
+from support.store_faults import (
     DAMAGES,
     FaultUnavailable,
     damage_journal,
@@ -31,7 +32,6 @@ from orchmode.testing.store_faults import (
     stop_postgres_when,
     tmpfs,
 )
-from recorded_runs import base_env, orchmode, scripted_server
 
 pytestmark = pytest.mark.faults
 

@@ -250,6 +250,26 @@ def check_sigv4(
             "Authorization header requires 'Credential', 'SignedHeaders' and 'Signature' "
             f"parameters. Authorization={authorization.split(' ', 1)[0]}",
         )
+    _check_scope(parsed, headers, keys, region, service)
+    stamp = _check_date(headers.get("x-amz-date", ""), parsed["date"], now)
+    signed = parsed["signed"].split(";")
+    if "host" not in signed or any(name not in headers for name in signed):
+        raise AuthRefused(403, "InvalidSignatureException", _MISMATCH)
+    expected = _signature(
+        method, url, {n: headers[n] for n in signed}, body, keys, parsed["region"], service, stamp
+    )
+    if not hmac.compare_digest(expected, parsed["signature"]):
+        raise AuthRefused(403, "InvalidSignatureException", _MISMATCH)
+
+
+def _check_scope(
+    parsed: re.Match[str],
+    headers: Mapping[str, str],
+    keys: AwsKeys,
+    region: str | None,
+    service: str,
+) -> None:
+    """The credential names our key, this service and region, and our session token."""
     if not hmac.compare_digest(parsed["key"], keys.access_key):
         raise AuthRefused(
             403,
@@ -276,7 +296,10 @@ def check_sigv4(
             "UnrecognizedClientException",
             "The security token included in the request is invalid.",
         )
-    stamp = headers.get("x-amz-date", "")
+
+
+def _check_date(stamp: str, scope_date: str, now: datetime.datetime | None) -> str:
+    """The request's ``x-amz-date``, refused when unreadable, stale or off its scope's day."""
     try:
         when = datetime.datetime.strptime(stamp, _AMZ_DATE).replace(tzinfo=datetime.UTC)
     except ValueError:
@@ -284,21 +307,14 @@ def check_sigv4(
             403, "IncompleteSignatureException", "Date must be in ISO-8601 'basic format'."
         ) from None
     now = now or datetime.datetime.now(datetime.UTC)
-    if abs(now - when) > _SKEW or stamp[:8] != parsed["date"]:
+    if abs(now - when) > _SKEW or stamp[:8] != scope_date:
         raise AuthRefused(
             403,
             "InvalidSignatureException",
             f"Signature expired: {stamp} is now earlier than "
             f"{(now - _SKEW).strftime(_AMZ_DATE)} ({now.strftime(_AMZ_DATE)} - 5 min.)",
         )
-    signed = parsed["signed"].split(";")
-    if "host" not in signed or any(name not in headers for name in signed):
-        raise AuthRefused(403, "InvalidSignatureException", _MISMATCH)
-    expected = _signature(
-        method, url, {n: headers[n] for n in signed}, body, keys, parsed["region"], service, stamp
-    )
-    if not hmac.compare_digest(expected, parsed["signature"]):
-        raise AuthRefused(403, "InvalidSignatureException", _MISMATCH)
+    return stamp
 
 
 def _signature(
@@ -334,6 +350,65 @@ def check_bearer(headers: Mapping[str, str], token: str | None) -> str:
     if token is not None and not hmac.compare_digest(given.encode(), token.encode()):
         raise AuthRefused(401, "UNAUTHENTICATED", _GOOGLE_UNAUTHENTICATED)
     return given
+
+
+def check_bedrock_access(
+    *,
+    method: str,
+    url: str,
+    headers: Mapping[str, str],
+    body: bytes | None,
+    keys: AwsKeys | None,
+    region: str | None,
+    api_key: str | None,
+) -> None:
+    """Bedrock's front door: ``api_key`` as a bearer token, or a SigV4 signature by ``keys``
+    (with no keys, any ``Authorization``); or raise :class:`AuthRefused`. A ``body`` too
+    large to read (None) passes, to be refused for its size next."""
+    authorization = headers.get("authorization", "")
+    if authorization.lower().startswith("bearer "):  # a Bedrock API key
+        key = authorization[7:].strip()
+        if api_key is None or not secrets.compare_digest(key.encode(), api_key.encode()):
+            raise AuthRefused(
+                403,
+                "AccessDeniedException",
+                "Authentication failed: Please make sure your API Key is valid.",
+            )
+        return
+    if keys is None:
+        if not authorization:
+            raise AuthRefused(
+                403, "MissingAuthenticationTokenException", "Missing Authentication Token"
+            )
+        return
+    if body is None:
+        return
+    check_sigv4(method=method, url=url, headers=headers, body=body, keys=keys, region=region)
+
+
+def check_vertex_access(
+    route: Route,
+    headers: Mapping[str, str],
+    *,
+    token: str | None,
+    project: str | None,
+    region: str | None,
+) -> None:
+    """Vertex's front door: the bearer ``token``, for ``project`` and ``region`` when set."""
+    check_bearer(headers, token)
+    for wanted, given, what in (
+        (project, route.project, "project"),
+        (region, route.region, "location"),
+    ):
+        if wanted is not None and given != wanted:
+            raise AuthRefused(
+                403,
+                "PERMISSION_DENIED",
+                f"Permission 'aiplatform.endpoints.predict' denied on resource "
+                f"'//aiplatform.googleapis.com/projects/{route.project}/locations/"
+                f"{route.region}/publishers/anthropic/models/{route.model}' (or it may "
+                f"not exist): unknown {what} {given!r}.",
+            )
 
 
 _GOOGLE_UNAUTHENTICATED = (

@@ -11,7 +11,7 @@ import copy
 import json
 import secrets
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -131,6 +131,13 @@ class Reply:
         )
 
 
+#: What a cut stream carries when its fault names no ``partial`` reply.
+_INTERRUPTED = Reply.text(
+    "This reply was interrupted part-way through; the rest of it never arrived, "
+    "because the scripted server cut the stream on purpose."
+)
+
+
 @dataclass
 class Fault:
     """A failure instead of, or part-way through, a reply.
@@ -153,6 +160,11 @@ class Fault:
             raise ValueError(f"Fault.kind must be one of {sorted(_FAULT_KINDS)}")
         if self.after_events < 0:
             raise ValueError("Fault.after_events must be >= 0")
+
+    @property
+    def cut_reply(self) -> Reply:
+        """The reply whose first events a ``drop`` or ``sse_error`` sends."""
+        return self.partial or _INTERRUPTED
 
 
 #: One server-sent event: its name and its data (a JSON object, or the text as it came).
@@ -337,6 +349,24 @@ class LoggedRequest:
     @property
     def duration(self) -> float | None:
         return None if self.finished is None else self.finished - self.started
+
+    def summary(self) -> dict[str, Any]:
+        """The entry as JSON for another process: timings on the server's monotonic clock,
+        and of the body only the first user message (enough to tell which agent sent it)."""
+        messages = self.body.get("messages") if isinstance(self.body, dict) else None
+        first = messages[0].get("content") if isinstance(messages, list) and messages else None
+        return {
+            "index": self.index,
+            "path": self.path,
+            "provider": self.provider,
+            "started": self.started,
+            "finished": self.finished,
+            "status": self.status,
+            "outcome": self.outcome,
+            "first_user_text": first if isinstance(first, str) else None,
+            "usage": None if self.usage is None else asdict(self.usage),
+            "prompt_tokens": self.prompt_tokens,
+        }
 
     @property
     def billed(self) -> TokenUsage | None:

@@ -4,10 +4,11 @@ No real model is reachable in tests, so every test drives the official ``anthrop
 against this server instead of mocking it: retries, SSE parsing, timeouts and error
 mapping are then exercised exactly as in production. A *responder* decides what the
 "model" says (a :class:`.replies.Reply`) or how the API fails (a :class:`.replies.Fault`);
-the server does the wire format (see :mod:`.answer`), strict request validation (see
-:mod:`.validate`), authentication, concurrency limits, a prompt-cache simulation (see
-:mod:`.cache`), an optional context window, ``POST /v1/messages/count_tokens`` and the
-beta context editing (``clear_tool_uses_20250919``). Prompt sizes are the cache module's
+the server does the wire format (see :mod:`.answer` and :mod:`.responses`), strict
+request validation (see :mod:`.validate`), authentication, concurrency limits, a
+prompt-cache simulation (see :mod:`.cache`), an optional context window,
+``POST /v1/messages/count_tokens`` and the beta context editing
+(``clear_tool_uses_20250919``). Prompt sizes are the cache module's
 token estimate throughout, so the window, ``count_tokens`` and ``usage`` always agree.
 
 The same scripted model also answers on Amazon Bedrock's and Google Vertex AI's wire
@@ -25,35 +26,29 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-import json
 import logging
 import secrets
-import socket
 import threading
 import time
-from collections.abc import Iterator, Sequence
-from dataclasses import asdict, replace
+from collections.abc import Iterator
+from dataclasses import replace
 from types import TracebackType
 from typing import Any
 
 from aiohttp import web
 
 from .answer import _Answer
+from .arrivals import Arrival, read_arrival
 from .cache import EditedPrompt, PromptCache, apply_context_edits
 from .providers import (
     GOOGLE_TOKEN_PATH,
     AuthRefused,
     AwsKeys,
     Route,
-    bedrock_error,
-    bedrock_exception_frame,
-    bedrock_frame,
-    check_bearer,
-    check_sigv4,
-    google_error,
+    check_bedrock_access,
+    check_vertex_access,
     google_token_answer,
     messages_body,
-    route_of,
 )
 from .replies import (
     Answer,
@@ -66,11 +61,24 @@ from .replies import (
     SseEvent,
     _new_id,
 )
+from .responses import (
+    Outcome,
+    abort,
+    answer_headers,
+    error_body,
+    error_response,
+    fault_refusal,
+    invalid,
+    retry_headers,
+    send_events,
+    with_invocation_metrics,
+)
+from .threads import LoopThread
 from .validate import (
     BlockShape,
     InvalidRequest,
-    block_shapes,
     check_context_management,
+    learn_block_shapes,
     validate_request,
 )
 
@@ -81,86 +89,12 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-_REDACTED_HEADERS = frozenset(
-    {"x-api-key", "authorization", "proxy-authorization", "x-amz-security-token"}
-)
 _MAX_BODY_BYTES = 32 * 1024 * 1024  # the real API's request size limit
 _SHUTDOWN_GRACE = 1.0  # seconds stop() lets unfinished handlers run before cancelling
 #: Not part of the Messages API: the scripted server's own request log, as JSON.
 LOG_PATH = "/v1/_scripted/log"
 MESSAGES_PATH = "/v1/messages"
 COUNT_TOKENS_PATH = "/v1/messages/count_tokens"
-
-
-_DEFAULT_PARTIAL = Reply.text(
-    "This reply was interrupted part-way through; the rest of it never arrived, "
-    "because the scripted server cut the stream on purpose."
-)
-
-
-def _sse(name: str, data: dict[str, Any] | str) -> bytes:
-    text = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
-    return f"event: {name}\ndata: {text}\n\n".encode()
-
-
-def _error_body(kind: str, message: str, request_id: str) -> dict[str, Any]:
-    return {"type": "error", "error": {"type": kind, "message": message}, "request_id": request_id}
-
-
-def _retry_headers(seconds: float) -> dict[str, str]:
-    """``retry-after`` in (possibly fractional) seconds, which the SDK accepts, plus ms."""
-    return {"retry-after": f"{seconds:g}", "retry-after-ms": str(round(seconds * 1000))}
-
-
-def _redact(headers: dict[str, str]) -> dict[str, str]:
-    return {k: ("***" if k in _REDACTED_HEADERS else v) for k, v in headers.items()}
-
-
-def _betas(request: web.Request) -> set[str]:
-    """The ``anthropic-beta`` names, comma-separated and possibly over several headers."""
-    values = request.headers.getall("anthropic-beta", [])
-    return {name.strip() for value in values for name in value.split(",") if name.strip()}
-
-
-def _nodelay(request: web.Request) -> bool | None:
-    """Set TCP_NODELAY on the connection and read it back; None if it is not TCP.
-
-    Real API front ends disable Nagle; with it on, a small response can wait ~40 ms for
-    the client's delayed ACK, a stall that would hide (or fake) harness costs. asyncio
-    and aiohttp set it too, but a benchmark must not depend on that staying true.
-    """
-    transport = request.transport
-    sock = transport.get_extra_info("socket") if transport is not None else None
-    if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
-        return None
-    try:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return bool(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
-    except OSError:  # the client is already gone
-        return None
-
-
-def _invalid(message: str) -> _Outcome:
-    return _Outcome(400, "invalid_request_error", message, f"invalid:{message}")
-
-
-class _Outcome(Exception):
-    """Internal: ends a request early with a JSON error response and a log outcome."""
-
-    def __init__(
-        self,
-        status: int,
-        kind: str,
-        message: str,
-        outcome: str,
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.kind = kind
-        self.message = message
-        self.outcome = outcome
-        self.headers = headers or {}
 
 
 # --------------------------------------------------------------------------- the server
@@ -250,8 +184,7 @@ class ScriptedServer:
         self._responder_calls = 0
         self._runner: web.AppRunner | None = None
         self._url: str | None = None
-        self._thread: threading.Thread | None = None
-        self._thread_loop: asyncio.AbstractEventLoop | None = None
+        self._thread = LoopThread("ScriptedServer", "scripted-anthropic-server")
 
     # ----------------------------------------------------------------- observation
 
@@ -296,30 +229,8 @@ class ScriptedServer:
             return self._responder_calls
 
     async def _serve_log(self, request: web.Request) -> web.StreamResponse:
-        """The request log as JSON, for a benchmark or test in another process.
-
-        Timings are this server's monotonic clock; bodies are left out except the first
-        user message (enough to tell which agent sent a request).
-        """
-        entries = []
-        for entry in self.log:
-            messages = entry.body.get("messages") if isinstance(entry.body, dict) else None
-            first = messages[0].get("content") if isinstance(messages, list) and messages else None
-            entries.append(
-                {
-                    "index": entry.index,
-                    "path": entry.path,
-                    "provider": entry.provider,
-                    "started": entry.started,
-                    "finished": entry.finished,
-                    "status": entry.status,
-                    "outcome": entry.outcome,
-                    "first_user_text": first if isinstance(first, str) else None,
-                    "usage": None if entry.usage is None else asdict(entry.usage),
-                    "prompt_tokens": entry.prompt_tokens,
-                }
-            )
-        return web.json_response(entries)
+        """The request log as JSON, for a benchmark or test in another process."""
+        return web.json_response([entry.summary() for entry in self.log])
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -364,48 +275,11 @@ class ScriptedServer:
 
     def start_in_thread(self, timeout: float = 10.0) -> None:
         """Serve from a private event loop in a daemon thread (for sync tests, subprocesses)."""
-        if self._thread is not None:
-            raise RuntimeError("ScriptedServer thread already running")
-        loop = asyncio.new_event_loop()
-        ready = threading.Event()
-        failure: list[BaseException] = []
-
-        def run() -> None:
-            asyncio.set_event_loop(loop)
-            try:
-                loop.run_until_complete(self.start())
-            except BaseException as exc:
-                failure.append(exc)
-                ready.set()
-                loop.close()
-                return
-            ready.set()
-            try:
-                loop.run_forever()
-            finally:
-                loop.run_until_complete(loop.shutdown_asyncgens())
-                loop.close()
-
-        thread = threading.Thread(target=run, name="scripted-anthropic-server", daemon=True)
-        thread.start()
-        if not ready.wait(timeout):
-            raise TimeoutError("ScriptedServer thread did not start in time")
-        if failure:
-            thread.join()
-            raise failure[0]
-        self._thread, self._thread_loop = thread, loop
+        self._thread.start(self.start, timeout)
 
     def stop_thread(self, timeout: float = 10.0) -> None:
         """Stop a server started with :meth:`start_in_thread` and join its thread."""
-        thread, loop = self._thread, self._thread_loop
-        if thread is None or loop is None:
-            return
-        try:
-            asyncio.run_coroutine_threadsafe(self.stop(), loop).result(timeout)
-        finally:
-            loop.call_soon_threadsafe(loop.stop)
-            thread.join(timeout)
-            self._thread = self._thread_loop = None
+        self._thread.stop(self.stop, timeout)
 
     @contextlib.contextmanager
     def in_thread(self) -> Iterator[ScriptedServer]:
@@ -458,73 +332,58 @@ class ScriptedServer:
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         """Every request lands here, so every request is logged the same way."""
         request_id = _new_id("req")
-        received = {k.lower(): v for k, v in request.headers.items()}
-        headers = _redact(received)
+        arrival = await read_arrival(request)
+        index = self._arrive(arrival.entry)
         try:
-            raw = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            raw = None
-        body: Any = None
-        parse_error: str | None = None
-        try:
-            body = json.loads(raw) if raw else None
-        except ValueError as exc:
-            parse_error = f"There was an error parsing the body of your request: {exc}"
-        route = route_of(request.method, request.raw_path)
-        entry = LoggedRequest(
-            index=-1,
-            method=request.method,
-            path=request.path,
-            body=body if isinstance(body, dict) else {},
-            headers=headers,
-            started=time.monotonic(),
-            tcp_nodelay=_nodelay(request),
-            provider=route.provider if route is not None else "anthropic",
-        )
-        index = self._arrive(entry)
-        try:
-            if route is None:
-                raise _Outcome(404, "not_found_error", "Not found", "not_found")
-            self._authenticate(request, route, received, raw)
-            if raw is None:
-                message = "Request exceeds the maximum allowed size"
-                raise _Outcome(413, "request_too_large", message, f"invalid:{message}")
-            if parse_error is not None:
-                raise _invalid(parse_error)
-            try:
-                body, betas = messages_body(route, body, _betas(request))
-            except InvalidRequest as exc:
-                raise _invalid(str(exc)) from None
-            counting = route.counting
-            prompt = self._prepare(betas, body, counting)
-            self._note(index, prompt_tokens=prompt.input_tokens)
-            if counting:
-                return self._count(index, prompt, request_id)
-            if self.context_window is not None and prompt.input_tokens > self.context_window:
-                raise _invalid(
-                    f"prompt is too long: {prompt.input_tokens} tokens"
-                    f" > {self.context_window} maximum"
-                )
-            if not self._admit():
-                raise _Outcome(
-                    429,
-                    "rate_limit_error",
-                    "Number of concurrent connections has exceeded your rate limit. "
-                    "Please try again later.",
-                    "rate_limited",
-                    _retry_headers(self.rate_limit_retry_after),
-                )
-            try:
-                return await self._serve(request, index, prompt, headers, request_id, route)
-            finally:
-                self._release()
-        except _Outcome as out:
-            response = _error_response(route, out, request_id)
+            return await self._respond(request, arrival, index, request_id)
+        except Outcome as out:
+            response = error_response(arrival.route, out, request_id)
             self._finish(index, response.status, out.outcome)  # as sent: Bedrock's numbers
             return response
         except asyncio.CancelledError:
             self._finish(index, 499, "cancelled")
             raise
+
+    async def _respond(
+        self, request: web.Request, arrival: Arrival, index: int, request_id: str
+    ) -> web.StreamResponse:
+        """Check the request as the API does, in its order, then answer it."""
+        route = arrival.route
+        if route is None:
+            raise Outcome(404, "not_found_error", "Not found", "not_found")
+        self._authenticate(request, route, arrival.received, arrival.raw)
+        if arrival.raw is None:
+            message = "Request exceeds the maximum allowed size"
+            raise Outcome(413, "request_too_large", message, f"invalid:{message}")
+        if arrival.parse_error is not None:
+            raise invalid(arrival.parse_error)
+        try:
+            body, betas = messages_body(route, arrival.body, arrival.betas)
+        except InvalidRequest as exc:
+            raise invalid(str(exc)) from None
+        prompt = self._prepare(betas, body, route.counting)
+        self._note(index, prompt_tokens=prompt.input_tokens)
+        if route.counting:
+            return self._count(index, prompt, request_id)
+        if self.context_window is not None and prompt.input_tokens > self.context_window:
+            raise invalid(
+                f"prompt is too long: {prompt.input_tokens} tokens > {self.context_window} maximum"
+            )
+        if not self._admit():
+            raise Outcome(
+                429,
+                "rate_limit_error",
+                "Number of concurrent connections has exceeded your rate limit. "
+                "Please try again later.",
+                "rate_limited",
+                retry_headers(self.rate_limit_retry_after),
+            )
+        try:
+            return await self._serve(
+                request, index, prompt, arrival.entry.headers, request_id, route
+            )
+        finally:
+            self._release()
 
     async def _google_token(self, request: web.Request) -> web.StreamResponse:
         """Google's OAuth token endpoint, as far as a service account's refresh needs it."""
@@ -541,11 +400,11 @@ class ScriptedServer:
             valid = validate_request(body, count_tokens=counting, more_blocks=self.learned_blocks)
             edits = check_context_management(valid, betas, supported=self.context_management)
         except InvalidRequest as exc:
-            raise _invalid(str(exc)) from None
+            raise invalid(str(exc)) from None
         if not self.system_messages and any(
             isinstance(m, dict) and m.get("role") == "system" for m in valid["messages"]
         ):
-            raise _invalid("messages: roles must be 'user' or 'assistant'")
+            raise invalid("messages: roles must be 'user' or 'assistant'")
         return apply_context_edits(valid, edits)
 
     def _count(self, index: int, prompt: EditedPrompt, request_id: str) -> web.StreamResponse:
@@ -563,11 +422,25 @@ class ScriptedServer:
         """Each front door's own authentication: an API key, SigV4, or an OAuth token."""
         try:
             if route.provider == "bedrock":
-                self._authenticate_aws(request, received, raw)
+                check_bedrock_access(
+                    method=request.method,
+                    url=f"http://{received.get('host', '')}{request.raw_path}",
+                    headers=received,
+                    body=raw,
+                    keys=self.aws_keys,
+                    region=self.aws_region,
+                    api_key=self.bedrock_api_key,
+                )
             elif route.provider == "vertex":
-                self._authenticate_google(route, received)
+                check_vertex_access(
+                    route,
+                    received,
+                    token=self.vertex_token,
+                    project=self.vertex_project,
+                    region=self.vertex_region,
+                )
         except AuthRefused as refused:
-            raise _Outcome(
+            raise Outcome(
                 refused.status, refused.kind, refused.message, f"auth:{refused.kind}"
             ) from None
         if route.provider != "anthropic" or self.api_key is None:
@@ -577,57 +450,9 @@ class ScriptedServer:
             bearer = request.headers.get("authorization", "")
             key = bearer[7:] if bearer.lower().startswith("bearer ") else None
         if key is None:
-            raise _Outcome(401, "authentication_error", "x-api-key header is required", "auth")
+            raise Outcome(401, "authentication_error", "x-api-key header is required", "auth")
         if not secrets.compare_digest(key.encode(), self.api_key.encode()):
-            raise _Outcome(401, "authentication_error", "invalid x-api-key", "auth")
-
-    def _authenticate_aws(
-        self, request: web.Request, received: dict[str, str], raw: bytes | None
-    ) -> None:
-        authorization = received.get("authorization", "")
-        if authorization.lower().startswith("bearer "):  # a Bedrock API key
-            key = authorization[7:].strip()
-            if self.bedrock_api_key is None or not secrets.compare_digest(
-                key.encode(), self.bedrock_api_key.encode()
-            ):
-                raise AuthRefused(
-                    403,
-                    "AccessDeniedException",
-                    "Authentication failed: Please make sure your API Key is valid.",
-                )
-            return
-        if self.aws_keys is None:
-            if not authorization:
-                raise AuthRefused(
-                    403, "MissingAuthenticationTokenException", "Missing Authentication Token"
-                )
-            return
-        if raw is None:  # too large to read: refused for its size next
-            return
-        check_sigv4(
-            method=request.method,
-            url=f"http://{received.get('host', '')}{request.raw_path}",
-            headers=received,
-            body=raw,
-            keys=self.aws_keys,
-            region=self.aws_region,
-        )
-
-    def _authenticate_google(self, route: Route, received: dict[str, str]) -> None:
-        check_bearer(received, self.vertex_token)
-        for wanted, given, what in (
-            (self.vertex_project, route.project, "project"),
-            (self.vertex_region, route.region, "location"),
-        ):
-            if wanted is not None and given != wanted:
-                raise AuthRefused(
-                    403,
-                    "PERMISSION_DENIED",
-                    f"Permission 'aiplatform.endpoints.predict' denied on resource "
-                    f"'//aiplatform.googleapis.com/projects/{route.project}/locations/"
-                    f"{route.region}/publishers/anthropic/models/{route.model}' (or it may "
-                    f"not exist): unknown {what} {given!r}.",
-                )
+            raise Outcome(401, "authentication_error", "invalid x-api-key", "auth")
 
     async def _ask(self, scripted: ScriptedRequest) -> Answer:
         answer: Any = self.responder(scripted)
@@ -655,7 +480,7 @@ class ScriptedServer:
         except Exception as exc:
             log.exception("scripted responder failed on request %d", index)
             # x-should-retry: false stops the SDK retrying, so the test fails loudly once.
-            raise _Outcome(
+            raise Outcome(
                 500,
                 "api_error",
                 f"scripted responder raised {type(exc).__name__}: {exc}",
@@ -674,13 +499,18 @@ class ScriptedServer:
             outcome = "disconnected" if gone else "ok"
             self._finish(index, 200, outcome, **prepared.logged())
             return web.json_response(
-                prepared.message(), headers=_answer_headers(route, request_id, prepared)
+                prepared.message(), headers=answer_headers(route, request_id, prepared)
             )
         events = prepared.events(self.chunk_size)
         if route.provider == "bedrock":
-            events = _with_invocation_metrics(events, prepared)
-        response, delivered = await self._send_events(
-            request, request_id, events, prepared.reply.event_delay, route=route
+            events = with_invocation_metrics(events, prepared)
+        response, delivered = await send_events(
+            request,
+            request_id,
+            events,
+            prepared.reply.event_delay,
+            ping_every=self.ping_every,
+            route=route,
         )
         outcome = "ok" if delivered else "disconnected"
         self._finish(index, 200, outcome, **prepared.logged())
@@ -697,27 +527,21 @@ class ScriptedServer:
     ) -> web.StreamResponse:
         """Send a recorded stream as it was recorded; learn the block types it holds."""
         if not streaming:
-            raise _Outcome(
+            raise Outcome(
                 500,
                 "api_error",
                 f"the recorded stream {recorded.name or ''} answers streaming requests only",
                 "error:recorded stream for a non-streaming request",
                 {"x-should-retry": "false"},
             )
-        known = block_shapes()
         with self._lock:
-            for block in recorded.blocks():
-                kind = block.get("type")
-                if isinstance(kind, str):
-                    empty: BlockShape = (frozenset(), frozenset({"type"}))
-                    seen = self.learned_blocks.get(kind) or known.get(kind) or empty
-                    self.learned_blocks[kind] = (seen[0] | block.keys(), seen[1])
+            learn_block_shapes(self.learned_blocks, recorded.blocks())
         events: list[SseEvent] = recorded.fresh()
         start = next((d for n, d in events if n == "message_start" and isinstance(d, dict)), None)
         message = start.get("message") if start is not None else None
         message_id = message.get("id") if isinstance(message, dict) else None
-        response, delivered = await self._send_events(
-            request, request_id, events, recorded.event_delay, route=route, pings=False
+        response, delivered = await send_events(
+            request, request_id, events, recorded.event_delay, ping_every=None, route=route
         )
         outcome = "ok" if delivered else "disconnected"
         self._finish(index, 200, outcome, message_id=message_id)
@@ -746,159 +570,29 @@ class ScriptedServer:
         route: Route,
     ) -> web.StreamResponse:
         outcome = f"fault:{fault.kind}"
-        retry = {} if fault.retry_after is None else _retry_headers(fault.retry_after)
+        refusal = fault_refusal(fault, streaming, self.rate_limit_retry_after)
+        if refusal is not None:
+            raise refusal
         kind = fault.kind
-        if kind == "sse_error" and not streaming:
-            kind = "overloaded"
-        if kind == "overloaded":
-            raise _Outcome(529, "overloaded_error", "Overloaded", outcome, retry)
-        if kind == "rate_limit":
-            seconds = (
-                self.rate_limit_retry_after if fault.retry_after is None else fault.retry_after
-            )
-            message = "This request would exceed your organization's rate limit."
-            raise _Outcome(429, "rate_limit_error", message, outcome, _retry_headers(seconds))
-        if kind == "server_error":
-            raise _Outcome(500, "api_error", "Internal server error", outcome, retry)
         if not streaming:  # drop without streaming: vanish before answering
             self._finish(index, 0, outcome)
-            _abort(request)
+            abort(request)
             return web.Response(status=500)  # never reaches the client
-        prepared = self._answer(prompt, fault.partial or _DEFAULT_PARTIAL)
+        prepared = self._answer(prompt, fault.cut_reply)
         events = prepared.events(self.chunk_size)
         events = events[: min(fault.after_events, len(events) - 1)]
         if kind == "sse_error":
-            error = _error_body("overloaded_error", "Overloaded", request_id)
+            error = error_body("overloaded_error", "Overloaded", request_id)
             del error["request_id"]
             events.append(("error", error))
-        response, _ = await self._send_events(
+        response, _ = await send_events(
             request,
             request_id,
             events,
             prepared.reply.event_delay,
-            abort=kind == "drop",
+            ping_every=self.ping_every,
+            cut=kind == "drop",
             route=route,
         )
         self._finish(index, 200, outcome, **prepared.logged())
         return response
-
-    async def _send_events(
-        self,
-        request: web.Request,
-        request_id: str,
-        events: Sequence[SseEvent],
-        event_delay: float,
-        *,
-        abort: bool = False,
-        route: Route | None = None,
-        pings: bool = True,
-    ) -> tuple[web.StreamResponse, bool]:
-        """Stream events, pings interleaved: one write each when they are paced or cut.
-
-        Bedrock's are AWS event-stream frames instead, one per event and no pings.
-        Returns the response and whether the client was still connected at the end.
-        """
-        if route is not None and route.provider == "bedrock":
-            response = web.StreamResponse(
-                status=200,
-                headers={
-                    "content-type": "application/vnd.amazon.eventstream",
-                    "x-amzn-bedrock-content-type": "application/json",
-                    "x-amzn-requestid": request_id,
-                },
-            )
-            frames = [_bedrock_event(name, data) for name, data in events]
-        else:
-            response = web.StreamResponse(
-                status=200,
-                headers={
-                    "content-type": "text/event-stream; charset=utf-8",
-                    "cache-control": "no-cache",
-                    "request-id": request_id,
-                },
-            )
-            frames = []
-            for n, (name, data) in enumerate(events, start=1):
-                frame = _sse(name, data)
-                ping = pings and (n == 1 if self.ping_every == 0 else n % self.ping_every == 0)
-                frames.append(frame + _sse("ping", {"type": "ping"}) if ping else frame)
-        try:
-            await response.prepare(request)
-            if event_delay or abort:
-                for n, frame in enumerate(frames, start=1):
-                    if n > 1 and event_delay:
-                        await asyncio.sleep(event_delay)
-                    await response.write(frame)
-            else:
-                # Nothing to wait for between events: one write carries them all (the same
-                # bytes, fewer packets), so the server's own cost stays out of benchmarks.
-                await response.write(b"".join(frames))
-            if abort:
-                _abort(request)
-            else:
-                await response.write_eof()
-        except ConnectionError:
-            return response, False
-        return response, True
-
-
-def _error_response(route: Route | None, out: _Outcome, request_id: str) -> web.Response:
-    """An error in the shape of the front door it came in by."""
-    provider = route.provider if route is not None else "anthropic"
-    if provider == "bedrock":
-        status, body, headers = bedrock_error(out.status, out.kind, out.message, request_id)
-        return web.json_response(body, status=status, headers={**out.headers, **headers})
-    if provider == "vertex" and out.outcome.startswith("auth"):
-        return web.json_response(
-            google_error(out.status, out.message), status=out.status, headers=out.headers
-        )
-    return web.json_response(
-        _error_body(out.kind, out.message, request_id),
-        status=out.status,
-        headers={"request-id": request_id, **out.headers},
-    )
-
-
-def _answer_headers(route: Route, request_id: str, answer: _Answer) -> dict[str, str]:
-    if route.provider != "bedrock":
-        return {"request-id": request_id}
-    return {
-        "x-amzn-requestid": request_id,
-        "x-amzn-bedrock-input-token-count": str(answer.cache.input_tokens),
-        "x-amzn-bedrock-output-token-count": str(answer.reply.output_tokens),
-    }
-
-
-def _with_invocation_metrics(
-    events: list[tuple[str, dict[str, Any]]], answer: _Answer
-) -> list[tuple[str, dict[str, Any]]]:
-    """Bedrock's ``message_stop`` carries its own metrics (which a client must ignore)."""
-    metrics = {
-        "inputTokenCount": answer.cache.input_tokens,
-        "outputTokenCount": answer.reply.output_tokens,
-        "invocationLatency": 1,
-        "firstByteLatency": 1,
-    }
-    return [
-        (name, {**data, "amazon-bedrock-invocationMetrics": metrics})
-        if name == "message_stop"
-        else (name, data)
-        for name, data in events
-    ]
-
-
-def _bedrock_event(name: str, data: dict[str, Any] | str) -> bytes:
-    """One event as a Bedrock frame; an ``error`` event (the API's mid-stream overload)
-    becomes the exception Bedrock sends in its place."""
-    if name == "error":
-        return bedrock_exception_frame(
-            "serviceUnavailableException", "Bedrock is unable to process your request."
-        )
-    return bedrock_frame(data if isinstance(data, dict) else {"type": name, "data": data})
-
-
-def _abort(request: web.Request) -> None:
-    """Cut the TCP connection without a clean end, as a network failure would."""
-    transport = request.transport
-    if transport is not None:
-        transport.abort()

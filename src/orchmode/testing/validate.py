@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from functools import cache
 from typing import Any
 
@@ -31,6 +31,7 @@ __all__ = [
     "InvalidRequest",
     "block_shapes",
     "check_context_management",
+    "learn_block_shapes",
     "validate_request",
 ]
 
@@ -52,6 +53,18 @@ class InvalidRequest(ValueError):
 #: One kind of content block as a request may hold it: the fields it may have, by the names
 #: the API spells (``from``, not the SDK's ``from_``), and those it must.
 BlockShape = tuple[frozenset[str], frozenset[str]]
+
+
+def learn_block_shapes(learned: dict[str, BlockShape], blocks: Iterable[Mapping[str, Any]]) -> None:
+    """Widen ``learned`` to take back every block as it was sent, fields the SDK does not
+    declare included (a recording holds what the API really sent)."""
+    known = block_shapes()
+    for block in blocks:
+        kind = block.get("type")
+        if isinstance(kind, str):
+            empty: BlockShape = (frozenset(), frozenset({"type"}))
+            seen = learned.get(kind) or known.get(kind) or empty
+            learned[kind] = (seen[0] | block.keys(), seen[1])
 
 
 def _literal_of(hint: object) -> object:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from .postgres import PostgresServer
+from support.postgres import PostgresServer
 
 #: The ways :func:`damage_journal` damages a journal.
 DAMAGES = ("truncated", "scribbled", "header", "wal", "empty")

@@ -2,7 +2,7 @@
 (``tests/test_faults.py``) and ``bench/faults.py`` share.
 
 The scenario is a worktree fan-out over a git repository of a few thousand files whose
-workers write, delete and rename files (:func:`make_repo`, :data:`SUBTASKS`): one rewrites
+workers write, delete and rename files (``kill_scenario.py``): one rewrites
 600 files, one deletes a package, one renames a directory and changes modes, one adds
 files and a binary one, one (refuted) must never land, one edits a file no other touches;
 three of them append a line to ``CHANGELOG.md``, so two conflicts go to resolvers.
@@ -22,14 +22,10 @@ through plain ``sqlite3``, the files; nothing in orchmode is hooked.
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import os
 import random
-import re
 import signal
 import sqlite3
-import stat
 import subprocess
 import sys
 import time
@@ -38,157 +34,37 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .replies import LoggedRequest, Reply, ScriptedRequest
-from .scenario import OrchestrationScenario, mode_is_on, role_of
-from .server import ScriptedServer
+from orchmode.testing import LoggedRequest, ScriptedServer
+from orchmode.testing.scenario import role_of
+from support.kill_scenario import (
+    API_KEY,
+    CHANGELOG_LINES,
+    DOCS,
+    LEGACY,
+    METRICS,
+    MODULES,
+    REFUTED_LINE,
+    RENAMED,
+    SUBTASKS,
+    copy_repo,
+    scenario,
+    start_server,
+)
+from support.run_state import (
+    Entry,
+    differences,
+    left_behind,
+    processes_in,
+    repo_state,
+    tree_state,
+)
 
-API_KEY = "test-key"
 #: A short lease, so a killed run's claims lapse quickly for the resume.
 LEASE = ("--claim-lease", "2")
-GIT = ("git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "init.defaultBranch=main")
 TASK = "Tidy the code base"
 
 #: The phases a moment can fall in, in the order a run goes through them.
 PHASES = ("planning", "fan-out", "verification", "merge", "synthesis")
-
-# ------------------------------------------------------------------------ the repository
-
-PACKAGES = 20
-MODULES = 100
-#: The packages whose modules the renaming worker rewrites (6 × 100 = 600 files).
-RENAMED = tuple(f"src/app/pkg{p:02d}" for p in range(6))
-LEGACY = 200
-DOCS = 120
-METRICS = 40
-
-
-def _module(p: int, m: int) -> str:
-    lines = [
-        f'"""Module {m} of package {p}."""',
-        "",
-        "from app.util import old_helper",
-        "",
-        "",
-        f"def run_{m}(value: int) -> int:",
-        f"    return old_helper(value) + {p * MODULES + m}",
-        "",
-    ]
-    return "\n".join(lines)
-
-
-def repo_files() -> dict[str, str]:
-    """The repository's files: about 2,500, source-like."""
-    files = {
-        "README.md": "# app\n\nA service.\n",
-        "CHANGELOG.md": "# Changelog\n\n## Unreleased\n",
-        "config.py": "DEBUG = True\nLIMIT = 10\n",
-        "src/app/__init__.py": "",
-        "src/app/util.py": "def old_helper(value: int) -> int:\n    return value * 2\n",
-        "tmp/scratch.txt": "scratch\n",
-        "scripts/build.sh": "#!/bin/sh\necho build\n",
-        "scripts/deploy.sh": "#!/bin/sh\necho deploy\n",
-    }
-    for p in range(PACKAGES):
-        files[f"src/app/pkg{p:02d}/__init__.py"] = ""
-        for m in range(MODULES):
-            files[f"src/app/pkg{p:02d}/mod{m:03d}.py"] = _module(p, m)
-    for i in range(LEGACY):
-        files[f"legacy/part{i // 50}/old{i:03d}.py"] = f"# legacy {i}\nVALUE = {i}\n"
-    for i in range(DOCS):
-        files[f"docs/section{i // 30}/page{i:03d}.md"] = f"# Page {i}\n\n" + "text " * 40 + "\n"
-    return files
-
-
-def make_repo(root: Path) -> Path:
-    """The repository, committed, with an uncommitted edit and an untracked file too."""
-    root.mkdir(parents=True)
-    for name, content in repo_files().items():
-        path = root / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(content)
-    subprocess.run([*GIT, "init", "-q"], cwd=root, check=True)
-    subprocess.run([*GIT, "add", "-A"], cwd=root, check=True)
-    subprocess.run([*GIT, "commit", "-qm", "start"], cwd=root, check=True)
-    with (root / "README.md").open("a") as handle:
-        handle.write("Uncommitted line.\n")
-    (root / "NOTES.txt").write_text("untracked notes\n")
-    return root
-
-
-def copy_repo(source: Path, target: Path) -> Path:
-    subprocess.run(["cp", "-a", str(source), str(target)], check=True)
-    return target
-
-
-# ---------------------------------------------------------------------------- the workers
-
-#: Each worker's subtask names its one command after ``$ ``; "REFUTE" marks the one its
-#: verifier refutes. The first three append to the changelog: the first merges, the other
-#: two conflict with it (and each other) and go to resolvers.
-SUBTASKS = (
-    "Rename old_helper to new_helper $ sed -i 's/old_helper/new_helper/g' src/app/util.py "
-    + " ".join(f"{p}/*.py" for p in RENAMED)
-    + " && echo '- renamed old_helper to new_helper' >> CHANGELOG.md",
-    "Drop the legacy package $ git rm -q -r legacy && echo '- dropped legacy/' >> CHANGELOG.md",
-    # mv, not git mv: an overlay refuses to rename a directory of its lower layer (EXDEV),
-    # and mv then copies and deletes, as it does across file systems.
-    "Move the docs to manual/ $ mv docs manual && chmod +x scripts/build.sh "
-    "scripts/deploy.sh && echo '- moved docs/ to manual/' >> CHANGELOG.md",
-    "Add a metrics package $ mkdir -p src/app/metrics && for i in $(seq 1 "
-    f'{METRICS}); do echo "VALUE_$i = $i" > src/app/metrics/m$i.py; done && '
-    "printf '\\000\\001\\002\\377' > src/app/metrics/logo.bin",
-    "Bump the version REFUTE $ echo 'VERSION = 9' > src/app/version.py && "
-    "echo '- bumped the version' >> CHANGELOG.md",
-    "Turn debugging off $ sed -i 's/DEBUG = True/DEBUG = False/' config.py && rm tmp/scratch.txt",
-)
-#: The lines the confirmed workers append to the changelog: each must be there once.
-CHANGELOG_LINES = (
-    "- renamed old_helper to new_helper",
-    "- dropped legacy/",
-    "- moved docs/ to manual/",
-)
-REFUTED_LINE = "- bumped the version"
-
-
-def command_of(subtask: str) -> str | None:
-    return subtask.split("$ ", 1)[1] if "$ " in subtask else None
-
-
-def refute_marked(prompt: str) -> str:
-    return "refuted" if "REFUTE" in prompt else "confirmed"
-
-
-#: The summary turn's reply waits this long: the last moments (a point plus its offset)
-#: must still find the run alive.
-LAST_REPLY_DELAY = 0.25
-
-
-@dataclass
-class KilledScenario(OrchestrationScenario):
-    """The scenario, its last reply (the summary turn's) held back a little."""
-
-    def main(self, request: ScriptedRequest) -> Reply:
-        reply = super().main(request)
-        if not mode_is_on(request.messages):
-            reply.delay = max(reply.delay, LAST_REPLY_DELAY)
-        return reply
-
-
-def scenario(delay: float = 0.03) -> OrchestrationScenario:
-    return KilledScenario(
-        subtasks=list(SUBTASKS),
-        scout_command="ls",
-        worker_command=command_of,
-        verdict=refute_marked,
-        delay=delay,
-    )
-
-
-def start_server(responder: OrchestrationScenario) -> ScriptedServer:
-    server = ScriptedServer(responder, api_key=API_KEY)
-    server.start_in_thread()
-    return server
-
 
 # ------------------------------------------------------------------------- the processes
 
@@ -473,74 +349,6 @@ def resume(server: ScriptedServer, workdir: Path, *, attempts: int = 1) -> Resum
 
 # ---------------------------------------------------------------------------- the checks
 
-Entry = tuple[str, int, str]  # kind, permission bits, sha256 of the bytes (or link target)
-
-
-def tree_state(root: Path, skip: Sequence[str] = (".orchmode", ".git")) -> dict[str, Entry]:
-    """Every path under ``root`` (directories too) but ``skip``: its kind, mode, content."""
-    found: dict[str, Entry] = {}
-    for top, dirs, files in os.walk(root):
-        rel = os.path.relpath(top, root)
-        if rel == ".":
-            dirs[:] = [d for d in dirs if d not in skip]
-        for name in (*dirs, *files):  # a link to a directory is among dirs, not followed
-            path = os.path.join(top, name)
-            info = os.lstat(path)
-            key = os.path.relpath(path, root)
-            if stat.S_ISLNK(info.st_mode):
-                found[key] = ("link", 0, os.readlink(path))
-            elif stat.S_ISDIR(info.st_mode):
-                found[key] = ("dir", stat.S_IMODE(info.st_mode), "")
-            else:
-                with open(path, "rb") as handle:
-                    digest = hashlib.sha256(handle.read()).hexdigest()
-                found[key] = ("file", stat.S_IMODE(info.st_mode), digest)
-    return found
-
-
-def differences(expected: Mapping[str, Entry], actual: Mapping[str, Entry]) -> list[str]:
-    """How ``actual`` differs from ``expected``, one line a path (the first 20)."""
-    lines = []
-    for path in sorted(set(expected) | set(actual)):
-        want, have = expected.get(path), actual.get(path)
-        if want == have:
-            continue
-        if want is None:
-            lines.append(f"{path}: there, but not in the uninterrupted run's")
-        elif have is None:
-            lines.append(f"{path}: missing")
-        elif want[0] != have[0]:
-            lines.append(f"{path}: a {have[0]}, not a {want[0]}")
-        elif want[1] != have[1]:
-            lines.append(f"{path}: mode {have[1]:o}, not {want[1]:o}")
-        else:
-            lines.append(f"{path}: other bytes")
-    return lines[:20] + ([f"… and {len(lines) - 20} more"] if len(lines) > 20 else [])
-
-
-def git_out(root: Path, *args: str) -> str:
-    return subprocess.run(
-        ["git", *args], cwd=root, capture_output=True, text=True, check=True
-    ).stdout
-
-
-def repo_state(root: Path) -> dict[str, str]:
-    """Everything of the user's repository that orchmode must never change (its own path
-    written as ``<workdir>``, so that copies of one repository compare)."""
-    dot = root / ".git"
-    state = {
-        "head": git_out(root, "rev-parse", "HEAD"),
-        "symbolic": git_out(root, "symbolic-ref", "HEAD"),
-        "branches": git_out(root, "branch", "--list", "-a"),
-        "refs": git_out(root, "for-each-ref"),
-        "stash": git_out(root, "stash", "list"),
-        "worktrees": git_out(root, "worktree", "list", "--porcelain"),
-        "index": hashlib.sha256((dot / "index").read_bytes()).hexdigest(),
-        "config": (dot / "config").read_text(),
-        "staged": git_out(root, "diff", "--cached", "--name-status"),
-    }
-    return {k: v.replace(str(root), "<workdir>") for k, v in state.items()}
-
 
 def applied_once(workdir: Path) -> list[str]:
     """What is wrong with the changes as the directory holds them: a change missing,
@@ -586,64 +394,6 @@ def applied_once(workdir: Path) -> list[str]:
     if "DEBUG = False" not in (workdir / "config.py").read_text():
         problems.append("config.py: debugging is still on")
     return problems
-
-
-#: What orchmode keeps in ``.orchmode/trees`` between sessions: the store, the checkout
-#: and the locks sessions share (``flock``: the files stay, no lock is held).
-KEPT_IN_TREES = frozenset(
-    {
-        "store.git",
-        "plain.git",
-        "checkout",
-        "checkout.commit",
-        "checkout.lock",
-        "store.lock",
-        "merge.lock",
-        "base-objects",
-        "runs",
-    }
-)
-#: Names of temporary files, anywhere under ``.orchmode`` (outside git's own object store).
-_TEMPORARY = re.compile(r"^(\.tmp-.*|.*\.tmp|.*\.lock|\.trash-.*|\.link-.*|.*\.index)$")
-
-
-def left_behind(workdir: Path) -> list[str]:
-    """Workspaces, layers, copies and temporary files a finished session should not leave."""
-    state = workdir / ".orchmode"
-    trees = state / "trees"
-    found = []
-    if trees.exists():
-        found += [f"trees/{p.name}" for p in trees.iterdir() if p.name not in KEPT_IN_TREES]
-        runs = trees / "runs"
-        if runs.exists():
-            found += [f"trees/runs/{p.name}" for p in runs.iterdir()]
-    for top, dirs, files in os.walk(state):
-        rel = os.path.relpath(top, state)
-        if rel.startswith(("trees/checkout", "trees/store.git/objects", "trees/plain.git")):
-            dirs[:] = []
-            continue
-        for name in [*files, *dirs]:
-            where = os.path.join(rel, name) if rel != "." else name
-            if where in ("trees/checkout.lock", "trees/store.lock", "trees/merge.lock"):
-                continue
-            if _TEMPORARY.match(name):
-                found.append(where)
-    return sorted(set(found))
-
-
-def processes_in(workdir: Path) -> list[str]:
-    """The processes whose working directory or command line is in ``workdir``."""
-    where = os.path.realpath(workdir)
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        with contextlib.suppress(OSError):
-            cwd = os.readlink(entry / "cwd")
-            argv = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            if cwd == where or cwd.startswith(where + "/") or where in argv:
-                found.append(f"{entry.name}: {argv.strip()[:120]} (in {cwd})")
-    return found
 
 
 @dataclass

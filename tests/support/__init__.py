@@ -1,0 +1,1 @@
+"""Harnesses the tests and benchmarks share: real services and the faults done to them."""
