@@ -10,12 +10,12 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..core.events import EventBus, Role
 from ..core.results import AgentResult, Report, Status, TypedReport, parse_report
 from ..core.schemas import ReportAttempts
-from ..core.wire import Message, ToolResultBlock, ToolSchema, ToolUseBlock
+from ..core.wire import JsonObject, Message, ToolResultBlock, ToolSchema, ToolUseBlock
 from ..loop import AgentLoop, Ending, Finish, Handler, LoopResult, Room, Toolbox
 from ..model.context import Meter, Window
 from ..model.gateway import ModelChoice, ModelGateway
@@ -53,7 +53,7 @@ class Subagent:
     mcp: McpHub | None = None
     role: Role = "worker"
     #: The JSON Schema its report's ``data`` must follow (None: an untyped report).
-    schema: dict[str, Any] | None = None
+    schema: JsonObject | None = None
     #: Its model and effort (None: its role's, from the settings).
     choice: ModelChoice | None = None
     #: The agent definition it runs in, whose ``tools`` may leave out some MCP tools.

@@ -283,7 +283,7 @@ class ModelGateway:
         client: Any = self.client
         try:
             create: Any = client.messages.create
-            beta: dict[str, Any] = {}
+            beta: dict[str, object] = {}
             if context_edits:
                 create = client.beta.messages.create
                 beta = {
@@ -335,7 +335,7 @@ class ModelGateway:
         if not self.capabilities.count_tokens:
             return None
         edits = context_edits if self.context_editing else None
-        request: dict[str, Any] = {
+        request: dict[str, object] = {
             "model": model or self.settings.model,
             "system": [{"type": "text", "text": system}],
             "messages": cast(Any, wire_messages(messages, self.capabilities)),

@@ -35,9 +35,9 @@ def wire_messages(
 
 def optional_fields(
     caps: Capabilities, previous_message_id: str | None, effort: str
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """The request fields only some providers take; the body version some require."""
-    fields: dict[str, Any] = {}
+    fields: dict[str, object] = {}
     if caps.effort:
         fields["output_config"] = {"effort": effort}
     if caps.automatic_caching:
