@@ -1,4 +1,4 @@
-"""Recorded histories read back through the message types: leniently, unchanged, or one clear error."""
+"""Recorded histories read back through the message types: as recorded, or one clear error."""
 
 from __future__ import annotations
 
