@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import TypeAlias
 
 from ..core.wire import ToolResultBlock, ToolSchema, ToolUseBlock
 from ..tools.calls import tool_result, unknown_tool
@@ -21,9 +22,13 @@ class Finish:
     value: str
 
 
+#: The results a round has gathered so far.
+Gathered: TypeAlias = Sequence[ToolResultBlock]
+#: What a handler answers: the call's result, or the end of the agent's run.
+Outcome: TypeAlias = ToolResultBlock | Finish
 #: A tool's handler: the call and the results gathered before it in the same round (their
 #: size bounds what a large result may take) → its ``tool_result``, or :class:`Finish`.
-Handler = Callable[[ToolUseBlock, Sequence[ToolResultBlock]], Awaitable[ToolResultBlock | Finish]]
+Handler: TypeAlias = Callable[[ToolUseBlock, Gathered], Awaitable[Outcome]]
 
 
 @dataclass(frozen=True)

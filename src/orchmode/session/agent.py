@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Coroutine, Sequence
+from collections.abc import AsyncIterator, Coroutine
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -39,7 +39,7 @@ from ..core.wire import (
     read_history,
 )
 from ..fanout.workflow import Workflow
-from ..loop import AgentLoop, Ending, Handler, Hooks, LoopResult, Room, Toolbox
+from ..loop import AgentLoop, Ending, Gathered, Handler, Hooks, LoopResult, Room, Toolbox
 from ..model.context import (
     Meter,
     Window,
@@ -54,6 +54,7 @@ from ..store.claims import holder_name
 from ..tools.calls import run_bash, tool_result
 from ..tools.mcptools import with_mcp_tools
 from .run_record import RunRecord
+from .saved_state import state_json
 from .wiring import Parts, StartOptions, session_parts
 
 log = logging.getLogger("orchmode")
@@ -287,13 +288,7 @@ class Conversation:
 
     async def save(self) -> None:
         """Record the conversation and its mode; a failure is logged, not fatal."""
-        state = json.dumps(
-            {
-                "history": self.history,
-                "mode": self.mode.snapshot(),
-                "meta": self.run.saved() if self.run is not None else {},
-            }
-        )
+        state = state_json(self.history, self.mode, self.run)
         try:
             await self.store.save_session(self.session_id, str(self.workdir), state)
         except OrchmodeError as exc:
@@ -342,9 +337,7 @@ class Conversation:
         async def bash(tool_use: ToolUseBlock, _gathered: object) -> ToolResultBlock:
             return await run_bash(self.shell, tool_use, agent="main", events=self.events)
 
-        async def workflow(
-            tool_use: ToolUseBlock, gathered: Sequence[ToolResultBlock]
-        ) -> ToolResultBlock:
+        async def workflow(tool_use: ToolUseBlock, gathered: Gathered) -> ToolResultBlock:
             try:
                 tokens = self.room.result_budget(self.history, estimate_tokens(gathered))
                 text, is_error = await self.workflow.run(tool_use.get("input"), tokens)
