@@ -1,52 +1,95 @@
-"""The one reader of a content block's type: anything read back from disk may be malformed."""
+"""Recorded histories read back through the message types: as recorded, or one clear error."""
 
 from __future__ import annotations
 
-from typing import Any
+import json
 
-from hypothesis import given
-from hypothesis import strategies as st
+import pytest
 
-from orchmode.core.wire import blocks_of, has_block, is_block, joined_text
+from orchmode.core.wire import Message, message_json, read_history
+from orchmode.session.resume import pending_calls
 
-KINDS = st.sampled_from(["text", "tool_use", "tool_result", "thinking", "image", 3, None])
-JSON = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.text(max_size=5),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner),
-    max_leaves=8,
+#: Shapes earlier versions recorded: a mid-conversation system note, blocks and fields this
+#: version does not declare (compaction, redacted thinking, citations, a server tool's).
+RECORDED: list[object] = [
+    {"role": "user", "content": "review this"},
+    {"role": "system", "content": "[orchmode] plan mode is on"},
+    {
+        "role": "assistant",
+        "content": [
+            {"type": "thinking", "thinking": "hm", "signature": "c2ln"},
+            {"type": "redacted_thinking", "data": "opaque"},
+            {"type": "text", "text": "Looking.", "citations": None},
+            {"type": "compaction", "content": "the story so far", "encrypted_content": None},
+            {"id": "t1", "name": "bash", "input": {"command": "ls"}, "type": "tool_use"},
+        ],
+    },
+    {
+        "role": "user",
+        "content": [
+            {
+                "type": "tool_result",
+                "tool_use_id": "t1",
+                "content": [{"type": "text", "text": "a.py"}],
+                "is_error": False,
+                "cache_control": {"type": "ephemeral"},
+            }
+        ],
+    },
+]
+
+
+def test_a_recorded_history_is_read_back_as_it_was_recorded() -> None:
+    before = json.dumps(RECORDED)
+    history = read_history(RECORDED)
+    assert history is RECORDED  # no copy: the request resends the recorded bytes
+    assert json.dumps(history) == before
+
+
+@pytest.mark.parametrize(
+    ("recorded", "where"),
+    [
+        ({"role": "user", "content": "x"}, "the whole"),
+        ([{"role": "user"}], "0.content"),
+        ([{"role": "robot", "content": "x"}], "0.role"),
+        ([{"role": "assistant", "content": [{"type": "tool_use", "name": "bash"}]}], "id"),
+        ([{"role": "user", "content": [{"text": "no type"}]}], "type"),
+    ],
 )
-BLOCK = st.fixed_dictionaries({"type": KINDS}, optional={"text": JSON, "input": JSON})
-CONTENT = st.one_of(st.text(max_size=10), st.lists(st.one_of(BLOCK, JSON), max_size=6), JSON)
+def test_a_history_that_cannot_be_read_is_one_line_saying_where(
+    recorded: object, where: str
+) -> None:
+    with pytest.raises(ValueError) as caught:
+        read_history(recorded)
+    said = str(caught.value)
+    assert said.startswith("history is not a list of messages (")
+    assert where in said and "\n" not in said
 
 
-@given(CONTENT, st.sampled_from(["text", "tool_use", "tool_result", "thinking"]))
-def test_blocks_of_keeps_exactly_the_blocks_of_one_kind_in_order(content: Any, kind: Any) -> None:
-    found = blocks_of(content, kind)
-    expected = (
-        [b for b in content if isinstance(b, dict) and b.get("type") == kind]
-        if isinstance(content, list)
-        else []
-    )
-    assert found == expected
-    assert all(is_block(b, kind) for b in found)
-    assert has_block(content, kind) == bool(expected)
+def test_a_checkpointed_message_keeps_its_keys_and_their_order() -> None:
+    message: Message = {
+        "role": "assistant",
+        "content": [{"id": "t1", "name": "bash", "input": {"command": "ls"}, "type": "tool_use"}],
+    }
+    text = message_json(message)
+    assert json.loads(text) == message
+    assert list(json.loads(text)["content"][0]) == ["id", "name", "input", "type"]
 
 
-@given(CONTENT)
-def test_joined_text_never_fails_and_a_string_is_its_own_text(content: Any) -> None:
-    text = joined_text(content)
-    assert isinstance(text, str)
-    if isinstance(content, str):
-        assert text == content
-    elif not blocks_of(content, "text"):
-        assert text == ""
-
-
-def test_the_text_of_a_reply_skips_its_tool_calls() -> None:
-    content = [
-        {"type": "text", "text": "one"},
-        {"type": "tool_use", "id": "t", "name": "bash", "input": {}},
-        {"type": "text", "text": "two"},
+def test_the_calls_a_checkpoint_left_unanswered_are_named() -> None:
+    last: Message = {
+        "role": "assistant",
+        "content": [
+            {"type": "text", "text": "Running."},
+            {"type": "tool_use", "id": "a", "name": "bash", "input": {"command": "make"}},
+            {"type": "tool_use", "id": "b", "name": "Workflow", "input": {"subtasks": ["x"]}},
+            {"type": "tool_use", "id": "c", "name": "mcp__x__y", "input": {}},
+        ],
+    }
+    assert pending_calls([message_json(last)]) == [
+        "bash `make`",
+        "Workflow (1 subtasks)",
+        "mcp__x__y",
     ]
-    assert joined_text(content) == "one\n\ntwo"
-    assert [b["id"] for b in blocks_of(content, "tool_use")] == ["t"]
+    assert pending_calls(["{not json"]) == []
+    assert pending_calls([json.dumps({"role": "user", "content": "hi"})]) == []

@@ -48,7 +48,7 @@ import yaml
 from .errors import ConfigError
 from .pricing import model_id
 from .settings import Effort, Isolation, Settings
-from .wire import Block
+from .wire import ToolSchema
 
 #: Where a project's and a user's definitions live, as in Claude Code.
 AGENTS_SUBDIR = Path(".claude") / "agents"
@@ -130,7 +130,7 @@ class AgentDefinition:
         """The entries of ``tools`` that name nothing orchmode has, in the order written."""
         return [entry for entry in self.tools or () if not _known(entry)]
 
-    def offered(self, tools: Sequence[Block]) -> list[Block]:
+    def offered(self, tools: Sequence[ToolSchema]) -> list[ToolSchema]:
         """The tools, of those a subagent has, that this role's agents are given."""
         access = self.shell
         return [

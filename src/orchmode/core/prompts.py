@@ -8,11 +8,11 @@ Workflow tool's description.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from .agents import AgentDefinition, describe_roles
 from .mode import Notice
 from .results import report_input_schema
+from .wire import ToolSchema
 
 MAIN_SYSTEM = """\
 You are a careful software engineering agent working in the user's directory through a \
@@ -140,7 +140,7 @@ lean toward adversarial verification; work alone only on conversational turns or
 mechanical edits. When a system message says the mode is off, the opt-in rule above \
 applies again."""
 
-WORKFLOW_TOOL: dict[str, Any] = {
+WORKFLOW_TOOL: ToolSchema = {
     "name": "Workflow",
     "description": WORKFLOW_DESCRIPTION,
     # The API refuses oneOf at the top of an input schema, so "exactly one of subtasks or
@@ -186,9 +186,9 @@ WORKFLOW_TOOL: dict[str, Any] = {
     },
 }
 
-BASH_TOOL: dict[str, Any] = {"type": "bash_20250124", "name": "bash"}
+BASH_TOOL: ToolSchema = {"type": "bash_20250124", "name": "bash"}
 
-REPORT_FINDINGS_TOOL: dict[str, Any] = {
+REPORT_FINDINGS_TOOL: ToolSchema = {
     "name": "report_findings",
     "description": (
         "Report the result of your subtask. Call it exactly once, when you are done: it ends "
@@ -197,8 +197,8 @@ REPORT_FINDINGS_TOOL: dict[str, Any] = {
     "input_schema": report_input_schema(),
 }
 
-MAIN_TOOLS: list[dict[str, Any]] = [WORKFLOW_TOOL, BASH_TOOL]
-SUBAGENT_TOOLS: list[dict[str, Any]] = [BASH_TOOL, REPORT_FINDINGS_TOOL]
+MAIN_TOOLS: list[ToolSchema] = [WORKFLOW_TOOL, BASH_TOOL]
+SUBAGENT_TOOLS: list[ToolSchema] = [BASH_TOOL, REPORT_FINDINGS_TOOL]
 
 SUBAGENT_SYSTEM = """\
 You are one agent in a larger parallel fan-out, and you have been given a single subtask. \
@@ -236,7 +236,7 @@ the subtask; the agent then works with that role's instructions, tools and model
 {roles}"""
 
 
-def workflow_tool(roles: Mapping[str, AgentDefinition]) -> dict[str, Any]:
+def workflow_tool(roles: Mapping[str, AgentDefinition]) -> ToolSchema:
     """The Workflow tool as a session with ``roles`` offers it: the same for the whole
     session, so the prompt cache holds (no roles: :data:`WORKFLOW_TOOL` itself)."""
     if not roles:
@@ -245,7 +245,7 @@ def workflow_tool(roles: Mapping[str, AgentDefinition]) -> dict[str, Any]:
     return {**WORKFLOW_TOOL, "description": WORKFLOW_DESCRIPTION + listed}
 
 
-def main_tools(roles: Mapping[str, AgentDefinition]) -> list[dict[str, Any]]:
+def main_tools(roles: Mapping[str, AgentDefinition]) -> list[ToolSchema]:
     """What the main agent is offered before its MCP tools: Workflow and bash."""
     return [workflow_tool(roles), BASH_TOOL]
 

@@ -30,6 +30,7 @@ from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
 from pydantic_core import core_schema
 
 from .events import TokenUsage
+from .wire import JsonObject
 
 
 @dataclass(frozen=True)
@@ -229,7 +230,7 @@ class _ToolSchema(GenerateJsonSchema):
         return generated
 
 
-def report_input_schema() -> dict[str, Any]:
+def report_input_schema() -> JsonObject:
     """The ``input_schema`` of report_findings, generated from :class:`Report`.
 
     Each finding's schema is written in place rather than referenced from ``$defs``: a typed
@@ -248,5 +249,5 @@ def report_input_schema() -> dict[str, Any]:
             return [inline(item) for item in node]
         return node
 
-    inlined: dict[str, Any] = inline(generated)
+    inlined: JsonObject = inline(generated)
     return inlined

@@ -340,7 +340,7 @@ class Masker:
         """A dataclass event with its text fields masked; itself when nothing is secret."""
         if self._pattern is None or not dataclasses.is_dataclass(event):
             return event
-        changes: dict[str, Any] = {}
+        changes: dict[str, object] = {}
         for item in dataclasses.fields(event):
             value = getattr(event, item.name)
             if isinstance(value, str | tuple | list | dict):

@@ -8,15 +8,15 @@ brings to it — its tools — and what its ending comes to as an :class:`AgentR
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..core.events import EventBus, Role
 from ..core.results import AgentResult, Report, Status, TypedReport, parse_report
 from ..core.schemas import ReportAttempts
-from ..core.wire import Block, Message
-from ..loop import AgentLoop, Ending, Finish, Handler, LoopResult, Room, Toolbox
+from ..core.wire import JsonObject, Message, ToolSchema, ToolUseBlock
+from ..loop import AgentLoop, Ending, Finish, Gathered, Handler, LoopResult, Outcome, Room, Toolbox
 from ..model.context import Meter, Window
 from ..model.gateway import ModelChoice, ModelGateway
 from ..shell.bash import BashSession
@@ -43,7 +43,7 @@ class Subagent:
     events: EventBus
     name: str
     system: str
-    tools: list[Block]
+    tools: list[ToolSchema]
     max_turns: int
     #: Called as the first model request goes out (the fan-out starts the shell then).
     on_first_request: Callable[[], None] | None = None
@@ -53,7 +53,7 @@ class Subagent:
     mcp: McpHub | None = None
     role: Role = "worker"
     #: The JSON Schema its report's ``data`` must follow (None: an untyped report).
-    schema: dict[str, Any] | None = None
+    schema: JsonObject | None = None
     #: Its model and effort (None: its role's, from the settings).
     choice: ModelChoice | None = None
     #: The agent definition it runs in, whose ``tools`` may leave out some MCP tools.
@@ -68,7 +68,7 @@ class Subagent:
     #: Set when its run was ended because the watch had stopped it.
     _cut: bool = field(default=False, init=False, repr=False)
     #: The round of tool calls in which it was told it was stopped (its results list).
-    _told_in: Sequence[Block] | None = field(default=None, init=False, repr=False)
+    _told_in: Gathered | None = field(default=None, init=False, repr=False)
 
     async def run(self, prompt: str) -> AgentResult:
         messages: list[Message] = [{"role": "user", "content": prompt}]
@@ -101,7 +101,7 @@ class Subagent:
         """
         attempts = ReportAttempts(self.schema)
 
-        async def bash(tool_use: Block, gathered: Sequence[Block]) -> Block | Finish:
+        async def bash(tool_use: ToolUseBlock, gathered: Gathered) -> Outcome:
             refused = self._refused(tool_use, gathered)
             if refused is not None:
                 return refused
@@ -113,7 +113,7 @@ class Subagent:
                 return tool_result(tool_use["id"], text, is_error=True)
             return block
 
-        async def report_findings(tool_use: Block, _gathered: object) -> Block | Finish:
+        async def report_findings(tool_use: ToolUseBlock, _gathered: object) -> Outcome:
             # still taken once the agent is stopped: a report costs no disk
             if self.schema is None:  # untyped: asked again as often as it takes, as always
                 untyped = parse_report(tool_use["input"])
@@ -132,7 +132,7 @@ class Subagent:
         mcp = self.mcp
         if mcp is not None:
 
-            async def mcp_tool(tool_use: Block, gathered: Sequence[Block]) -> Block | Finish:
+            async def mcp_tool(tool_use: ToolUseBlock, gathered: Gathered) -> Outcome:
                 refused = self._refused(tool_use, gathered)
                 if refused is not None:
                     return refused
@@ -151,7 +151,7 @@ class Subagent:
             prefixes["mcp__"] = mcp_tool
         return Toolbox(self.tools, {"bash": bash, "report_findings": report_findings}, prefixes)
 
-    def _refused(self, tool_use: Block, gathered: Sequence[Block]) -> Block | Finish | None:
+    def _refused(self, tool_use: ToolUseBlock, gathered: Gathered) -> Outcome | None:
         """The answer to a call other than its report once the watch has stopped the agent
         (None until then): it is told, once, that it may only report; a call in a later
         round ends its run."""

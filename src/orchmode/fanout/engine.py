@@ -38,6 +38,7 @@ from ..core.prompts import (
 from ..core.results import AgentResult, Status
 from ..core.schemas import typed_tools
 from ..core.settings import Settings
+from ..core.wire import JsonObject, ToolSchema
 from ..executors import Executor, Job, TreeJob, WorkerLost
 from ..executors.local import HERE, LocalExecutor
 from ..executors.parking import PARKING
@@ -102,7 +103,7 @@ class FanoutEngine:
     #: The agent definitions subtasks may name, read once for the session.
     roles: Mapping[str, AgentDefinition] = field(default_factory=dict)
     calls: int = 0
-    _tools: dict[Role, list[dict[str, Any]]] = field(default_factory=dict, repr=False)
+    _tools: dict[Role, list[ToolSchema]] = field(default_factory=dict, repr=False)
     _slots: PrioritySlots | None = field(default=None, repr=False)
     _housekeeping: Background = field(default_factory=Background, repr=False)
 
@@ -328,7 +329,7 @@ class FanoutEngine:
         relay: Relay | None = None,
         hand_on: Relay | None = None,
         tree: TreeJob | None = None,
-        schema: dict[str, Any] | None = None,
+        schema: JsonObject | None = None,
         agent: AgentDefinition | None = None,
     ) -> AgentResult:
         """One subagent through the store; any failure becomes an error result in its slot.
@@ -375,7 +376,7 @@ class FanoutEngine:
         relay: Relay,
         hand_on: Relay | None,
         tree: TreeJob | None,
-        schema: dict[str, Any] | None = None,
+        schema: JsonObject | None = None,
         agent: AgentDefinition | None = None,
     ) -> AgentResult:
         isolation = "worktree" if tree is not None else "shared"
@@ -584,7 +585,7 @@ class FanoutEngine:
         return str(self.results.agent_path(role, key))
 
 
-def data_note(schema: dict[str, Any]) -> str:
+def data_note(schema: JsonObject) -> str:
     """What the verifier is told of a typed result: the schema its ``data`` had to follow."""
     text = json.dumps(schema, ensure_ascii=False, sort_keys=True)
     return (

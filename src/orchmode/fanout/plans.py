@@ -13,6 +13,7 @@ from typing import Any
 
 from ..core.agents import AgentDefinition
 from ..core.schemas import check_schema
+from ..core.wire import JsonObject
 
 #: The keys an object subtask may have.
 SUBTASK_KEYS = ("prompt", "agent", "schema")
@@ -50,7 +51,7 @@ class Subtask:
     """One subtask as an object gives it: its prompt, its result's schema, its role."""
 
     prompt: str
-    schema: dict[str, Any] | None = None
+    schema: JsonObject | None = None
     agent: AgentDefinition | None = None
 
 
@@ -59,11 +60,11 @@ class Plan:
     subtasks: list[str]
     not_run: int
     #: Each subtask's report schema (None: an untyped report), in the same order.
-    schemas: list[dict[str, Any] | None] = field(default_factory=list)
+    schemas: list[JsonObject | None] = field(default_factory=list)
     #: Each subtask's role (None: a plain worker), in the same order.
     agents: list[AgentDefinition | None] = field(default_factory=list)
 
-    def schema_of(self, index: int) -> dict[str, Any] | None:
+    def schema_of(self, index: int) -> JsonObject | None:
         """Subtask ``index``'s schema (0-based); None when it has none."""
         return self.schemas[index] if index < len(self.schemas) else None
 
@@ -187,7 +188,7 @@ def _plan_objects(
 
 
 def subtask_object(
-    item: dict[str, Any], roles: Mapping[str, AgentDefinition] | None = None
+    item: JsonObject, roles: Mapping[str, AgentDefinition] | None = None
 ) -> Subtask | str:
     """An object subtask, or what is wrong with it: ``agent`` must name one of ``roles``."""
     extra = sorted(str(k) for k in item if k not in SUBTASK_KEYS)

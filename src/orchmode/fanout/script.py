@@ -41,6 +41,7 @@ from ..core.errors import OrchmodeError
 from ..core.events import Role, ScriptDone, ScriptStarted
 from ..core.prompts import verify_prompt
 from ..core.results import AgentResult, Status
+from ..core.wire import JsonObject
 from ..executors import TreeJob
 from ..trees.patches import describe_change
 from .engine import FanoutEngine, data_note
@@ -50,6 +51,7 @@ from .script_calls import (
     PARAMETERS,
     STAND_INS,
     AgentLimit,
+    BudgetAnswer,
     agent_answer,
     bind,
     plain,
@@ -218,7 +220,7 @@ class ScriptRun:
         return snapshot.output
 
     async def _host_call(
-        self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+        self, name: str, args: tuple[Any, ...], kwargs: dict[str, object]
     ) -> ExternalResult:
         """One host function's answer; a misuse becomes an exception inside the sandbox."""
         try:
@@ -306,7 +308,7 @@ class ScriptRun:
             tree = replace(tree, writable=False)  # its bash only reads the tree
         return tree
 
-    async def _agent(self, subtask: Subtask, where: str) -> dict[str, Any]:
+    async def _agent(self, subtask: Subtask, where: str) -> JsonObject:
         (index,) = self._take(1, "agent()")
         tree = await self._tree_for(index, where, subtask)
         result = await self._run(index, "worker", subtask, tree)
@@ -318,7 +320,7 @@ class ScriptRun:
         where: str,
         agent: object = None,
         schema: object = None,
-    ) -> list[dict[str, Any]]:
+    ) -> list[JsonObject]:
         if not isinstance(prompts, list | tuple):
             raise TypeError(f"parallel() takes a list of prompts, not {type(prompts).__name__}")
         subtasks = [
@@ -347,7 +349,7 @@ class ScriptRun:
 
     def _answer(
         self, index: int, subtask: Subtask, result: AgentResult, tree: TreeJob | None
-    ) -> dict[str, Any]:
+    ) -> JsonObject:
         """agent()'s value; an isolated worker's is remembered, and names its change, so
         that verify() can check the change and the merge at the end can find it."""
         answer = agent_answer(result)
@@ -361,7 +363,7 @@ class ScriptRun:
             answer["change"] = {"agent": index, "files": describe_change(change)}
         return answer
 
-    async def _verify(self, prompt: object, result: object) -> dict[str, Any]:
+    async def _verify(self, prompt: object, result: object) -> JsonObject:
         subtask = prompt_of("verify", prompt)
         if isinstance(result, dict) and "error" in result:
             why = (
@@ -421,10 +423,10 @@ class ScriptRun:
         done = [(w.index, w.key, w.subtask.prompt, w.result, w.verdict) for w in self.workers]
         return await self.engine.merge_verdicts(self.call, self.workers[0].tree, done)
 
-    async def _budget(self) -> dict[str, Any]:
+    async def _budget(self) -> BudgetAnswer:
         s = self.engine.settings
         state = await self.engine.store.budget(self.engine.budget.session)
-        answer: dict[str, Any] = {
+        answer: BudgetAnswer = {
             "subagents_launched": state.subagents,
             "subagents_left": max(0, s.max_subagents - state.subagents),
             "tokens_used": state.tokens,

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from ..core.agents import AgentDefinition
 from ..core.results import AgentResult
+from ..core.wire import JsonObject
 from .plans import Subtask, subtask_object
 
 #: The host functions by name, with their parameters (``log`` takes any number of values).
@@ -52,7 +53,20 @@ def plain(value: object) -> Any:
     return repr(value)
 
 
-def agent_answer(result: AgentResult) -> dict[str, Any]:
+class BudgetAnswer(TypedDict):
+    """What ``budget()`` returns: what the session has used and has left."""
+
+    subagents_launched: int
+    subagents_left: int
+    tokens_used: int
+    cost_used: float
+    script_agents_started: int
+    script_agents_left: int
+    tokens_left: NotRequired[int]
+    cost_left: NotRequired[float]
+
+
+def agent_answer(result: AgentResult) -> JsonObject:
     """What ``agent()`` returns: the report as a dict, or an error dict."""
     if not result.finished:
         return {"error": result.text, "status": result.status.value}
@@ -82,7 +96,7 @@ def bind(
     name: str,
     parameters: tuple[str, ...],
     args: tuple[Any, ...],
-    kwargs: dict[str, Any],
+    kwargs: dict[str, object],
     keyword_only: tuple[str, ...] = (),
 ) -> list[Any]:
     """Arguments in parameter order, the keyword-only ones last, raising the TypeError

@@ -12,16 +12,18 @@ from __future__ import annotations
 from .core import AgentLoop, Ending, Hooks, LoopResult
 from .room import Room
 from .stops import STOPS, Step, StopRule, rule_for
-from .toolbox import Finish, Handler, Toolbox
+from .toolbox import Finish, Gathered, Handler, Outcome, Toolbox
 
 __all__ = [
     "STOPS",
     "AgentLoop",
     "Ending",
     "Finish",
+    "Gathered",
     "Handler",
     "Hooks",
     "LoopResult",
+    "Outcome",
     "Room",
     "Step",
     "StopRule",

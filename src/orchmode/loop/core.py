@@ -16,10 +16,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
+from typing import cast
 
 from ..core.errors import AuthError, OrchmodeError, PromptTooLong
 from ..core.events import ModelRefused, TokenUsage
-from ..core.wire import Block, Message
+from ..core.wire import Block, Message, ToolResultBlock, ToolSchema, ToolUseBlock
 from ..model.gateway import ModelChoice, ModelGateway
 from ..model.reply import ModelReply
 from .room import Room
@@ -163,19 +164,19 @@ class AgentLoop:
         await self.hooks.changed()
 
     async def run_tools(
-        self, messages: list[Message], tools: Toolbox, tool_uses: list[Block]
+        self, messages: list[Message], tools: Toolbox, tool_uses: list[ToolUseBlock]
     ) -> str | None:
         """Run one round of calls and append all results in one user message, whatever
         happens; the value a call finished the run with, if one did."""
-        results: list[Block] = []
+        results: list[ToolResultBlock] = []
         try:
             finish = await tools.run(tool_uses, results)
         finally:
-            messages.append({"role": "user", "content": results})
+            messages.append({"role": "user", "content": cast("list[Block]", results)})
         await self.hooks.changed()
         return finish.value if finish is not None else None
 
-    async def _send(self, messages: list[Message], schemas: list[Block]) -> ModelReply:
+    async def _send(self, messages: list[Message], schemas: list[ToolSchema]) -> ModelReply:
         on_send, self.on_first_send = self.on_first_send, None
         return await self.gateway.complete(
             agent=self.agent,

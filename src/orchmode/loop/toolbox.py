@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import TypeAlias
 
-from ..core.wire import Block
+from ..core.wire import ToolResultBlock, ToolSchema, ToolUseBlock
 from ..tools.calls import tool_result, unknown_tool
 
 #: The result of a call that never ran (the round was cut short, or the agent finished).
@@ -21,23 +22,27 @@ class Finish:
     value: str
 
 
+#: The results a round has gathered so far.
+Gathered: TypeAlias = Sequence[ToolResultBlock]
+#: What a handler answers: the call's result, or the end of the agent's run.
+Outcome: TypeAlias = ToolResultBlock | Finish
 #: A tool's handler: the call and the results gathered before it in the same round (their
 #: size bounds what a large result may take) → its ``tool_result``, or :class:`Finish`.
-Handler = Callable[[Block, Sequence[Block]], Awaitable[Block | Finish]]
+Handler: TypeAlias = Callable[[ToolUseBlock, Gathered], Awaitable[Outcome]]
 
 
 @dataclass(frozen=True)
 class Toolbox:
     """What an agent is offered (``schemas``) and what runs each call."""
 
-    schemas: list[Block]
+    schemas: list[ToolSchema]
     handlers: Mapping[str, Handler]
     #: Handlers for whole families of names (``mcp__``: the user's MCP servers).
     prefixes: Mapping[str, Handler] = field(default_factory=dict)
 
     @property
     def names(self) -> list[str]:
-        return [str(t["name"]) for t in self.schemas]
+        return [t["name"] for t in self.schemas]
 
     def with_handler(self, name: str, handler: Handler) -> Toolbox:
         """The same tools with ``name`` run by ``handler`` (a resumed turn's bash)."""
@@ -54,7 +59,9 @@ class Toolbox:
             handler = next((h for p, h in self.prefixes.items() if name.startswith(p)), None)
         return handler
 
-    async def run(self, tool_uses: Sequence[Block], results: list[Block]) -> Finish | None:
+    async def run(
+        self, tool_uses: Sequence[ToolUseBlock], results: list[ToolResultBlock]
+    ) -> Finish | None:
         """Run the calls in order, each result appended to ``results`` as it comes; the
         :class:`Finish` that ended the round early, if one did.
 

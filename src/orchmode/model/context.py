@@ -18,9 +18,10 @@ import json
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 from ..core.settings import Settings
-from ..core.wire import Message, has_block, is_block, joined_text
+from ..core.wire import Block, Message, ToolResultBlock, has_block, is_block, joined_text
 
 #: Characters per token for what the API has not counted yet; low, so estimates run high.
 CHARS_PER_TOKEN = 3
@@ -242,15 +243,14 @@ def compact(
     for i, j in _candidates(messages, keep_last):
         if size - removed <= target:
             break
-        content = list(out[i]["content"])
-        block = dict(content[j])
+        content = list(cast("list[Block]", out[i]["content"]))  # candidates are in lists
+        block = cast(ToolResultBlock, content[j])  # and are tool results
         text = content_text(block.get("content"))
         tokens = estimate_tokens(block.get("content"))
         if tokens < STUB_WORTH:
             continue
         stub = stub_text(tokens, save(str(block.get("tool_use_id", "")), text))
-        block["content"] = stub
-        content[j] = block
+        content[j] = {**block, "content": stub}
         out[i] = {**out[i], "content": content}
         stubbed += 1
         removed += tokens - estimate_tokens(stub)

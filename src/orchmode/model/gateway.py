@@ -30,7 +30,7 @@ from ..core.events import (
     TokenUsage,
 )
 from ..core.settings import Settings
-from ..core.wire import Block, Message
+from ..core.wire import JsonObject, Message, ToolSchema
 from .failures import BetaRefused, FailureWords
 from .limits import AdaptiveLimit
 from .providers import (
@@ -59,10 +59,10 @@ class _Request:
 
     system: str
     messages: Sequence[Message]
-    tools: Sequence[Block]
+    tools: Sequence[ToolSchema]
     on_text: Callable[[str], None] | None
     previous_message_id: str | None
-    context_edits: Sequence[Block] | None
+    context_edits: Sequence[JsonObject] | None
 
 
 @dataclass(frozen=True)
@@ -147,11 +147,11 @@ class ModelGateway:
         agent: str,
         system: str,
         messages: Sequence[Message],
-        tools: Sequence[Block],
+        tools: Sequence[ToolSchema],
         on_text: Callable[[str], None] | None = None,
         previous_message_id: str | None = None,
         on_send: Callable[[], None] | None = None,
-        context_edits: Sequence[Block] | None = None,
+        context_edits: Sequence[JsonObject] | None = None,
         choice: ModelChoice | None = None,
     ) -> ModelReply:
         """Stream one response to the end and return it; raise an ``OrchmodeError`` on failure.
@@ -271,10 +271,10 @@ class ModelGateway:
         self,
         system: str,
         messages: Sequence[Message],
-        tools: Sequence[Block],
+        tools: Sequence[ToolSchema],
         on_text: Callable[[str], None] | None,
         previous_message_id: str | None,
-        context_edits: Sequence[Block] | None,
+        context_edits: Sequence[JsonObject] | None,
         choice: ModelChoice,
     ) -> ModelReply:
         builder = ReplyBuilder()
@@ -283,7 +283,7 @@ class ModelGateway:
         client: Any = self.client
         try:
             create: Any = client.messages.create
-            beta: dict[str, Any] = {}
+            beta: dict[str, object] = {}
             if context_edits:
                 create = client.beta.messages.create
                 beta = {
@@ -326,8 +326,8 @@ class ModelGateway:
         *,
         system: str,
         messages: Sequence[Message],
-        tools: Sequence[Block],
-        context_edits: Sequence[Block] | None = None,
+        tools: Sequence[ToolSchema],
+        context_edits: Sequence[JsonObject] | None = None,
         model: str | None = None,
     ) -> int | None:
         """The API's own count of a request's input (after its context edits, if any), or
@@ -335,7 +335,7 @@ class ModelGateway:
         if not self.capabilities.count_tokens:
             return None
         edits = context_edits if self.context_editing else None
-        request: dict[str, Any] = {
+        request: dict[str, object] = {
             "model": model or self.settings.model,
             "system": [{"type": "text", "text": system}],
             "messages": cast(Any, wire_messages(messages, self.capabilities)),

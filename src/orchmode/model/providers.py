@@ -178,12 +178,12 @@ class GoogleAccess:
     def __repr__(self) -> str:
         return f"GoogleAccess(region={self.region!r}, project={self.project!r}, ***)"
 
-    def __getstate__(self) -> dict[str, Any]:
+    def __getstate__(self) -> dict[str, object]:
         state = {f.name: getattr(self, f.name) for f in fields(self)}
         state["credentials"] = None  # a signer holds a private key, and may not pickle
         return state
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
+    def __setstate__(self, state: dict[str, object]) -> None:
         for name, value in state.items():
             object.__setattr__(self, name, value)
 

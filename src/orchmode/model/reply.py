@@ -8,7 +8,7 @@ from typing import Any, cast
 
 from ..core.errors import StreamInterrupted
 from ..core.events import ModelRefused, TokenUsage
-from ..core.wire import Block, blocks_of, joined_text
+from ..core.wire import Block, JsonObject, ToolUseBlock, blocks_of, joined_text
 
 
 @dataclass(frozen=True)
@@ -29,14 +29,14 @@ class ModelReply:
     #: Times the request was tried again before this answer.
     retries: int = 0
     #: The API's ``stop_details`` (a refusal's ``category`` and ``explanation``), as sent.
-    stop_details: dict[str, Any] | None = None
+    stop_details: JsonObject | None = None
 
     @property
     def text(self) -> str:
         return joined_text(self.content).strip()
 
     @property
-    def tool_uses(self) -> list[Block]:
+    def tool_uses(self) -> list[ToolUseBlock]:
         return blocks_of(self.content, "tool_use")
 
     @property
@@ -70,9 +70,10 @@ class ReplyBuilder:
         self.message_id = ""
         self.model = ""
         self.stop_reason: str | None = None
-        self.stop_details: dict[str, Any] | None = None
-        #: The blocks by their index in the response (the API numbers them from 0).
-        self.blocks: dict[int, Block] = {}
+        self.stop_details: JsonObject | None = None
+        #: The blocks by their index in the response (the API numbers them from 0), as the
+        #: API's JSON while their deltas come in.
+        self.blocks: dict[int, JsonObject] = {}
         self.json_parts: dict[int, list[str]] = {}
         self.open: set[int] = set()
         self.usage: dict[str, int] = {}
@@ -195,18 +196,18 @@ class ReplyBuilder:
         )
 
 
-def _as_json(value: Any) -> dict[str, Any]:
+def _as_json(value: Any) -> JsonObject:
     """An SDK object as the API's JSON: its fields by the API's names, only those the API
     sent (an explicit null kept), fields the SDK does not declare kept as they came."""
     if isinstance(value, dict):
         return dict(value)
     return cast(
-        dict[str, Any],
+        JsonObject,
         value.model_dump(mode="json", by_alias=True, exclude_unset=True, warnings=False),
     )
 
 
-def _add_compaction(block: Block, delta: dict[str, Any]) -> None:
+def _add_compaction(block: JsonObject, delta: JsonObject) -> None:
     """A ``compaction_delta`` into its block: the summary (``content``) is streamed in
     pieces and joined; ``encrypted_content`` is opaque, so the latest one sent stands."""
     piece = delta.get("content")
@@ -217,7 +218,7 @@ def _add_compaction(block: Block, delta: dict[str, Any]) -> None:
         block["encrypted_content"] = secret
 
 
-def _tool_input(raw: str) -> dict[str, Any]:
+def _tool_input(raw: str) -> JsonObject:
     """A tool call's input; malformed JSON is kept visibly so the tool can say what is wrong."""
     if not raw.strip():
         return {}
@@ -228,9 +229,9 @@ def _tool_input(raw: str) -> dict[str, Any]:
     return value if isinstance(value, dict) else {"_unparsed_input": raw}
 
 
-def _request_block(block: Block) -> Block | None:
+def _request_block(block: JsonObject) -> Block | None:
     """A response block as the next request sends it back: as it came, except that a text
     block with no visible text, which the API refuses in a request, is left out."""
     if block.get("type") == "text" and not str(block.get("text", "")).strip():
         return None
-    return block
+    return cast(Block, block)  # the API's own block, whatever its type

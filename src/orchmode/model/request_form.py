@@ -7,7 +7,7 @@ endpoint is not known to take is left out or sent in a form it does take.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from ..core.prompts import notice_as_user_text
 from ..core.wire import Block, Message, joined_text
@@ -35,9 +35,9 @@ def wire_messages(
 
 def optional_fields(
     caps: Capabilities, previous_message_id: str | None, effort: str
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """The request fields only some providers take; the body version some require."""
-    fields: dict[str, Any] = {}
+    fields: dict[str, object] = {}
     if caps.effort:
         fields["output_config"] = {"effort": effort}
     if caps.automatic_caching:
@@ -67,7 +67,7 @@ def with_breakpoint(messages: list[Message]) -> list[Message]:
         return messages
     if blocks[-1].get("type") not in _BREAKPOINT_BLOCKS:
         return messages
-    blocks[-1] = {**blocks[-1], "cache_control": EPHEMERAL}
+    blocks[-1] = cast(Block, {**blocks[-1], "cache_control": EPHEMERAL})
     return [*messages[:-1], {**last, "content": blocks}]
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Coroutine, Sequence
+from collections.abc import AsyncIterator, Coroutine
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -29,9 +29,17 @@ from ..core.prompts import (
     turn_limit_note,
 )
 from ..core.settings import Settings
-from ..core.wire import Block, Message, blocks_of
+from ..core.wire import (
+    Message,
+    ToolResultBlock,
+    ToolSchema,
+    ToolUseBlock,
+    blocks_of,
+    message_json,
+    read_history,
+)
 from ..fanout.workflow import Workflow
-from ..loop import AgentLoop, Ending, Handler, Hooks, LoopResult, Room, Toolbox
+from ..loop import AgentLoop, Ending, Gathered, Handler, Hooks, LoopResult, Room, Toolbox
 from ..model.context import (
     Meter,
     Window,
@@ -46,6 +54,7 @@ from ..store.claims import holder_name
 from ..tools.calls import run_bash, tool_result
 from ..tools.mcptools import with_mcp_tools
 from .run_record import RunRecord
+from .saved_state import state_json
 from .wiring import Parts, StartOptions, session_parts
 
 log = logging.getLogger("orchmode")
@@ -135,7 +144,7 @@ class Conversation:
         )
         #: What the main agent is offered: Workflow, bash and its MCP tools (known once the
         #: first turn starts their servers).
-        self.tools: list[Block] = self.main_tools
+        self.tools: list[ToolSchema] = self.main_tools
         self.budget = parts.budget
         self.trees = parts.trees
         self.approvals = parts.approvals
@@ -221,14 +230,14 @@ class Conversation:
             return None
         return _message_text(last) or None
 
-    async def _settle_then_loop(self, pending: list[Block]) -> TurnResult:
+    async def _settle_then_loop(self, pending: list[ToolUseBlock]) -> TurnResult:
         """Answer the calls cut off when orchmode stopped, then go on with the turn.
 
         A bash command among them is not run again (it may have done half its work): its
         result says so instead.
         """
 
-        async def cut_off(tool_use: Block, _gathered: object) -> Block:
+        async def cut_off(tool_use: ToolUseBlock, _gathered: object) -> ToolResultBlock:
             return tool_result(tool_use["id"], CUT_OFF_NOTE, is_error=True)
 
         await self._list_tools()
@@ -266,8 +275,7 @@ class Conversation:
             checkpoints = await self.store.load_messages(self.session_id)
             if checkpoints:
                 history = [json.loads(text) for text in checkpoints]
-            if not isinstance(history, list) or not all(isinstance(m, dict) for m in history):
-                raise TypeError("history is not a list of messages")
+            history = read_history(history)
         except (ValueError, TypeError, KeyError, OrchmodeError) as exc:
             raise OrchmodeError(
                 f"session {self.session_id!r} is recorded but cannot be resumed ({exc}) — "
@@ -280,13 +288,7 @@ class Conversation:
 
     async def save(self) -> None:
         """Record the conversation and its mode; a failure is logged, not fatal."""
-        state = json.dumps(
-            {
-                "history": self.history,
-                "mode": self.mode.snapshot(),
-                "meta": self.run.saved() if self.run is not None else {},
-            }
-        )
+        state = state_json(self.history, self.mode, self.run)
         try:
             await self.store.save_session(self.session_id, str(self.workdir), state)
         except OrchmodeError as exc:
@@ -305,7 +307,7 @@ class Conversation:
             same += 1
         if same == len(history) == len(recorded):
             return
-        texts = [json.dumps(m, ensure_ascii=False) for m in history[same:]]
+        texts = [message_json(m) for m in history[same:]]
         try:
             await self.store.record_messages(self.session_id, same, texts)
         except OrchmodeError as exc:
@@ -332,10 +334,10 @@ class Conversation:
     def _toolbox(self) -> Toolbox:
         """Workflow, bash and the user's MCP tools."""
 
-        async def bash(tool_use: Block, _gathered: object) -> Block:
+        async def bash(tool_use: ToolUseBlock, _gathered: object) -> ToolResultBlock:
             return await run_bash(self.shell, tool_use, agent="main", events=self.events)
 
-        async def workflow(tool_use: Block, gathered: Sequence[Block]) -> Block:
+        async def workflow(tool_use: ToolUseBlock, gathered: Gathered) -> ToolResultBlock:
             try:
                 tokens = self.room.result_budget(self.history, estimate_tokens(gathered))
                 text, is_error = await self.workflow.run(tool_use.get("input"), tokens)
@@ -350,7 +352,7 @@ class Conversation:
         mcp = self.mcp
         if mcp is not None:
 
-            async def mcp_tool(tool_use: Block, _gathered: object) -> Block:
+            async def mcp_tool(tool_use: ToolUseBlock, _gathered: object) -> ToolResultBlock:
                 permit = self.permits.for_agent("main").mcp if self.permits else None
                 return await mcp.call(tool_use, agent="main", role="main", permit=permit)
 

@@ -11,10 +11,9 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from ..core.errors import OrchmodeError
-from ..core.wire import blocks_of
+from ..core.wire import MESSAGE, blocks_of
 from ..records.history import read_session
 from ..store import Store
 from .run_record import RunRecord
@@ -109,23 +108,22 @@ def pending_calls(messages: list[str]) -> list[str]:
     if not messages:
         return []
     try:
-        last = json.loads(messages[-1])
+        last = MESSAGE.validate_json(messages[-1])
     except ValueError:
         return []
-    if not isinstance(last, dict) or last.get("role") != "assistant":
+    if last["role"] != "assistant":
         return []
     described = []
-    for block in blocks_of(last.get("content"), "tool_use"):
-        raw = block.get("input")
-        tool_input: dict[str, Any] = raw if isinstance(raw, dict) else {}
-        if block.get("name") == "bash":
+    for block in blocks_of(last["content"], "tool_use"):
+        name, tool_input = block["name"], block["input"]
+        if name == "bash":
             described.append(f"bash `{str(tool_input.get('command', '(restart)'))[:80]}`")
-        elif block.get("name") == "Workflow" and isinstance(tool_input.get("subtasks"), list):
+        elif name == "Workflow" and isinstance(tool_input.get("subtasks"), list):
             described.append(f"Workflow ({len(tool_input['subtasks'])} subtasks)")
-        elif block.get("name") == "Workflow":
+        elif name == "Workflow":
             described.append("Workflow (a script)")
         else:
-            described.append(str(block.get("name")))
+            described.append(name)
     return described
 
 

@@ -10,9 +10,9 @@ import contextlib
 import hashlib
 import json
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Literal, Protocol
 
 from ..core.errors import StoreError
 from ..core.events import Role
@@ -25,7 +25,7 @@ def content_key(
     model: str,
     effort: str,
     system: str,
-    tools: Sequence[dict[str, Any]],
+    tools: Sequence[Mapping[str, object]],
     prompt: str,
     isolation: str = "shared",
     agent: str | None = None,

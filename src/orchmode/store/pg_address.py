@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
@@ -10,7 +10,7 @@ from psycopg.conninfo import conninfo_to_dict
 from ..core.errors import StoreError
 
 
-def parse_url(url: str) -> dict[str, Any]:
+def parse_url(url: str) -> dict[str, str | int | None]:
     """The connection parameters; a parse error is reported without echoing the URL."""
     try:
         return conninfo_to_dict(url)
@@ -22,7 +22,7 @@ def parse_url(url: str) -> dict[str, Any]:
         ) from None
 
 
-def location_of(params: dict[str, Any]) -> str:
+def location_of(params: Mapping[str, object]) -> str:
     """The address for messages: user, host, port and database, never the password."""
     user = params.get("user")
     host = str(params.get("host") or params.get("hostaddr") or "")

@@ -21,10 +21,10 @@ import re
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from ..core.pids import pid_alive
 from ..core.secrets import Masker
+from ..core.wire import JsonObject
 
 log = logging.getLogger("orchmode")
 
@@ -65,7 +65,7 @@ class ResultFiles:
     def agent_path(self, role: str, key: str) -> Path:
         return self.directory / f"{role}-{key[:12]}.json"
 
-    def write_agent(self, role: str, key: str, record: dict[str, Any]) -> str:
+    def write_agent(self, role: str, key: str, record: JsonObject) -> str:
         """Write an agent's record; its path (even if writing failed, the name is stable)."""
         path = self.agent_path(role, key)
         self._write(path, json.dumps(record, ensure_ascii=False, indent=2) + "\n")

@@ -28,7 +28,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from ..core.events import (
     ApprovalAnswered,
@@ -59,6 +59,10 @@ from .ids import TurnIds, turn_ids
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.trace import Span, Tracer
+    from opentelemetry.util.types import AttributeValue
+
+#: A span's attributes, as OpenTelemetry takes them.
+Attributes: TypeAlias = "dict[str, AttributeValue]"
 
 #: ``gen_ai.provider.name`` for each of orchmode's providers.
 PROVIDERS = {"anthropic": "anthropic", "bedrock": "aws.bedrock", "vertex": "gcp.vertex_ai"}
@@ -139,7 +143,7 @@ class Traces:
         from opentelemetry.trace import Link, SpanContext, TraceFlags
 
         links = []
-        attributes: dict[str, Any] = {"orchmode.resumed": True}
+        attributes: Attributes = {"orchmode.resumed": True}
         if event.number and self.session_id:
             trace_id, span_id = turn_ids(self.session_id, event.number)
             first = SpanContext(trace_id, span_id, True, TraceFlags(TraceFlags.SAMPLED))
@@ -152,7 +156,7 @@ class Traces:
     def _begin_turn(
         self,
         number: int,
-        attributes: dict[str, Any],
+        attributes: Attributes,
         content: dict[str, str],
         links: list[Any] | None = None,
     ) -> None:
@@ -187,7 +191,7 @@ class Traces:
         self._turn = None
 
     def _call_started(self, event: FanoutStarted | ScriptStarted) -> None:
-        attributes: dict[str, Any] = {
+        attributes: Attributes = {
             "gen_ai.operation.name": "execute_tool",
             "gen_ai.tool.name": "Workflow",
             "orchmode.workflow.call": event.call,
@@ -425,7 +429,7 @@ class Traces:
         self,
         name: str,
         parent: Span | None,
-        attributes: dict[str, Any],
+        attributes: Attributes,
         *,
         content: dict[str, str] | None = None,
         start: int | None = None,

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 from ..core.events import TokenUsage
-from ..core.wire import Block, Message
+from ..core.wire import JsonObject
 from .cache import CacheUsage, estimate_tokens
 
 __all__ = [
@@ -60,7 +60,7 @@ class Reply:
     between streamed events, to simulate a token rate.
     """
 
-    content: list[Block]
+    content: list[JsonObject]
     stop_reason: str | None = None
     delay: float = 0.0
     output_tokens: int | None = None
@@ -115,7 +115,7 @@ class Reply:
 
     def finalised(self) -> Reply:
         """A deep copy with tool_use ids, stop reason and output tokens filled in."""
-        content: list[Block] = []
+        content: list[JsonObject] = []
         for block in copy.deepcopy(self.content):
             if block["type"] == "tool_use":
                 tool_id = block.pop("id", None) or _new_id("toolu")
@@ -218,7 +218,7 @@ class Recorded:
         kwargs.setdefault("name", source.stem)
         return cls.from_sse(source.read_text(encoding="utf-8"), **kwargs)
 
-    def blocks(self) -> list[Block]:
+    def blocks(self) -> list[JsonObject]:
         """The content blocks as their ``content_block_start`` events opened them."""
         return [
             data["content_block"]
@@ -280,7 +280,7 @@ class ScriptedRequest:
         return _flatten_text(self.body.get("system", ""))
 
     @property
-    def messages(self) -> list[Message]:
+    def messages(self) -> list[JsonObject]:
         return list(self.body.get("messages", []))
 
     @property
@@ -301,7 +301,7 @@ class ScriptedRequest:
         return _flatten_text(message["content"]) if message else ""
 
     @property
-    def tool_results(self) -> list[Block]:
+    def tool_results(self) -> list[JsonObject]:
         """The tool_result blocks of the final user message."""
         message = self._last_user()
         content = message["content"] if message else []

@@ -29,7 +29,7 @@ from typing import Any
 
 from ..core.mode import Notice
 from ..core.prompts import NOTICES, RESOLVE_MARKER, VERIFY_MARKER
-from ..core.wire import Block, Message
+from ..core.wire import JsonObject
 from .replies import Reply, ScriptedRequest
 
 
@@ -38,7 +38,7 @@ def text(value: str, **kwargs: Any) -> Reply:
 
 
 def tool_call(name: str, tool_input: dict[str, Any], *, say: str = "", **kwargs: Any) -> Reply:
-    content: list[Block] = [{"type": "text", "text": say}] if say else []
+    content: list[JsonObject] = [{"type": "text", "text": say}] if say else []
     content.append({"type": "tool_use", "name": name, "input": tool_input})
     return Reply(content, **kwargs)
 
@@ -72,7 +72,7 @@ def role_of(body: Mapping[str, Any]) -> str:
     return "resolver" if first.startswith(RESOLVE_MARKER) else "worker"
 
 
-def turn_messages(messages: list[Message]) -> list[Message]:
+def turn_messages(messages: list[JsonObject]) -> list[JsonObject]:
     """The messages of the current user turn: after the last plain-text user message."""
     for i in range(len(messages) - 1, -1, -1):
         message = messages[i]
@@ -81,14 +81,14 @@ def turn_messages(messages: list[Message]) -> list[Message]:
     return messages
 
 
-def _is_tool_results(message: Message) -> bool:
+def _is_tool_results(message: JsonObject) -> bool:
     content = message.get("content")
     return isinstance(content, list) and any(
         isinstance(b, dict) and b.get("type") == "tool_result" for b in content
     )
 
 
-def mode_is_on(messages: list[Message]) -> bool:
+def mode_is_on(messages: list[JsonObject]) -> bool:
     """What the latest mode notice in the history says."""
     texts = {v: k for k, v in NOTICES.items()}
     for message in reversed(messages):
@@ -97,7 +97,7 @@ def mode_is_on(messages: list[Message]) -> bool:
     return False
 
 
-def last_tool_result_text(messages: list[Message]) -> str:
+def last_tool_result_text(messages: list[JsonObject]) -> str:
     for message in reversed(messages):
         if _is_tool_results(message):
             parts = []

@@ -30,7 +30,7 @@ from typing import IO, Any
 from ..core.events import EventBus, McpCallDone, McpCallStarted, McpServerFailed, Role
 from ..core.secrets import Masker
 from ..core.settings import Settings
-from ..core.wire import Block
+from ..core.wire import JsonObject, ToolResultBlock, ToolSchema, ToolUseBlock
 from ..shell.processes import use_pidfd_child_watcher
 from .calls import tool_result
 from .mcpconfig import HttpServer, McpConfig, StdioServer, load, tool_name
@@ -67,7 +67,7 @@ class McpTool:
     api_name: str
     server: str
     name: str
-    schema: Block
+    schema: ToolSchema
     #: The server's hints about the tool (``readOnlyHint``, ``destructiveHint``,
     #: ``openWorldHint``): its permission default when no rule names it.
     annotations: Mapping[str, Any] | None = None
@@ -267,7 +267,7 @@ class McpHub:
     def mask(self, text: str) -> str:
         return self.masker.mask(text)
 
-    async def tools_for(self, role: Role) -> list[Block]:
+    async def tools_for(self, role: Role) -> list[ToolSchema]:
         """The tool definitions ``role`` is offered, starting their servers if need be.
 
         The list is made once per role and never changes after (a server that dies keeps
@@ -299,8 +299,8 @@ class McpHub:
         return any(t is tool for t in self._tools.get(role, ()))
 
     async def call(
-        self, tool_use: Block, *, agent: str, role: Role, permit: McpPermit | None = None
-    ) -> Block:
+        self, tool_use: ToolUseBlock, *, agent: str, role: Role, permit: McpPermit | None = None
+    ) -> ToolResultBlock:
         """Run one call; whatever goes wrong comes back as an error result, never raised.
 
         ``permit`` asks the permission rules first (and the user, for an ``ask``): the text it
@@ -340,7 +340,7 @@ class McpHub:
         return tool_result(tool_use["id"], _cut(text, self.output_limit), is_error=not ok)
 
     async def _call(
-        self, server: _Server, tool: McpTool, arguments: dict[str, Any], parent: str | None = None
+        self, server: _Server, tool: McpTool, arguments: JsonObject, parent: str | None = None
     ) -> tuple[str, bool, str]:
         """The result's text, whether it succeeded, and the error in a few words."""
         session = server.session
@@ -433,7 +433,9 @@ class McpHub:
         self._servers.clear()
 
 
-async def with_mcp_tools(base: Sequence[Block], mcp: McpHub | None, role: Role) -> list[Block]:
+async def with_mcp_tools(
+    base: Sequence[ToolSchema], mcp: McpHub | None, role: Role
+) -> list[ToolSchema]:
     """``base`` and, after it, the MCP tools ``role`` is offered: what an agent is given."""
     if mcp is None:
         return list(base)

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal, Protocol, TextIO
+from typing import Literal, Protocol, TextIO
 
 from ..core.events import Event
+from ..core.wire import JsonObject
 from ..records.totals import SessionTotals
 from .escape import json_visible, visible
 from .progress import StderrProgress
@@ -29,7 +31,7 @@ def choose_mode(*, json_lines: bool, plain: bool, stream: TextIO) -> DisplayMode
     return "live" if isatty is not None and isatty() else "plain"
 
 
-def event_record(event: Event) -> dict[str, Any]:
+def event_record(event: Event) -> JsonObject:
     """An event as a JSON-ready dict: its kind, then its fields, nested usage included.
 
     ``kind`` is always the event's kind; a field of the same name (``ApprovalRequested``'s:
@@ -50,7 +52,7 @@ class JsonLines:
     def __call__(self, event: Event) -> None:
         self.write(event_record(event))
 
-    def write(self, record: dict[str, Any]) -> None:
+    def write(self, record: Mapping[str, object]) -> None:
         # JSON writes C0 controls as \u00XX itself; the rest are escaped the same way
         print(json_visible(json.dumps(record, ensure_ascii=False)), file=self.stream, flush=True)
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any, TypeVar
+from typing import TypeVar
 
 #: The characters a terminal may act on, or that reorder what it shows.
 _UNSAFE = "\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\ud800-\udfff"
@@ -66,7 +66,7 @@ def visible_event(event: E) -> E:
     when none needs it (the usual case: no copy is made)."""
     if not dataclasses.is_dataclass(event) or isinstance(event, type):
         return event
-    changes: dict[str, Any] = {}
+    changes: dict[str, object] = {}
     for item in dataclasses.fields(event):
         value = getattr(event, item.name)
         if isinstance(value, str):

@@ -146,7 +146,7 @@ def to_inline_html(text: str) -> str | None:
     """The inline HTML of ``text`` when it is one paragraph and nothing more (a one-line
     claim, to sit beside its badge); None when it has blocks of its own."""
     md = _html_parser(False)
-    env: dict[str, Any] = {}
+    env: dict[str, object] = {}
     tokens = md.parse(str(text), env)
     kinds = [t.type for t in tokens]
     if kinds != ["paragraph_open", "inline", "paragraph_close"]:
