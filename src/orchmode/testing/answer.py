@@ -11,13 +11,13 @@ import copy
 import json
 import math
 from dataclasses import dataclass
-from typing import Any
 
+from ..core.wire import JsonObject
 from .cache import CacheUsage
 from .replies import Reply
 
 
-def _usage(cache: CacheUsage, output_tokens: int) -> dict[str, Any]:
+def _usage(cache: CacheUsage, output_tokens: int) -> JsonObject:
     return {
         "input_tokens": cache.input_tokens,
         "cache_creation_input_tokens": cache.cache_creation_input_tokens,
@@ -31,8 +31,8 @@ def _usage(cache: CacheUsage, output_tokens: int) -> dict[str, Any]:
     }
 
 
-def _stop_fields(stop_reason: str) -> dict[str, Any]:
-    fields: dict[str, Any] = {"stop_reason": stop_reason, "stop_sequence": None}
+def _stop_fields(stop_reason: str) -> JsonObject:
+    fields: JsonObject = {"stop_reason": stop_reason, "stop_sequence": None}
     if stop_reason == "refusal":
         fields["stop_details"] = {"type": "refusal", "category": None, "explanation": None}
     return fields
@@ -50,10 +50,10 @@ class _Answer:
     model: str
     reply: Reply  # finalised
     cache: CacheUsage
-    diagnostics: dict[str, Any] | None
-    context_management: dict[str, Any] | None
+    diagnostics: JsonObject | None
+    context_management: JsonObject | None
 
-    def logged(self) -> dict[str, Any]:
+    def logged(self) -> JsonObject:
         """What the request log keeps of this answer."""
         return {
             "reply": self.reply,
@@ -62,10 +62,10 @@ class _Answer:
             "context_management": copy.deepcopy(self.context_management),
         }
 
-    def message(self) -> dict[str, Any]:
+    def message(self) -> JsonObject:
         """The non-streaming ``Message`` body."""
         assert self.reply.output_tokens is not None and self.reply.stop_reason is not None
-        body: dict[str, Any] = {
+        body: JsonObject = {
             "id": self.message_id,
             "type": "message",
             "role": "assistant",
@@ -80,10 +80,10 @@ class _Answer:
             body["context_management"] = self.context_management
         return body
 
-    def events(self, chunk_size: int) -> list[tuple[str, dict[str, Any]]]:
+    def events(self, chunk_size: int) -> list[tuple[str, JsonObject]]:
         """The SSE events (without pings), in the order the API sends them."""
         assert self.reply.output_tokens is not None and self.reply.stop_reason is not None
-        start: dict[str, Any] = {
+        start: JsonObject = {
             "id": self.message_id,
             "type": "message",
             "role": "assistant",
@@ -96,7 +96,7 @@ class _Answer:
         if self.diagnostics is not None:
             # Delta has no diagnostics field; the SDK keeps message_start's message.
             start["diagnostics"] = self.diagnostics
-        events: list[tuple[str, dict[str, Any]]] = [
+        events: list[tuple[str, JsonObject]] = [
             ("message_start", {"type": "message_start", "message": start})
         ]
         for index, block in enumerate(self.reply.content):
@@ -107,7 +107,7 @@ class _Answer:
             "cache_read_input_tokens": self.cache.cache_read_input_tokens,
             "output_tokens": self.reply.output_tokens,
         }
-        delta: dict[str, Any] = {
+        delta: JsonObject = {
             "type": "message_delta",
             "delta": _stop_fields(self.reply.stop_reason),
             "usage": usage,
@@ -120,17 +120,15 @@ class _Answer:
         return events
 
 
-def _block_events(
-    index: int, block: dict[str, Any], chunk_size: int
-) -> list[tuple[str, dict[str, Any]]]:
-    def delta(payload: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+def _block_events(index: int, block: JsonObject, chunk_size: int) -> list[tuple[str, JsonObject]]:
+    def delta(payload: JsonObject) -> tuple[str, JsonObject]:
         body = {"type": "content_block_delta", "index": index, "delta": payload}
         return ("content_block_delta", body)
 
     kind = block["type"]
-    deltas: list[tuple[str, dict[str, Any]]]
+    deltas: list[tuple[str, JsonObject]]
     if kind == "text":
-        opening: dict[str, Any] = {"type": "text", "text": ""}
+        opening: JsonObject = {"type": "text", "text": ""}
         deltas = [
             delta({"type": "text_delta", "text": c}) for c in _chunks(block["text"], chunk_size)
         ]

@@ -40,6 +40,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
+from ..core.wire import JsonObject
+
 __all__ = [
     "CLEARED_TOOL_RESULT",
     "CacheUsage",
@@ -95,7 +97,7 @@ def _ttl(marker: Any) -> str | None:
     return "1h" if marker.get("ttl") == "1h" else "5m"
 
 
-def _segments(body: dict[str, Any]) -> list[_Segment]:
+def _segments(body: JsonObject) -> list[_Segment]:
     segments: list[_Segment] = []
     for tool in body.get("tools") or []:
         ttl = _ttl(tool.get("cache_control")) if isinstance(tool, dict) else None
@@ -163,7 +165,7 @@ class PromptCache:
         self._every_prefix: set[tuple[str, str]] = set()
         self._fingerprints: dict[str, _Fingerprint] = {}
 
-    def account(self, body: dict[str, Any]) -> CacheUsage:
+    def account(self, body: JsonObject) -> CacheUsage:
         """Bill ``body`` against the cache, then remember its breakpoint prefixes."""
         model = str(body.get("model", ""))
         segments = _segments(body)
@@ -203,13 +205,13 @@ class PromptCache:
             ideal_read_tokens=cumulative[ideal] // _CHARS_PER_TOKEN,
         )
 
-    def remember(self, message_id: str, body: dict[str, Any]) -> None:
+    def remember(self, message_id: str, body: JsonObject) -> None:
         """Record the request that produced ``message_id`` for later diagnostics."""
         fingerprint = _fingerprint(body)
         with self._lock:
             self._fingerprints[message_id] = fingerprint
 
-    def diagnose(self, body: dict[str, Any]) -> dict[str, Any] | None:
+    def diagnose(self, body: JsonObject) -> JsonObject | None:
         """The response's ``diagnostics`` object, or None when the request did not ask."""
         request = body.get("diagnostics")
         if not isinstance(request, dict):
@@ -247,7 +249,7 @@ def _digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def _fingerprint(body: dict[str, Any]) -> _Fingerprint:
+def _fingerprint(body: JsonObject) -> _Fingerprint:
     """Hashes and sizes only: a benchmark may keep thousands of these."""
     tools = canonical_json(_strip_cache_control(body.get("tools") or []))
     system = canonical_json(_strip_cache_control(_blocks(body.get("system"))))
@@ -270,7 +272,7 @@ def _fingerprint(body: dict[str, Any]) -> _Fingerprint:
 # --------------------------------------------------------------------------- prompt size
 
 
-def prompt_tokens(body: dict[str, Any]) -> int:
+def prompt_tokens(body: JsonObject) -> int:
     """The prompt's size as billed: what ``account`` splits into input, read and write.
 
     The window check, ``count_tokens`` and the context edits use this one number, so a
@@ -317,10 +319,10 @@ class EditedPrompt:
     the response's ``context_management.applied_edits`` (``[]`` when nothing applied).
     """
 
-    body: dict[str, Any]
+    body: JsonObject
     input_tokens: int
     original_input_tokens: int
-    applied_edits: list[dict[str, Any]] | None
+    applied_edits: list[JsonObject] | None
 
 
 @dataclass(frozen=True)
@@ -331,7 +333,7 @@ class _ToolUse:
     name: str
 
 
-def apply_context_edits(body: dict[str, Any], edits: list[ClearToolUses] | None) -> EditedPrompt:
+def apply_context_edits(body: JsonObject, edits: list[ClearToolUses] | None) -> EditedPrompt:
     """Run ``edits`` in order over a validated request, without touching ``body`` itself.
 
     ``edits=None`` means the request carried no ``context_management``.
@@ -339,7 +341,7 @@ def apply_context_edits(body: dict[str, Any], edits: list[ClearToolUses] | None)
     original = prompt_tokens(body)
     if edits is None:
         return EditedPrompt(body, original, original, None)
-    applied: list[dict[str, Any]] = []
+    applied: list[JsonObject] = []
     current, tokens = body, original
     for edit in edits:
         result = _clear_tool_uses(current, tokens, edit)
@@ -383,8 +385,8 @@ def _tool_results(messages: list[Any]) -> dict[str, tuple[int, int]]:
 
 
 def _clear_tool_uses(
-    body: dict[str, Any], tokens: int, edit: ClearToolUses
-) -> tuple[dict[str, Any], int, int] | None:
+    body: JsonObject, tokens: int, edit: ClearToolUses
+) -> tuple[JsonObject, int, int] | None:
     """The edited body, tool uses cleared and its new size; None when nothing applies.
 
     When triggered, every tool use older than the last ``keep`` (counted over the whole

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import unquote
 
+from ..core.wire import JsonObject
 from .validate import InvalidRequest
 
 __all__ = [
@@ -133,7 +134,7 @@ def messages_body(route: Route, body: Any, betas: set[str]) -> tuple[Any, set[st
     return _vertex_body(route, body), betas
 
 
-def _bedrock_body(route: Route, body: dict[str, Any]) -> tuple[dict[str, Any], set[str]]:
+def _bedrock_body(route: Route, body: JsonObject) -> tuple[JsonObject, set[str]]:
     def malformed(problem: str) -> InvalidRequest:
         return InvalidRequest(
             f"Malformed input request: {problem}, please reformat your input and try again."
@@ -157,7 +158,7 @@ def _bedrock_body(route: Route, body: dict[str, Any]) -> tuple[dict[str, Any], s
     return body, set(names)
 
 
-def _vertex_body(route: Route, body: dict[str, Any]) -> dict[str, Any]:
+def _vertex_body(route: Route, body: JsonObject) -> JsonObject:
     version = body.pop("anthropic_version", None)
     if route.counting:
         if version not in (None, VERTEX_VERSION):
@@ -418,7 +419,7 @@ _GOOGLE_UNAUTHENTICATED = (
 )
 
 
-def google_token_answer(form: Mapping[str, str], token: str) -> tuple[int, dict[str, Any]]:
+def google_token_answer(form: Mapping[str, str], token: str) -> tuple[int, JsonObject]:
     """Google's OAuth token endpoint, for a service account's JWT-bearer grant."""
     if form.get("grant_type") != _JWT_BEARER:
         return 400, {"error": "unsupported_grant_type", "error_description": "Invalid grant_type"}
@@ -452,7 +453,7 @@ _BEDROCK_WORDS = {
 
 def bedrock_error(
     status: int, kind: str, message: str, request_id: str
-) -> tuple[int, dict[str, Any], dict[str, str]]:
+) -> tuple[int, JsonObject, dict[str, str]]:
     """Status, body and headers of a Bedrock error for one of the Messages API's (or one
     already named the AWS way, as the signature checks name theirs)."""
     if kind in _BEDROCK_ERRORS:
@@ -468,7 +469,7 @@ def bedrock_error(
 _GOOGLE_STATUS = {401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED", 404: "NOT_FOUND"}
 
 
-def google_error(status: int, message: str) -> dict[str, Any]:
+def google_error(status: int, message: str) -> JsonObject:
     """Google's error body, for what the Vertex front end itself refuses."""
     return {"error": {"code": status, "message": message, "status": _GOOGLE_STATUS.get(status, "")}}
 
@@ -498,7 +499,7 @@ def _frame(headers: dict[str, str], payload: bytes) -> bytes:
     return message + struct.pack("!I", binascii.crc32(message))
 
 
-def bedrock_frame(data: dict[str, Any]) -> bytes:
+def bedrock_frame(data: JsonObject) -> bytes:
     """One Messages API event as Bedrock streams it: a ``chunk`` holding its JSON, base64,
     with the random padding Bedrock adds so a frame's length says nothing."""
     event = json.dumps(data, ensure_ascii=False).encode()

@@ -92,14 +92,14 @@ class Reply:
     def tool_use(
         cls,
         name: str,
-        input: dict[str, Any],
+        input: JsonObject,
         *,
         id: str | None = None,
         preamble: str | None = None,
         **kwargs: Any,
     ) -> Reply:
         """A single tool call, optionally preceded by some text."""
-        block: dict[str, Any] = {"type": "tool_use", "name": name, "input": input}
+        block: JsonObject = {"type": "tool_use", "name": name, "input": input}
         if id is not None:
             block["id"] = id
         content = [{"type": "text", "text": preamble}] if preamble else []
@@ -168,7 +168,7 @@ class Fault:
 
 
 #: One server-sent event: its name and its data (a JSON object, or the text as it came).
-SseEvent = tuple[str, dict[str, Any] | str]
+SseEvent = tuple[str, JsonObject | str]
 
 
 @dataclass
@@ -204,7 +204,7 @@ class Recorded:
                 continue
             raw = "\n".join(data)
             try:
-                value: dict[str, Any] | str = json.loads(raw)
+                value: JsonObject | str = json.loads(raw)
             except ValueError:
                 value = raw
             if not name and isinstance(value, dict):
@@ -263,7 +263,7 @@ class ScriptedRequest:
     """
 
     index: int
-    body: dict[str, Any]
+    body: JsonObject
     headers: dict[str, str]
 
     @property
@@ -284,14 +284,14 @@ class ScriptedRequest:
         return list(self.body.get("messages", []))
 
     @property
-    def tools(self) -> list[dict[str, Any]]:
+    def tools(self) -> list[JsonObject]:
         return list(self.body.get("tools") or [])
 
     @property
     def tool_names(self) -> set[str]:
         return {str(t.get("name")) for t in self.tools}
 
-    def _last_user(self) -> dict[str, Any] | None:
+    def _last_user(self) -> JsonObject | None:
         return next((m for m in reversed(self.messages) if m.get("role") == "user"), None)
 
     @property
@@ -327,7 +327,7 @@ class LoggedRequest:
     index: int
     method: str
     path: str
-    body: dict[str, Any]
+    body: JsonObject
     headers: dict[str, str]
     started: float
     status: int | None = None
@@ -340,7 +340,7 @@ class LoggedRequest:
     #: The prompt's size after context edits, once the request validated (count_tokens too).
     prompt_tokens: int | None = None
     #: The response's ``context_management`` (``applied_edits``), when the request had one.
-    context_management: dict[str, Any] | None = None
+    context_management: JsonObject | None = None
     #: TCP_NODELAY as read back from the server's side of the connection.
     tcp_nodelay: bool | None = None
     #: ``anthropic``, ``bedrock`` or ``vertex``: whose wire format the request used.
@@ -350,7 +350,7 @@ class LoggedRequest:
     def duration(self) -> float | None:
         return None if self.finished is None else self.finished - self.started
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> JsonObject:
         """The entry as JSON for another process: timings on the server's monotonic clock,
         and of the body only the first user message (enough to tell which agent sent it)."""
         messages = self.body.get("messages") if isinstance(self.body, dict) else None

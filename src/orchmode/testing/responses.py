@@ -10,10 +10,10 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Sequence
-from typing import Any
 
 from aiohttp import web
 
+from ..core.wire import JsonObject
 from .answer import _Answer
 from .providers import (
     Route,
@@ -68,12 +68,12 @@ def fault_refusal(fault: Fault, streaming: bool, rate_limit_retry_after: float) 
     return None
 
 
-def sse(name: str, data: dict[str, Any] | str) -> bytes:
+def sse(name: str, data: JsonObject | str) -> bytes:
     text = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
     return f"event: {name}\ndata: {text}\n\n".encode()
 
 
-def error_body(kind: str, message: str, request_id: str) -> dict[str, Any]:
+def error_body(kind: str, message: str, request_id: str) -> JsonObject:
     return {"type": "error", "error": {"type": kind, "message": message}, "request_id": request_id}
 
 
@@ -110,8 +110,8 @@ def answer_headers(route: Route, request_id: str, answer: _Answer) -> dict[str, 
 
 
 def with_invocation_metrics(
-    events: list[tuple[str, dict[str, Any]]], answer: _Answer
-) -> list[tuple[str, dict[str, Any]]]:
+    events: list[tuple[str, JsonObject]], answer: _Answer
+) -> list[tuple[str, JsonObject]]:
     """Bedrock's ``message_stop`` carries its own metrics (which a client must ignore)."""
     metrics = {
         "inputTokenCount": answer.cache.input_tokens,
@@ -127,7 +127,7 @@ def with_invocation_metrics(
     ]
 
 
-def _bedrock_event(name: str, data: dict[str, Any] | str) -> bytes:
+def _bedrock_event(name: str, data: JsonObject | str) -> bytes:
     """One event as a Bedrock frame; an ``error`` event (the API's mid-stream overload)
     becomes the exception Bedrock sends in its place."""
     if name == "error":

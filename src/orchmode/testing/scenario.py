@@ -37,7 +37,7 @@ def text(value: str, **kwargs: Any) -> Reply:
     return Reply([{"type": "text", "text": value}], **kwargs)
 
 
-def tool_call(name: str, tool_input: dict[str, Any], *, say: str = "", **kwargs: Any) -> Reply:
+def tool_call(name: str, tool_input: JsonObject, *, say: str = "", **kwargs: Any) -> Reply:
     content: list[JsonObject] = [{"type": "text", "text": say}] if say else []
     content.append({"type": "tool_use", "name": name, "input": tool_input})
     return Reply(content, **kwargs)
@@ -309,7 +309,7 @@ def _counts(findings: list[dict[str, str]]) -> str:
     )
 
 
-def offered_data_schema(request: ScriptedRequest) -> dict[str, Any] | None:
+def offered_data_schema(request: ScriptedRequest) -> JsonObject | None:
     """The schema of ``data`` in the report_findings tool the request offers, if it asks
     for one (a typed subtask)."""
     for tool in request.tools:
@@ -362,7 +362,7 @@ def schema_instance(schema: object, root: object = None) -> Any:
     return None
 
 
-def _not_an_instance(schema: dict[str, Any]) -> Any:
+def _not_an_instance(schema: JsonObject) -> Any:
     """A value of the wrong type for ``schema``: what a careless report sends."""
     return "not what was asked" if schema.get("type") != "string" else {"wrong": True}
 
@@ -388,9 +388,9 @@ class OrchestrationScenario:
     resolver_command: str | Callable[[str], str | None] | None = keep_both_sides
     #: a worker's first call when it is not bash: (tool name, input) from the subtask, e.g.
     #: an MCP tool's (None: the worker runs its command, if it has one)
-    worker_call: Callable[[str], tuple[str, dict[str, Any]] | None] | None = None
+    worker_call: Callable[[str], tuple[str, JsonObject] | None] | None = None
     #: the main agent's scouting call when it is not bash (taken before ``scout_command``)
-    scout_call: tuple[str, dict[str, Any]] | None = None
+    scout_call: tuple[str, JsonObject] | None = None
     verdict: Callable[[str], str] = confirm_all
     delay: float = 0.0
     summary: str = "In brief: the workflow ran and every result was checked."
@@ -398,7 +398,7 @@ class OrchestrationScenario:
     #: when set, the main agent calls Workflow with this orchestration script instead
     script: str | None = None
     #: more fields of the Workflow call's input, e.g. ``{"isolation": "worktree"}``
-    workflow_input: dict[str, Any] = field(default_factory=dict)
+    workflow_input: JsonObject = field(default_factory=dict)
     #: > 0: each worker reports findings of about this many bytes of JSON (see
     #: :func:`sized_findings`), the same for the same subtask; 0 keeps reports tiny
     report_bytes: int = 0
@@ -406,7 +406,7 @@ class OrchestrationScenario:
     verifier_report_bytes: int = 0
     #: a typed worker's ``data`` from its subtask and the schema it is offered (default:
     #: :func:`schema_instance`)
-    worker_data: Callable[[str, dict[str, Any]], Any] | None = None
+    worker_data: Callable[[str, JsonObject], Any] | None = None
     #: how many invalid reports (data of the wrong type) a typed worker sends before a
     #: valid one
     invalid_reports: int = 0

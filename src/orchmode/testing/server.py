@@ -37,6 +37,7 @@ from typing import Any
 
 from aiohttp import web
 
+from ..core.wire import JsonObject
 from .answer import _Answer
 from .arrivals import Arrival, read_arrival
 from .cache import EditedPrompt, PromptCache, apply_context_edits
@@ -409,7 +410,7 @@ class ScriptedServer:
 
     def _count(self, index: int, prompt: EditedPrompt, request_id: str) -> web.StreamResponse:
         """Answer ``count_tokens``: the size a messages request would be billed for."""
-        answer: dict[str, Any] = {"input_tokens": prompt.input_tokens}
+        answer: JsonObject = {"input_tokens": prompt.input_tokens}
         if prompt.applied_edits is not None:
             original = prompt.original_input_tokens
             answer["context_management"] = {"original_input_tokens": original}
