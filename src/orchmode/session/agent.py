@@ -50,6 +50,7 @@ from ..model.context import (
 )
 from ..model.providers import Credentials
 from ..model.reply import ModelReply
+from ..shell.bash import BashSession
 from ..store.claims import holder_name
 from ..tools.calls import run_bash, tool_result
 from ..tools.mcptools import with_mcp_tools
@@ -114,8 +115,7 @@ class Conversation:
         self.run: RunRecord | None = None
         #: Where the current turn begins (its user text), and where its own messages begin:
         #: after that text and its notices.
-        self._turn_start = 0
-        self._turn_body = 0
+        self._turn_start = self._turn_body = 0
         #: The main conversation's last response, for the API's cache diagnostics.
         self.last_message_id: str | None = None
         #: Who holds this session's claim: this host, this process, this session object.
@@ -124,7 +124,12 @@ class Conversation:
         self.secrets = parts.secrets
         self.results = parts.results
         self.make_shell = parts.make_shell
-        self.shell = self.make_shell()
+        self.budget = parts.budget
+        self.trees = parts.trees
+        self.approvals = parts.approvals
+        self.permits = parts.permits
+        self.executor = parts.executor
+        self.shell = self._main_shell()
         self.window = Window.from_settings(settings)
         self.roles = parts.roles
         #: Workflow (listing the roles) and bash: the same for the whole session.
@@ -145,25 +150,19 @@ class Conversation:
         #: What the main agent is offered: Workflow, bash and its MCP tools (known once the
         #: first turn starts their servers).
         self.tools: list[ToolSchema] = self.main_tools
-        self.budget = parts.budget
-        self.trees = parts.trees
-        self.approvals = parts.approvals
-        self.permits = parts.permits
-        self.shell.seat.emit = self.events.emit
-        if self.permits is not None:
-            self.permits.attach(self.shell, "main", self.events.emit)
-        self.executor = parts.executor
         self.workflow = Workflow(
-            settings,
-            self.gateway,
-            self.budget,
-            self.events,
-            self.executor,
-            results=self.results,
-            trees=self.trees,
-            mcp=self.mcp,
-            roles=self.roles,
-        )
+            settings, self.gateway, self.budget, self.events, self.executor,
+            results=self.results, trees=self.trees, mcp=self.mcp, roles=self.roles,
+        )  # fmt: skip
+
+    def _main_shell(self) -> BashSession:
+        """The main agent's shell: its connections said as events, its commands asked of
+        the permission rules."""
+        shell = self.make_shell()
+        shell.seat.emit = self.events.emit
+        if self.permits is not None:
+            self.permits.attach(shell, "main", self.events.emit)
+        return shell
 
     def set_mode(self, on: bool) -> None:
         """Switch orchestration mode; the model hears of it with the next user turn."""
