@@ -1,8 +1,8 @@
 """The subagent role: one subtask, bash, report_findings and the user's MCP tools, a bounded
 number of model turns.
 
-The loop is the one every agent runs (:mod:`orchmode.loop`); this is only what a subagent
-brings to it — its tools — and what its ending comes to as an :class:`AgentResult`.
+Every agent runs :mod:`orchmode.loop`'s loop; this module is only what a subagent brings to
+it — its tools — and what its ending comes to as an :class:`AgentResult`.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
 @dataclass
 class Subagent:
-    """A subagent: its tools and the shape of its result; the loop is the one every agent runs."""
+    """A subagent: its tools and the shape of its result, for the loop every agent runs."""
 
     gateway: ModelGateway
     shell: BashSession

@@ -216,7 +216,7 @@ class Conversation:
                 text = _message_text(last)
                 self.events.emit(TurnDone("end_turn", 0))
                 return TurnResult(text, "end_turn", 0)
-            return await self._finish(self._settle_then_loop(pending))
+            return await self._finish(self._answer_cut_off_then_loop(pending))
         return await self._finish(self._loop())
 
     def answer_of_turn(self, number: int) -> str | None:
@@ -229,7 +229,7 @@ class Conversation:
             return None
         return _message_text(last) or None
 
-    async def _settle_then_loop(self, pending: list[ToolUseBlock]) -> TurnResult:
+    async def _answer_cut_off_then_loop(self, pending: list[ToolUseBlock]) -> TurnResult:
         """Answer the calls cut off when orchmode stopped, then go on with the turn.
 
         A bash command among them is not run again (it may have done half its work): its
@@ -320,7 +320,7 @@ class Conversation:
             self.meter.fixed_tokens = Meter([MAIN_SYSTEM, self.tools]).fixed_tokens
 
     def _agent_loop(self) -> AgentLoop:
-        """The one agent loop, as the main agent runs it: streaming its text, checkpointing."""
+        """The agent loop as the main agent runs it: streaming its text, checkpointing."""
         return AgentLoop(
             self.gateway,
             "main",
