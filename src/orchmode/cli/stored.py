@@ -20,6 +20,7 @@ from .common import say, settings_of, workdir_of
 
 if typing.TYPE_CHECKING:
     from ..records.history import SessionHistory
+    from ..store import Approval
 
 
 def cmd_budget(args: argparse.Namespace) -> int:
@@ -253,31 +254,33 @@ def _print_approvals(
 
 def cmd_approve(args: argparse.Namespace) -> int:
     from ..session.stored import approve
-    from .answers import doing
 
     settings = settings_of(args)
     answered = asyncio.run(approve(args.id, args.always, settings=settings,
                                    workdir=workdir_of(settings)))  # fmt: skip
-    request = answered.request
-    say(
-        f"approved {answered.id}: {request.agent} (session {request.session}) may "
-        f"{doing(request.kind)} {request.what}"
-    )
+    _say_answered(answered, "approved", "may")
     if answered.always:
+        request = answered.request
         say(f"remembered for {request.workdir}: {request.rule} is allowed there from now on")
     return 0
 
 
 def cmd_deny(args: argparse.Namespace) -> int:
     from ..session.stored import deny
-    from .answers import doing
 
     settings = settings_of(args)
     answered = asyncio.run(deny(args.id, args.reason, settings=settings,
                                 workdir=workdir_of(settings)))  # fmt: skip
+    _say_answered(answered, "denied", "may not")
+    return 0
+
+
+def _say_answered(answered: Approval, verb: str, may: str) -> None:
+    """``approved 3: worker-2 (session S) may run curl …``, as ``approve`` and ``deny`` say it."""
+    from .answers import doing
+
     request = answered.request
     say(
-        f"denied {answered.id}: {request.agent} (session {request.session}) may not "
+        f"{verb} {answered.id}: {request.agent} (session {request.session}) {may} "
         f"{doing(request.kind)} {request.what}"
     )
-    return 0
