@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from .. import __version__
-from ..core.settings import Settings, env_var, flag, flag_names
+from ..core.settings import Settings, env_var, flag, flag_names, meaning
 from ..views.escape import visible
 
 #: The settings of a command that reads or answers what the store holds: where the store
@@ -40,7 +40,7 @@ def add_setting_flags(parser: argparse.ArgumentParser, only: Iterable[str] | Non
     )
     for name in names:
         field = Settings.model_fields[name]
-        help_text = f"{field.description} [{env_var(name)}; default: {field.default}]"
+        help_text = f"{meaning(name)} [{env_var(name)}; default: {field.default}]"
         if field.annotation is bool:
             group.add_argument(
                 flag(name), dest=name, action=argparse.BooleanOptionalAction, help=help_text

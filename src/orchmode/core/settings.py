@@ -454,7 +454,7 @@ def settings_table() -> str:
         default = field.default
         project = untrusted_project(name)
         if name not in flag_names():
-            rows.append(f"| `{name}` | — | — | (see below) | {project} | {field.description} |")
+            rows.append(f"| `{name}` | — | — | (see below) | {project} | {meaning(name)} |")
             continue
         if default is None:
             shown = "—"
@@ -466,9 +466,14 @@ def settings_table() -> str:
             shown = f"`{default}`"
         rows.append(
             f"| `{name}` | `{flag(name)}` | `{env_var(name)}` | {shown} | {project} "
-            f"| {field.description} |"
+            f"| {meaning(name)} |"
         )
     return "\n".join(rows)
+
+
+def meaning(name: str) -> str:
+    """A setting's help text on one line: its docstring in core/knobs.py, wrapped there."""
+    return " ".join((Settings.model_fields[name].description or "").split())
 
 
 def untrusted_project(name: str) -> str:
