@@ -257,8 +257,13 @@ def test_answers_pair_with_user_turns_only_when_the_count_matches() -> None:
     history = [
         {"role": "user", "content": "one"},
         {"role": "system", "content": "mode on"},
-        {"role": "assistant", "content": [{"type": "tool_use", "id": "a", "name": "bash"}]},
-        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "a"}]},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "tool_use", "id": "a", "name": "bash", "input": {"command": "ls"}}
+            ],
+        },
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "a", "content": "x"}]},
         {"role": "assistant", "content": [{"type": "text", "text": "first answer"}]},
         {"role": "user", "content": "two"},
     ]
@@ -266,6 +271,9 @@ def test_answers_pair_with_user_turns_only_when_the_count_matches() -> None:
     assert answers(state, 2) == ["first answer", None]
     assert answers(state, 3) == [None, None, None]
     assert answers("not json", 1) == [None]
+    # A history that is not one (as restoring it would say) pairs nothing.
+    broken = json.dumps({"history": [*history[:2], {"role": "assistant"}, *history[2:]]})
+    assert answers(broken, 2) == [None, None]
 
 
 def test_plain_columns_line_up() -> None:

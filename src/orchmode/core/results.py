@@ -211,6 +211,13 @@ def read_report(result: str) -> TypedReport | None:
         return None
 
 
+def summary_of(result: str) -> str:
+    """What an agent's result says in brief: its report's summary, or the whole text where it
+    is not a report (an error, a limit's note, plain text from an older version)."""
+    report = read_report(result)
+    return report.summary if report is not None and report.summary else result
+
+
 def severity_rank(severity: str) -> int:
     """Where a severity sorts: most severe first, one this version does not know last."""
     return SEVERITIES.index(severity) if severity in SEVERITIES else len(SEVERITIES)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..core.agents import AgentDefinition
+from ..core.results import summary_of
 from ..core.schemas import check_schema
 from ..core.wire import JsonObject
 
@@ -251,14 +252,7 @@ def title(subtask: str, width: int = 120) -> str:
 
 def verdict_of(result_text: str) -> str:
     """``confirmed``, ``refuted`` or ``unclear``, read from a verifier's result."""
-    summary = result_text
-    try:
-        decoded = json.loads(result_text)
-        if isinstance(decoded, dict) and isinstance(decoded.get("summary"), str):
-            summary = decoded["summary"]
-    except ValueError:
-        pass
-    head = summary.strip().lower()
+    head = summary_of(result_text).strip().lower()
     for verdict in ("confirmed", "refuted"):
         if head.startswith(verdict):
             return verdict

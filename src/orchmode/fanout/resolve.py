@@ -30,7 +30,7 @@ from ..core.prompts import (
     resolve_prompt,
     verify_resolution_prompt,
 )
-from ..core.results import AgentResult, Change, Status
+from ..core.results import AgentResult, Change, Status, summary_of
 from ..core.settings import Settings
 from ..store import Store, content_key
 from ..trees.conflicts import Conflict
@@ -231,12 +231,6 @@ def _failure(resolver: AgentResult) -> str:
 
 
 def _first_line(text: str) -> str:
-    """A verifier's summary, in short (its report is JSON, or plain text)."""
-    import json
-
-    try:
-        summary = json.loads(text).get("summary", text)
-    except (ValueError, AttributeError):
-        summary = text
-    line = str(summary).strip().splitlines()[0] if str(summary).strip() else ""
-    return line[:200]
+    """A verifier's summary, in short."""
+    summary = summary_of(text).strip()
+    return summary.splitlines()[0][:200] if summary else ""

@@ -34,7 +34,7 @@ from ..core.events import (
     TurnStarted,
 )
 from ..core.results import Report, read_report
-from ..core.wire import has_block, joined_text
+from ..core.wire import has_block, joined_text, read_history
 from ..store import EventRow
 from .codec import parse_row
 from .network import NetworkLog
@@ -471,19 +471,15 @@ def answers(state: str, turns: int) -> list[str | None]:
     """
     nothing: list[str | None] = [None] * turns
     try:
-        history = json.loads(state)["history"]
+        history = read_history(json.loads(state)["history"])
     except (ValueError, TypeError, KeyError):
-        return nothing
-    if not isinstance(history, list):
         return nothing
     found: list[str | None] = []
     for message in history:
-        if not isinstance(message, dict):
-            continue
-        if message.get("role") == "user" and isinstance(message.get("content"), str):
+        if message["role"] == "user" and isinstance(message["content"], str):
             found.append(None)
-        elif message.get("role") == "assistant" and found:
-            found[-1] = _final_text(message.get("content"))
+        elif message["role"] == "assistant" and found:
+            found[-1] = _final_text(message["content"])
     return found if len(found) == turns else nothing
 
 
