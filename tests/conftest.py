@@ -44,6 +44,7 @@ _NEEDS = {
 UNIT_MODULES = frozenset(
     {
         "test_agent_definitions.py",
+        "test_batch_ids.py",
         "test_context.py",
         "test_domains.py",
         "test_environment.py",

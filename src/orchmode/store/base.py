@@ -121,6 +121,16 @@ class Approval:
 
 
 @dataclass(frozen=True)
+class BatchRequest:
+    """Where a request sent through the Message Batches API went: its batch ('' while the
+    batch was being created, if the run stopped then) and when it was recorded."""
+
+    custom_id: str
+    batch_id: str
+    recorded_at: float
+
+
+@dataclass(frozen=True)
 class BudgetCaps:
     """A session's hard limits; ``None`` means no limit on that measure."""
 
@@ -287,6 +297,16 @@ class Store(Protocol):
         self, session: str | None = None, *, pending: bool = False
     ) -> list[Approval]:
         """Approvals, oldest first: of one session or all, only pending ones or every one."""
+
+    async def record_batch_requests(
+        self, session: str, custom_ids: Sequence[str], batch_id: str = ""
+    ) -> None:
+        """Record, flushed before it returns, that these requests are in batch ``batch_id``:
+        with ``''`` before the batch is created (so a run stopped meanwhile knows to look for
+        them), then with the id the API gave."""
+
+    async def batch_request(self, custom_id: str) -> BatchRequest | None:
+        """The record of one batched request, None if it was never sent."""
 
     async def close(self) -> None:
         """Release connections and threads."""

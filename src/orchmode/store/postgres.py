@@ -103,6 +103,8 @@ BUDGET = _pg(schema.BUDGET)
 SAVE_SESSION = _pg(schema.SAVE_SESSION)
 LOAD_SESSION = _pg(schema.LOAD_SESSION)
 LATEST_SESSION = _pg(schema.LATEST_SESSION)
+RECORD_BATCH_REQUEST = _pg(schema.RECORD_BATCH_REQUEST)
+BATCH_REQUEST = _pg(schema.BATCH_REQUEST)
 LIST_SESSIONS = _pg(schema.LIST_SESSIONS)
 NEXT_EVENT_SEQ = _pg(schema.NEXT_EVENT_SEQ)
 INSERT_EVENT = _pg(schema.INSERT_EVENT)
@@ -509,6 +511,23 @@ class PostgresStore:
 
         rows = await self._guarded(read, "read the approvals")
         return [schema.approval_of(row) for row in rows]
+
+    async def record_batch_requests(
+        self, session: str, custom_ids: Sequence[str], batch_id: str = ""
+    ) -> None:
+        rows = [(custom_id, session, batch_id, time.time()) for custom_id in custom_ids]
+
+        async def write(conn: Conn) -> None:
+            async with conn.cursor() as cursor:
+                await cursor.executemany(RECORD_BATCH_REQUEST, rows)
+
+        await self._guarded(write, "record the batched requests")
+
+    async def batch_request(self, custom_id: str) -> base.BatchRequest | None:
+        row = await self._row(BATCH_REQUEST, (custom_id,), "read a batched request")
+        if row is None:
+            return None
+        return base.BatchRequest(custom_id, str(row[0]), float(row[1]))
 
     async def _row(
         self, query: str, params: tuple[object, ...], what: str

@@ -134,6 +134,20 @@ MIGRATIONS: list[tuple[str, list[str]]] = [
             "CREATE INDEX approvals_by_status ON approvals (status, id)",
         ],
     ),
+    (
+        "requests sent through the Message Batches API, and the batch holding each",
+        [
+            # custom_id: the request's id in its batch, a digest of what it asks (see
+            # model/batch_ids.py), so the same request is never sent twice. batch_id: ''
+            # from just before the batch is created until the API has given its id.
+            """CREATE TABLE batch_requests (
+                custom_id TEXT PRIMARY KEY,
+                session TEXT NOT NULL,
+                batch_id TEXT NOT NULL,
+                recorded_at DOUBLE PRECISION NOT NULL
+            )""",
+        ],
+    ),
 ]
 
 APPLIED_VERSIONS = "SELECT version FROM schema_migrations"
@@ -325,6 +339,16 @@ def approval_of(row: Sequence[Any]) -> Approval:
         always=bool(row[12]),
         reason=str(row[13]),
     )
+
+
+#: Parameters: custom_id, session, batch_id, recorded_at. A request already recorded keeps
+#: its time; it takes the batch id once one is known, and never loses it.
+RECORD_BATCH_REQUEST = (
+    "INSERT INTO batch_requests (custom_id, session, batch_id, recorded_at) VALUES (?, ?, ?, ?) "
+    "ON CONFLICT (custom_id) DO UPDATE SET batch_id = excluded.batch_id "
+    "WHERE excluded.batch_id <> ''"
+)
+BATCH_REQUEST = "SELECT batch_id, recorded_at FROM batch_requests WHERE custom_id = ?"
 
 
 def pending_migrations(

@@ -47,6 +47,7 @@ from . import schema
 from .base import (
     Approval,
     ApprovalRequest,
+    BatchRequest,
     BudgetCaps,
     BudgetState,
     EventRow,
@@ -348,6 +349,20 @@ class SQLiteStore:
         except sqlite3.Error as exc:
             raise self._failed("read the approvals", exc) from exc
         return [schema.approval_of(row) for row in rows]
+
+    async def record_batch_requests(
+        self, session: str, custom_ids: Sequence[str], batch_id: str = ""
+    ) -> None:
+        rows = [(custom_id, session, batch_id, time.time()) for custom_id in custom_ids]
+
+        def write(db: sqlite3.Connection) -> None:
+            db.executemany(schema.RECORD_BATCH_REQUEST, rows)
+
+        await self._durable(write, "record the batched requests")
+
+    async def batch_request(self, custom_id: str) -> BatchRequest | None:
+        row = await self._read(schema.BATCH_REQUEST, (custom_id,), "read a batched request")
+        return None if row is None else BatchRequest(custom_id, str(row[0]), float(row[1]))
 
     async def _durable(self, statements: Callable[[sqlite3.Connection], T], what: str) -> T:
         """A write flushed to disk before it returns (on the writer thread): an approval
