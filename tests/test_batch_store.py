@@ -1,4 +1,4 @@
-"""Where each batched request went, recorded on both backends so a resumed run pays no request twice."""
+"""Where each batched request went, on both backends: a resumed run pays no request twice."""
 
 from __future__ import annotations
 
