@@ -170,6 +170,8 @@ async def test_batched_requests_share_the_prompt_cache_with_interactive_ones(sta
     item = server.batches.all()[0].items[0]
     assert item.usage is not None
     assert item.usage.cache_read_input_tokens == result.message.usage.cache_read_input_tokens
+    assert item.billed is not None
+    assert item.billed.output_tokens == result.message.usage.output_tokens
 
 
 async def test_a_hundred_kilobyte_result_comes_back_whole(start: Any) -> None:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Literal
 
+from ..core.events import TokenUsage
 from ..core.wire import JsonObject
 from .cache import CacheUsage, EditedPrompt
 from .replies import Reply, _new_id
@@ -57,6 +58,20 @@ class BatchItem:
     #: What the scripted model said and how its input was billed, for a succeeded result.
     reply: Reply | None = None
     usage: CacheUsage | None = None
+
+    @property
+    def billed(self) -> TokenUsage | None:
+        """What a succeeded result was billed at the interactive price (the batch price is
+        the client's to apply); None for any other result."""
+        if self.usage is None or self.reply is None or self.reply.output_tokens is None:
+            return None
+        usage = self.usage
+        return TokenUsage(
+            usage.input_tokens,
+            self.reply.output_tokens,
+            usage.cache_read_input_tokens,
+            usage.cache_creation_input_tokens,
+        )
 
 
 def _rfc3339(moment: datetime) -> str:

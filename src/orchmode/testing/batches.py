@@ -144,7 +144,7 @@ class MessageBatches:
     # ----------------------------------------------------------------- operations
 
     async def _create(self, request: web.Request, arrival: Arrival) -> web.Response:
-        if arrival.parse_error is not None and arrival.raw is not None:
+        if arrival.parse_error is not None:
             raise invalid(arrival.parse_error)
 
         def prepare(params: Any) -> EditedPrompt:
