@@ -17,6 +17,7 @@ from typing import Any, Literal, get_args
 
 from ..core.events import TokenUsage
 from ..core.wire import JsonObject
+from .batch_fate import BatchFate
 from .cache import CacheUsage, estimate_tokens
 
 __all__ = [
@@ -259,12 +260,19 @@ class ScriptedRequest:
     """A valid request as the responder sees it.
 
     ``index`` counts requests handed to the responder (0-based, in arrival order), so a
-    scripted list is not thrown off by requests the server rejected on its own.
+    scripted list is not thrown off by requests the server rejected on its own. A request
+    from a message batch names its batch and ``custom_id`` (None when interactive).
     """
 
     index: int
     body: JsonObject
     headers: dict[str, str]
+    batch_id: str | None = None
+    custom_id: str | None = None
+
+    @property
+    def batched(self) -> bool:
+        return self.batch_id is not None
 
     @property
     def model(self) -> str:
@@ -382,5 +390,5 @@ class LoggedRequest:
         )
 
 
-Answer = Reply | Fault | Recorded
+Answer = Reply | Fault | Recorded | BatchFate
 Responder = Callable[[ScriptedRequest], Answer | Awaitable[Answer]]
