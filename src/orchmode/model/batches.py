@@ -90,6 +90,8 @@ class BatchDesk:
     _watchers: dict[str, asyncio.Task[dict[str, BatchResult]]] = field(default_factory=dict)
     _listed: asyncio.Task[list[tuple[str, float]]] | None = None
     _sending: set[asyncio.Task[None]] = field(default_factory=set)
+    #: The batches sent or looked in that have not been seen to end.
+    _open: set[str] = field(default_factory=set)
 
     async def ask(self, params: Mapping[str, Any], attempt: int = 0) -> BatchResult:
         """The result of ``params`` (a Messages request's body, without ``stream``) at
@@ -106,11 +108,13 @@ class BatchDesk:
         return await self._result(batch_id, cid)
 
     async def cancel(self) -> None:
-        """Cancel every batch still being processed (the run was interrupted)."""
-        for batch_id, watcher in list(self._watchers.items()):
-            if not watcher.done():
-                with contextlib.suppress(Exception):
-                    await self.batches.cancel(batch_id)
+        """Cancel every batch still being processed (the run was interrupted), the ones
+        being created at this moment included."""
+        self._send_now()
+        await asyncio.gather(*self._sending, return_exceptions=True)
+        for batch_id in list(self._open):
+            with contextlib.suppress(Exception):
+                await self.batches.cancel(batch_id)
 
     async def close(self) -> None:
         """Stop watching; batches already sent go on at the API, found again on a resume."""
@@ -168,6 +172,7 @@ class BatchDesk:
                 if not waiting.sent.done():
                     waiting.sent.set_exception(failed)
             return
+        self._open.add(created.id)
         if self.on_sent is not None:
             self.on_sent(created.id, len(batch))
         for waiting in batch:
@@ -186,6 +191,7 @@ class BatchDesk:
         """The task that waits for a batch to end and reads its results (one per batch)."""
         task = self._watchers.get(batch_id)
         if task is None:
+            self._open.add(batch_id)
             task = asyncio.get_running_loop().create_task(self._until_ended(batch_id))
             self._watchers[batch_id] = task
         return task
@@ -198,6 +204,7 @@ class BatchDesk:
         while True:
             batch = await self.batches.retrieve(batch_id)
             if batch.processing_status == "ended":
+                self._open.discard(batch_id)
                 break
             await asyncio.sleep(wait)
             age = time.monotonic() - started
