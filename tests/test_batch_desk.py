@@ -1,4 +1,4 @@
-"""The batch desk against the scripted batch endpoints: gathering, results, and never paying twice."""
+"""The batch desk against the scripted batch endpoints: gathering, results, never paying twice."""
 
 from __future__ import annotations
 
