@@ -47,7 +47,13 @@ def add_setting_flags(parser: argparse.ArgumentParser, only: Iterable[str] | Non
             )
             continue
         choices = typing.get_args(field.annotation)
-        if choices and all(isinstance(c, str) for c in choices):
+        extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+        if "bare" in extra:
+            group.add_argument(
+                flag(name), dest=name, choices=choices, nargs="?", const=extra["bare"],
+                help=help_text,
+            )  # fmt: skip
+        elif choices and all(isinstance(c, str) for c in choices):
             group.add_argument(flag(name), dest=name, choices=choices, help=help_text)
         else:
             group.add_argument(flag(name), dest=name, metavar=name.upper(), help=help_text)

@@ -97,6 +97,8 @@ class ModelRequestDone:
     response_model: str = ""
     #: How many times the request was tried before this answer (rate limits, 5xx, breaks).
     retries: int = 0
+    #: Answered from a Message Batch, at half the price (``cost`` is what was paid).
+    batched: bool = False
 
 
 @dataclass(frozen=True)

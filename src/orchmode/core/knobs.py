@@ -30,6 +30,8 @@ MergePolicy = Literal["verified", "all", "none"]
 ResolvePolicy = Literal["agent", "keep"]
 #: What an agent's workspace is: an overlay where one can be made, or always a full copy.
 WorkspaceKind = Literal["auto", "copy"]
+#: Whose requests go through the Message Batches API: none, the verifiers', or every subagent's.
+BatchMode = Literal["off", "verifiers", "subagents"]
 #: Who serves the model: Anthropic's Messages API, Amazon Bedrock or Google Vertex AI.
 Provider = Literal["anthropic", "bedrock", "vertex"]
 
@@ -43,9 +45,14 @@ TrustKind = Literal["safe", "protected", "cap"]
 Stricter = Literal["lower", "higher", "more"]
 
 
-def safe(default: Any, **limits: Any) -> Any:
-    """A setting that cannot weaken safety or spend more: read from any project."""
-    return Field(default, json_schema_extra={"trust": "safe"}, **limits)
+def safe(default: Any, *, bare: str | None = None, **limits: Any) -> Any:
+    """A setting that cannot weaken safety or spend more: read from any project.
+
+    ``bare`` is the value its flag takes when given without one (``--batch``)."""
+    extra: dict[str, Any] = {"trust": "safe"}
+    if bare is not None:
+        extra["bare"] = bare
+    return Field(default, json_schema_extra=extra, **limits)
 
 
 def protected(default: Any, **limits: Any) -> Any:
@@ -93,6 +100,21 @@ class ModelRequestKnobs(Knobs):
     """Seconds a request keeps retrying while the API answers 429 or 529."""
     stream_retries: int = safe(3, ge=0)
     """Retries of a response stream that breaks off part-way."""
+    batch: BatchMode = safe("off", bare="subagents")
+    """Send subagents' requests through the Message Batches API, at half the price, each
+    turn waiting for its batch to end (minutes; up to a day): `off`, `verifiers`, or
+    `subagents` (workers, verifiers and resolvers; what `--batch` alone means). The main
+    agent is always answered at once."""
+    batch_window: float = safe(2.0, gt=0)
+    """Seconds the requests that become ready after the first are gathered into its batch."""
+    batch_max_requests: int = safe(10000, gt=0, le=100_000)
+    """Requests in one batch at the most (the API takes up to 100,000, and 256 MB)."""
+    batch_poll: float = safe(5.0, gt=0)
+    """Seconds before a batch is first looked at; later looks come a tenth of its age
+    apart (a minute at the most), so an ended batch is seen within a tenth of its run."""
+    batch_timeout: float = cap(86400.0, gt=0, stricter="higher")
+    """Seconds a turn waits on its batch before it is asked interactively instead, at the
+    full price (a request still in its batch may then be paid for twice)."""
 
 
 class ShellKnobs(Knobs):

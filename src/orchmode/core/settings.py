@@ -144,6 +144,12 @@ class Settings(ServiceKnobs, RunKnobs, FanoutKnobs, ShellKnobs, ModelRequestKnob
         own = {"worker": self.worker_effort, "verifier": self.verifier_effort}.get(role)
         return own or self.effort
 
+    def batched(self, role: Role) -> bool:
+        """Whether an agent of ``role`` sends its requests through the Message Batches API."""
+        if role == "verifier":
+            return self.batch != "off"
+        return self.batch == "subagents" and role != "main"
+
     def models(self) -> list[str]:
         """Every model the session's agents may run on, the main agent's first."""
         found = [self.model]
@@ -156,9 +162,11 @@ class Settings(ServiceKnobs, RunKnobs, FanoutKnobs, ShellKnobs, ModelRequestKnob
         """The first model the agents may run on that has no price, if any."""
         return next((m for m in self.models() if m not in self.prices), None)
 
-    def price(self, model: str | None = None) -> ModelPrice | None:
-        """The price of ``model`` (default: the main agent's), or None if it has none."""
-        return self.prices.get(model or self.model)
+    def price(self, model: str | None = None, *, batched: bool = False) -> ModelPrice | None:
+        """The price of ``model`` (default: the main agent's), or None if it has none; a
+        batched request's is half of it."""
+        price = self.prices.get(model or self.model)
+        return price.batched() if price is not None and batched else price
 
     @property
     def window(self) -> int:

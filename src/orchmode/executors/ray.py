@@ -51,8 +51,7 @@ from ..core.permissions import Rules
 from ..core.results import AgentResult, Status
 from ..core.secrets import Masker, SecretFiles, Secrets
 from ..core.settings import Settings
-from ..model.budget import SessionBudget
-from ..model.gateway import ModelGateway
+from ..model.gateway import ModelGateway, session_gateway
 from ..model.providers import Credentials
 from ..store import Store, open_store
 from ..tools.mcpconfig import McpConfig, load
@@ -238,8 +237,9 @@ class AgentPool:
         if host is None:
             if self.store is None or self.make_shell is None:
                 raise RuntimeError("the actor was not made ready")
-            gateway = ModelGateway(self.settings, self.credentials, self.events)
-            gateway.budget = SessionBudget(self.store, session, self.settings)
+            gateway = session_gateway(
+                self.settings, self.credentials, self.events, self.store, session
+            )
             self.gateways.append(gateway)
             permits = None
             if self.rules is not None and self.node is not None:

@@ -58,8 +58,8 @@ class SessionBudget:
     def metered(self) -> bool:
         return self.settings.max_session_tokens is not None or self.settings.max_cost is not None
 
-    def cost(self, usage: TokenUsage, model: str | None = None) -> float:
-        price = self.settings.price(model)
+    def cost(self, usage: TokenUsage, model: str | None = None, *, batched: bool = False) -> float:
+        price = self.settings.price(model, batched=batched)
         return price.cost(usage) if price else 0.0
 
     async def before_request(
@@ -68,13 +68,16 @@ class SessionBudget:
         messages: Sequence[Any],
         tools: Sequence[Any],
         model: str | None = None,
+        *,
+        batched: bool = False,
     ) -> Reservation | None:
-        """Reserve the request's worst case, or raise :class:`BudgetExhausted`."""
+        """Reserve the request's worst case (at the batch price for a batched request), or
+        raise :class:`BudgetExhausted`."""
         if not self.metered:
             return None
         input_tokens = estimate_input_tokens(system, messages, tools)
         output_tokens = self.settings.max_tokens
-        price = self.settings.price(model)
+        price = self.settings.price(model, batched=batched)
         cost = price.worst_case(input_tokens, output_tokens) if price else 0.0
         reservation = Reservation(input_tokens + output_tokens, cost)
         if not await self.store.reserve(
@@ -89,11 +92,17 @@ class SessionBudget:
         return reservation
 
     async def after_request(
-        self, reservation: Reservation | None, usage: TokenUsage, model: str | None = None
+        self,
+        reservation: Reservation | None,
+        usage: TokenUsage,
+        model: str | None = None,
+        *,
+        batched: bool = False,
     ) -> None:
-        """Settle the ledger to what the request really used (nothing, if it failed)."""
+        """Settle the ledger to what the request really used (nothing, if it failed), at the
+        price it was answered at."""
         tokens = usage.total_input + usage.output_tokens
-        cost = self.cost(usage, model)
+        cost = self.cost(usage, model, batched=batched)
         if reservation is not None:
             tokens, cost = tokens - reservation.tokens, cost - reservation.cost
         if not (tokens or cost):

@@ -31,6 +31,7 @@ from ..core.events import (
 )
 from ..core.settings import Settings
 from ..core.wire import JsonObject, Message, ToolSchema
+from .batches import BatchDesk
 from .failures import BetaRefused, FailureWords
 from .limits import AdaptiveLimit
 from .providers import (
@@ -42,12 +43,19 @@ from .providers import (
     capabilities_of,
     require_access,
 )
-from .reply import ModelReply, ReplyBuilder
-from .request_form import CONTEXT_BETA, EPHEMERAL, optional_fields, wire_messages
+from .reply import ModelReply, ReplyBuilder, reply_of_message
+from .request_form import (
+    CONTEXT_BETA,
+    EPHEMERAL,
+    HOUR_BREAKPOINT,
+    optional_fields,
+    wire_messages,
+)
 from .retries import Retries, Retry
 
 if TYPE_CHECKING:
     from ..core.agents import AgentDefinition
+    from ..store import Store
     from .budget import SessionBudget
 
 log = logging.getLogger("orchmode")
@@ -71,6 +79,8 @@ class ModelChoice:
 
     model: str
     effort: str
+    #: Sent through the Message Batches API (see :mod:`orchmode.model.batches`).
+    batched: bool = False
 
     @classmethod
     def of(
@@ -80,7 +90,7 @@ class ModelChoice:
         that one."""
         model = agent.model if agent is not None and agent.model else settings.model_for(role)
         effort = agent.effort if agent is not None and agent.effort else settings.effort_for(role)
-        return cls(model, effort)
+        return cls(model, effort, settings.batched(role))
 
 
 @dataclass
@@ -99,6 +109,8 @@ class ModelGateway:
     #: False once the endpoint has refused the context-editing beta: not asked again;
     #: False from the start for a provider not known to take it.
     context_editing: bool = True
+    #: Gathers batched agents' requests into Message Batches; None when batching is off.
+    desk: BatchDesk | None = None
     _client: Client | None = None
     _limit: AdaptiveLimit | None = None
 
@@ -170,10 +182,15 @@ class ModelGateway:
         choice = choice or ModelChoice.of(self.settings)
         reservation = None
         if self.budget is not None:
-            reservation = await self.budget.before_request(system, messages, tools, choice.model)
+            reservation = await self.budget.before_request(
+                system, messages, tools, choice.model, batched=choice.batched
+            )
         request = _Request(system, messages, tools, on_text, previous_message_id, context_edits)
         try:
-            reply = await self._send(request, choice, agent, on_send)
+            if choice.batched and self.desk is not None:
+                reply = await self._through_batches(request, choice, agent, on_send)
+            else:
+                reply = await self._send(request, replace(choice, batched=False), agent, on_send)
         except BaseException as exc:
             if self.budget is not None:
                 await self.budget.after_request(reservation, TokenUsage(), choice.model)
@@ -184,13 +201,15 @@ class ModelGateway:
                 self.events.emit(failed)
             raise
         if self.budget is not None:
-            await self.budget.after_request(reservation, reply.usage, choice.model)
+            await self.budget.after_request(
+                reservation, reply.usage, choice.model, batched=reply.batched
+            )
         self._account(reply, choice, agent, time.monotonic() - started)
         return reply
 
     def _account(self, reply: ModelReply, choice: ModelChoice, agent: str, duration: float) -> None:
         """Add a finished request's usage and cost to the session's, and say so."""
-        price = self.settings.price(choice.model)
+        price = self.settings.price(choice.model, batched=reply.batched)
         cost = price.cost(reply.usage) if price else 0.0
         self.usage = self.usage + reply.usage
         self.cost += cost
@@ -208,6 +227,7 @@ class ModelGateway:
                 model=choice.model,
                 response_model=reply.model,
                 retries=reply.retries,
+                batched=reply.batched,
             )
         )
         refusal = reply.refusal
@@ -290,18 +310,9 @@ class ModelGateway:
                     "betas": [CONTEXT_BETA],
                     "context_management": {"edits": list(context_edits)},
                 }
+            body = self._body(system, messages, tools, previous_message_id, choice)
             stream = await create(
-                **beta,
-                model=choice.model,
-                max_tokens=self.settings.max_tokens,
-                # The system prompt is its own cache breakpoint: every agent of a role sends
-                # the same tools and system bytes first, so the wave shares that prefix.
-                system=[{"type": "text", "text": system, "cache_control": EPHEMERAL}],
-                messages=cast(Any, wire_messages(messages, self.capabilities, breakpoint=True)),
-                tools=cast(Any, list(tools)),
-                **optional_fields(self.capabilities, previous_message_id, choice.effort),
-                timeout=self.settings.request_timeout,
-                stream=True,
+                **beta, **body, timeout=self.settings.request_timeout, stream=True
             )
             async with stream:
                 async for event in stream:
@@ -320,6 +331,65 @@ class ModelGateway:
         if missing is not None:
             raise StreamInterrupted(f"the response stream from {self.endpoint} ended {missing}")
         return builder.reply()
+
+    def _body(
+        self,
+        system: str,
+        messages: Sequence[Message],
+        tools: Sequence[ToolSchema],
+        previous_message_id: str | None,
+        choice: ModelChoice,
+    ) -> dict[str, Any]:
+        """The request's body, as streamed or as one request of a batch."""
+        # The system prompt is its own cache breakpoint: every agent of a role sends the same
+        # tools and system bytes first, so the wave shares that prefix. A batched one keeps
+        # it for an hour, past the wait for its batch.
+        breakpoint = HOUR_BREAKPOINT if choice.batched else EPHEMERAL
+        return {
+            "model": choice.model,
+            "max_tokens": self.settings.max_tokens,
+            "system": [{"type": "text", "text": system, "cache_control": breakpoint}],
+            "messages": wire_messages(messages, self.capabilities, breakpoint=True),
+            "tools": list(tools),
+            **optional_fields(self.capabilities, previous_message_id, choice.effort),
+        }
+
+    async def _through_batches(
+        self, request: _Request, choice: ModelChoice, agent: str, on_send: Callable[[], None] | None
+    ) -> ModelReply:
+        """A turn answered from a batch at half the price: asked again in a new batch when
+        its result comes back errored, expired or canceled, and interactively once
+        ``batch_timeout`` has passed."""
+        assert self.desk is not None
+        body = self._body(
+            request.system, request.messages, request.tools, request.previous_message_id, choice
+        )
+        if on_send is not None:
+            on_send()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.batch_timeout
+        attempt = 0
+        while (left := deadline - loop.time()) > 0:
+            try:
+                result = await asyncio.wait_for(self.desk.ask(body, attempt), left)
+            except TimeoutError:
+                break
+            if result.outcome == "succeeded" and result.message is not None:
+                reply = reply_of_message(result.message)
+                if request.on_text is not None and reply.text:
+                    request.on_text(reply.text)
+                return replace(reply, retries=attempt, batched=True)
+            attempt += 1
+            self.events.emit(
+                ModelRequestRetried(agent, f"batch_{result.outcome}", 0.0, attempt, result.error)
+            )
+        self.events.emit(
+            ModelRequestRetried(
+                agent, "batch_timeout", 0.0, attempt + 1,
+                f"no result from its batch in {self.settings.batch_timeout:g} s: asked at once",
+            )
+        )  # fmt: skip
+        return await self._send(request, replace(choice, batched=False), agent, None)
 
     async def count_tokens(
         self,
@@ -366,6 +436,30 @@ class ModelGateway:
         return tokens if isinstance(tokens, int) else None
 
     async def close(self) -> None:
+        if self.desk is not None:
+            await self.desk.close()
         if self._client is not None:
             await self._client.close()
             self._client = None
+
+
+def session_gateway(
+    settings: Settings, credentials: Credentials, events: EventBus, store: Store, session: str
+) -> ModelGateway:
+    """A session's gateway: its requests reserved against the session's budget, and those
+    the settings batch gathered into Message Batches."""
+    from .budget import SessionBudget
+
+    gateway = ModelGateway(settings, credentials, events)
+    gateway.budget = SessionBudget(store, session, settings)
+    if settings.batch != "off":
+        batches = cast(Any, gateway.client).messages.batches
+        gateway.desk = BatchDesk(
+            store,
+            session,
+            batches,
+            window=settings.batch_window,
+            max_requests=settings.batch_max_requests,
+            first_poll=settings.batch_poll,
+        )
+    return gateway

@@ -420,6 +420,16 @@ def build_client(settings: Settings, credentials: Credentials) -> Client:
     )
 
 
+def check_batching(settings: Settings) -> None:
+    """Refuse batch mode where the endpoint serves no Message Batches API."""
+    if settings.batch != "off" and settings.provider != "anthropic":
+        raise ConfigError(
+            f"--batch {settings.batch} needs Anthropic's Message Batches API, which --provider "
+            f"{settings.provider} does not serve (its own batch jobs are another service) — "
+            "use --batch off there, or --provider anthropic"
+        )
+
+
 def require_access(provider: Provider, credentials: Credentials) -> AwsAccess | GoogleAccess | None:
     """The provider's part of ``credentials``; a ConfigError when it was never resolved."""
     if provider == "bedrock":

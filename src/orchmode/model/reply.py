@@ -30,6 +30,8 @@ class ModelReply:
     retries: int = 0
     #: The API's ``stop_details`` (a refusal's ``category`` and ``explanation``), as sent.
     stop_details: JsonObject | None = None
+    #: Answered from a Message Batch, at the batch price.
+    batched: bool = False
 
     @property
     def text(self) -> str:
@@ -147,12 +149,7 @@ class ReplyBuilder:
 
     def _take_usage(self, usage: Any) -> None:
         # message_delta carries cumulative totals: they replace, and absent ones keep theirs.
-        for field_name in (
-            "input_tokens",
-            "output_tokens",
-            "cache_read_input_tokens",
-            "cache_creation_input_tokens",
-        ):
+        for field_name in _USAGE:
             value = getattr(usage, field_name, None)
             if value is not None:
                 self.usage[field_name] = value
@@ -194,6 +191,31 @@ class ReplyBuilder:
             self.model,
             stop_details=self.stop_details,
         )
+
+
+def reply_of_message(message: Any) -> ModelReply:
+    """A whole response (a batch's result, as the API's JSON) as the reply its stream
+    would have made."""
+    builder = ReplyBuilder()
+    builder.started = builder.delta_seen = builder.stopped = True
+    builder.message_id = str(message.get("id", ""))
+    builder.model = str(message.get("model", "") or "")
+    builder.stop_reason = message.get("stop_reason")
+    details = message.get("stop_details")
+    builder.stop_details = dict(details) if isinstance(details, dict) else None
+    usage = message.get("usage") or {}
+    builder.usage = {name: int(usage[name]) for name in _USAGE if isinstance(usage.get(name), int)}
+    content = message.get("content") or []
+    builder.blocks = {i: dict(block) for i, block in enumerate(content) if isinstance(block, dict)}
+    return builder.reply()
+
+
+_USAGE = (
+    "input_tokens",
+    "output_tokens",
+    "cache_read_input_tokens",
+    "cache_creation_input_tokens",
+)
 
 
 def _as_json(value: Any) -> JsonObject:

@@ -15,6 +15,8 @@ from .providers import Capabilities
 
 #: A 5-minute cache breakpoint, as the API spells it.
 EPHEMERAL: Any = {"type": "ephemeral"}
+#: A breakpoint kept an hour: a batched request's prefix outlives the wait for its batch.
+HOUR_BREAKPOINT: Any = {"type": "ephemeral", "ttl": "1h"}
 #: The beta that carries the API's own context editing (``context_management``).
 CONTEXT_BETA = "context-management-2025-06-27"
 

@@ -33,8 +33,8 @@ from ..executors.host import AgentHost, ShellFactory
 from ..executors.node import NodeParts, node_parts, session_permits
 from ..executors.permits import Permits
 from ..model.budget import SessionBudget
-from ..model.gateway import ModelGateway
-from ..model.providers import Credentials
+from ..model.gateway import ModelGateway, session_gateway
+from ..model.providers import Credentials, check_batching
 from ..shell.sandbox import preflight
 from ..store import Store, open_store
 from ..store.result_files import ResultFiles, results_dir
@@ -157,6 +157,7 @@ def _checked(
     where = settings.workdir
     assert where is not None
     check_executor(settings, where)
+    check_batching(settings)
     credentials = credentials or Credentials.from_env(os.environ, settings.provider)
     bus = events or EventBus()
     mcp = McpHub.from_settings(settings, where, bus, os.environ)
@@ -200,9 +201,10 @@ async def _opened(
         store = await open_store(settings.store_url(workdir))
         stack.push_async_callback(store.close)
     results = ResultFiles(results_dir(workdir, start.session_id), start.secrets.masker)
-    gateway = ModelGateway(settings, start.credentials, bus)
+    gateway = session_gateway(settings, start.credentials, bus, store, start.session_id)
     stack.push_async_callback(gateway.close)
-    gateway.budget = budget = SessionBudget(store, start.session_id, settings)
+    budget = gateway.budget
+    assert budget is not None
     stack.push_async_callback(budget.flush)
     readable = (results.directory,) if results.make_directory() else ()
     node = node_parts(

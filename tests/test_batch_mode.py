@@ -1,0 +1,110 @@
+"""Batch mode through a whole session: which agents are batched, the price paid, the refusals."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import StartServer, conversation_for, settings_for
+from orchmode.core.errors import ConfigError
+from orchmode.core.events import EventBus, ModelRequestDone
+from orchmode.core.settings import Settings
+from orchmode.store.sqlite import SQLiteStore
+from orchmode.testing import BatchSettings, ScriptedServer
+from orchmode.testing.scenario import OrchestrationScenario, role_of
+
+pytestmark = pytest.mark.timeout(120)
+
+SYNTHESIS = "Synthesis: 6 agents reported; 6 results were confirmed."
+
+
+async def run(
+    server: ScriptedServer, tmp_path: Path, **overrides: Any
+) -> tuple[str, list[ModelRequestDone]]:
+    settings = settings_for(
+        server, tmp_path, batch_window=0.05, batch_poll=0.01, session="s1", **overrides
+    )
+    events = EventBus()
+    done: list[ModelRequestDone] = []
+    events.subscribe(lambda e: done.append(e) if isinstance(e, ModelRequestDone) else None)
+    store = SQLiteStore.open(tmp_path / "store.db")
+    session = await conversation_for(settings, events=events, store=store)
+    try:
+        result = await session.turn("review it")
+    finally:
+        await session.close()
+        await store.close()
+    return result.text, done
+
+
+def interactive_roles(server: ScriptedServer) -> set[str]:
+    return {role_of(e.body) for e in server.log if "messages" in (e.body or {})}
+
+
+def batched_roles(server: ScriptedServer) -> list[str]:
+    return [role_of(item.prompt.body) for b in server.batches.all() for item in b.items]
+
+
+async def test_with_every_subagent_batched_only_the_main_agent_is_answered_at_once(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    server = await serve(OrchestrationScenario(subtasks=6), batches=BatchSettings(delay=0.05))
+    text, done = await run(server, tmp_path, batch="subagents")
+    assert text == SYNTHESIS
+    assert interactive_roles(server) == {"main"}
+    assert sorted(set(batched_roles(server))) == ["verifier", "worker"]
+    # every request went into a batch once, none twice
+    assert set(server.batches.submissions.values()) == {1}
+    assert {e.batched for e in done if e.agent == "main"} == {False}
+    assert {e.batched for e in done if e.agent != "main"} == {True}
+
+
+async def test_with_verifiers_batched_the_workers_are_answered_at_once(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    server = await serve(OrchestrationScenario(subtasks=6), batches=BatchSettings(delay=0.05))
+    text, _ = await run(server, tmp_path, batch="verifiers")
+    assert text == SYNTHESIS
+    assert interactive_roles(server) == {"main", "worker"}
+    assert set(batched_roles(server)) == {"verifier"}
+
+
+async def test_a_batched_request_costs_half_what_the_same_request_costs_at_once(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    def costs(done: list[ModelRequestDone]) -> dict[tuple[str, int], float]:
+        """Each agent's requests' dollars, by agent and request, main agent left out."""
+        seen: dict[str, int] = {}
+        out: dict[tuple[str, int], float] = {}
+        for e in done:
+            if e.agent != "main":
+                seen[e.agent] = seen.get(e.agent, 0) + 1
+                out[(e.agent, seen[e.agent])] = e.cost
+        return out
+
+    prices = {"claude-opus-5-5": {"input": 4, "output": 20, "cache_write": 5, "cache_read": 0.2}}
+    at_once = await serve(OrchestrationScenario(subtasks=6))
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    _, plain = await run(at_once, tmp_path / "a", prices=prices)
+    batched = await serve(OrchestrationScenario(subtasks=6), batches=BatchSettings(delay=0.01))
+    _, halved = await run(batched, tmp_path / "b", batch="subagents", prices=prices)
+    assert costs(plain).keys() == costs(halved).keys()
+    for key, cost in costs(plain).items():
+        assert cost > 0
+        assert costs(halved)[key] == pytest.approx(cost / 2), key
+
+
+@pytest.mark.parametrize("provider", ["bedrock", "vertex"])
+async def test_batch_mode_is_refused_in_one_line_where_no_batch_api_serves_it(
+    tmp_path: Path, provider: str
+) -> None:
+    settings = Settings(workdir=tmp_path, provider=provider, batch="subagents")
+    with pytest.raises(ConfigError) as refused:
+        await conversation_for(settings)
+    message = str(refused.value)
+    assert "\n" not in message
+    assert "--batch subagents needs Anthropic's Message Batches API" in message
+    assert f"--provider {provider}" in message
