@@ -27,12 +27,31 @@ from typing import (
     overload,
 )
 
+from anthropic.types.beta.beta_context_management_config_param import Edit
 from pydantic import ConfigDict, Discriminator, Tag, TypeAdapter, ValidationError, with_config
 from typing_extensions import TypedDict
 
-#: A JSON object whose shape is the business of whoever reads it: a tool's ``input``, a
-#: JSON schema, a context edit.
+#: A JSON object of no declared kind. The kinds below say whose business the fields are;
+#: a new site names its kind rather than this.
 JsonObject: TypeAlias = dict[str, Any]
+
+# The free-form kinds: JSON whose fields orchmode does not declare, because someone else
+# defines them. Each is ``dict[str, Any]`` underneath; the name says who that someone is.
+
+#: A tool call's ``input``: its fields are whatever the tool's own schema asks for.
+ToolInput: TypeAlias = dict[str, Any]
+#: A JSON schema (a tool's ``input_schema``, a typed subtask's ``data``): read by
+#: ``jsonschema`` and by the model, never field by field.
+JsonSchema: TypeAlias = dict[str, Any]
+#: A JSON object as it came over HTTP, before validation has said what it is: a request
+#: body, or a part of one that the checks are still reading.
+UncheckedJson: TypeAlias = dict[str, Any]
+#: An object of the API's passed along as it came (a citation, a response block while its
+#: deltas arrive, a recorded stream's event): its fields are the API's to define.
+ApiObject: TypeAlias = dict[str, Any]
+#: A JSON object orchmode writes out for people and other programs and never reads back:
+#: an event record for ``--json``, an agent's answer to an orchestration script.
+JsonRecord: TypeAlias = dict[str, Any]
 
 #: Who speaks; ``system`` is a note orchmode adds mid-conversation (folded into the next
 #: user message for endpoints without it).
@@ -52,7 +71,7 @@ class CacheControl(TypedDict):
 class TextBlock(TypedDict, total=False):
     type: Required[Literal["text"]]
     text: Required[str]
-    citations: list[JsonObject] | None
+    citations: list[ApiObject] | None
     cache_control: CacheControl
 
 
@@ -61,7 +80,7 @@ class ToolUseBlock(TypedDict, total=False):
     type: Required[Literal["tool_use"]]
     id: Required[str]
     name: Required[str]
-    input: Required[JsonObject]
+    input: Required[ToolInput]
     cache_control: CacheControl
 
 
@@ -119,8 +138,41 @@ class ToolSchema(TypedDict, total=False):
     name: Required[str]
     type: str
     description: str
-    input_schema: JsonObject
+    input_schema: JsonSchema
     cache_control: CacheControl
+
+
+class StopDetails(TypedDict, total=False):
+    """What a response adds to its ``stop_reason``: a refusal's policy ``category`` and
+    ``explanation``, either of which the API may leave null."""
+
+    type: Required[str]
+    category: str | None
+    explanation: str | None
+
+
+#: One of the API's context edits (beta ``context_management``), as the SDK declares them.
+ContextEdit: TypeAlias = Edit
+
+
+class DiagnosticsParam(TypedDict, total=False):
+    previous_message_id: str | None
+
+
+class MessagesRequest(TypedDict, total=False):
+    """A Messages API request body that has passed the API's checks: the fields read from
+    it are declared, any other (``temperature``, ``metadata``, ...) passes along unread."""
+
+    model: Required[str]
+    messages: Required[list[Message]]
+    max_tokens: int
+    stream: bool
+    system: str | list[TextBlock]
+    tools: list[ToolSchema]
+    cache_control: CacheControl
+    diagnostics: DiagnosticsParam | None
+    #: Checked on its own, after the body (it needs the request's beta headers too).
+    context_management: UncheckedJson | None
 
 
 #: A recorded history: checked once on restore, leniently (unknown fields and block types
