@@ -11,6 +11,9 @@ What orchmode reads of a block (text, tool calls, their results, thinking) is de
 other block (``compaction``, ``redacted_thinking``, a server tool's, one this version does not
 know) is an :class:`OtherBlock` that keeps its fields. :data:`HISTORY` checks a recorded
 history on restore, the one place a message arrives untyped.
+
+JSON whose fields are someone else's to define (a tool's input, a schema, a body not yet
+validated) is named for its kind, so a signature says which free-form JSON it takes.
 """
 
 from __future__ import annotations
@@ -36,12 +39,12 @@ from typing_extensions import TypedDict
 JsonObject: TypeAlias = dict[str, Any]
 
 # The free-form kinds: JSON whose fields orchmode does not declare, because someone else
-# defines them. Each is ``dict[str, Any]`` underneath; the name says who that someone is.
+# defines them. Underneath each is a plain dict of Any; the name says who that someone is.
 
 #: A tool call's ``input``: its fields are whatever the tool's own schema asks for.
 ToolInput: TypeAlias = dict[str, Any]
-#: A JSON schema (a tool's ``input_schema``, a typed subtask's ``data``): read by
-#: ``jsonschema`` and by the model, never field by field.
+#: A JSON schema (a tool's ``input_schema``, a typed subtask's ``data``): its keywords are
+#: JSON Schema's, for ``jsonschema`` and the model to read.
 JsonSchema: TypeAlias = dict[str, Any]
 #: A JSON object as it came over HTTP, before validation has said what it is: a request
 #: body, or a part of one that the checks are still reading.

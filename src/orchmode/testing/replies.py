@@ -73,7 +73,7 @@ class ScriptedToolUse(TypedDict, total=False):
 
 
 #: A block a scripted reply holds (a thinking block's ``signature`` is made up if absent).
-ScriptedBlock = TextBlock | ScriptedToolUse | ThinkingBlock
+ScriptedBlock: TypeAlias = TextBlock | ScriptedToolUse | ThinkingBlock
 
 
 #: A response's ``context_management``: its one key, ``applied_edits``, lists the context
