@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import (
+    TYPE_CHECKING,
     Annotated,
     Any,
     Literal,
@@ -30,9 +31,11 @@ from typing import (
     overload,
 )
 
-from anthropic.types.beta.beta_context_management_config_param import Edit
 from pydantic import ConfigDict, Discriminator, Tag, TypeAdapter, ValidationError, with_config
 from typing_extensions import TypedDict
+
+if TYPE_CHECKING:  # the SDK costs a second to import; only its types are needed here
+    from anthropic.types.beta.beta_context_management_config_param import Edit
 
 #: A JSON object of no declared kind. The kinds below say whose business the fields are;
 #: a new site names its kind rather than this.
@@ -155,7 +158,7 @@ class StopDetails(TypedDict, total=False):
 
 
 #: One of the API's context edits (beta ``context_management``), as the SDK declares them.
-ContextEdit: TypeAlias = Edit
+ContextEdit: TypeAlias = "Edit"
 
 
 class DiagnosticsParam(TypedDict, total=False):
