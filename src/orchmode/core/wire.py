@@ -37,10 +37,6 @@ from typing_extensions import TypedDict
 if TYPE_CHECKING:  # the SDK costs a second to import; only its types are needed here
     from anthropic.types.beta.beta_context_management_config_param import Edit
 
-#: A JSON object of no declared kind. The kinds below say whose business the fields are;
-#: a new site names its kind rather than this.
-JsonObject: TypeAlias = dict[str, Any]
-
 # The free-form kinds: JSON whose fields orchmode does not declare, because someone else
 # defines them. Underneath each is a plain dict of Any; the name says who that someone is.
 

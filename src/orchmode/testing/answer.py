@@ -20,6 +20,13 @@ from .cache import CacheUsage, Diagnostics
 from .replies import ContextManagementReply, Reply, ScriptedBlock, ScriptedToolUse
 
 
+class CountedTokens(TypedDict):
+    """``count_tokens``'s answer; ``context_management`` when context edits applied."""
+
+    input_tokens: int
+    context_management: NotRequired[dict[str, int]]
+
+
 class CacheCreation(TypedDict):
     ephemeral_5m_input_tokens: int
     ephemeral_1h_input_tokens: int
