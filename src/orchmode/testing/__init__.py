@@ -1,5 +1,7 @@
 """Test doubles for orchmode: a scripted Anthropic Messages API server over real HTTP."""
 
+from .batch_fate import BatchFate
+from .batch_store import BatchSettings
 from .faults import MIXED, FaultSchedule
 from .replies import (
     Fault,
@@ -16,6 +18,8 @@ from .validate import InvalidRequest, validate_request
 
 __all__ = [
     "MIXED",
+    "BatchFate",
+    "BatchSettings",
     "Fault",
     "FaultKind",
     "FaultSchedule",

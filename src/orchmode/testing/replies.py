@@ -28,6 +28,7 @@ from ..core.wire import (
     UncheckedJson,
     blocks_of,
 )
+from .batch_fate import BatchFate
 from .cache import AppliedEdit, CacheUsage, estimate_tokens
 
 __all__ = [
@@ -289,12 +290,19 @@ class ScriptedRequest:
     """A valid request as the responder sees it.
 
     ``index`` counts requests handed to the responder (0-based, in arrival order), so a
-    scripted list is not thrown off by requests the server rejected on its own.
+    scripted list is not thrown off by requests the server rejected on its own. A request
+    from a message batch names its batch and ``custom_id`` (None when interactive).
     """
 
     index: int
     body: MessagesRequest
     headers: dict[str, str]
+    batch_id: str | None = None
+    custom_id: str | None = None
+
+    @property
+    def batched(self) -> bool:
+        return self.batch_id is not None
 
     @property
     def model(self) -> str:
@@ -424,5 +432,5 @@ class LoggedRequest:
         )
 
 
-Answer = Reply | Fault | Recorded
+Answer = Reply | Fault | Recorded | BatchFate
 Responder = Callable[[ScriptedRequest], Answer | Awaitable[Answer]]

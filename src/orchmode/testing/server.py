@@ -10,6 +10,7 @@ prompt-cache simulation (see :mod:`.cache`), an optional context window,
 ``POST /v1/messages/count_tokens`` and the beta context editing
 (``clear_tool_uses_20250919``). Prompt sizes are the cache module's
 token estimate throughout, so the window, ``count_tokens`` and ``usage`` always agree.
+The Message Batches endpoints are served too, by the same responder: see :mod:`.batches`.
 
 The same scripted model also answers on Amazon Bedrock's and Google Vertex AI's wire
 formats (SigV4 or OAuth, the model in the path, event-stream framing), so the SDK's own
@@ -27,7 +28,6 @@ import asyncio
 import contextlib
 import inspect
 import logging
-import secrets
 import threading
 import time
 from collections.abc import Iterator
@@ -38,7 +38,9 @@ from typing import Any
 from aiohttp import web
 
 from .answer import CountedTokens, _Answer
+from .apikey import check_api_key
 from .arrivals import Arrival, read_arrival
+from .batches import BatchSettings, MessageBatches, Respond
 from .cache import EditedPrompt, PromptCache, apply_context_edits
 from .providers import (
     GOOGLE_TOKEN_PATH,
@@ -51,7 +53,6 @@ from .providers import (
     messages_body,
 )
 from .replies import (
-    Answer,
     Fault,
     LoggedRequest,
     Recorded,
@@ -124,7 +125,8 @@ class ScriptedServer:
     they need only some ``Authorization``. Vertex requests need ``vertex_token`` as their
     bearer token (any token when None), for ``vertex_project`` and ``vertex_region`` when
     those are set; :data:`.providers.GOOGLE_TOKEN_PATH` hands ``vertex_token`` to a
-    service account's JWT grant, for google-auth to refresh against.
+    service account's JWT grant, for google-auth to refresh against. ``batches`` sets the
+    batch endpoints' delay, expiry and limits; their state and counts are ``server.batches``.
     """
 
     def __init__(
@@ -147,6 +149,7 @@ class ScriptedServer:
         vertex_token: str | None = None,
         vertex_project: str | None = None,
         vertex_region: str | None = None,
+        batches: BatchSettings | None = None,
     ) -> None:
         if chunk_size < 1:
             raise ValueError("chunk_size must be >= 1")
@@ -174,6 +177,7 @@ class ScriptedServer:
         self.host = host
         self.port = port
         self.cache = PromptCache()
+        self.batches = MessageBatches(self, batches or BatchSettings())
         #: Block types and fields a replayed recording sent that the SDK does not declare,
         #: as sent: the validation takes them back (see :class:`.replies.Recorded`).
         self.learned_blocks: dict[str, BlockShape] = {}
@@ -241,6 +245,7 @@ class ScriptedServer:
         app = web.Application(client_max_size=_MAX_BODY_BYTES)
         app.router.add_get(LOG_PATH, self._serve_log)
         app.router.add_post(GOOGLE_TOKEN_PATH, self._google_token)
+        self.batches.add_routes(app.router, self._handle)
         app.router.add_route("*", "/{tail:.*}", self._handle)
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=_SHUTDOWN_GRACE)
         await runner.setup()
@@ -258,6 +263,7 @@ class ScriptedServer:
         """Stop listening; unfinished handlers get a short grace period, then are cancelled."""
         runner, self._runner = self._runner, None
         self._url = None
+        self.batches.close()
         if runner is not None:
             await runner.cleanup()
 
@@ -329,13 +335,15 @@ class ScriptedServer:
 
     # ----------------------------------------------------------------- HTTP handling
 
-    async def _handle(self, request: web.Request) -> web.StreamResponse:
+    async def _handle(
+        self, request: web.Request, respond: Respond | None = None
+    ) -> web.StreamResponse:
         """Every request lands here, so every request is logged the same way."""
         request_id = _new_id("req")
         arrival = await read_arrival(request)
         index = self._arrive(arrival.entry)
         try:
-            return await self._respond(request, arrival, index, request_id)
+            return await (respond or self._respond)(request, arrival, index, request_id)
         except Outcome as out:
             response = error_response(arrival.route, out, request_id)
             self._finish(index, response.status, out.outcome)  # as sent: Bedrock's numbers
@@ -443,18 +451,10 @@ class ScriptedServer:
             raise Outcome(
                 refused.status, refused.kind, refused.message, f"auth:{refused.kind}"
             ) from None
-        if route.provider != "anthropic" or self.api_key is None:
-            return
-        key = request.headers.get("x-api-key")
-        if key is None:
-            bearer = request.headers.get("authorization", "")
-            key = bearer[7:] if bearer.lower().startswith("bearer ") else None
-        if key is None:
-            raise Outcome(401, "authentication_error", "x-api-key header is required", "auth")
-        if not secrets.compare_digest(key.encode(), self.api_key.encode()):
-            raise Outcome(401, "authentication_error", "invalid x-api-key", "auth")
+        if route.provider == "anthropic":
+            check_api_key(request.headers, self.api_key)
 
-    async def _ask(self, scripted: ScriptedRequest) -> Answer:
+    async def _ask(self, scripted: ScriptedRequest) -> Reply | Fault | Recorded:
         answer: Any = self.responder(scripted)
         if inspect.isawaitable(answer):
             answer = await answer
