@@ -51,8 +51,11 @@ class BatchItem:
     """One request of a batch: its params as validated, and its result once it has one."""
 
     custom_id: str
-    #: The params as validated, after any context edit: what the model is shown.
-    prompt: EditedPrompt
+    #: The params as validated, after any context edit: what the model is shown; None when
+    #: they are not valid (the API checks params only once the batch runs).
+    prompt: EditedPrompt | None
+    #: Why the params are not valid: what ``POST /v1/messages`` would answer for them.
+    refused: str = ""
     #: The API's result object (``{"type": "succeeded", "message": ...}`` and so on).
     result: ApiObject | None = None
     #: What the scripted model said and how its input was billed, for a succeeded result.

@@ -214,6 +214,9 @@ class MessageBatches:
 
     async def _answer_item(self, batch: Batch, item: BatchItem) -> None:
         server = self._server
+        if item.prompt is None:
+            item.result = _errored("invalid_request_error", item.refused)
+            return
         window = server.context_window
         tokens = item.prompt.input_tokens
         if window is not None and tokens > window:
@@ -240,6 +243,7 @@ class MessageBatches:
     def _settle(self, item: BatchItem, answer: Answer) -> None:
         """Give the item the result its answer makes."""
         if isinstance(answer, Reply):
+            assert item.prompt is not None  # a request with invalid params is not asked
             prepared = self._server._answer(item.prompt, answer)
             item.reply, item.usage = prepared.reply, prepared.cache
             item.result = {"type": "succeeded", "message": prepared.message()}
