@@ -366,14 +366,25 @@ async def test_a_custom_id_used_twice_in_one_batch_is_refused(start: Any) -> Non
     assert message_of(error).startswith("requests.1.custom_id: 'same' is already used")
 
 
-async def test_streaming_is_refused_inside_a_batch(start: Any) -> None:
+async def errored_alone(client: anthropic.AsyncAnthropic, bad: dict[str, Any]) -> Any:
+    """Send ``bad`` in a batch beside a good request; the error of its result, once the
+    batch has ended (the good one must have succeeded)."""
+    requests = [{"custom_id": "bad", "params": bad}, {"custom_id": "good", "params": params()}]
+    batch = await client.messages.batches.create(requests=requests)  # type: ignore[arg-type]
+    ended = await until_ended(client, batch.id)
+    assert (ended.request_counts.errored, ended.request_counts.succeeded) == (1, 1)
+    results = await results_of(client, batch.id)
+    assert results["good"].result.type == "succeeded"
+    result = results["bad"].result
+    assert result.type == "errored"
+    return result.error.error
+
+
+async def test_streaming_inside_a_batch_ends_its_request_errored(start: Any) -> None:
     _, client = await start()
-    requests = [{"custom_id": "s", "params": params(stream=True)}]
-
-    error = await refusal(client.messages.batches.create(requests=requests))  # type: ignore[arg-type]
-
-    assert error.status_code == 400
-    assert message_of(error).startswith("requests.0.params.stream:")
+    error = await errored_alone(client, params(stream=True))
+    assert error.type == "invalid_request_error"
+    assert error.message.startswith("stream:")
 
 
 @pytest.mark.parametrize(
@@ -397,18 +408,17 @@ async def test_streaming_is_refused_inside_a_batch(start: Any) -> None:
     ],
     ids=["no-max-tokens", "zero-max-tokens", "no-messages", "empty-text", "orphan-tool-use"],
 )
-async def test_bad_params_get_the_message_the_messages_endpoint_gives(
+async def test_bad_params_end_errored_with_the_message_the_messages_endpoint_gives(
     start: Any, bad: dict[str, Any]
 ) -> None:
+    """The API checks a batched request's params only once the batch runs: the batch is
+    taken, and the request ends errored with the complaint /v1/messages makes."""
     _, client = await start()
     interactive = await refusal(client.post("/v1/messages", body=bad, cast_to=object))
-
-    batched = await refusal(
-        client.messages.batches.create(requests=[{"custom_id": "p", "params": bad}])  # type: ignore[list-item]
-    )
-
-    assert interactive.status_code == batched.status_code == 400
-    assert message_of(batched) == f"requests.0.params.{message_of(interactive)}"
+    error = await errored_alone(client, bad)
+    assert interactive.status_code == 400
+    assert error.type == "invalid_request_error"
+    assert error.message == message_of(interactive)
 
 
 async def test_the_request_count_and_body_size_limits(start: Any) -> None:
@@ -491,7 +501,7 @@ async def test_every_submission_of_a_custom_id_is_counted(start: Any) -> None:
     await client.messages.batches.create(requests=first[:1])  # type: ignore[arg-type]
     await refusal(
         client.messages.batches.create(
-            requests=[{"custom_id": "c", "params": params(max_tokens=0)}]  # type: ignore[list-item]
+            requests=[{"custom_id": "c d", "params": params()}]  # type: ignore[list-item]
         )
     )
 

@@ -93,6 +93,8 @@ API = {
 
 TESTING = {
     "MIXED",
+    "BatchFate",
+    "BatchSettings",
     "Fault",
     "FaultKind",
     "FaultSchedule",

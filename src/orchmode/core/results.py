@@ -30,7 +30,7 @@ from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
 from pydantic_core import core_schema
 
 from .events import TokenUsage
-from .wire import JsonObject
+from .wire import JsonSchema
 
 
 @dataclass(frozen=True)
@@ -237,7 +237,7 @@ class _ToolSchema(GenerateJsonSchema):
         return generated
 
 
-def report_input_schema() -> JsonObject:
+def report_input_schema() -> JsonSchema:
     """The ``input_schema`` of report_findings, generated from :class:`Report`.
 
     Each finding's schema is written in place rather than referenced from ``$defs``: a typed
@@ -256,5 +256,5 @@ def report_input_schema() -> JsonObject:
             return [inline(item) for item in node]
         return node
 
-    inlined: JsonObject = inline(generated)
+    inlined: JsonSchema = inline(generated)
     return inlined

@@ -33,7 +33,7 @@ from referencing.exceptions import Unresolvable
 
 from .prompts import REPORT_FINDINGS_TOOL
 from .results import Report, TypedReport, check_report
-from .wire import JsonObject, ToolSchema
+from .wire import JsonSchema, ToolSchema
 
 #: How many report_findings calls a typed subtask gets: after this many invalid ones it fails.
 MAX_REPORT_ATTEMPTS = 3
@@ -86,7 +86,7 @@ def check_schema(schema: object) -> str | None:
     return _unresolved_reference(schema, cls) or _endless_loop(schema, cls)
 
 
-def report_tool(schema: JsonObject | None) -> ToolSchema:
+def report_tool(schema: JsonSchema | None) -> ToolSchema:
     """The report_findings tool for an agent: the shared one, or with ``data`` of ``schema``.
 
     ``schema`` goes in as the ``data`` property; its ``#`` pointers are rewritten to point
@@ -105,7 +105,7 @@ def report_tool(schema: JsonObject | None) -> ToolSchema:
     return tool
 
 
-def typed_tools(tools: list[ToolSchema], schema: JsonObject | None) -> list[ToolSchema]:
+def typed_tools(tools: list[ToolSchema], schema: JsonSchema | None) -> list[ToolSchema]:
     """``tools`` with report_findings taking ``data`` of ``schema``; ``tools`` itself without."""
     if schema is None:
         return tools
@@ -113,7 +113,7 @@ def typed_tools(tools: list[ToolSchema], schema: JsonObject | None) -> list[Tool
     return [typed if t.get("name") == typed["name"] else t for t in tools]
 
 
-def validate_data(schema: JsonObject, data: object) -> list[str]:
+def validate_data(schema: JsonSchema, data: object) -> list[str]:
     """Each way ``data`` breaks ``schema``, as ``"<path>: <message>"``; empty when it fits.
 
     Paths read as the agent wrote the data (``data.items[2].score``); the list is sorted by
@@ -137,7 +137,7 @@ def validate_data(schema: JsonObject, data: object) -> list[str]:
     return violations
 
 
-def _asking_again(problems: list[str], schema: JsonObject | None) -> str:
+def _asking_again(problems: list[str], schema: JsonSchema | None) -> str:
     """The error tool result for an invalid report: each problem, and what to send instead."""
     listed = "\n".join(f"- {p}" for p in problems)
     asked = ", and data following the schema of the data property" if schema is not None else ""
@@ -148,7 +148,7 @@ def _asking_again(problems: list[str], schema: JsonObject | None) -> str:
     )
 
 
-def _judge(tool_input: object, schema: JsonObject | None) -> TypedReport | list[str]:
+def _judge(tool_input: object, schema: JsonSchema | None) -> TypedReport | list[str]:
     """The report, or every problem with it as ``"<path>: <message>"``."""
     checked = check_report(tool_input)
     problems = [] if isinstance(checked, Report) else list(checked)
@@ -184,7 +184,7 @@ class ReportAttempts:
     invalid one fails the subtask, naming the problems it still had.
     """
 
-    def __init__(self, schema: JsonObject | None, limit: int = MAX_REPORT_ATTEMPTS) -> None:
+    def __init__(self, schema: JsonSchema | None, limit: int = MAX_REPORT_ATTEMPTS) -> None:
         self.schema = schema
         self.limit = limit
         self.used = 0
@@ -208,7 +208,7 @@ class ReportAttempts:
         )
 
 
-def _unresolved_reference(schema: JsonObject, cls: Any) -> str | None:
+def _unresolved_reference(schema: JsonSchema, cls: Any) -> str | None:
     """The first ``$ref`` that does not resolve within the schema, as an error, else None."""
     registry: Registry[Any] = META_SCHEMAS.combine(Registry())  # no retrieval
     resource = _specification(cls).create_resource(schema)
@@ -233,7 +233,7 @@ def _unresolved_reference(schema: JsonObject, cls: Any) -> str | None:
     return None
 
 
-def _endless_loop(schema: JsonObject, cls: Any) -> str | None:
+def _endless_loop(schema: JsonSchema, cls: Any) -> str | None:
     """An error if checking even the simplest values never ends (``{"$ref": "#"}``), else None."""
     validator = cls(schema, registry=Registry())
     probes: tuple[object, ...] = (None, {}, [])
@@ -253,7 +253,7 @@ def _specification(cls: Any) -> Specification[Any]:
     )
 
 
-def _embedded(schema: JsonObject) -> JsonObject:
+def _embedded(schema: JsonSchema) -> JsonSchema:
     """A copy of ``schema`` whose own ``#`` pointers point under ``#/properties/data``."""
     embedded = copy.deepcopy(schema)
     cls = validator_for(embedded, default=Draft202012Validator)

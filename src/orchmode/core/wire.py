@@ -11,12 +11,16 @@ What orchmode reads of a block (text, tool calls, their results, thinking) is de
 other block (``compaction``, ``redacted_thinking``, a server tool's, one this version does not
 know) is an :class:`OtherBlock` that keeps its fields. :data:`HISTORY` checks a recorded
 history on restore, the one place a message arrives untyped.
+
+JSON whose fields are someone else's to define (a tool's input, a schema, a body not yet
+validated) is named for its kind, so a signature says which free-form JSON it takes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import (
+    TYPE_CHECKING,
     Annotated,
     Any,
     Literal,
@@ -30,9 +34,26 @@ from typing import (
 from pydantic import ConfigDict, Discriminator, Tag, TypeAdapter, ValidationError, with_config
 from typing_extensions import TypedDict
 
-#: A JSON object whose shape is the business of whoever reads it: a tool's ``input``, a
-#: JSON schema, a context edit.
-JsonObject: TypeAlias = dict[str, Any]
+if TYPE_CHECKING:  # the SDK costs a second to import; only its types are needed here
+    from anthropic.types.beta.beta_context_management_config_param import Edit
+
+# The free-form kinds: JSON whose fields orchmode does not declare, because someone else
+# defines them. Underneath each is a plain dict of Any; the name says who that someone is.
+
+#: A tool call's ``input``: its fields are whatever the tool's own schema asks for.
+ToolInput: TypeAlias = dict[str, Any]
+#: A JSON schema (a tool's ``input_schema``, a typed subtask's ``data``): its keywords are
+#: JSON Schema's, for ``jsonschema`` and the model to read.
+JsonSchema: TypeAlias = dict[str, Any]
+#: A JSON object as it came over HTTP, before validation has said what it is: a request
+#: body, or a part of one that the checks are still reading.
+UncheckedJson: TypeAlias = dict[str, Any]
+#: An object of the API's passed along as it came (a citation, a response block while its
+#: deltas arrive, a recorded stream's event): its fields are the API's to define.
+ApiObject: TypeAlias = dict[str, Any]
+#: A JSON object orchmode writes out for people and other programs and never reads back:
+#: an event record for ``--json``, an agent's answer to an orchestration script.
+JsonRecord: TypeAlias = dict[str, Any]
 
 #: Who speaks; ``system`` is a note orchmode adds mid-conversation (folded into the next
 #: user message for endpoints without it).
@@ -52,7 +73,7 @@ class CacheControl(TypedDict):
 class TextBlock(TypedDict, total=False):
     type: Required[Literal["text"]]
     text: Required[str]
-    citations: list[JsonObject] | None
+    citations: list[ApiObject] | None
     cache_control: CacheControl
 
 
@@ -61,7 +82,7 @@ class ToolUseBlock(TypedDict, total=False):
     type: Required[Literal["tool_use"]]
     id: Required[str]
     name: Required[str]
-    input: Required[JsonObject]
+    input: Required[ToolInput]
     cache_control: CacheControl
 
 
@@ -119,8 +140,41 @@ class ToolSchema(TypedDict, total=False):
     name: Required[str]
     type: str
     description: str
-    input_schema: JsonObject
+    input_schema: JsonSchema
     cache_control: CacheControl
+
+
+class StopDetails(TypedDict, total=False):
+    """What a response adds to its ``stop_reason``: a refusal's policy ``category`` and
+    ``explanation``, either of which the API may leave null."""
+
+    type: Required[str]
+    category: str | None
+    explanation: str | None
+
+
+#: One of the API's context edits (beta ``context_management``), as the SDK declares them.
+ContextEdit: TypeAlias = "Edit"
+
+
+class DiagnosticsParam(TypedDict, total=False):
+    previous_message_id: str | None
+
+
+class MessagesRequest(TypedDict, total=False):
+    """A Messages API request body that has passed the API's checks: the fields read from
+    it are declared, any other (``temperature``, ``metadata``, ...) passes along unread."""
+
+    model: Required[str]
+    messages: Required[list[Message]]
+    max_tokens: int
+    stream: bool
+    system: str | list[TextBlock]
+    tools: list[ToolSchema]
+    cache_control: CacheControl
+    diagnostics: DiagnosticsParam | None
+    #: Checked on its own, after the body (it needs the request's beta headers too).
+    context_management: UncheckedJson | None
 
 
 #: A recorded history: checked once on restore, leniently (unknown fields and block types

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ..core.errors import ClusterError, ConfigError
 from ..core.events import EventBus, Role
 from ..core.results import AgentResult
-from ..core.wire import JsonObject
+from ..core.wire import JsonSchema
 
 if TYPE_CHECKING:
     from ..core.agents import AgentDefinition
@@ -48,7 +48,7 @@ class Job:
     tree: TreeJob | None = None
     #: The JSON Schema the report's ``data`` must follow (None: an untyped report); plain
     #: data, so a job pickles for a cluster's nodes.
-    schema: JsonObject | None = field(default=None, hash=False)
+    schema: JsonSchema | None = field(default=None, hash=False)
     #: The role it runs in (its agent definition; None: a plain worker or verifier).
     agent: AgentDefinition | None = None
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from ..core.events import EventBus, Role
 from ..core.results import AgentResult, Report, Status, TypedReport, parse_report
 from ..core.schemas import ReportAttempts
-from ..core.wire import JsonObject, Message, ToolSchema, ToolUseBlock
+from ..core.wire import JsonSchema, Message, ToolSchema, ToolUseBlock
 from ..loop import AgentLoop, Ending, Finish, Gathered, Handler, LoopResult, Outcome, Room, Toolbox
 from ..model.context import Meter, Window
 from ..model.gateway import ModelChoice, ModelGateway
@@ -53,7 +53,7 @@ class Subagent:
     mcp: McpHub | None = None
     role: Role = "worker"
     #: The JSON Schema its report's ``data`` must follow (None: an untyped report).
-    schema: JsonObject | None = None
+    schema: JsonSchema | None = None
     #: Its model and effort (None: its role's, from the settings).
     choice: ModelChoice | None = None
     #: The agent definition it runs in, whose ``tools`` may leave out some MCP tools.

@@ -38,7 +38,7 @@ from ..core.prompts import (
 from ..core.results import AgentResult, Status
 from ..core.schemas import typed_tools
 from ..core.settings import Settings
-from ..core.wire import JsonObject, ToolSchema
+from ..core.wire import JsonSchema, ToolSchema
 from ..executors import Executor, Job, TreeJob, WorkerLost
 from ..executors.local import HERE, LocalExecutor
 from ..executors.parking import PARKING
@@ -329,7 +329,7 @@ class FanoutEngine:
         relay: Relay | None = None,
         hand_on: Relay | None = None,
         tree: TreeJob | None = None,
-        schema: JsonObject | None = None,
+        schema: JsonSchema | None = None,
         agent: AgentDefinition | None = None,
     ) -> AgentResult:
         """One subagent through the store; any failure becomes an error result in its slot.
@@ -376,7 +376,7 @@ class FanoutEngine:
         relay: Relay,
         hand_on: Relay | None,
         tree: TreeJob | None,
-        schema: JsonObject | None = None,
+        schema: JsonSchema | None = None,
         agent: AgentDefinition | None = None,
     ) -> AgentResult:
         isolation = "worktree" if tree is not None else "shared"
@@ -585,7 +585,7 @@ class FanoutEngine:
         return str(self.results.agent_path(role, key))
 
 
-def data_note(schema: JsonObject) -> str:
+def data_note(schema: JsonSchema) -> str:
     """What the verifier is told of a typed result: the schema its ``data`` had to follow."""
     text = json.dumps(schema, ensure_ascii=False, sort_keys=True)
     return (

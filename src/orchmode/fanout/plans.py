@@ -14,7 +14,7 @@ from typing import Any
 from ..core.agents import AgentDefinition
 from ..core.results import summary_of
 from ..core.schemas import check_schema
-from ..core.wire import JsonObject
+from ..core.wire import JsonSchema, ToolInput
 
 #: The keys an object subtask may have.
 SUBTASK_KEYS = ("prompt", "agent", "schema")
@@ -52,7 +52,7 @@ class Subtask:
     """One subtask as an object gives it: its prompt, its result's schema, its role."""
 
     prompt: str
-    schema: JsonObject | None = None
+    schema: JsonSchema | None = None
     agent: AgentDefinition | None = None
 
 
@@ -61,11 +61,11 @@ class Plan:
     subtasks: list[str]
     not_run: int
     #: Each subtask's report schema (None: an untyped report), in the same order.
-    schemas: list[JsonObject | None] = field(default_factory=list)
+    schemas: list[JsonSchema | None] = field(default_factory=list)
     #: Each subtask's role (None: a plain worker), in the same order.
     agents: list[AgentDefinition | None] = field(default_factory=list)
 
-    def schema_of(self, index: int) -> JsonObject | None:
+    def schema_of(self, index: int) -> JsonSchema | None:
         """Subtask ``index``'s schema (0-based); None when it has none."""
         return self.schemas[index] if index < len(self.schemas) else None
 
@@ -189,7 +189,7 @@ def _plan_objects(
 
 
 def subtask_object(
-    item: JsonObject, roles: Mapping[str, AgentDefinition] | None = None
+    item: ToolInput, roles: Mapping[str, AgentDefinition] | None = None
 ) -> Subtask | str:
     """An object subtask, or what is wrong with it: ``agent`` must name one of ``roles``."""
     extra = sorted(str(k) for k in item if k not in SUBTASK_KEYS)

@@ -41,7 +41,7 @@ from ..core.errors import OrchmodeError
 from ..core.events import Role, ScriptDone, ScriptStarted
 from ..core.prompts import verify_prompt
 from ..core.results import AgentResult, Status
-from ..core.wire import JsonObject
+from ..core.wire import JsonRecord
 from ..executors import TreeJob
 from ..trees.patches import describe_change
 from .engine import FanoutEngine, data_note
@@ -308,7 +308,7 @@ class ScriptRun:
             tree = replace(tree, writable=False)  # its bash only reads the tree
         return tree
 
-    async def _agent(self, subtask: Subtask, where: str) -> JsonObject:
+    async def _agent(self, subtask: Subtask, where: str) -> JsonRecord:
         (index,) = self._take(1, "agent()")
         tree = await self._tree_for(index, where, subtask)
         result = await self._run(index, "worker", subtask, tree)
@@ -320,7 +320,7 @@ class ScriptRun:
         where: str,
         agent: object = None,
         schema: object = None,
-    ) -> list[JsonObject]:
+    ) -> list[JsonRecord]:
         if not isinstance(prompts, list | tuple):
             raise TypeError(f"parallel() takes a list of prompts, not {type(prompts).__name__}")
         subtasks = [
@@ -349,7 +349,7 @@ class ScriptRun:
 
     def _answer(
         self, index: int, subtask: Subtask, result: AgentResult, tree: TreeJob | None
-    ) -> JsonObject:
+    ) -> JsonRecord:
         """agent()'s value; an isolated worker's is remembered, and names its change, so
         that verify() can check the change and the merge at the end can find it."""
         answer = agent_answer(result)
@@ -363,7 +363,7 @@ class ScriptRun:
             answer["change"] = {"agent": index, "files": describe_change(change)}
         return answer
 
-    async def _verify(self, prompt: object, result: object) -> JsonObject:
+    async def _verify(self, prompt: object, result: object) -> JsonRecord:
         subtask = prompt_of("verify", prompt)
         if isinstance(result, dict) and "error" in result:
             why = (

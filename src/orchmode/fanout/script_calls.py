@@ -8,7 +8,7 @@ from typing import Any, NotRequired, TypedDict
 
 from ..core.agents import AgentDefinition
 from ..core.results import AgentResult
-from ..core.wire import JsonObject
+from ..core.wire import JsonRecord
 from .plans import Subtask, subtask_object
 
 #: The host functions by name, with their parameters (``log`` takes any number of values).
@@ -66,7 +66,7 @@ class BudgetAnswer(TypedDict):
     cost_left: NotRequired[float]
 
 
-def agent_answer(result: AgentResult) -> JsonObject:
+def agent_answer(result: AgentResult) -> JsonRecord:
     """What ``agent()`` returns: the report as a dict, or an error dict."""
     if not result.finished:
         return {"error": result.text, "status": result.status.value}

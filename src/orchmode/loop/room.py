@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..core.events import ContextCompacted, EventBus
-from ..core.wire import JsonObject, Message, ToolSchema
+from ..core.wire import ContextEdit, Message, ToolSchema
 from ..model.context import ESTIMATE_SLACK, Meter, Saver, Window, compact
 from ..model.gateway import ModelGateway
 from ..model.reply import ModelReply
@@ -49,7 +49,7 @@ class Room:
     #: The model the agent runs on, which counts its tokens (None: the main agent's).
     model: str | None = None
 
-    def context_edits(self) -> list[JsonObject] | None:
+    def context_edits(self) -> list[ContextEdit] | None:
         """The API's context editing, asked for while the endpoint takes it."""
         w = self.window
         if w is None or not self.api_edits or not self.gateway.context_editing:

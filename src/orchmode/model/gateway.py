@@ -30,7 +30,7 @@ from ..core.events import (
     TokenUsage,
 )
 from ..core.settings import Settings
-from ..core.wire import JsonObject, Message, ToolSchema
+from ..core.wire import ContextEdit, Message, ToolSchema
 from .batches import BatchDesk
 from .failures import BetaRefused, FailureWords
 from .limits import AdaptiveLimit
@@ -70,7 +70,7 @@ class _Request:
     tools: Sequence[ToolSchema]
     on_text: Callable[[str], None] | None
     previous_message_id: str | None
-    context_edits: Sequence[JsonObject] | None
+    context_edits: Sequence[ContextEdit] | None
 
 
 @dataclass(frozen=True)
@@ -163,7 +163,7 @@ class ModelGateway:
         on_text: Callable[[str], None] | None = None,
         previous_message_id: str | None = None,
         on_send: Callable[[], None] | None = None,
-        context_edits: Sequence[JsonObject] | None = None,
+        context_edits: Sequence[ContextEdit] | None = None,
         choice: ModelChoice | None = None,
     ) -> ModelReply:
         """Stream one response to the end and return it; raise an ``OrchmodeError`` on failure.
@@ -294,7 +294,7 @@ class ModelGateway:
         tools: Sequence[ToolSchema],
         on_text: Callable[[str], None] | None,
         previous_message_id: str | None,
-        context_edits: Sequence[JsonObject] | None,
+        context_edits: Sequence[ContextEdit] | None,
         choice: ModelChoice,
     ) -> ModelReply:
         builder = ReplyBuilder()
@@ -397,7 +397,7 @@ class ModelGateway:
         system: str,
         messages: Sequence[Message],
         tools: Sequence[ToolSchema],
-        context_edits: Sequence[JsonObject] | None = None,
+        context_edits: Sequence[ContextEdit] | None = None,
         model: str | None = None,
     ) -> int | None:
         """The API's own count of a request's input (after its context edits, if any), or

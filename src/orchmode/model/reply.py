@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
 from ..core.errors import StreamInterrupted
 from ..core.events import ModelRefused, TokenUsage
-from ..core.wire import Block, JsonObject, ToolUseBlock, blocks_of, joined_text
+from ..core.wire import (
+    ApiObject,
+    Block,
+    StopDetails,
+    ToolInput,
+    ToolUseBlock,
+    blocks_of,
+    joined_text,
+)
 
 
 @dataclass(frozen=True)
@@ -29,7 +38,7 @@ class ModelReply:
     #: Times the request was tried again before this answer.
     retries: int = 0
     #: The API's ``stop_details`` (a refusal's ``category`` and ``explanation``), as sent.
-    stop_details: JsonObject | None = None
+    stop_details: StopDetails | None = None
     #: Answered from a Message Batch, at the batch price.
     batched: bool = False
 
@@ -46,7 +55,7 @@ class ModelReply:
         """A refusal's ``stop_details`` (its agent left blank); None for any other stop."""
         if self.stop_reason != "refusal":
             return None
-        details = self.stop_details or {}
+        details: Mapping[str, object] = self.stop_details or {}
         category, explanation = details.get("category"), details.get("explanation")
         return ModelRefused(
             "",
@@ -72,10 +81,10 @@ class ReplyBuilder:
         self.message_id = ""
         self.model = ""
         self.stop_reason: str | None = None
-        self.stop_details: JsonObject | None = None
+        self.stop_details: StopDetails | None = None
         #: The blocks by their index in the response (the API numbers them from 0), as the
         #: API's JSON while their deltas come in.
-        self.blocks: dict[int, JsonObject] = {}
+        self.blocks: dict[int, ApiObject] = {}
         self.json_parts: dict[int, list[str]] = {}
         self.open: set[int] = set()
         self.usage: dict[str, int] = {}
@@ -137,7 +146,7 @@ class ReplyBuilder:
             self.stop_reason = event.delta.stop_reason
             details = getattr(event.delta, "stop_details", None)
             if details is not None:
-                self.stop_details = _as_json(details)
+                self.stop_details = cast(StopDetails, _as_json(details))  # the API's own
             self._take_usage(event.usage)
             managed = getattr(event, "context_management", None)
             for edit in getattr(managed, "applied_edits", None) or []:
@@ -202,7 +211,7 @@ def reply_of_message(message: Any) -> ModelReply:
     builder.model = str(message.get("model", "") or "")
     builder.stop_reason = message.get("stop_reason")
     details = message.get("stop_details")
-    builder.stop_details = dict(details) if isinstance(details, dict) else None
+    builder.stop_details = cast(StopDetails, dict(details)) if isinstance(details, dict) else None
     usage = message.get("usage") or {}
     builder.usage = {name: int(usage[name]) for name in _USAGE if isinstance(usage.get(name), int)}
     content = message.get("content") or []
@@ -218,18 +227,18 @@ _USAGE = (
 )
 
 
-def _as_json(value: Any) -> JsonObject:
+def _as_json(value: Any) -> ApiObject:
     """An SDK object as the API's JSON: its fields by the API's names, only those the API
     sent (an explicit null kept), fields the SDK does not declare kept as they came."""
     if isinstance(value, dict):
         return dict(value)
     return cast(
-        JsonObject,
+        ApiObject,
         value.model_dump(mode="json", by_alias=True, exclude_unset=True, warnings=False),
     )
 
 
-def _add_compaction(block: JsonObject, delta: JsonObject) -> None:
+def _add_compaction(block: ApiObject, delta: ApiObject) -> None:
     """A ``compaction_delta`` into its block: the summary (``content``) is streamed in
     pieces and joined; ``encrypted_content`` is opaque, so the latest one sent stands."""
     piece = delta.get("content")
@@ -240,7 +249,7 @@ def _add_compaction(block: JsonObject, delta: JsonObject) -> None:
         block["encrypted_content"] = secret
 
 
-def _tool_input(raw: str) -> JsonObject:
+def _tool_input(raw: str) -> ToolInput:
     """A tool call's input; malformed JSON is kept visibly so the tool can say what is wrong."""
     if not raw.strip():
         return {}
@@ -251,7 +260,7 @@ def _tool_input(raw: str) -> JsonObject:
     return value if isinstance(value, dict) else {"_unparsed_input": raw}
 
 
-def _request_block(block: JsonObject) -> Block | None:
+def _request_block(block: ApiObject) -> Block | None:
     """A response block as the next request sends it back: as it came, except that a text
     block with no visible text, which the API refuses in a request, is left out."""
     if block.get("type") == "text" and not str(block.get("text", "")).strip():

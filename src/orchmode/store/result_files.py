@@ -24,7 +24,7 @@ from pathlib import Path
 
 from ..core.pids import pid_alive
 from ..core.secrets import Masker
-from ..core.wire import JsonObject
+from ..core.wire import JsonRecord
 
 log = logging.getLogger("orchmode")
 
@@ -65,7 +65,7 @@ class ResultFiles:
     def agent_path(self, role: str, key: str) -> Path:
         return self.directory / f"{role}-{key[:12]}.json"
 
-    def write_agent(self, role: str, key: str, record: JsonObject) -> str:
+    def write_agent(self, role: str, key: str, record: JsonRecord) -> str:
         """Write an agent's record; its path (even if writing failed, the name is stable)."""
         path = self.agent_path(role, key)
         self._write(path, json.dumps(record, ensure_ascii=False, indent=2) + "\n")

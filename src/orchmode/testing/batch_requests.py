@@ -1,9 +1,10 @@
 """The create-batch body checked as the Message Batches API checks it, request by request.
 
-Each request's ``params`` go through the same validation as a ``POST /v1/messages`` body
-(the caller passes it in), so a harness that sends a malformed turn in a batch hears the
-same complaint it would hear interactively, under the request's own path
-(``requests.3.params.messages: ...``).
+The envelope (the list, each ``custom_id``, the limits) is refused at once. Each request's
+``params`` go through the same validation as a ``POST /v1/messages`` body (the caller
+passes it in), but as the API does it, once the batch runs: a malformed request ends
+``errored`` with the complaint it would have heard interactively, and the others in its
+batch are answered.
 """
 
 from __future__ import annotations
@@ -75,12 +76,11 @@ def _read_request(i: int, request: Any, prepare: Prepare) -> BatchItem:
     if not isinstance(params, dict):
         raise invalid(f"{path}.params: Input should be a valid dictionary")
     if params.get("stream") is True:
-        raise invalid(f"{path}.params.stream: streaming is not supported in a message batch")
+        return BatchItem(custom_id, None, "stream: streaming is not supported in a message batch")
     try:
-        prompt = prepare(params)
+        return BatchItem(custom_id, prepare(params))
     except Outcome as out:
-        raise invalid(f"{path}.params.{out.message}") from None
-    return BatchItem(custom_id, prompt)
+        return BatchItem(custom_id, None, out.message)
 
 
 def _custom_id(value: Any, path: str) -> str:

@@ -19,7 +19,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Literal
 
 from ..core.events import TokenUsage
-from ..core.wire import JsonObject
+from ..core.wire import ApiObject, JsonRecord
 from .cache import CacheUsage, EditedPrompt
 from .replies import Reply, _new_id
 
@@ -51,10 +51,13 @@ class BatchItem:
     """One request of a batch: its params as validated, and its result once it has one."""
 
     custom_id: str
-    #: The params as validated, after any context edit: what the model is shown.
-    prompt: EditedPrompt
+    #: The params as validated, after any context edit: what the model is shown; None when
+    #: they are not valid (the API checks params only once the batch runs).
+    prompt: EditedPrompt | None
+    #: Why the params are not valid: what ``POST /v1/messages`` would answer for them.
+    refused: str = ""
     #: The API's result object (``{"type": "succeeded", "message": ...}`` and so on).
-    result: JsonObject | None = None
+    result: ApiObject | None = None
     #: What the scripted model said and how its input was billed, for a succeeded result.
     reply: Reply | None = None
     usage: CacheUsage | None = None
@@ -106,7 +109,7 @@ class Batch:
             counts[str((item.result or {}).get("type", "expired"))] += 1
         return counts
 
-    def as_json(self, origin: str) -> JsonObject:
+    def as_json(self, origin: str) -> JsonRecord:
         """The ``MessageBatch`` object; ``origin`` is where its results can be fetched."""
         ended = self.status == "ended"
         return {

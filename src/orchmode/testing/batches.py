@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
-from ..core.wire import JsonObject
+from ..core.wire import ApiObject, JsonRecord
 from .answer import _Answer
 from .apikey import check_api_key
 from .arrivals import Arrival
@@ -172,7 +172,7 @@ class MessageBatches:
         if has_more:
             page = page[1:] if before_id is not None else page[:limit]
         origin = str(request.url.origin())
-        answer: JsonObject = {
+        answer: JsonRecord = {
             "data": [batch.as_json(origin) for batch in page],
             "has_more": has_more,
             "first_id": page[0].id if page else None,
@@ -214,6 +214,9 @@ class MessageBatches:
 
     async def _answer_item(self, batch: Batch, item: BatchItem) -> None:
         server = self._server
+        if item.prompt is None:
+            item.result = _errored("invalid_request_error", item.refused)
+            return
         window = server.context_window
         tokens = item.prompt.input_tokens
         if window is not None and tokens > window:
@@ -240,6 +243,7 @@ class MessageBatches:
     def _settle(self, item: BatchItem, answer: Answer) -> None:
         """Give the item the result its answer makes."""
         if isinstance(answer, Reply):
+            assert item.prompt is not None  # a request with invalid params is not asked
             prepared = self._server._answer(item.prompt, answer)
             item.reply, item.usage = prepared.reply, prepared.cache
             item.result = {"type": "succeeded", "message": prepared.message()}
@@ -272,5 +276,5 @@ async def _ask(answer: Any) -> Answer:
     return answer
 
 
-def _errored(kind: str, message: str) -> JsonObject:
+def _errored(kind: str, message: str) -> ApiObject:
     return {"type": "errored", "error": error_body(kind, message, _new_id("req"))}

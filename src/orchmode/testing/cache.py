@@ -38,14 +38,16 @@ import hashlib
 import json
 import threading
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, NotRequired, TypedDict
 
-from ..core.wire import JsonObject
+from ..core.wire import MessagesRequest
 
 __all__ = [
     "CLEARED_TOOL_RESULT",
+    "AppliedEdit",
     "CacheUsage",
     "ClearToolUses",
+    "Diagnostics",
     "EditedPrompt",
     "PromptCache",
     "apply_context_edits",
@@ -97,7 +99,7 @@ def _ttl(marker: Any) -> str | None:
     return "1h" if marker.get("ttl") == "1h" else "5m"
 
 
-def _segments(body: JsonObject) -> list[_Segment]:
+def _segments(body: MessagesRequest) -> list[_Segment]:
     segments: list[_Segment] = []
     for tool in body.get("tools") or []:
         ttl = _ttl(tool.get("cache_control")) if isinstance(tool, dict) else None
@@ -136,6 +138,17 @@ class CacheUsage:
         return self.input_tokens + self.cache_creation_input_tokens + self.cache_read_input_tokens
 
 
+class CacheMissReason(TypedDict):
+    type: str
+    cache_missed_input_tokens: NotRequired[int]
+
+
+class Diagnostics(TypedDict):
+    """A response's ``diagnostics``: why its prompt missed the cache, if it did."""
+
+    cache_miss_reason: CacheMissReason | None
+
+
 @dataclass(frozen=True)
 class _Fingerprint:
     """What diagnostics need to remember about a request that produced a message."""
@@ -165,7 +178,7 @@ class PromptCache:
         self._every_prefix: set[tuple[str, str]] = set()
         self._fingerprints: dict[str, _Fingerprint] = {}
 
-    def account(self, body: JsonObject) -> CacheUsage:
+    def account(self, body: MessagesRequest) -> CacheUsage:
         """Bill ``body`` against the cache, then remember its breakpoint prefixes."""
         model = str(body.get("model", ""))
         segments = _segments(body)
@@ -205,13 +218,13 @@ class PromptCache:
             ideal_read_tokens=cumulative[ideal] // _CHARS_PER_TOKEN,
         )
 
-    def remember(self, message_id: str, body: JsonObject) -> None:
+    def remember(self, message_id: str, body: MessagesRequest) -> None:
         """Record the request that produced ``message_id`` for later diagnostics."""
         fingerprint = _fingerprint(body)
         with self._lock:
             self._fingerprints[message_id] = fingerprint
 
-    def diagnose(self, body: JsonObject) -> JsonObject | None:
+    def diagnose(self, body: MessagesRequest) -> Diagnostics | None:
         """The response's ``diagnostics`` object, or None when the request did not ask."""
         request = body.get("diagnostics")
         if not isinstance(request, dict):
@@ -249,7 +262,7 @@ def _digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def _fingerprint(body: JsonObject) -> _Fingerprint:
+def _fingerprint(body: MessagesRequest) -> _Fingerprint:
     """Hashes and sizes only: a benchmark may keep thousands of these."""
     tools = canonical_json(_strip_cache_control(body.get("tools") or []))
     system = canonical_json(_strip_cache_control(_blocks(body.get("system"))))
@@ -272,7 +285,7 @@ def _fingerprint(body: JsonObject) -> _Fingerprint:
 # --------------------------------------------------------------------------- prompt size
 
 
-def prompt_tokens(body: JsonObject) -> int:
+def prompt_tokens(body: MessagesRequest) -> int:
     """The prompt's size as billed: what ``account`` splits into input, read and write.
 
     The window check, ``count_tokens`` and the context edits use this one number, so a
@@ -311,6 +324,14 @@ class ClearToolUses:
         return name in self.clear_inputs
 
 
+class AppliedEdit(TypedDict):
+    """One context edit as the response's ``context_management.applied_edits`` reports it."""
+
+    type: str
+    cleared_tool_uses: int
+    cleared_input_tokens: int
+
+
 @dataclass(frozen=True)
 class EditedPrompt:
     """A request after its context edits: what the model sees, is cached and is billed.
@@ -319,10 +340,10 @@ class EditedPrompt:
     the response's ``context_management.applied_edits`` (``[]`` when nothing applied).
     """
 
-    body: JsonObject
+    body: MessagesRequest
     input_tokens: int
     original_input_tokens: int
-    applied_edits: list[JsonObject] | None
+    applied_edits: list[AppliedEdit] | None
 
 
 @dataclass(frozen=True)
@@ -333,7 +354,7 @@ class _ToolUse:
     name: str
 
 
-def apply_context_edits(body: JsonObject, edits: list[ClearToolUses] | None) -> EditedPrompt:
+def apply_context_edits(body: MessagesRequest, edits: list[ClearToolUses] | None) -> EditedPrompt:
     """Run ``edits`` in order over a validated request, without touching ``body`` itself.
 
     ``edits=None`` means the request carried no ``context_management``.
@@ -341,7 +362,7 @@ def apply_context_edits(body: JsonObject, edits: list[ClearToolUses] | None) -> 
     original = prompt_tokens(body)
     if edits is None:
         return EditedPrompt(body, original, original, None)
-    applied: list[JsonObject] = []
+    applied: list[AppliedEdit] = []
     current, tokens = body, original
     for edit in edits:
         result = _clear_tool_uses(current, tokens, edit)
@@ -385,8 +406,8 @@ def _tool_results(messages: list[Any]) -> dict[str, tuple[int, int]]:
 
 
 def _clear_tool_uses(
-    body: JsonObject, tokens: int, edit: ClearToolUses
-) -> tuple[JsonObject, int, int] | None:
+    body: MessagesRequest, tokens: int, edit: ClearToolUses
+) -> tuple[MessagesRequest, int, int] | None:
     """The edited body, tool uses cleared and its new size; None when nothing applies.
 
     When triggered, every tool use older than the last ``keep`` (counted over the whole
@@ -433,7 +454,7 @@ def _clear_tool_uses(
         return None
     for i, blocks in copied.items():
         messages[i] = {**messages[i], "content": blocks}
-    edited = {**body, "messages": messages}
+    edited: MessagesRequest = {**body, "messages": messages}
     after = prompt_tokens(edited)
     if edit.clear_at_least is not None and tokens - after < edit.clear_at_least:
         return None

@@ -35,10 +35,10 @@ import secrets
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 from urllib.parse import unquote
 
-from ..core.wire import JsonObject
+from ..core.wire import UncheckedJson
 from .validate import InvalidRequest
 
 __all__ = [
@@ -134,7 +134,7 @@ def messages_body(route: Route, body: Any, betas: set[str]) -> tuple[Any, set[st
     return _vertex_body(route, body), betas
 
 
-def _bedrock_body(route: Route, body: JsonObject) -> tuple[JsonObject, set[str]]:
+def _bedrock_body(route: Route, body: UncheckedJson) -> tuple[UncheckedJson, set[str]]:
     def malformed(problem: str) -> InvalidRequest:
         return InvalidRequest(
             f"Malformed input request: {problem}, please reformat your input and try again."
@@ -158,7 +158,7 @@ def _bedrock_body(route: Route, body: JsonObject) -> tuple[JsonObject, set[str]]
     return body, set(names)
 
 
-def _vertex_body(route: Route, body: JsonObject) -> JsonObject:
+def _vertex_body(route: Route, body: UncheckedJson) -> UncheckedJson:
     version = body.pop("anthropic_version", None)
     if route.counting:
         if version not in (None, VERTEX_VERSION):
@@ -419,7 +419,18 @@ _GOOGLE_UNAUTHENTICATED = (
 )
 
 
-def google_token_answer(form: Mapping[str, str], token: str) -> tuple[int, JsonObject]:
+class OAuthError(TypedDict):
+    error: str
+    error_description: str
+
+
+class OAuthToken(TypedDict):
+    access_token: str
+    expires_in: int
+    token_type: str
+
+
+def google_token_answer(form: Mapping[str, str], token: str) -> tuple[int, OAuthError | OAuthToken]:
     """Google's OAuth token endpoint, for a service account's JWT-bearer grant."""
     if form.get("grant_type") != _JWT_BEARER:
         return 400, {"error": "unsupported_grant_type", "error_description": "Invalid grant_type"}
@@ -451,9 +462,13 @@ _BEDROCK_WORDS = {
 }
 
 
+class BedrockError(TypedDict):
+    message: str
+
+
 def bedrock_error(
     status: int, kind: str, message: str, request_id: str
-) -> tuple[int, JsonObject, dict[str, str]]:
+) -> tuple[int, BedrockError, dict[str, str]]:
     """Status, body and headers of a Bedrock error for one of the Messages API's (or one
     already named the AWS way, as the signature checks name theirs)."""
     if kind in _BEDROCK_ERRORS:
@@ -469,7 +484,19 @@ def bedrock_error(
 _GOOGLE_STATUS = {401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED", 404: "NOT_FOUND"}
 
 
-def google_error(status: int, message: str) -> JsonObject:
+class GoogleErrorDetail(TypedDict):
+    code: int
+    message: str
+    status: str
+
+
+class GoogleError(TypedDict):
+    """Google's error body, for what the Vertex front end itself refuses."""
+
+    error: GoogleErrorDetail
+
+
+def google_error(status: int, message: str) -> GoogleError:
     """Google's error body, for what the Vertex front end itself refuses."""
     return {"error": {"code": status, "message": message, "status": _GOOGLE_STATUS.get(status, "")}}
 
@@ -499,7 +526,7 @@ def _frame(headers: dict[str, str], payload: bytes) -> bytes:
     return message + struct.pack("!I", binascii.crc32(message))
 
 
-def bedrock_frame(data: JsonObject) -> bytes:
+def bedrock_frame(data: Mapping[str, object]) -> bytes:
     """One Messages API event as Bedrock streams it: a ``chunk`` holding its JSON, base64,
     with the random padding Bedrock adds so a frame's length says nothing."""
     event = json.dumps(data, ensure_ascii=False).encode()

@@ -10,15 +10,26 @@ from __future__ import annotations
 import copy
 import json
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, Literal, Required, TypeAlias, TypedDict, get_args
 
 from ..core.events import TokenUsage
-from ..core.wire import JsonObject
+from ..core.wire import (
+    ApiObject,
+    Message,
+    MessagesRequest,
+    TextBlock,
+    ThinkingBlock,
+    ToolInput,
+    ToolResultBlock,
+    ToolSchema,
+    UncheckedJson,
+    blocks_of,
+)
 from .batch_fate import BatchFate
-from .cache import CacheUsage, estimate_tokens
+from .cache import AppliedEdit, CacheUsage, estimate_tokens
 
 __all__ = [
     "Fault",
@@ -27,6 +38,7 @@ __all__ = [
     "Recorded",
     "Reply",
     "Responder",
+    "ScriptedBlock",
     "ScriptedRequest",
     "StopReason",
 ]
@@ -52,6 +64,24 @@ def _new_id(prefix: str) -> str:
     return f"{prefix}_{secrets.token_urlsafe(18).replace('-', 'A').replace('_', 'B')}"
 
 
+class ScriptedToolUse(TypedDict, total=False):
+    """A scripted tool call: its ``id`` is made up when the script gives none."""
+
+    type: Required[Literal["tool_use"]]
+    id: str
+    name: Required[str]
+    input: Required[ToolInput]
+
+
+#: A block a scripted reply holds (a thinking block's ``signature`` is made up if absent).
+ScriptedBlock: TypeAlias = TextBlock | ScriptedToolUse | ThinkingBlock
+
+
+#: A response's ``context_management``: its one key, ``applied_edits``, lists the context
+#: edits the request had applied. (A plain dict: the server builds it as a bare literal.)
+ContextManagementReply: TypeAlias = dict[str, list[AppliedEdit]]
+
+
 @dataclass
 class Reply:
     """What the scripted model answers: API content blocks plus stop reason and pacing.
@@ -61,7 +91,7 @@ class Reply:
     between streamed events, to simulate a token rate.
     """
 
-    content: list[JsonObject]
+    content: list[ScriptedBlock]
     stop_reason: str | None = None
     delay: float = 0.0
     output_tokens: int | None = None
@@ -93,17 +123,17 @@ class Reply:
     def tool_use(
         cls,
         name: str,
-        input: JsonObject,
+        input: ToolInput,
         *,
         id: str | None = None,
         preamble: str | None = None,
         **kwargs: Any,
     ) -> Reply:
         """A single tool call, optionally preceded by some text."""
-        block: JsonObject = {"type": "tool_use", "name": name, "input": input}
+        block: ScriptedToolUse = {"type": "tool_use", "name": name, "input": input}
         if id is not None:
             block["id"] = id
-        content = [{"type": "text", "text": preamble}] if preamble else []
+        content: list[ScriptedBlock] = [{"type": "text", "text": preamble}] if preamble else []
         return cls([*content, block], **kwargs)
 
     @property
@@ -116,7 +146,7 @@ class Reply:
 
     def finalised(self) -> Reply:
         """A deep copy with tool_use ids, stop reason and output tokens filled in."""
-        content: list[JsonObject] = []
+        content: list[ScriptedBlock] = []
         for block in copy.deepcopy(self.content):
             if block["type"] == "tool_use":
                 tool_id = block.pop("id", None) or _new_id("toolu")
@@ -169,7 +199,7 @@ class Fault:
 
 
 #: One server-sent event: its name and its data (a JSON object, or the text as it came).
-SseEvent = tuple[str, JsonObject | str]
+SseEvent = tuple[str, Mapping[str, object] | str]
 
 
 @dataclass
@@ -205,7 +235,7 @@ class Recorded:
                 continue
             raw = "\n".join(data)
             try:
-                value: JsonObject | str = json.loads(raw)
+                value: ApiObject | str = json.loads(raw)
             except ValueError:
                 value = raw
             if not name and isinstance(value, dict):
@@ -219,14 +249,14 @@ class Recorded:
         kwargs.setdefault("name", source.stem)
         return cls.from_sse(source.read_text(encoding="utf-8"), **kwargs)
 
-    def blocks(self) -> list[JsonObject]:
+    def blocks(self) -> list[ApiObject]:
         """The content blocks as their ``content_block_start`` events opened them."""
         return [
-            data["content_block"]
+            block
             for name, data in self.events
             if name == "content_block_start"
             and isinstance(data, dict)
-            and isinstance(data.get("content_block"), dict)
+            and isinstance(block := data.get("content_block"), dict)
         ]
 
     def fresh(self) -> list[SseEvent]:
@@ -265,7 +295,7 @@ class ScriptedRequest:
     """
 
     index: int
-    body: JsonObject
+    body: MessagesRequest
     headers: dict[str, str]
     batch_id: str | None = None
     custom_id: str | None = None
@@ -288,18 +318,18 @@ class ScriptedRequest:
         return _flatten_text(self.body.get("system", ""))
 
     @property
-    def messages(self) -> list[JsonObject]:
+    def messages(self) -> list[Message]:
         return list(self.body.get("messages", []))
 
     @property
-    def tools(self) -> list[JsonObject]:
+    def tools(self) -> list[ToolSchema]:
         return list(self.body.get("tools") or [])
 
     @property
     def tool_names(self) -> set[str]:
         return {str(t.get("name")) for t in self.tools}
 
-    def _last_user(self) -> JsonObject | None:
+    def _last_user(self) -> Message | None:
         return next((m for m in reversed(self.messages) if m.get("role") == "user"), None)
 
     @property
@@ -309,13 +339,25 @@ class ScriptedRequest:
         return _flatten_text(message["content"]) if message else ""
 
     @property
-    def tool_results(self) -> list[JsonObject]:
+    def tool_results(self) -> list[ToolResultBlock]:
         """The tool_result blocks of the final user message."""
         message = self._last_user()
-        content = message["content"] if message else []
-        if not isinstance(content, list):
-            return []
-        return [b for b in content if isinstance(b, dict) and b.get("type") == "tool_result"]
+        return blocks_of(message["content"] if message else [], "tool_result")
+
+
+class RequestSummary(TypedDict):
+    """A log entry as another process reads it (see :meth:`LoggedRequest.summary`)."""
+
+    index: int
+    path: str
+    provider: str
+    started: float
+    finished: float | None
+    status: int | None
+    outcome: str
+    first_user_text: str | None
+    usage: dict[str, int] | None
+    prompt_tokens: int | None
 
 
 @dataclass(frozen=True)
@@ -335,7 +377,7 @@ class LoggedRequest:
     index: int
     method: str
     path: str
-    body: JsonObject
+    body: UncheckedJson
     headers: dict[str, str]
     started: float
     status: int | None = None
@@ -348,7 +390,7 @@ class LoggedRequest:
     #: The prompt's size after context edits, once the request validated (count_tokens too).
     prompt_tokens: int | None = None
     #: The response's ``context_management`` (``applied_edits``), when the request had one.
-    context_management: JsonObject | None = None
+    context_management: ContextManagementReply | None = None
     #: TCP_NODELAY as read back from the server's side of the connection.
     tcp_nodelay: bool | None = None
     #: ``anthropic``, ``bedrock`` or ``vertex``: whose wire format the request used.
@@ -358,7 +400,7 @@ class LoggedRequest:
     def duration(self) -> float | None:
         return None if self.finished is None else self.finished - self.started
 
-    def summary(self) -> JsonObject:
+    def summary(self) -> RequestSummary:
         """The entry as JSON for another process: timings on the server's monotonic clock,
         and of the body only the first user message (enough to tell which agent sent it)."""
         messages = self.body.get("messages") if isinstance(self.body, dict) else None

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from aiohttp import web
 
-from ..core.wire import JsonObject
-from .answer import _Answer
+from .answer import ErrorBody, InvocationMetrics, MessageStop, StreamEvent, _Answer
 from .providers import (
     Route,
     bedrock_error,
@@ -68,12 +67,12 @@ def fault_refusal(fault: Fault, streaming: bool, rate_limit_retry_after: float) 
     return None
 
 
-def sse(name: str, data: JsonObject | str) -> bytes:
+def sse(name: str, data: Mapping[str, object] | str) -> bytes:
     text = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
     return f"event: {name}\ndata: {text}\n\n".encode()
 
 
-def error_body(kind: str, message: str, request_id: str) -> JsonObject:
+def error_body(kind: str, message: str, request_id: str) -> ErrorBody:
     return {"type": "error", "error": {"type": kind, "message": message}, "request_id": request_id}
 
 
@@ -110,24 +109,29 @@ def answer_headers(route: Route, request_id: str, answer: _Answer) -> dict[str, 
 
 
 def with_invocation_metrics(
-    events: list[tuple[str, JsonObject]], answer: _Answer
-) -> list[tuple[str, JsonObject]]:
+    events: list[tuple[str, StreamEvent]], answer: _Answer
+) -> list[tuple[str, StreamEvent]]:
     """Bedrock's ``message_stop`` carries its own metrics (which a client must ignore)."""
-    metrics = {
+    metrics: InvocationMetrics = {
         "inputTokenCount": answer.cache.input_tokens,
         "outputTokenCount": answer.reply.output_tokens,
         "invocationLatency": 1,
         "firstByteLatency": 1,
     }
     return [
-        (name, {**data, "amazon-bedrock-invocationMetrics": metrics})
-        if name == "message_stop"
-        else (name, data)
+        (name, _measured(data, metrics)) if name == "message_stop" else (name, data)
         for name, data in events
     ]
 
 
-def _bedrock_event(name: str, data: JsonObject | str) -> bytes:
+def _measured(data: StreamEvent, metrics: InvocationMetrics) -> StreamEvent:
+    if data["type"] != "message_stop":
+        return data
+    measured: MessageStop = {**data, "amazon-bedrock-invocationMetrics": metrics}
+    return measured
+
+
+def _bedrock_event(name: str, data: Mapping[str, object] | str) -> bytes:
     """One event as a Bedrock frame; an ``error`` event (the API's mid-stream overload)
     becomes the exception Bedrock sends in its place."""
     if name == "error":

@@ -29,16 +29,16 @@ from typing import Any
 
 from ..core.mode import Notice
 from ..core.prompts import NOTICES, RESOLVE_MARKER, VERIFY_MARKER
-from ..core.wire import JsonObject
-from .replies import Reply, ScriptedRequest
+from ..core.wire import JsonSchema, Message, ToolInput
+from .replies import Reply, ScriptedBlock, ScriptedRequest
 
 
 def text(value: str, **kwargs: Any) -> Reply:
     return Reply([{"type": "text", "text": value}], **kwargs)
 
 
-def tool_call(name: str, tool_input: JsonObject, *, say: str = "", **kwargs: Any) -> Reply:
-    content: list[JsonObject] = [{"type": "text", "text": say}] if say else []
+def tool_call(name: str, tool_input: ToolInput, *, say: str = "", **kwargs: Any) -> Reply:
+    content: list[ScriptedBlock] = [{"type": "text", "text": say}] if say else []
     content.append({"type": "tool_use", "name": name, "input": tool_input})
     return Reply(content, **kwargs)
 
@@ -72,7 +72,7 @@ def role_of(body: Mapping[str, Any]) -> str:
     return "resolver" if first.startswith(RESOLVE_MARKER) else "worker"
 
 
-def turn_messages(messages: list[JsonObject]) -> list[JsonObject]:
+def turn_messages(messages: list[Message]) -> list[Message]:
     """The messages of the current user turn: after the last plain-text user message."""
     for i in range(len(messages) - 1, -1, -1):
         message = messages[i]
@@ -81,27 +81,29 @@ def turn_messages(messages: list[JsonObject]) -> list[JsonObject]:
     return messages
 
 
-def _is_tool_results(message: JsonObject) -> bool:
+def _is_tool_results(message: Message) -> bool:
     content = message.get("content")
     return isinstance(content, list) and any(
         isinstance(b, dict) and b.get("type") == "tool_result" for b in content
     )
 
 
-def mode_is_on(messages: list[JsonObject]) -> bool:
+def mode_is_on(messages: list[Message]) -> bool:
     """What the latest mode notice in the history says."""
     texts = {v: k for k, v in NOTICES.items()}
     for message in reversed(messages):
-        if message.get("role") == "system" and message.get("content") in texts:
-            return texts[message["content"]] is not Notice.EXIT
+        content = message["content"]
+        if message["role"] == "system" and isinstance(content, str) and content in texts:
+            return texts[content] is not Notice.EXIT
     return False
 
 
-def last_tool_result_text(messages: list[JsonObject]) -> str:
+def last_tool_result_text(messages: list[Message]) -> str:
     for message in reversed(messages):
-        if _is_tool_results(message):
+        blocks = message["content"]
+        if _is_tool_results(message) and isinstance(blocks, list):
             parts = []
-            for block in message["content"]:
+            for block in blocks:
                 content = block.get("content")
                 if isinstance(content, str):
                     parts.append(content)
@@ -309,7 +311,7 @@ def _counts(findings: list[dict[str, str]]) -> str:
     )
 
 
-def offered_data_schema(request: ScriptedRequest) -> JsonObject | None:
+def offered_data_schema(request: ScriptedRequest) -> JsonSchema | None:
     """The schema of ``data`` in the report_findings tool the request offers, if it asks
     for one (a typed subtask)."""
     for tool in request.tools:
@@ -362,7 +364,7 @@ def schema_instance(schema: object, root: object = None) -> Any:
     return None
 
 
-def _not_an_instance(schema: JsonObject) -> Any:
+def _not_an_instance(schema: JsonSchema) -> Any:
     """A value of the wrong type for ``schema``: what a careless report sends."""
     return "not what was asked" if schema.get("type") != "string" else {"wrong": True}
 
@@ -388,9 +390,9 @@ class OrchestrationScenario:
     resolver_command: str | Callable[[str], str | None] | None = keep_both_sides
     #: a worker's first call when it is not bash: (tool name, input) from the subtask, e.g.
     #: an MCP tool's (None: the worker runs its command, if it has one)
-    worker_call: Callable[[str], tuple[str, JsonObject] | None] | None = None
+    worker_call: Callable[[str], tuple[str, ToolInput] | None] | None = None
     #: the main agent's scouting call when it is not bash (taken before ``scout_command``)
-    scout_call: tuple[str, JsonObject] | None = None
+    scout_call: tuple[str, ToolInput] | None = None
     verdict: Callable[[str], str] = confirm_all
     delay: float = 0.0
     summary: str = "In brief: the workflow ran and every result was checked."
@@ -398,7 +400,7 @@ class OrchestrationScenario:
     #: when set, the main agent calls Workflow with this orchestration script instead
     script: str | None = None
     #: more fields of the Workflow call's input, e.g. ``{"isolation": "worktree"}``
-    workflow_input: JsonObject = field(default_factory=dict)
+    workflow_input: ToolInput = field(default_factory=dict)
     #: > 0: each worker reports findings of about this many bytes of JSON (see
     #: :func:`sized_findings`), the same for the same subtask; 0 keeps reports tiny
     report_bytes: int = 0
@@ -406,7 +408,7 @@ class OrchestrationScenario:
     verifier_report_bytes: int = 0
     #: a typed worker's ``data`` from its subtask and the schema it is offered (default:
     #: :func:`schema_instance`)
-    worker_data: Callable[[str, JsonObject], Any] | None = None
+    worker_data: Callable[[str, JsonSchema], Any] | None = None
     #: how many invalid reports (data of the wrong type) a typed worker sends before a
     #: valid one
     invalid_reports: int = 0

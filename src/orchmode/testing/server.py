@@ -37,8 +37,7 @@ from typing import Any
 
 from aiohttp import web
 
-from ..core.wire import JsonObject
-from .answer import _Answer
+from .answer import CountedTokens, _Answer
 from .apikey import check_api_key
 from .arrivals import Arrival, read_arrival
 from .batches import BatchSettings, MessageBatches, Respond
@@ -418,7 +417,7 @@ class ScriptedServer:
 
     def _count(self, index: int, prompt: EditedPrompt, request_id: str) -> web.StreamResponse:
         """Answer ``count_tokens``: the size a messages request would be billed for."""
-        answer: JsonObject = {"input_tokens": prompt.input_tokens}
+        answer: CountedTokens = {"input_tokens": prompt.input_tokens}
         if prompt.applied_edits is not None:
             original = prompt.original_input_tokens
             answer["context_management"] = {"original_input_tokens": original}

@@ -17,13 +17,13 @@ import re
 import typing
 from collections.abc import Iterable, Mapping
 from functools import cache
-from typing import Any
+from typing import Any, cast
 
 import typing_extensions
 from anthropic.types.beta.beta_content_block_param import BetaContentBlockParam
 from anthropic.types.content_block_param import ContentBlockParam
 
-from ..core.wire import JsonObject
+from ..core.wire import MessagesRequest, UncheckedJson
 from .cache import ClearToolUses
 
 __all__ = [
@@ -110,8 +110,9 @@ def validate_request(
     *,
     count_tokens: bool = False,
     more_blocks: Mapping[str, BlockShape] | None = None,
-) -> JsonObject:
-    """Return ``body`` typed as a dict, or raise :class:`InvalidRequest` explaining why not.
+) -> MessagesRequest:
+    """Return ``body`` as the request it has been checked to be, or raise
+    :class:`InvalidRequest` explaining why not.
 
     ``count_tokens`` validates a ``/v1/messages/count_tokens`` body instead. Content blocks
     are held to the shapes the SDK declares (:func:`block_shapes`): an unknown field, or a
@@ -127,10 +128,10 @@ def validate_request(
     _check_top_level_cache_control(body.get("cache_control"))
     _check_diagnostics(body.get("diagnostics"))
     _check_messages(body, {**block_shapes(), **(more_blocks or {})})
-    return body
+    return cast(MessagesRequest, body)  # just checked, field by field
 
 
-def _check_model_and_limits(body: JsonObject, count_tokens: bool) -> None:
+def _check_model_and_limits(body: UncheckedJson, count_tokens: bool) -> None:
     if "model" not in body:
         raise _fail("model: Field required")
     if not isinstance(body["model"], str) or not body["model"]:
@@ -161,7 +162,7 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _check_text_block(block: JsonObject, path: str) -> None:
+def _check_text_block(block: UncheckedJson, path: str) -> None:
     text = block.get("text")
     if not isinstance(text, str):
         raise _fail(f"{path}.text: Field required")
@@ -231,7 +232,7 @@ def _check_diagnostics(diagnostics: object) -> None:
         raise _fail("diagnostics.previous_message_id: Input should be a valid string")
 
 
-def _blocks_of(message: object) -> list[JsonObject]:
+def _blocks_of(message: object) -> list[UncheckedJson]:
     """Tolerant view of a message's blocks, for look-ahead before it is validated."""
     if not isinstance(message, dict):
         return []
@@ -259,7 +260,7 @@ def _tool_result_ids(message: object) -> list[str]:
     ]
 
 
-def _check_messages(body: JsonObject, shapes: Mapping[str, BlockShape]) -> None:
+def _check_messages(body: UncheckedJson, shapes: Mapping[str, BlockShape]) -> None:
     messages: list[Any] = body["messages"]
     seen_tool_use_ids: set[str] = set()
     for i, message in enumerate(messages):
@@ -314,7 +315,9 @@ def _check_content(content: object, role: str, path: str, shapes: Mapping[str, B
             _check_tool_result_block(block, role, block_path)
 
 
-def _check_shape(block: JsonObject, kind: str, path: str, shapes: Mapping[str, BlockShape]) -> None:
+def _check_shape(
+    block: UncheckedJson, kind: str, path: str, shapes: Mapping[str, BlockShape]
+) -> None:
     """The block's type is one the API takes, with its required fields and no others."""
     shape = shapes.get(kind)
     if shape is None:
@@ -331,7 +334,7 @@ def _check_shape(block: JsonObject, kind: str, path: str, shapes: Mapping[str, B
         raise _fail(f"{path}.{kind}.{key}: Field required")
 
 
-def _check_tool_use_block(block: JsonObject, role: str, path: str) -> None:
+def _check_tool_use_block(block: UncheckedJson, role: str, path: str) -> None:
     if role != "assistant":
         raise _fail(f"{path}: `tool_use` blocks are only allowed in assistant messages")
     for field in ("id", "name"):
@@ -341,7 +344,7 @@ def _check_tool_use_block(block: JsonObject, role: str, path: str) -> None:
         raise _fail(f"{path}.input: Input should be a valid dictionary")
 
 
-def _check_tool_result_block(block: JsonObject, role: str, path: str) -> None:
+def _check_tool_result_block(block: UncheckedJson, role: str, path: str) -> None:
     if role != "user":
         raise _fail(f"{path}: `tool_result` blocks are only allowed in user messages")
     if not isinstance(block.get("tool_use_id"), str) or not block["tool_use_id"]:
@@ -403,7 +406,7 @@ def _check_tool_results(messages: list[Any], i: int) -> None:
         answered.add(tool_use_id)
 
 
-def _check_prefill(last: JsonObject, i: int) -> None:
+def _check_prefill(last: UncheckedJson, i: int) -> None:
     """A final assistant message is a prefill; the API refuses trailing whitespace there."""
     if last["role"] != "assistant":
         return
@@ -419,7 +422,7 @@ def _check_prefill(last: JsonObject, i: int) -> None:
 
 
 def check_context_management(
-    body: JsonObject, betas: set[str], *, supported: bool = True
+    body: MessagesRequest, betas: set[str], *, supported: bool = True
 ) -> list[ClearToolUses] | None:
     """The request's validated context edits, or None when it configures none.
 

@@ -30,7 +30,7 @@ from typing import IO, Any
 from ..core.events import EventBus, McpCallDone, McpCallStarted, McpServerFailed, Role
 from ..core.secrets import Masker
 from ..core.settings import Settings
-from ..core.wire import JsonObject, ToolResultBlock, ToolSchema, ToolUseBlock
+from ..core.wire import ToolInput, ToolResultBlock, ToolSchema, ToolUseBlock
 from ..shell.processes import use_pidfd_child_watcher
 from .calls import tool_result
 from .mcpconfig import HttpServer, McpConfig, StdioServer, load, tool_name
@@ -340,7 +340,7 @@ class McpHub:
         return tool_result(tool_use["id"], _cut(text, self.output_limit), is_error=not ok)
 
     async def _call(
-        self, server: _Server, tool: McpTool, arguments: JsonObject, parent: str | None = None
+        self, server: _Server, tool: McpTool, arguments: ToolInput, parent: str | None = None
     ) -> tuple[str, bool, str]:
         """The result's text, whether it succeeded, and the error in a few words."""
         session = server.session

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Literal, Protocol, TextIO
 
 from ..core.events import Event
-from ..core.wire import JsonObject
+from ..core.wire import JsonRecord
 from ..records.totals import SessionTotals
 from .escape import json_visible, visible
 from .progress import StderrProgress
@@ -31,7 +31,7 @@ def choose_mode(*, json_lines: bool, plain: bool, stream: TextIO) -> DisplayMode
     return "live" if isatty is not None and isatty() else "plain"
 
 
-def event_record(event: Event) -> JsonObject:
+def event_record(event: Event) -> JsonRecord:
     """An event as a JSON-ready dict: its kind, then its fields, nested usage included.
 
     ``kind`` is always the event's kind; a field of the same name (``ApprovalRequested``'s:
