@@ -176,12 +176,24 @@ async def test_cancel_ends_the_batches_in_flight_with_canceled_results(bench: Be
     assert [r.outcome for r in results] == ["canceled"] * 3
 
 
-async def test_a_batch_the_api_refuses_fails_every_request_in_it(bench: Bench) -> None:
+async def test_a_request_with_bad_params_ends_errored_and_its_batch_is_answered(
+    bench: Bench,
+) -> None:
     server = await bench.serve()
     desk = await bench.desk(server)
     bad = {**params("bad"), "max_tokens": -1}
-    asking = [desk.ask(bad), desk.ask(params("fine, but in the same batch"))]
+    refused, fine = await asyncio.gather(desk.ask(bad), desk.ask(params("fine")))
+    assert (refused.outcome, refused.error_type) == ("errored", "invalid_request_error")
+    assert "max_tokens" in refused.error
+    assert text_of(fine.message) == "said: fine"
+    assert len(server.batches.all()) == 1
+
+
+async def test_a_batch_the_api_refuses_fails_every_request_in_it(bench: Bench) -> None:
+    server = await bench.serve(max_body_bytes=2000)
+    desk = await bench.desk(server)
+    asking = [desk.ask(params("x" * 3000)), desk.ask(params("small, but in the same batch"))]
     outcomes = await asyncio.gather(*asking, return_exceptions=True)
     assert all(isinstance(o, BatchFailed) for o in outcomes)
-    assert "max_tokens" in str(outcomes[0])
+    assert "413" in str(outcomes[0]) or "size" in str(outcomes[0])
     assert server.batches.submissions == {}

@@ -7,13 +7,15 @@ from typing import Any
 
 import pytest
 
-from conftest import StartServer, conversation_for, settings_for
-from orchmode.core.errors import ConfigError
+from conftest import API_KEY, StartServer, conversation_for, settings_for
+from orchmode.core.errors import ConfigError, PromptTooLong
 from orchmode.core.events import EventBus, ModelRequestDone
 from orchmode.core.settings import Settings
+from orchmode.model.gateway import ModelChoice, session_gateway
+from orchmode.model.providers import Credentials
 from orchmode.store.sqlite import SQLiteStore
-from orchmode.testing import BatchSettings, ScriptedServer
-from orchmode.testing.scenario import OrchestrationScenario, role_of
+from orchmode.testing import BatchFate, BatchSettings, Reply, ScriptedRequest, ScriptedServer
+from orchmode.testing.scenario import OrchestrationScenario, first_user_text, role_of
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -108,3 +110,54 @@ async def test_batch_mode_is_refused_in_one_line_where_no_batch_api_serves_it(
     assert "\n" not in message
     assert "--batch subagents needs Anthropic's Message Batches API" in message
     assert f"--provider {provider}" in message
+
+
+@pytest.mark.parametrize("fate", [BatchFate.errored(), BatchFate.expired(), BatchFate.canceled()])
+async def test_failed_batch_results_are_asked_again_and_the_run_completes(
+    serve: StartServer, tmp_path: Path, fate: BatchFate
+) -> None:
+    scenario = OrchestrationScenario(subtasks=6)
+    failed: set[str] = set()
+
+    def respond(request: ScriptedRequest) -> Reply | BatchFate:
+        agent = first_user_text(request)
+        if request.batched and agent not in failed:
+            failed.add(agent)
+            return fate
+        return scenario(request)
+
+    server = await serve(respond, batches=BatchSettings(delay=0.01))
+    text, done = await run(server, tmp_path, batch="subagents")
+    assert text == SYNTHESIS
+    assert len(failed) == 12  # each worker and each verifier failed once
+    attempts = sorted(cid.rsplit("-", 1)[1] for cid in server.batches.submissions)
+    assert attempts.count("1") == 12
+    assert set(server.batches.submissions.values()) == {1}
+    assert all(e.batched for e in done if e.agent != "main")
+
+
+async def test_a_batched_request_the_api_finds_too_long_fails_as_its_400_would(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    """Too long: the same PromptTooLong as interactively, so the agent's loop makes room."""
+    server = await serve(OrchestrationScenario(subtasks=1), context_window=2000)
+    settings = settings_for(server, tmp_path, batch="subagents", batch_window=0.01)
+    store = SQLiteStore.open(tmp_path / "store.db")
+    gateway = session_gateway(settings, Credentials(api_key=API_KEY), EventBus(), store, "s1")
+    long = [{"role": "user", "content": "word " * 5000}]
+    refused: list[BaseException] = []
+    try:
+        for batched in (False, True):
+            choice = ModelChoice(settings.model, settings.effort, batched)
+            with pytest.raises(PromptTooLong) as caught:
+                await gateway.complete(
+                    agent="w", system="s", messages=long, tools=[], choice=choice
+                )
+            refused.append(caught.value)
+    finally:
+        await gateway.close()
+        await store.close()
+    interactive, batched_one = refused
+    assert isinstance(batched_one, PromptTooLong) and isinstance(interactive, PromptTooLong)
+    assert batched_one.tokens == interactive.tokens is not None
+    assert len(server.batches.all()) == 1

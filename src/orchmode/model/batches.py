@@ -49,6 +49,9 @@ class BatchResult:
     custom_id: str
     outcome: Outcome
     message: Mapping[str, Any] | None = None
+    #: An errored result's error: its type (``invalid_request_error``, ``api_error``, …)
+    #: and message.
+    error_type: str = ""
     error: str = ""
 
 
@@ -258,6 +261,8 @@ def _read_result(line: Any) -> BatchResult:
     if outcome in ("errored", "expired", "canceled"):
         error = result.get("error") or {}
         detail = error.get("error", error) if isinstance(error, dict) else error
-        message = detail.get("message", "") if isinstance(detail, dict) else str(detail)
-        return BatchResult(cid, outcome, error=str(message))
+        if not isinstance(detail, dict):
+            return BatchResult(cid, outcome, error=str(detail))
+        kind, message = detail.get("type", ""), detail.get("message", "")
+        return BatchResult(cid, outcome, error_type=str(kind), error=str(message))
     return BatchResult(cid, "errored", error=f"a result of unknown type {outcome!r}")

@@ -152,3 +152,15 @@ class FailureWords:
         if self.context_edits and status == 400 and beta_is_the_problem(message_text):
             return BetaRefused(f"{status}: {message_text}")
         return ModelRequestError(f"the API rejected a request ({status}): {message_text}")
+
+
+def refused_in_batch(message_text: str) -> Exception:
+    """A batched request's ``invalid_request_error`` result: what its 400 would have been
+    interactively (too long, so the conversation is compacted; else a rejected request).
+    The API checks a batched request's params only once the batch runs."""
+    tokens = too_long_count(message_text)
+    if tokens is not None or "prompt is too long" in message_text:
+        return PromptTooLong(
+            f"the API refused a batched request as too long: {message_text}", tokens
+        )
+    return ModelRequestError(f"the API rejected a batched request: {message_text}")

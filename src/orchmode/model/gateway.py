@@ -32,7 +32,7 @@ from ..core.events import (
 from ..core.settings import Settings
 from ..core.wire import ContextEdit, Message, ToolSchema
 from .batches import BatchDesk
-from .failures import BetaRefused, FailureWords
+from .failures import BetaRefused, FailureWords, refused_in_batch
 from .limits import AdaptiveLimit
 from .providers import (
     Capabilities,
@@ -379,6 +379,8 @@ class ModelGateway:
                 if request.on_text is not None and reply.text:
                     request.on_text(reply.text)
                 return replace(reply, retries=attempt, batched=True)
+            if result.error_type == "invalid_request_error":
+                raise refused_in_batch(result.error)
             attempt += 1
             self.events.emit(
                 ModelRequestRetried(agent, f"batch_{result.outcome}", 0.0, attempt, result.error)
