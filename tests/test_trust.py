@@ -93,6 +93,7 @@ CAPS: dict[str, tuple[Any, Any, Any]] = {
     "permissions_ask": (["Bash(git push:*)"], [], ["Bash(git push:*)", "Bash(rm:*)"]),
     "permissions_deny": (["Bash(curl:*)"], [], ["Bash(curl:*)", "Bash(wget:*)"]),
     "approval_timeout": (600.0, 86400.0, 60.0),
+    "batch_timeout": (86400.0, 60.0, 172800.0),
 }
 
 
