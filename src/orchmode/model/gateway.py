@@ -437,6 +437,12 @@ class ModelGateway:
         tokens = getattr(counted, "input_tokens", None)
         return tokens if isinstance(tokens, int) else None
 
+    async def cancel_batches(self) -> None:
+        """Cancel the batches in flight (the run was interrupted): what they have not
+        answered is not paid for, and a resume asks it again."""
+        if self.desk is not None:
+            await self.desk.cancel()
+
     async def close(self) -> None:
         if self.desk is not None:
             await self.desk.close()

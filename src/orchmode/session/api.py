@@ -34,7 +34,7 @@ from .failures import unless_the_store_fails
 from .ledger import BudgetReport, budget_report
 from .resume import CannotResume, interrupted
 from .runs import OnAnswer, RunAnswer, RunResult, finish_run, run_task
-from .stored import not_pending
+from .stored import not_pending, recorded_run
 
 __all__ = [
     "EventStream",
@@ -46,6 +46,8 @@ __all__ = [
 ]
 
 log = logging.getLogger("orchmode")
+#: Seconds an interrupted session waits for the API to take its batches' cancels.
+CANCEL_WAIT = 15.0
 
 #: An event class, for a subscription or a stream of one kind of event only.
 E = TypeVar("E", bound=Event)
@@ -435,9 +437,13 @@ async def open_session(
     price, a ``SandboxError`` when bash cannot be sandboxed as configured (before anything
     is spent), and :class:`~orchmode.SessionBusy` while another process drives the session.
     """
+    settings = settings or Settings()
+    if session is not None:  # a resumed run keeps its batch mode unless told otherwise
+        run = await recorded_run(settings, workdir=workdir, session=session)
+        settings = settings if run is None else run.settings_for_resume(settings)
     async with (
         open_conversation(
-            settings or Settings(), credentials, workdir=workdir, session=session, warn=on_warning
+            settings, credentials, workdir=workdir, session=session, warn=on_warning
         ) as engine,
         _claimed(engine),
     ):
@@ -452,8 +458,20 @@ async def open_session(
         engine.events.subscribe(opened._deliver)
         try:
             yield opened
+        except (asyncio.CancelledError, KeyboardInterrupt):
+            await _cancel_batches(engine)
+            raise
         finally:
             await opened._close()
+
+
+async def _cancel_batches(engine: Conversation) -> None:
+    """An interrupted session's batches in flight canceled at the API, so what they have not
+    answered yet is not paid for; a resume asks those requests again."""
+    try:
+        await asyncio.wait_for(engine.gateway.cancel_batches(), CANCEL_WAIT)
+    except (TimeoutError, OrchmodeError) as exc:
+        log.warning("could not cancel the batches of session %s: %s", engine.session_id, exc)
 
 
 @asynccontextmanager

@@ -47,7 +47,7 @@ async def interrupted(store: Store, session: str, task: str | None = None) -> In
     record = await store.load_session(session)
     if record is None:
         return None
-    run = _run(record.state)
+    run = run_of_state(record.state)
     if task is not None and (run is None or run.task != task):
         return None
     history = read_session(await store.events(session), session=session)
@@ -127,7 +127,8 @@ def pending_calls(messages: list[str]) -> list[str]:
     return described
 
 
-def _run(state: str) -> RunRecord | None:
+def run_of_state(state: str) -> RunRecord | None:
+    """The run record in a saved state; None for a chat's, or one that cannot be read."""
     try:
         value = json.loads(state)
         return RunRecord.read(value.get("meta") if isinstance(value, dict) else None)

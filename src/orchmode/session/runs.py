@@ -48,7 +48,7 @@ async def run_task(conversation: Conversation, task: str, on_answer: OnAnswer) -
 
     ``on_answer`` hears each answer that came without an error, as soon as it is known.
     """
-    conversation.run = RunRecord(task=task)
+    conversation.run = RunRecord(task=task, batch=conversation.settings.batch)
     conversation.set_mode(True)
     first = await conversation.turn(task)
     return await _summarised(conversation, first, on_answer)

@@ -17,7 +17,8 @@ from ..core.settings import Settings, user_config_dir
 from ..executors.approvals import record_answer, remember_rule
 from ..store import Approval, Store, open_store
 from .ledger import BudgetReport, budget_report
-from .resume import CannotResume, Interrupted, choose, latest_interrupted
+from .resume import CannotResume, Interrupted, choose, latest_interrupted, run_of_state
+from .run_record import RunRecord
 
 
 class ApprovalNotPending(OrchmodeError):
@@ -166,6 +167,16 @@ async def interrupted_run(
         if store is None:
             return None
         return await latest_interrupted(store, where, task)
+
+
+async def recorded_run(
+    settings: Settings, *, workdir: str | os.PathLike[str] | None, session: str
+) -> RunRecord | None:
+    """The run record ``session`` was saved with, if it is recorded and was a run."""
+    _, _, url = _located(settings, workdir)
+    async with _store_of(url) as store:
+        record = None if store is None else await store.load_session(session)
+    return None if record is None else run_of_state(record.state)
 
 
 async def resumable(
