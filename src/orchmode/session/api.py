@@ -426,7 +426,8 @@ async def open_session(
       or for ``provider="bedrock"``/``"vertex"`` that platform's own chain.
     - ``session``: a name. A session recorded under it is taken up again — its history
       and mode — and one that is not starts under that name. Left out: a new session, under
-      ``settings.session`` if that is set.
+      ``settings.session`` if that is set. A run resumed so keeps its recorded batch
+      mode, unless ``settings`` set ``batch`` themselves.
     - ``subscribers``: callbacks for every event, in this order, as if passed to
       :meth:`Session.subscribe` as soon as the session is open.
     - ``on_warning``: where the start-up's warnings go (the sandbox is off, a limit cannot
