@@ -176,6 +176,19 @@ async def test_cancel_ends_the_batches_in_flight_with_canceled_results(bench: Be
     assert [r.outcome for r in results] == ["canceled"] * 3
 
 
+async def test_cancel_sends_nothing_still_being_gathered(bench: Bench) -> None:
+    server = await bench.serve()
+    desk = await bench.desk(server, window=30.0)
+    asking = asyncio.ensure_future(desk.ask(params("not sent yet")))
+    while not desk._gathering:
+        await asyncio.sleep(0.01)
+    await desk.cancel()
+    result = await asking
+    assert result.outcome == "canceled"
+    assert server.batches.all() == []
+    assert await desk.store.batch_request(custom_id(params("not sent yet"))) is None
+
+
 async def test_a_request_with_bad_params_ends_errored_and_its_batch_is_answered(
     bench: Bench,
 ) -> None:

@@ -59,6 +59,10 @@ class BatchFailed(OrchmodeError):
     """A batch could not be created (the API refused its requests, or is unreachable)."""
 
 
+class _Unsent(Exception):
+    """A gathered request dropped by a cancel before its batch was created."""
+
+
 def _future() -> asyncio.Future[str]:
     return asyncio.get_running_loop().create_future()
 
@@ -107,13 +111,23 @@ class BatchDesk:
             found = await self._find(cid, record.recorded_at)
             if found is not None:
                 return found
-        batch_id = await self._gather(cid, params)
+        try:
+            batch_id = await self._gather(cid, params)
+        except _Unsent:
+            return BatchResult(cid, "canceled", error="canceled before its batch was sent")
         return await self._result(batch_id, cid)
 
     async def cancel(self) -> None:
         """Cancel every batch still being processed (the run was interrupted), the ones
-        being created at this moment included."""
-        self._send_now()
+        being created at this moment included. Requests still being gathered are not sent:
+        never recorded, they are asked afresh on a resume."""
+        if self._flush is not None:
+            self._flush.cancel()
+            self._flush = None
+        unsent, self._gathering = self._gathering, []
+        for waiting in unsent:
+            if not waiting.sent.done():
+                waiting.sent.set_exception(_Unsent())
         await asyncio.gather(*self._sending, return_exceptions=True)
         for batch_id in list(self._open):
             with contextlib.suppress(Exception):
