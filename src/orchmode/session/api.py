@@ -439,8 +439,8 @@ async def open_session(
     is spent), and :class:`~orchmode.SessionBusy` while another process drives the session.
     """
     settings = settings or Settings()
-    if session is not None:  # a resumed run keeps its batch mode unless told otherwise
-        run = await recorded_run(settings, workdir=workdir, session=session)
+    if named := session or settings.session:  # a resumed run keeps its batch mode
+        run = await recorded_run(settings, workdir=workdir, session=named)
         settings = settings if run is None else run.settings_for_resume(settings)
     async with (
         open_conversation(
