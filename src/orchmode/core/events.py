@@ -405,6 +405,38 @@ class WorkspacesChosen:
     reason: str = ""
 
 
+@dataclass(frozen=True)
+class BatchSent:
+    """A Message Batch was created: its id and how many agent turns it holds."""
+
+    batch_id: str
+    requests: Count
+
+
+@dataclass(frozen=True)
+class BatchEnded:
+    """A Message Batch ended: its results by outcome, and how long it was watched."""
+
+    batch_id: str
+    succeeded: Count
+    errored: Count
+    expired: Count
+    canceled: Count
+    duration: Seconds
+
+    @property
+    def requests(self) -> int:
+        return self.succeeded + self.errored + self.expired + self.canceled
+
+
+@dataclass(frozen=True)
+class BatchWaiting:
+    """An agent's turn waits on a Message Batch for its answer (until its request is done)."""
+
+    agent: str
+    batch_id: str
+
+
 Event = (
     ModelRequestDone
     | ModelRequestRetried
@@ -432,6 +464,9 @@ Event = (
     | ResultCondensed
     | ChangeSettled
     | WorkspacesChosen
+    | BatchSent
+    | BatchEnded
+    | BatchWaiting
 )
 
 #: Every kind of event, in the order of :data:`Event`: what the store records and reads back,

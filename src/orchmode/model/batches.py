@@ -96,19 +96,26 @@ class BatchDesk:
     #: The batches sent or looked in that have not been seen to end.
     _open: set[str] = field(default_factory=set)
 
-    async def ask(self, params: Mapping[str, Any], attempt: int = 0) -> BatchResult:
+    async def ask(
+        self,
+        params: Mapping[str, Any],
+        attempt: int = 0,
+        on_waiting: Callable[[str], None] | None = None,
+    ) -> BatchResult:
         """The result of ``params`` (a Messages request's body, without ``stream``) at
-        ``attempt``: from the batch that already holds it, if one does, else from a new one."""
+        ``attempt``: from the batch that already holds it, if one does, else from a new one.
+
+        ``on_waiting`` hears the id of the batch the request waits on, once it is known."""
         cid = custom_id(params, attempt)
         record = await self.store.batch_request(cid)
         if record is not None and record.batch_id:
-            return await self._result(record.batch_id, cid)
+            return await self._result(record.batch_id, cid, on_waiting)
         if record is not None:
             found = await self._find(cid, record.recorded_at)
             if found is not None:
                 return found
         batch_id = await self._gather(cid, params)
-        return await self._result(batch_id, cid)
+        return await self._result(batch_id, cid, on_waiting)
 
     async def cancel(self) -> None:
         """Cancel every batch still being processed (the run was interrupted), the ones
@@ -184,7 +191,11 @@ class BatchDesk:
 
     # ------------------------------------------------------------------ watching and finding
 
-    async def _result(self, batch_id: str, cid: str) -> BatchResult:
+    async def _result(
+        self, batch_id: str, cid: str, on_waiting: Callable[[str], None] | None = None
+    ) -> BatchResult:
+        if on_waiting is not None:
+            on_waiting(batch_id)
         results = await asyncio.shield(self._watch(batch_id))
         return results.get(cid) or BatchResult(
             cid, "errored", error=f"batch {batch_id} ended without a result for this request"
