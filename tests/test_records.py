@@ -22,6 +22,9 @@ from orchmode.core.events import (
     ApprovalRequested,
     BashDone,
     BashStarted,
+    BatchEnded,
+    BatchSent,
+    BatchWaiting,
     BudgetStatus,
     ChangeSettled,
     ContextCompacted,
@@ -177,6 +180,16 @@ EARLIER_ROWS: list[tuple[events.Event, str]] = [
     (
         WorkspacesChosen(False, "overlayfs refused"),
         '{"overlays": false, "reason": "overlayfs refused"}',
+    ),
+    (BatchSent("msgbatch_01", 6), '{"batch_id": "msgbatch_01", "requests": 6}'),
+    (
+        BatchWaiting("worker 1.2", "msgbatch_01"),
+        '{"agent": "worker 1.2", "batch_id": "msgbatch_01"}',
+    ),
+    (
+        BatchEnded("msgbatch_01", 5, 0, 1, 0, 42.0),
+        '{"batch_id": "msgbatch_01", "succeeded": 5, "errored": 0, "expired": 1, '
+        '"canceled": 0, "duration": 42.0}',
     ),
     (FanoutDone(1, 12.5), '{"call": 1, "duration": 12.5}'),
     (ScriptStarted(2, 14), '{"call": 2, "lines": 14}'),
