@@ -17,6 +17,7 @@ from ..core.events import (
     ModelRequestFailed,
 )
 from ..core.pricing import BATCH_SHARE
+from .wording import seconds
 
 
 def saved_by_batching(paid: float) -> float:
@@ -118,18 +119,8 @@ class BatchLog:
         return (
             f"{agents} agent{'s' if agents != 1 else ''} wait on {len(batches)} "
             f"batch{'es' if len(batches) != 1 else ''} ({requests} requests), "
-            f"the oldest sent {batch_age(oldest)} ago"
+            f"the oldest sent {seconds(oldest)} ago"
         )
 
     def __bool__(self) -> bool:
         return bool(self.batches)
-
-
-def batch_age(seconds: float) -> str:
-    """A batch's age as the views show it: ``45 s``, ``4 min``, ``2 h 5 min``."""
-    if seconds < 60:
-        return f"{seconds:.0f} s"
-    minutes = int(seconds // 60)
-    if minutes < 60:
-        return f"{minutes} min"
-    return f"{minutes // 60} h {minutes % 60} min"

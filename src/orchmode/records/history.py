@@ -113,6 +113,8 @@ class AgentRecord:
     batched: int = 0
     batched_cost: float = 0.0
     batches: list[str] = field(default_factory=list)
+    #: what its requests cost as each was paid for (a batched one at the batch price)
+    paid: float = 0.0
     commands: list[Command] = field(default_factory=list)
     #: the Ray node it ran on; empty when it ran in the user's own process (or never ran)
     node: str = ""
@@ -383,6 +385,7 @@ def _apply(turn: Turn, event: Event, at: float) -> None:
             agent = _agent_named(turn, event.agent, at)
             if agent is not None:
                 agent.requests += 1
+                agent.paid += event.cost
                 agent.batched += event.batched
                 agent.batched_cost += event.cost if event.batched else 0.0
         case BatchWaiting():
@@ -470,6 +473,8 @@ def _subagent_done(turn: Turn, event: SubagentDone, at: float) -> None:
     agent.status, agent.turns, agent.usage = event.status, event.turns, event.usage
     agent.duration, agent.from_journal = event.duration, event.from_journal
     agent.verdict, agent.result, agent.cost = event.verdict, event.result, event.cost
+    if agent.batched:  # its requests' own costs: any it had to ask at once are at full price
+        agent.cost = agent.paid
     if event.node:  # where it finished, if it was placed on a node
         agent.node = event.node
     if event.report_path:

@@ -59,12 +59,13 @@ class RequestTotals:
         )
 
     def describe_batched(self) -> str:
-        """``12 of 20 requests batched: $0.060 of $0.200 paid, $0.060 saved``; "" if none."""
+        """``12 of 20 requests · $0.0600 of $0.2000 paid for them · $0.0600 saved``; ""
+        if none."""
         if not self.batched:
             return ""
         return (
-            f"{self.batched:,} of {self.requests:,} requests batched: "
-            f"${self.batched_cost:.3f} of ${self.cost:.3f} paid, ${self.saved:.3f} saved"
+            f"{self.batched:,} of {self.requests:,} requests · ${self.batched_cost:.4f} of "
+            f"${self.cost:.4f} paid for them · ${self.saved:.4f} saved"
         )
 
     def describe(self) -> str:

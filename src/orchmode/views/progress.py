@@ -31,10 +31,10 @@ from ..core.events import (
     TurnStarted,
     WorkspacesChosen,
 )
-from ..records.batches import BatchLog, batch_age
+from ..records.batches import BatchLog
 from ..records.history import Resolving
 from ..records.network import hint, question_text
-from ..records.wording import change_fate, compaction_text, condensed_text
+from ..records.wording import change_fate, compaction_text, condensed_text, seconds
 from .escape import visible_event
 
 #: A settled change's fate, coloured: merged is good news, a conflict or a refusal is not.
@@ -123,7 +123,7 @@ def batch_ended_text(event: BatchEnded) -> str:
         ("canceled", event.canceled),
     )
     counts = ", ".join(f"{n} {outcome}" for outcome, n in outcomes if n) or "no results"
-    return f"{event.batch_id} ended after {batch_age(event.duration)}: {counts}"
+    return f"{event.batch_id} ended after {seconds(event.duration)}: {counts}"
 
 
 @dataclass

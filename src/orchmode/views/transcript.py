@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from typing import IO
 
 from ..core.results import severity_rank
-from ..records.batches import BatchLog, batch_age
+from ..records.batches import BatchLog
 from ..records.history import STATE_LABELS, AgentRecord, SessionHistory
 from ..records.network import NetworkLog, connection_text, question_text, size
 from ..records.steps import Command, Compaction, CondensedResult
@@ -242,7 +242,7 @@ def batch_lines(batches: BatchLog) -> list[Line]:
                 (batch.batch_id, "bold"),
                 f" · {held} · ",
                 (state, style),
-                f" · {batch_age(batch.age(now))}",
+                f" · {seconds(batch.age(now))}",
             )
         )
         if batch.agents:

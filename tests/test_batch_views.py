@@ -1,0 +1,142 @@
+"""Batch mode as the views tell it: the batch events, ``show``, ``budget``, the report,
+``--plain`` lines and traces, each from a real batched fan-out against the scripted server."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import orchmode
+from conftest import API_KEY, StartServer, settings_for
+from orchmode.core.events import (
+    BatchEnded,
+    BatchSent,
+    BatchWaiting,
+    Event,
+    ModelRequestDone,
+)
+from orchmode.core.settings import Settings
+from orchmode.records.history import SessionHistory, read_session
+from orchmode.session.ledger import budget_report
+from orchmode.store.sqlite import SQLiteStore
+from orchmode.testing import BatchSettings, ScriptedServer
+from orchmode.testing.scenario import OrchestrationScenario
+from orchmode.views.formatting import money, plural
+from orchmode.views.transcript import plain, transcript
+
+pytestmark = pytest.mark.timeout(120)
+
+PRICES = {"claude-opus-5-5": {"input": 4, "output": 20, "cache_write": 5, "cache_read": 0.2}}
+
+
+@dataclass
+class BatchedRun:
+    events: list[Event]
+    history: SessionHistory
+    settings: Settings
+    budget: list[str]
+
+
+async def batched_run(
+    server: ScriptedServer, tmp_path: Path, *subscribers: Any, **overrides: Any
+) -> BatchedRun:
+    """One orchestrated turn with every subagent batched, read back from its store."""
+    settings = settings_for(
+        server,
+        tmp_path,
+        batch="subagents",
+        batch_window=0.05,
+        batch_poll=0.01,
+        prices=PRICES,
+        **overrides,
+    )
+    seen: list[Event] = []
+    async with orchmode.open_session(
+        settings,
+        workdir=tmp_path,
+        credentials=orchmode.Credentials(api_key=API_KEY),
+        subscribers=[seen.append, *subscribers],
+    ) as session:
+        await session.turn("review it")
+        session_id = session.id
+    store = SQLiteStore.open(tmp_path / "journal.db")
+    try:
+        history = read_session(await store.events(session_id), session=session_id)
+        budget = (await budget_report(store, session_id, settings)).lines()
+    finally:
+        await store.close()
+    return BatchedRun(seen, history, settings, budget)
+
+
+async def test_a_batch_is_said_sent_waited_on_by_each_agent_and_ended(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    server = await serve(OrchestrationScenario(subtasks=3), batches=BatchSettings(delay=0.05))
+    run = await batched_run(server, tmp_path)
+    sent = [e for e in run.events if isinstance(e, BatchSent)]
+    ended = [e for e in run.events if isinstance(e, BatchEnded)]
+    waiting = [e for e in run.events if isinstance(e, BatchWaiting)]
+    created = server.batches.all()
+    assert sorted(e.batch_id for e in sent) == sorted(b.id for b in created)
+    assert sum(e.requests for e in sent) == sum(len(b.items) for b in created)
+    assert sorted(e.batch_id for e in ended) == sorted(e.batch_id for e in sent)
+    assert all(e.succeeded == e.requests and e.duration > 0 for e in ended)
+    batched_agents = {e.agent for e in run.events if isinstance(e, ModelRequestDone) and e.batched}
+    assert {e.agent for e in waiting} == batched_agents
+    assert "main" not in batched_agents and len(batched_agents) == 6
+    assert {e.batch_id for e in waiting} <= {e.batch_id for e in sent}
+
+
+def dollars_in(line: str) -> list[str]:
+    return re.findall(r"\$[0-9.,]+", line)
+
+
+async def test_show_lists_the_batches_and_marks_each_batched_agent_after_its_cost(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    server = await serve(OrchestrationScenario(subtasks=3), batches=BatchSettings(delay=0.05))
+    run = await batched_run(server, tmp_path)
+    shown = plain(transcript(run.history)).splitlines()
+    for agent in run.history.agents:
+        line = next(x for x in shown if x.strip().startswith(agent.label + " "))
+        assert agent.batched == agent.requests > 0
+        # the first dollar figure is what it paid; then what batching saved: as much again
+        paid = sum(
+            e.cost for e in run.events if isinstance(e, ModelRequestDone) and e.agent == agent.name
+        )
+        assert dollars_in(line) == [money(paid), money(paid)], line
+        assert f"batched {agent.batched} of {plural(agent.requests, 'request')}" in line
+    (main_request,) = [x for x in shown if "user" in x and "review it" in x]
+    assert "batched" not in main_request
+    section = shown[shown.index("batches") + 1 :]
+    for batch in server.batches.all():
+        listed = next(x for x in section if batch.id in x)
+        assert f"· {len(batch.items)} requests · ended: {len(batch.items)} succeeded ·" in listed
+    waited = [x for x in section if x.strip().startswith("waited on by ")]
+    named = {name for x in waited for name in x.split("waited on by ")[1].split(", ")}
+    assert named == {agent.name for agent in run.history.agents}
+
+
+async def test_budget_says_what_was_batched_and_what_it_saved_at_the_interactive_price(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    server = await serve(OrchestrationScenario(subtasks=3), batches=BatchSettings(delay=0.01))
+    run = await batched_run(server, tmp_path)
+    done = [e for e in run.events if isinstance(e, ModelRequestDone)]
+    batched = [e for e in done if e.batched]
+    paid = sum(e.cost for e in batched)
+    at_once = 0.0
+    for e in batched:
+        price = run.settings.price(e.model)
+        assert price is not None
+        at_once += price.cost(e.usage)
+    (line,) = [x for x in run.budget if x.startswith("batched ")]
+    assert line == (
+        f"batched    {len(batched)} of {len(done)} requests · ${paid:.4f} of "
+        f"${sum(e.cost for e in done):.4f} paid for them · ${at_once - paid:.4f} saved"
+    )
+    assert at_once - paid > 0
