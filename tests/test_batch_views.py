@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import io
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,7 @@ from orchmode.session.ledger import budget_report
 from orchmode.store.sqlite import SQLiteStore
 from orchmode.testing import BatchSettings, ScriptedServer
 from orchmode.testing.scenario import OrchestrationScenario
+from orchmode.views import progress
 from orchmode.views.formatting import money, plural
 from orchmode.views.transcript import plain, transcript
 
@@ -140,3 +142,25 @@ async def test_budget_says_what_was_batched_and_what_it_saved_at_the_interactive
         f"${sum(e.cost for e in done):.4f} paid for them · ${at_once - paid:.4f} saved"
     )
     assert at_once - paid > 0
+
+
+async def test_plain_output_says_what_waits_on_batches_every_interval_while_anything_does(
+    serve: StartServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(progress, "WAITING_EVERY", 0.05)  # a minute, in a real run
+    server = await serve(OrchestrationScenario(subtasks=3), batches=BatchSettings(delay=0.4))
+    stream = io.StringIO()
+    await batched_run(server, tmp_path, progress.StderrProgress(stream=stream))
+    lines = [x for x in stream.getvalue().splitlines() if x.startswith("[batch] ")]
+    batches = server.batches.all()
+    for batch in batches:
+        assert f"[batch] sent {batch.id}: {len(batch.items)} requests" in lines
+        ended = [x for x in lines if x.startswith(f"[batch] {batch.id} ended after ")]
+        assert len(ended) == 1 and ended[0].endswith(f": {len(batch.items)} succeeded")
+    waiting = [x for x in lines if " wait on " in x]
+    # each batch is waited on 0.4 s: several lines each, none once every agent has its answer
+    assert len(waiting) >= 2 * len(batches)
+    pattern = r"\[batch\] 3 agents wait on 1 batch \(3 requests\), the oldest sent [0-9.]+ s ago"
+    assert all(re.fullmatch(pattern, x) for x in waiting), waiting
+    last_end = max(i for i, x in enumerate(lines) if " ended after " in x)
+    assert not [x for x in lines[last_end:] if " wait on " in x]

@@ -68,8 +68,6 @@ class BatchLog:
     batches: dict[str, BatchRecord] = field(default_factory=dict)
     #: Each agent waiting on a batch now, and which.
     waiting: dict[str, str] = field(default_factory=dict)
-    #: Every batch each agent's requests were answered from, in order.
-    answered_from: dict[str, list[str]] = field(default_factory=dict)
 
     def follow(self, event: Event, at: float) -> bool:
         """Fold ``event`` (heard at ``at``) in; whether it was a batch's own event."""
@@ -85,13 +83,9 @@ class BatchLog:
                 batch = self._batch(batch_id, at)
                 batch.ended, batch.ended_at = event, at
                 batch.since = min(batch.since, at - event.duration)
-            case ModelRequestDone(agent=agent, batched=True):
-                batch_id = self.waiting.pop(agent, None)
-                if batch_id is not None:
-                    self.answered_from.setdefault(agent, []).append(batch_id)
-                return False
+                self.waiting = {a: b for a, b in self.waiting.items() if b != batch_id}
             case ModelRequestDone(agent=agent) | ModelRequestFailed(agent=agent):
-                self.waiting.pop(agent, None)  # asked at once after all, or failed
+                self.waiting.pop(agent, None)  # answered (or asked at once after all, or failed)
                 return False
             case _:
                 return False
