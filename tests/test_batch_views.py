@@ -10,6 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import orchmode
 from conftest import API_KEY, StartServer, settings_for
@@ -24,6 +27,7 @@ from orchmode.core.settings import Settings
 from orchmode.records.history import SessionHistory, read_session
 from orchmode.session.ledger import budget_report
 from orchmode.store.sqlite import SQLiteStore
+from orchmode.telemetry.tracing import start_tracing
 from orchmode.testing import BatchSettings, ScriptedServer
 from orchmode.testing.scenario import OrchestrationScenario
 from orchmode.views import progress
@@ -117,7 +121,8 @@ async def test_show_lists_the_batches_and_marks_each_batched_agent_after_its_cos
     section = shown[shown.index("batches") + 1 :]
     for batch in server.batches.all():
         listed = next(x for x in section if batch.id in x)
-        assert f"· {len(batch.items)} requests · ended: {len(batch.items)} succeeded ·" in listed
+        held = plural(len(batch.items), "request")
+        assert f"· {held} · ended: {len(batch.items)} succeeded ·" in listed
     waited = [x for x in section if x.strip().startswith("waited on by ")]
     named = {name for x in waited for name in x.split("waited on by ")[1].split(", ")}
     assert named == {agent.name for agent in run.history.agents}
@@ -154,13 +159,58 @@ async def test_plain_output_says_what_waits_on_batches_every_interval_while_anyt
     lines = [x for x in stream.getvalue().splitlines() if x.startswith("[batch] ")]
     batches = server.batches.all()
     for batch in batches:
-        assert f"[batch] sent {batch.id}: {len(batch.items)} requests" in lines
+        assert f"[batch] sent {batch.id}: {plural(len(batch.items), 'request')}" in lines
         ended = [x for x in lines if x.startswith(f"[batch] {batch.id} ended after ")]
         assert len(ended) == 1 and ended[0].endswith(f": {len(batch.items)} succeeded")
     waiting = [x for x in lines if " wait on " in x]
-    # each batch is waited on 0.4 s: several lines each, none once every agent has its answer
-    assert len(waiting) >= 2 * len(batches)
-    pattern = r"\[batch\] 3 agents wait on 1 batch \(3 requests\), the oldest sent [0-9.]+ s ago"
+    # lines while agents wait, none once every agent has its answer
+    assert len(waiting) >= 6  # three waves (two worker turns, the verifiers) of 0.4 s
+    pattern = (
+        r"\[batch\] [1-3] agents? wait on [1-3] batch(es)? \([1-3] requests?\), "
+        r"the oldest sent [0-9.]+ s ago"
+    )
     assert all(re.fullmatch(pattern, x) for x in waiting), waiting
     last_end = max(i for i, x in enumerate(lines) if " ended after " in x)
     assert not [x for x in lines[last_end:] if " wait on " in x]
+
+
+async def test_traces_mark_batched_requests_with_their_batch_and_a_span_for_each_batch(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    server = await serve(OrchestrationScenario(subtasks=3), batches=BatchSettings(delay=0.05))
+    settings = settings_for(server, tmp_path, batch="subagents", batch_window=0.05)
+    memory = InMemorySpanExporter()
+    traces = start_tracing(settings, [API_KEY], processor=SimpleSpanProcessor(memory))
+    run = await batched_run(server, tmp_path, traces)
+    traces.close()
+    spans = list(memory.get_finished_spans())
+    batch_spans = {attr(s, "orchmode.batch.id"): s for s in spans if s.name.startswith("batch ")}
+    sent = [e for e in run.events if isinstance(e, BatchSent)]
+    assert set(batch_spans) == {e.batch_id for e in sent}
+    waited_on_by: dict[object, set[object]] = {}
+    for e in sent:
+        span = batch_spans[e.batch_id]
+        assert attr(span, "orchmode.batch.requests") == e.requests
+        assert attr(span, "orchmode.batch.succeeded") == e.requests
+        waited_on_by[e.batch_id] = {
+            (ev.attributes or {})["gen_ai.agent.name"] for ev in span.events
+        }
+        assert len(waited_on_by[e.batch_id]) == e.requests
+    requests = [(s, parent_name(s, spans)) for s in spans if s.name.startswith("chat ")]
+    main = [s for s, parent in requests if parent == "invoke_agent main"]
+    assert main and all(attr(s, "orchmode.batched") is False for s in main)
+    batched = [(s, parent) for s, parent in requests if parent != "invoke_agent main"]
+    assert len(batched) == 9
+    for span, parent in batched:
+        assert attr(span, "orchmode.batched") is True
+        agent = parent.removeprefix("invoke_agent ")
+        assert agent in waited_on_by[attr(span, "orchmode.batch.id")]
+
+
+def attr(span: ReadableSpan, name: str) -> object:
+    return (span.attributes or {})[name]
+
+
+def parent_name(span: ReadableSpan, spans: list[ReadableSpan]) -> str:
+    assert span.parent is not None
+    return next(s.name for s in spans if s.context.span_id == span.parent.span_id)

@@ -112,8 +112,8 @@ class BatchLog:
         agents = len(self.waiting)
         return (
             f"{agents} agent{'s' if agents != 1 else ''} wait on {len(batches)} "
-            f"batch{'es' if len(batches) != 1 else ''} ({requests} requests), "
-            f"the oldest sent {seconds(oldest)} ago"
+            f"batch{'es' if len(batches) != 1 else ''} ({requests} "
+            f"request{'s' if requests != 1 else ''}), the oldest sent {seconds(oldest)} ago"
         )
 
     def __bool__(self) -> bool:
