@@ -22,9 +22,12 @@ from orchmode.core.events import (
     BatchWaiting,
     Event,
     ModelRequestDone,
+    TurnStarted,
 )
 from orchmode.core.settings import Settings
+from orchmode.records.codec import event_row, parse_row
 from orchmode.records.history import SessionHistory, read_session
+from orchmode.records.totals import SessionTotals
 from orchmode.session.ledger import budget_report
 from orchmode.store.sqlite import SQLiteStore
 from orchmode.telemetry.tracing import start_tracing
@@ -32,7 +35,10 @@ from orchmode.testing import BatchSettings, ScriptedServer
 from orchmode.testing.scenario import OrchestrationScenario
 from orchmode.views import progress
 from orchmode.views.formatting import money, plural
-from orchmode.views.transcript import plain, transcript
+from orchmode.views.live import LiveView
+from orchmode.views.report import render_report
+from orchmode.views.transcript import plain, print_lines, transcript
+from test_live import render, rows_of
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -214,3 +220,84 @@ def attr(span: ReadableSpan, name: str) -> object:
 def parent_name(span: ReadableSpan, spans: list[ReadableSpan]) -> str:
     assert span.parent is not None
     return next(s.name for s in spans if s.context.span_id == span.parent.span_id)
+
+
+async def test_the_live_view_shows_each_batch_and_each_agent_waiting_on_one(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    server = await serve(OrchestrationScenario(subtasks=3), batches=BatchSettings(delay=0.05))
+    run = await batched_run(server, tmp_path)
+    now = [100.0]
+    view = LiveView(SessionTotals(), clock=lambda: now[0])
+    first = next(i for i, e in enumerate(run.events) if isinstance(e, BatchSent))
+    waits = [e for e in run.events[first:] if isinstance(e, BatchWaiting)]
+    cut = next(i for i, e in enumerate(run.events) if isinstance(e, BatchEnded))
+    for event in run.events[:cut]:  # every agent of the first wave waits on its batch
+        view.totals(event)
+        view(event)
+    now[0] += 42
+    text = render(view)
+    sent = run.events[first]
+    assert isinstance(sent, BatchSent)
+    row = next(x for x in text.splitlines() if sent.batch_id in x and "requests" in x)
+    assert re.search(rf"{sent.requests} requests\s+in progress\s+42\.0 s", row), row
+    rows = rows_of(text)
+    for wait in waits[: sent.requests]:
+        role, number = wait.agent.split()
+        line = rows[(int(number.split(".")[1]), role)]
+        assert "waiting on batch msgbatch_" in line, line
+    for event in run.events[cut:]:
+        view.totals(event)
+        view(event)
+    text = render(view)
+    assert "in progress" not in text and "waiting on batch" not in text
+    total = view.totals.all
+    assert total.batched == 9
+    assert f"· {total.batched} batched, ${total.saved:.2f} saved ·" in text
+
+
+async def test_the_report_has_a_batches_section_and_each_batched_agent_says_what_it_saved(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    server = await serve(OrchestrationScenario(subtasks=3), batches=BatchSettings(delay=0.01))
+    run = await batched_run(server, tmp_path)
+    page = render_report(run.history)
+    section = page[page.index('<section id="batches">') :]
+    section = section[: section.index("</section>")]
+    for batch in server.batches.all():
+        n = len(batch.items)
+        row = re.search(
+            rf'<tr class="batch" data-batch="{batch.id}" data-state="ended">.*?</tr>', section
+        )
+        assert row is not None
+        assert f"<td>{n}</td><td>ended: {n} succeeded</td>" in row[0]
+    total = run.history.totals.all
+    assert f'data-saved="{total.saved!r}"' in section and total.saved > 0
+    assert f"9 of {total.requests} model requests batched" in section
+    for agent in run.history.agents:
+        facts = f"{agent.batched} of {agent.requests} requests, saved {money(agent.saved)} ("
+        assert f"<dt>batched</dt><dd>{facts}" in page
+
+
+def test_batch_ids_and_agent_names_from_the_api_are_escaped_in_every_view() -> None:
+    hostile = "msgbatch_<img src=x>\x1b[31m"
+    rows = [
+        event_row(1, TurnStarted("review it", ())),
+        event_row(2, BatchSent(hostile, 1)),
+        event_row(3, BatchWaiting("worker 1.1", hostile)),
+        event_row(4, BatchEnded(hostile, 1, 0, 0, 0, 3.0)),
+    ]
+    history = read_session(rows, session="s")
+    page = render_report(history)
+    assert "<img" not in page and "\x1b" not in page
+    assert "msgbatch_&lt;img src=x&gt;" in page
+    shown = io.StringIO()
+    print_lines(transcript(history), shown)
+    assert "\x1b" not in shown.getvalue() and "msgbatch_<img src=x>\\x1b[31m" in shown.getvalue()
+    stream = io.StringIO()
+    plain_progress = progress.StderrProgress(stream=stream)
+    for row in rows:
+        event = parse_row(row)
+        assert event is not None
+        plain_progress(event)
+    assert "\x1b" not in stream.getvalue() and "[batch] sent msgbatch_<img" in stream.getvalue()
