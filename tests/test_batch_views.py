@@ -149,8 +149,8 @@ async def test_budget_says_what_was_batched_and_what_it_saved_at_the_interactive
         at_once += price.cost(e.usage)
     (line,) = [x for x in run.budget if x.startswith("batched ")]
     assert line == (
-        f"batched    {len(batched)} of {len(done)} requests · ${paid:.4f} of "
-        f"${sum(e.cost for e in done):.4f} paid for them · ${at_once - paid:.4f} saved"
+        f"batched    {len(batched)} of {len(done)} requests · ${paid:.4f} of the "
+        f"${sum(e.cost for e in done):.4f} spent · ${at_once - paid:.4f} saved"
     )
     assert at_once - paid > 0
 

@@ -59,13 +59,13 @@ class RequestTotals:
         )
 
     def describe_batched(self) -> str:
-        """``12 of 20 requests · $0.0600 of $0.2000 paid for them · $0.0600 saved``; ""
-        if none."""
+        """``12 of 20 requests · $0.0600 of the $0.2000 spent · $0.0600 saved``: how many
+        requests were batched, what they cost of the whole, what batching saved; "" if none."""
         if not self.batched:
             return ""
         return (
-            f"{self.batched:,} of {self.requests:,} requests · ${self.batched_cost:.4f} of "
-            f"${self.cost:.4f} paid for them · ${self.saved:.4f} saved"
+            f"{self.batched:,} of {self.requests:,} requests · ${self.batched_cost:.4f} of the "
+            f"${self.cost:.4f} spent · ${self.saved:.4f} saved"
         )
 
     def describe(self) -> str:
