@@ -301,3 +301,22 @@ def test_batch_ids_and_agent_names_from_the_api_are_escaped_in_every_view() -> N
         assert event is not None
         plain_progress(event)
     assert "\x1b" not in stream.getvalue() and "[batch] sent msgbatch_<img" in stream.getvalue()
+
+
+def test_a_nodes_batch_events_reach_the_driver_in_a_jobs_stream() -> None:
+    """On Ray, a node batches its own agents' turns: who waits goes in that agent's job
+    stream, a batch sent or ended in whichever job runs. (No cluster: the actor's routing.)"""
+    pytest.importorskip("ray")
+    from orchmode.executors.ray import AgentPool, Secret
+    from orchmode.model.providers import Credentials
+
+    pool = AgentPool(Settings(), Credentials(api_key=API_KEY), Secret("postgresql://nowhere"))
+    streams: dict[str, list[Event]] = {"worker 1.1": [], "worker 1.2": []}
+    for name, stream in streams.items():
+        pool.routes[name] = stream.append
+    waiting = BatchWaiting("worker 1.2", "msgbatch_01")
+    for event in (BatchSent("msgbatch_01", 2), waiting, BatchEnded("msgbatch_01", 2, 0, 0, 0, 9.0)):
+        pool.events.emit(event)
+    assert waiting in streams["worker 1.2"] and waiting not in streams["worker 1.1"]
+    said = [e for s in streams.values() for e in s if not isinstance(e, BatchWaiting)]
+    assert [type(e) for e in said] == [BatchSent, BatchEnded]
