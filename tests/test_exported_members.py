@@ -46,6 +46,7 @@ EVENTS = {
 ERRORS = {
     "ApprovalNotPending",
     "AuthError",
+    "BatchFailed",
     "BudgetExhausted",
     "CannotResume",
     "ClusterError",
