@@ -17,6 +17,8 @@ from orchmode.model.providers import Credentials
 from orchmode.store.sqlite import SQLiteStore
 from orchmode.testing import BatchFate, BatchSettings, Reply, ScriptedRequest, ScriptedServer
 from orchmode.testing.scenario import OrchestrationScenario, first_user_text, role_of
+from test_isolation import editing, nothing_left, repo
+from test_isolation import run as run_in
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -163,3 +165,26 @@ async def test_a_batched_request_the_api_finds_too_long_fails_as_its_400_would(
     assert isinstance(batched_one, PromptTooLong) and isinstance(interactive, PromptTooLong)
     assert batched_one.tokens == interactive.tokens is not None
     assert len(server.batches.all()) == 1
+
+
+async def test_batched_workers_in_workspaces_of_their_own_land_as_they_do_at_once(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    """Isolation in batch mode: each worker's turns come from batches, its bash runs in its
+    own workspace between them, and only the verified changes are merged."""
+    workdir = repo(tmp_path / "work", {"README": "x\n"})
+    subtasks = [
+        f"Write part {i}{' REFUTE' if i == 4 else ''} $ echo part{i} > part{i}.txt"
+        for i in range(1, 5)
+    ]
+    server = await serve(editing(subtasks), batches=BatchSettings(delay=0.02))
+    settled, _ = await run_in(
+        server, tmp_path, workdir, batch="subagents", batch_window=0.05, batch_poll=0.01
+    )
+    assert [e.fate for e in settled] == ["merged"] * 3 + ["not merged"]
+    for i in range(1, 4):
+        assert (workdir / f"part{i}.txt").read_text() == f"part{i}\n"
+    assert not (workdir / "part4.txt").exists()
+    assert interactive_roles(server) == {"main"}
+    assert sorted(set(batched_roles(server))) == ["verifier", "worker"]
+    nothing_left(workdir)
