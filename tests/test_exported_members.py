@@ -49,6 +49,7 @@ EVENTS = {
 ERRORS = {
     "ApprovalNotPending",
     "AuthError",
+    "BatchFailed",
     "BudgetExhausted",
     "CannotResume",
     "ClusterError",
