@@ -97,11 +97,6 @@ class BatchLog:
             batch = self.batches[batch_id] = BatchRecord(batch_id, at)
         return batch
 
-    @property
-    def open(self) -> list[BatchRecord]:
-        """The batches not seen to end, oldest first."""
-        return sorted((b for b in self.batches.values() if b.ended is None), key=lambda b: b.since)
-
     def waiting_text(self, now: float) -> str:
         """``3 agents wait on 2 batches (12 requests), the oldest sent 4 min ago``; "" if none."""
         if not self.waiting:
