@@ -1,7 +1,7 @@
-"""A session's Message Batches as its events tell them: sent, waited on, ended, and what they saved.
+"""A session's Message Batches as its events tell them: sent, waited on, ended, what they saved.
 
-The live view, ``--plain``, ``orchmode show``, the report and the traces all read batches
-through :class:`BatchLog`, so each tells the same story of the same events.
+The live view, ``--plain``, ``orchmode show`` and the report all read batches through
+:class:`BatchLog`, so each tells the same story of the same events.
 """
 
 from __future__ import annotations
