@@ -13,7 +13,15 @@ import pytest
 from orchmode.model.batch_ids import custom_id
 from orchmode.model.batches import BatchDesk, BatchFailed
 from orchmode.store import Store, open_store
-from orchmode.testing import BatchFate, BatchSettings, Reply, ScriptedRequest, ScriptedServer
+from orchmode.testing import (
+    BatchFate,
+    BatchSettings,
+    Fault,
+    FaultKind,
+    Reply,
+    ScriptedRequest,
+    ScriptedServer,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -200,6 +208,33 @@ async def test_a_request_with_bad_params_ends_errored_and_its_batch_is_answered(
     assert "max_tokens" in refused.error
     assert text_of(fine.message) == "said: fine"
     assert len(server.batches.all()) == 1
+
+
+@pytest.mark.parametrize("kind", ["overloaded", "rate_limit", "server_error"])
+async def test_a_create_turned_away_as_busy_is_tried_again_and_nothing_is_sent_twice(
+    bench: Bench, kind: FaultKind
+) -> None:
+    server = await bench.serve(create_faults=(Fault(kind), Fault(kind)))
+    desk = await bench.desk(server)
+    results = await asyncio.gather(*(desk.ask(params(f"t{n}")) for n in range(5)))
+    assert [text_of(r.message) for r in results] == [f"said: t{n}" for n in range(5)]
+    assert len(server.batches.all()) == 1
+    assert set(server.batches.submissions.values()) == {1}
+    creates = [e.status for e in server.log if e.path == "/v1/messages/batches"]
+    assert creates.count(200) == 1 and len(creates) == 3
+
+
+async def test_a_batch_made_whose_answer_was_lost_is_found_and_not_sent_again(
+    bench: Bench,
+) -> None:
+    server = await bench.serve(delay=0.05, create_faults=(Fault("drop"),))
+    desk = await bench.desk(server)
+    results = await asyncio.gather(*(desk.ask(params(f"t{n}")) for n in range(5)))
+    assert [text_of(r.message) for r in results] == [f"said: t{n}" for n in range(5)]
+    assert len(server.batches.all()) == 1
+    assert set(server.batches.submissions.values()) == {1}
+    found = await desk.store.batch_request(custom_id(params("t0")))
+    assert found is not None and found.batch_id == server.batches.all()[0].id
 
 
 async def test_a_batch_the_api_refuses_fails_every_request_in_it(bench: Bench) -> None:

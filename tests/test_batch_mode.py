@@ -10,12 +10,15 @@ import pytest
 from conftest import API_KEY, StartServer, conversation_for, settings_for
 from orchmode.core.errors import ConfigError, PromptTooLong
 from orchmode.core.events import EventBus, ModelRequestDone
+from orchmode.core.pricing import ModelPrice
 from orchmode.core.settings import Settings
 from orchmode.model.gateway import ModelChoice, session_gateway
 from orchmode.model.providers import Credentials
 from orchmode.store.sqlite import SQLiteStore
 from orchmode.testing import BatchFate, BatchSettings, Reply, ScriptedRequest, ScriptedServer
 from orchmode.testing.scenario import OrchestrationScenario, first_user_text, role_of
+from test_isolation import editing, nothing_left, repo
+from test_isolation import run as run_in
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -73,30 +76,31 @@ async def test_with_verifiers_batched_the_workers_are_answered_at_once(
     assert set(batched_roles(server)) == {"verifier"}
 
 
-async def test_a_batched_request_costs_half_what_the_same_request_costs_at_once(
+async def test_a_batched_request_is_paid_at_half_of_every_rate(
     serve: StartServer, tmp_path: Path
 ) -> None:
-    def costs(done: list[ModelRequestDone]) -> dict[tuple[str, int], float]:
-        """Each agent's requests' dollars, by agent and request, main agent left out."""
-        seen: dict[str, int] = {}
-        out: dict[tuple[str, int], float] = {}
-        for e in done:
-            if e.agent != "main":
-                seen[e.agent] = seen.get(e.agent, 0) + 1
-                out[(e.agent, seen[e.agent])] = e.cost
-        return out
-
-    prices = {"claude-opus-5-5": {"input": 4, "output": 20, "cache_write": 5, "cache_read": 0.2}}
+    """Each batched request costs half what its usage costs at once, the hour-long cache
+    writes of the shared prefix at half their own (higher) rate; the run as a whole costs
+    little more than half the same run answered at once."""
+    price = ModelPrice(input=4, output=20, cache_write=5, cache_read=0.2)
+    prices = {"claude-opus-5-5": price.model_dump()}
     at_once = await serve(OrchestrationScenario(subtasks=6))
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     _, plain = await run(at_once, tmp_path / "a", prices=prices)
     batched = await serve(OrchestrationScenario(subtasks=6), batches=BatchSettings(delay=0.01))
     _, halved = await run(batched, tmp_path / "b", batch="subagents", prices=prices)
-    assert costs(plain).keys() == costs(halved).keys()
-    for key, cost in costs(plain).items():
-        assert cost > 0
-        assert costs(halved)[key] == pytest.approx(cost / 2), key
+    subagents = [e for e in halved if e.agent != "main"]
+    for e in subagents:
+        assert e.cost == pytest.approx(price.cost(e.usage) / 2), e.agent
+    # the system prompt, shared by each role's agents, is written once to be kept an hour
+    assert sum(e.usage.cache_write_1h_tokens for e in subagents) > 0
+    assert all(e.usage.cache_write_1h_tokens == 0 for e in plain)
+    for e in (e for e in plain if e.agent != "main"):
+        assert e.cost == pytest.approx(price.cost(e.usage)), e.agent
+    paid = sum(e.cost for e in subagents)
+    full = sum(e.cost for e in plain if e.agent != "main")
+    assert paid <= 0.6 * full, (paid, full)
 
 
 @pytest.mark.parametrize("provider", ["bedrock", "vertex"])
@@ -161,3 +165,26 @@ async def test_a_batched_request_the_api_finds_too_long_fails_as_its_400_would(
     assert isinstance(batched_one, PromptTooLong) and isinstance(interactive, PromptTooLong)
     assert batched_one.tokens == interactive.tokens is not None
     assert len(server.batches.all()) == 1
+
+
+async def test_batched_workers_in_workspaces_of_their_own_land_as_they_do_at_once(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    """Isolation in batch mode: each worker's turns come from batches, its bash runs in its
+    own workspace between them, and only the verified changes are merged."""
+    workdir = repo(tmp_path / "work", {"README": "x\n"})
+    subtasks = [
+        f"Write part {i}{' REFUTE' if i == 4 else ''} $ echo part{i} > part{i}.txt"
+        for i in range(1, 5)
+    ]
+    server = await serve(editing(subtasks), batches=BatchSettings(delay=0.02))
+    settled, _ = await run_in(
+        server, tmp_path, workdir, batch="subagents", batch_window=0.05, batch_poll=0.01
+    )
+    assert [e.fate for e in settled] == ["merged"] * 3 + ["not merged"]
+    for i in range(1, 4):
+        assert (workdir / f"part{i}.txt").read_text() == f"part{i}\n"
+    assert not (workdir / "part4.txt").exists()
+    assert interactive_roles(server) == {"main"}
+    assert sorted(set(batched_roles(server))) == ["verifier", "worker"]
+    nothing_left(workdir)

@@ -24,6 +24,19 @@ def test_cost_adds_each_kind_of_token_at_its_price() -> None:
     assert PRICE.worst_case(1_000_000, 100_000) == pytest.approx(5 + 2)
 
 
+def test_cache_writes_kept_an_hour_cost_their_own_rate_and_a_batch_halves_every_rate() -> None:
+    usage = TokenUsage(input_tokens=1_000_000, output_tokens=100_000,
+                       cache_write_tokens=400_000, cache_write_1h_tokens=300_000)  # fmt: skip
+    # 100k written for five minutes at 5, 300k for an hour at twice the input rate (8)
+    assert PRICE.cost(usage) == pytest.approx(4 + 2 + 0.5 + 2.4)
+    assert PRICE.batched().cost(usage) == pytest.approx((4 + 2 + 0.5 + 2.4) / 2)
+    own = ModelPrice(input=4, output=20, cache_write=5, cache_read=0.2, cache_write_1h=6)
+    assert own.cost(usage) == pytest.approx(4 + 2 + 0.5 + 1.8)
+    # the worst case counts the hour-long rate only for a request that asks for it
+    assert PRICE.worst_case(1_000_000, 100_000) == pytest.approx(5 + 2)
+    assert PRICE.batched().worst_case(1_000_000, 0, hour_writes=True) == pytest.approx(4)
+
+
 def test_the_default_model_has_a_price() -> None:
     assert "claude-opus-5-5" in default_prices()
 

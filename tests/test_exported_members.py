@@ -17,6 +17,9 @@ EVENTS = {
     "ApprovalRequested",
     "BashDone",
     "BashStarted",
+    "BatchEnded",
+    "BatchSent",
+    "BatchWaiting",
     "BudgetStatus",
     "ChangeSettled",
     "ContextCompacted",
@@ -46,6 +49,7 @@ EVENTS = {
 ERRORS = {
     "ApprovalNotPending",
     "AuthError",
+    "BatchFailed",
     "BudgetExhausted",
     "CannotResume",
     "ClusterError",

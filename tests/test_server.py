@@ -922,6 +922,34 @@ async def test_block_level_cache_control_caches_up_to_the_marker(serve: Serve) -
     assert second.usage.input_tokens > 0
 
 
+async def test_writes_up_to_an_hour_long_breakpoint_are_kept_an_hour_and_the_rest_five_minutes(
+    serve: Serve,
+) -> None:
+    server = await serve(Counting())
+    client = client_for(server)
+    hour: Any = {"type": "ephemeral", "ttl": "1h"}
+    system: Any = [{"type": "text", "text": SYSTEM, "cache_control": hour}]
+    question: Any = {
+        "role": "user",
+        "content": [{"type": "text", "text": "x " * 400, "cache_control": {"type": "ephemeral"}}],
+    }
+    first = await client.messages.create(
+        model=MODEL, max_tokens=5, system=system, messages=[question]
+    )
+    created = first.usage.cache_creation
+    assert created is not None
+    assert created.ephemeral_1h_input_tokens > 0 and created.ephemeral_5m_input_tokens > 0
+    assert first.usage.cache_creation_input_tokens == (
+        created.ephemeral_1h_input_tokens + created.ephemeral_5m_input_tokens
+    )
+    # the system prompt alone, the part kept an hour, is what another question reads back
+    other: Any = {"role": "user", "content": "another question"}
+    second = await client.messages.create(
+        model=MODEL, max_tokens=5, system=system, messages=[other]
+    )
+    assert second.usage.cache_read_input_tokens == created.ephemeral_1h_input_tokens
+
+
 async def test_no_cache_control_means_no_cache_accounting(serve: Serve) -> None:
     server = await serve(Counting())
     client = client_for(server)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from .core import events as _events
 from .core.errors import (
     AuthError,
+    BatchFailed,
     BudgetExhausted,
     ClusterError,
     ConfigError,
@@ -101,6 +102,7 @@ __all__ = [
     "ApprovalNotPending",
     "ApprovalRequest",
     "AuthError",
+    "BatchFailed",
     "BudgetExhausted",
     "BudgetReport",
     "CannotResume",

@@ -12,7 +12,8 @@ of trouble. Every class below is exported from ``orchmode``::
     │   ├── Overloaded              429/529 for longer than overload_patience
     │   └── TransientFailure        a 5xx, timeout or lost connection, retries spent
     ├── ModelRequestError         exit 5: the API refused a request (a 4xx)
-    │   └── PromptTooLong           the request passed the context window
+    │   ├── PromptTooLong           the request passed the context window
+    │   └── BatchFailed             the API refused to create a message batch
     ├── StoreError                exit 6: the store cannot be opened, read or written
     ├── BudgetExhausted           exit 7: a cap of the session's budget would be crossed
     ├── SandboxError              exit 8: bash cannot be sandboxed here
@@ -83,6 +84,10 @@ class PromptTooLong(ModelRequestError):
     def __init__(self, message: str, tokens: int | None = None) -> None:
         super().__init__(message)
         self.tokens = tokens
+
+
+class BatchFailed(ModelRequestError):
+    """The API refused to create a message batch (see :mod:`orchmode.model.batches`)."""
 
 
 class StoreError(OrchmodeError, exit_code=6):

@@ -57,6 +57,8 @@ class TokenUsage:
     output_tokens: int = 0
     cache_read_tokens: int = 0
     cache_write_tokens: int = 0
+    #: Of ``cache_write_tokens``, those written to be kept an hour (billed at a higher rate).
+    cache_write_1h_tokens: int = 0
 
     def __add__(self, other: TokenUsage) -> TokenUsage:
         return TokenUsage(
@@ -64,6 +66,7 @@ class TokenUsage:
             self.output_tokens + other.output_tokens,
             self.cache_read_tokens + other.cache_read_tokens,
             self.cache_write_tokens + other.cache_write_tokens,
+            self.cache_write_1h_tokens + other.cache_write_1h_tokens,
         )
 
     @property
@@ -405,6 +408,38 @@ class WorkspacesChosen:
     reason: str = ""
 
 
+@dataclass(frozen=True)
+class BatchSent:
+    """A Message Batch was created: its id and how many agent turns it holds."""
+
+    batch_id: str
+    requests: Count
+
+
+@dataclass(frozen=True)
+class BatchEnded:
+    """A Message Batch ended: its results by outcome, and how long it was watched."""
+
+    batch_id: str
+    succeeded: Count
+    errored: Count
+    expired: Count
+    canceled: Count
+    duration: Seconds
+
+    @property
+    def requests(self) -> int:
+        return self.succeeded + self.errored + self.expired + self.canceled
+
+
+@dataclass(frozen=True)
+class BatchWaiting:
+    """An agent's turn waits on a Message Batch for its answer (until its request is done)."""
+
+    agent: str
+    batch_id: str
+
+
 Event = (
     ModelRequestDone
     | ModelRequestRetried
@@ -432,6 +467,9 @@ Event = (
     | ResultCondensed
     | ChangeSettled
     | WorkspacesChosen
+    | BatchSent
+    | BatchEnded
+    | BatchWaiting
 )
 
 #: Every kind of event, in the order of :data:`Event`: what the store records and reads back,

@@ -23,13 +23,22 @@ class ModelPrice(BaseModel):
     output: float = Field(ge=0)
     cache_write: float = Field(ge=0)
     cache_read: float = Field(ge=0)
+    #: Writes kept in the cache for an hour (``ttl: "1h"``, as a batched request's prefix
+    #: is); default: twice ``input``, the API's rate.
+    cache_write_1h: float | None = Field(default=None, ge=0)
+
+    @property
+    def hour_write(self) -> float:
+        return self.input * 2 if self.cache_write_1h is None else self.cache_write_1h
 
     def cost(self, usage: TokenUsage) -> float:
         """Dollars for one request's usage."""
+        hour = min(usage.cache_write_1h_tokens, usage.cache_write_tokens)
         return (
             usage.input_tokens * self.input
             + usage.output_tokens * self.output
-            + usage.cache_write_tokens * self.cache_write
+            + (usage.cache_write_tokens - hour) * self.cache_write
+            + hour * self.hour_write
             + usage.cache_read_tokens * self.cache_read
         ) / 1_000_000
 
@@ -41,11 +50,16 @@ class ModelPrice(BaseModel):
             output=self.output * BATCH_SHARE,
             cache_write=self.cache_write * BATCH_SHARE,
             cache_read=self.cache_read * BATCH_SHARE,
+            cache_write_1h=self.hour_write * BATCH_SHARE,
         )
 
-    def worst_case(self, input_tokens: int, output_tokens: int) -> float:
-        """The most a request of this size could cost, however the cache behaves."""
-        dearest_input = max(self.input, self.cache_write, self.cache_read)
+    def worst_case(
+        self, input_tokens: int, output_tokens: int, *, hour_writes: bool = False
+    ) -> float:
+        """The most a request of this size could cost, however the cache behaves (its
+        writes kept an hour, if it asks for that)."""
+        rates = (self.input, self.cache_write, self.cache_read)
+        dearest_input = max(*rates, self.hour_write) if hour_writes else max(rates)
         return (input_tokens * dearest_input + output_tokens * self.output) / 1_000_000
 
 

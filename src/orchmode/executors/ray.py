@@ -38,6 +38,9 @@ from ..core.events import (
     ApprovalRequested,
     BashDone,
     BashStarted,
+    BatchEnded,
+    BatchSent,
+    BatchWaiting,
     Event,
     EventBus,
     McpCallDone,
@@ -78,6 +81,7 @@ AGENT_EVENTS = (
     NetworkConnection,
     ApprovalRequested,
     ApprovalAnswered,
+    BatchWaiting,
 )
 
 #: Seconds to wait for the head node's port to answer before giving up.
@@ -265,7 +269,7 @@ class AgentPool:
         deliver: Callable[[Event], None] | None = None
         if isinstance(event, AGENT_EVENTS):
             deliver = self.routes.get(event.agent)
-        elif isinstance(event, McpServerFailed | WorkspacesChosen):
+        elif isinstance(event, McpServerFailed | WorkspacesChosen | BatchSent | BatchEnded):
             # Said once on the node: to whichever job is running, so the driver says it too.
             deliver = next(iter(self.routes.values()), None)
         if deliver is not None:

@@ -549,7 +549,9 @@ class FanoutEngine:
         report_path = self._save(role, prompt, key, result, verdict)
         # A journal hit asked the model nothing: it used no tokens and cost nothing now.
         usage = TokenUsage() if from_journal else result.usage
-        price = self.settings.price(model or self.settings.model_for(role))
+        price = self.settings.price(
+            model or self.settings.model_for(role), batched=self.settings.batched(role)
+        )
         self.events.emit(
             SubagentDone(
                 call,

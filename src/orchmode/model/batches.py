@@ -20,12 +20,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ..core.errors import OrchmodeError
+import anthropic
+
+from ..core.errors import BatchFailed
 from ..store import Store
 from .batch_ids import custom_id
 
 log = logging.getLogger("orchmode")
 
+#: Creates of one batch that the API turned away as busy, before the turns hear of it.
+CREATE_ATTEMPTS = 6
 #: The API's limits on one batch.
 MAX_REQUESTS = 100_000
 MAX_BYTES = 256 * 1024 * 1024
@@ -53,10 +57,6 @@ class BatchResult:
     #: and message.
     error_type: str = ""
     error: str = ""
-
-
-class BatchFailed(OrchmodeError):
-    """A batch could not be created (the API refused its requests, or is unreachable)."""
 
 
 class _Unsent(Exception):
@@ -100,22 +100,34 @@ class BatchDesk:
     #: The batches sent or looked in that have not been seen to end.
     _open: set[str] = field(default_factory=set)
 
-    async def ask(self, params: Mapping[str, Any], attempt: int = 0) -> BatchResult:
+    async def ask(
+        self,
+        params: Mapping[str, Any],
+        attempt: int = 0,
+        on_waiting: Callable[[str], None] | None = None,
+    ) -> BatchResult:
         """The result of ``params`` (a Messages request's body, without ``stream``) at
-        ``attempt``: from the batch that already holds it, if one does, else from a new one."""
+        ``attempt``: from the batch that already holds it, if one does, else from a new one.
+
+        ``on_waiting`` hears the id of the batch the request waits on, once it is known."""
         cid = custom_id(params, attempt)
-        record = await self.store.batch_request(cid)
-        if record is not None and record.batch_id:
-            return await self._result(record.batch_id, cid)
-        if record is not None:
-            found = await self._find(cid, record.recorded_at)
-            if found is not None:
-                return found
-        try:
-            batch_id = await self._gather(cid, params)
-        except _Unsent:
-            return BatchResult(cid, "canceled", error="canceled before its batch was sent")
-        return await self._result(batch_id, cid)
+        while True:
+            record = await self.store.batch_request(cid)
+            if record is not None and record.batch_id:
+                return await self._result(record.batch_id, cid, on_waiting)
+            if record is not None:
+                found = await self._find(cid, record.recorded_at)
+                if found is not None:
+                    return found
+            try:
+                batch_id = await self._gather(cid, params)
+            except _Unsent:
+                return BatchResult(cid, "canceled", error="canceled before its batch was sent")
+            if batch_id:
+                return await self._result(batch_id, cid, on_waiting)
+            # The create's answer was lost: its batch may exist. Look for it again, as a
+            # resumed run would, before sending anything twice.
+            self._listed = None
 
     async def cancel(self) -> None:
         """Cancel every batch still being processed (the run was interrupted), the ones
@@ -175,30 +187,62 @@ class BatchDesk:
             task.add_done_callback(self._sending.discard)
 
     async def _send(self, batch: list[_Waiting]) -> None:
-        """Record the requests, create their batch, record its id; tell each request."""
+        """Record the requests, create their batch, record its id; tell each request the
+        batch's id ('' when the API's answer was lost, so the batch may or may not exist)."""
         ids = [waiting.custom_id for waiting in batch]
         try:
             await self.store.record_batch_requests(self.session, ids)
-            created = await self.batches.create(
-                requests=[{"custom_id": w.custom_id, "params": dict(w.params)} for w in batch]
-            )
-            await self.store.record_batch_requests(self.session, ids, created.id)
+            batch_id = await self._create(batch)
+            if batch_id:
+                await self.store.record_batch_requests(self.session, ids, batch_id)
         except Exception as exc:  # every waiting turn hears of it, none is left hanging
-            failed = BatchFailed(f"could not send a batch of {len(batch)} requests: {exc}")
+            failed = (
+                exc
+                if isinstance(exc, BatchFailed)
+                else BatchFailed(f"could not send a batch of {len(batch)} requests: {exc}")
+            )
             for waiting in batch:
                 if not waiting.sent.done():
                     waiting.sent.set_exception(failed)
             return
-        self._open.add(created.id)
-        if self.on_sent is not None:
-            self.on_sent(created.id, len(batch))
+        if batch_id:
+            self._open.add(batch_id)
+            if self.on_sent is not None:
+                self.on_sent(batch_id, len(batch))
         for waiting in batch:
             if not waiting.sent.done():
-                waiting.sent.set_result(created.id)
+                waiting.sent.set_result(batch_id)
+
+    async def _create(self, batch: list[_Waiting]) -> str:
+        """The new batch's id; '' when the connection broke before the API answered. A
+        create the API turned away as overloaded, rate-limited or failing (nothing was
+        made) is tried again after a wait; one it refused is a :class:`BatchFailed`."""
+        requests = [{"custom_id": w.custom_id, "params": dict(w.params)} for w in batch]
+        for attempt in range(CREATE_ATTEMPTS):
+            try:
+                created = await self.batches.create(requests=requests)
+                return str(created.id)
+            except anthropic.APIStatusError as exc:
+                busy = exc.status_code in (408, 409, 429, 529) or exc.status_code >= 500
+                if not busy or attempt == CREATE_ATTEMPTS - 1:
+                    raise BatchFailed(
+                        f"the API refused a batch of {len(batch)} requests "
+                        f"({exc.status_code}): {exc.message}"
+                    ) from exc
+                log.info("batch create answered %s; trying again", exc.status_code)
+                await asyncio.sleep(min(LONGEST_POLL, self.first_poll * 2**attempt))
+            except anthropic.APIConnectionError as exc:  # timeouts too: made or not, unknown
+                log.info("the answer to a batch create was lost (%s); looking for it", exc)
+                return ""
+        raise AssertionError("unreachable")  # the last attempt returns or raises
 
     # ------------------------------------------------------------------ watching and finding
 
-    async def _result(self, batch_id: str, cid: str) -> BatchResult:
+    async def _result(
+        self, batch_id: str, cid: str, on_waiting: Callable[[str], None] | None = None
+    ) -> BatchResult:
+        if on_waiting is not None:
+            on_waiting(batch_id)
         results = await asyncio.shield(self._watch(batch_id))
         return results.get(cid) or BatchResult(
             cid, "errored", error=f"batch {batch_id} ended without a result for this request"

@@ -78,7 +78,7 @@ class SessionBudget:
         input_tokens = estimate_input_tokens(system, messages, tools)
         output_tokens = self.settings.max_tokens
         price = self.settings.price(model, batched=batched)
-        cost = price.worst_case(input_tokens, output_tokens) if price else 0.0
+        cost = price.worst_case(input_tokens, output_tokens, hour_writes=batched) if price else 0.0
         reservation = Reservation(input_tokens + output_tokens, cost)
         if not await self.store.reserve(
             self.session, self.caps, subagents=0, tokens=reservation.tokens, cost=cost

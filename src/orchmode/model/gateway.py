@@ -22,6 +22,9 @@ import httpx2
 
 from ..core.errors import Overloaded, StreamInterrupted, TransientFailure
 from ..core.events import (
+    BatchEnded,
+    BatchSent,
+    BatchWaiting,
     EventBus,
     ModelRequestDone,
     ModelRequestFailed,
@@ -369,9 +372,13 @@ class ModelGateway:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.settings.batch_timeout
         attempt = 0
+
+        def waiting(batch_id: str) -> None:
+            self.events.emit(BatchWaiting(agent, batch_id))
+
         while (left := deadline - loop.time()) > 0:
             try:
-                result = await asyncio.wait_for(self.desk.ask(body, attempt), left)
+                result = await asyncio.wait_for(self.desk.ask(body, attempt, waiting), left)
             except TimeoutError:
                 break
             if result.outcome == "succeeded" and result.message is not None:
@@ -469,5 +476,19 @@ def session_gateway(
             window=settings.batch_window,
             max_requests=settings.batch_max_requests,
             first_poll=settings.batch_poll,
+            on_sent=lambda batch_id, requests: events.emit(BatchSent(batch_id, requests)),
+            on_ended=lambda batch_id, counts, took: events.emit(_ended(batch_id, counts, took)),
         )
     return gateway
+
+
+def _ended(batch_id: str, counts: dict[str, int], duration: float) -> BatchEnded:
+    """The event of a batch that ended, from its counts by outcome."""
+    return BatchEnded(
+        batch_id,
+        counts.get("succeeded", 0),
+        counts.get("errored", 0),
+        counts.get("expired", 0),
+        counts.get("canceled", 0),
+        duration,
+    )

@@ -162,6 +162,9 @@ class ReplyBuilder:
             value = getattr(usage, field_name, None)
             if value is not None:
                 self.usage[field_name] = value
+        hour = getattr(getattr(usage, "cache_creation", None), _HOUR_WRITES, None)
+        if isinstance(hour, int):
+            self.usage[_HOUR_WRITES] = hour
 
     def missing(self) -> str | None:
         """What the stream lacked to be a whole response, in the API's own terms; None when
@@ -187,6 +190,7 @@ class ReplyBuilder:
             output_tokens=self.usage.get("output_tokens", 0),
             cache_read_tokens=self.usage.get("cache_read_input_tokens", 0),
             cache_write_tokens=self.usage.get("cache_creation_input_tokens", 0),
+            cache_write_1h_tokens=self.usage.get(_HOUR_WRITES, 0),
         )
         return ModelReply(
             self.message_id,
@@ -214,6 +218,9 @@ def reply_of_message(message: Any) -> ModelReply:
     builder.stop_details = cast(StopDetails, dict(details)) if isinstance(details, dict) else None
     usage = message.get("usage") or {}
     builder.usage = {name: int(usage[name]) for name in _USAGE if isinstance(usage.get(name), int)}
+    hour = (usage.get("cache_creation") or {}).get(_HOUR_WRITES)
+    if isinstance(hour, int):
+        builder.usage[_HOUR_WRITES] = hour
     content = message.get("content") or []
     builder.blocks = {i: dict(block) for i, block in enumerate(content) if isinstance(block, dict)}
     return builder.reply()
@@ -225,6 +232,8 @@ _USAGE = (
     "cache_read_input_tokens",
     "cache_creation_input_tokens",
 )
+#: Of the cache writes (``usage.cache_creation``), those kept an hour.
+_HOUR_WRITES = "ephemeral_1h_input_tokens"
 
 
 def _as_json(value: Any) -> ApiObject:

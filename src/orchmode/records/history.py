@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from ..core.events import (
     BashDone,
+    BatchWaiting,
     ChangeSettled,
     ContextCompacted,
     Event,
@@ -36,6 +37,7 @@ from ..core.events import (
 from ..core.results import Report, read_report
 from ..core.wire import has_block, joined_text, read_history
 from ..store import EventRow
+from .batches import BatchLog, saved_by_batching
 from .codec import parse_row
 from .network import NetworkLog
 from .steps import Command, Compaction, CondensedResult, SettledChange
@@ -107,6 +109,12 @@ class AgentRecord:
     verdict: str | None = None
     result: str = ""
     requests: int = 0
+    #: its requests answered from a Message Batch, the dollars paid for them, and the batches
+    batched: int = 0
+    batched_cost: float = 0.0
+    batches: list[str] = field(default_factory=list)
+    #: what its requests cost as each was paid for (a batched one at the batch price)
+    paid: float = 0.0
     commands: list[Command] = field(default_factory=list)
     #: the Ray node it ran on; empty when it ran in the user's own process (or never ran)
     node: str = ""
@@ -154,6 +162,11 @@ class AgentRecord:
     @property
     def tokens(self) -> int:
         return self.usage.total_input + self.usage.output_tokens
+
+    @property
+    def saved(self) -> float:
+        """Dollars its batched requests saved against the same requests sent at once."""
+        return saved_by_batching(self.batched_cost)
 
 
 @dataclass
@@ -306,6 +319,8 @@ class SessionHistory:
     last_at: float | None
     #: rows that could not be understood and were left out
     skipped: int = 0
+    #: its Message Batches and who waited on them
+    batches: BatchLog = field(default_factory=BatchLog)
 
     @property
     def agents(self) -> list[AgentRecord]:
@@ -327,6 +342,7 @@ def read_session(
 ) -> SessionHistory:
     """A session's history from its event rows (in order); ``state`` adds the answers."""
     totals = SessionTotals()
+    batches = BatchLog()
     turns: list[Turn] = []
     skipped = 0
     first_at: float | None = None
@@ -340,6 +356,7 @@ def read_session(
         first_at = at if first_at is None else min(first_at, at)
         last_at = at if last_at is None else max(last_at, at)
         totals(event)
+        batches.follow(event, at)
         if isinstance(event, TurnStarted):
             turns.append(Turn(len(turns) + 1, event.text, event.notices, at, last_at=at))
             continue
@@ -349,7 +366,7 @@ def read_session(
     if state is not None:
         for turn, answer in zip(turns, answers(state, len(turns)), strict=True):
             turn.answer = answer
-    return SessionHistory(session, workdir, turns, totals, first_at, last_at, skipped)
+    return SessionHistory(session, workdir, turns, totals, first_at, last_at, skipped, batches)
 
 
 def _apply(turn: Turn, event: Event, at: float) -> None:
@@ -368,6 +385,13 @@ def _apply(turn: Turn, event: Event, at: float) -> None:
             agent = _agent_named(turn, event.agent, at)
             if agent is not None:
                 agent.requests += 1
+                agent.paid += event.cost
+                agent.batched += event.batched
+                agent.batched_cost += event.cost if event.batched else 0.0
+        case BatchWaiting():
+            agent = _agent_named(turn, event.agent, at)
+            if agent is not None and event.batch_id not in agent.batches:
+                agent.batches.append(event.batch_id)
         case BashDone() | McpCallDone():
             _command_done(turn, event, at)
         case ContextCompacted():
@@ -449,6 +473,8 @@ def _subagent_done(turn: Turn, event: SubagentDone, at: float) -> None:
     agent.status, agent.turns, agent.usage = event.status, event.turns, event.usage
     agent.duration, agent.from_journal = event.duration, event.from_journal
     agent.verdict, agent.result, agent.cost = event.verdict, event.result, event.cost
+    if agent.batched:  # its requests' own costs: any it had to ask at once are at full price
+        agent.cost = agent.paid
     if event.node:  # where it finished, if it was placed on a node
         agent.node = event.node
     if event.report_path:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from ..core.events import Event, ModelRequestDone, TokenUsage
 from ..store import EventRow
+from .batches import saved_by_batching
 from .codec import parse_row
 
 
@@ -23,20 +24,49 @@ class RequestTotals:
     usage: TokenUsage = field(default_factory=TokenUsage)
     #: Dollars, from :attr:`Settings.prices` (0 for a model without a price).
     cost: float = 0.0
+    #: Of those, the requests answered from a Message Batch and the dollars paid for them.
+    batched: int = 0
+    batched_cost: float = 0.0
 
     @property
     def tokens(self) -> int:
         """Every token billed: input (cached and not) and output, as the budget counts them."""
         return self.usage.total_input + self.usage.output_tokens
 
+    @property
+    def saved(self) -> float:
+        """Dollars batching saved: the batched requests' usage at the interactive price,
+        less what was paid."""
+        return saved_by_batching(self.batched_cost)
+
     def __add__(self, other: RequestTotals) -> RequestTotals:
         return RequestTotals(
-            self.requests + other.requests, self.usage + other.usage, self.cost + other.cost
+            self.requests + other.requests,
+            self.usage + other.usage,
+            self.cost + other.cost,
+            self.batched + other.batched,
+            self.batched_cost + other.batched_cost,
         )
 
-    def plus(self, usage: TokenUsage, cost: float) -> RequestTotals:
-        """These totals and one more request."""
-        return RequestTotals(self.requests + 1, self.usage + usage, self.cost + cost)
+    def plus(self, usage: TokenUsage, cost: float, *, batched: bool = False) -> RequestTotals:
+        """These totals and one more request (``batched``: answered from a batch)."""
+        return RequestTotals(
+            self.requests + 1,
+            self.usage + usage,
+            self.cost + cost,
+            self.batched + batched,
+            self.batched_cost + (cost if batched else 0.0),
+        )
+
+    def describe_batched(self) -> str:
+        """``12 of 20 requests · $0.0600 of the $0.2000 spent · $0.0600 saved``: how many
+        requests were batched, what they cost of the whole, what batching saved; "" if none."""
+        if not self.batched:
+            return ""
+        return (
+            f"{self.batched:,} of {self.requests:,} requests · ${self.batched_cost:.4f} of the "
+            f"${self.cost:.4f} spent · ${self.saved:.4f} saved"
+        )
 
     def describe(self) -> str:
         """One line: requests, input with its cached share, output, dollars."""
@@ -101,12 +131,13 @@ class SessionTotals:
 
     def __call__(self, event: Event) -> None:
         if isinstance(event, ModelRequestDone):
+            batched = event.batched
             if event.agent == "main":
-                self.main = self.main.plus(event.usage, event.cost)
+                self.main = self.main.plus(event.usage, event.cost, batched=batched)
             else:
-                self.subagents = self.subagents.plus(event.usage, event.cost)
+                self.subagents = self.subagents.plus(event.usage, event.cost, batched=batched)
             known = self.by_model.get(event.model, RequestTotals())
-            self.by_model[event.model] = known.plus(event.usage, event.cost)
+            self.by_model[event.model] = known.plus(event.usage, event.cost, batched=batched)
             self.cache_misses += event.cache_miss is not None
 
     @property

@@ -252,8 +252,11 @@ class Session:
         return await interrupted(self._engine.store, self.id) is not None
 
     async def budget(self) -> BudgetReport:
-        """The session's budget ledger: subagents, tokens and dollars against their caps."""
+        """The session's budget ledger: subagents, tokens and dollars against their caps
+        (what its requests used is settled first: without caps that happens in the
+        background)."""
         self._check_open("read its budget")
+        await self._engine.budget.flush()
         return await budget_report(self._engine.store, self.id, self._engine.settings)
 
     async def _one_turn(self, work: Callable[[], Coroutine[Any, Any, T]]) -> T:

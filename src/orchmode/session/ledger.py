@@ -48,6 +48,8 @@ class BudgetReport:
         ]
         if models := self.used.describe_models():
             lines.append(f"models     {models}")
+        if batched := self.used.all.describe_batched():
+            lines.append(f"batched    {batched}")
         lines.append(f"cache      {self.used.describe_cache()}")
         return lines
 

@@ -34,6 +34,9 @@ from ..core.events import (
     ApprovalAnswered,
     ApprovalRequested,
     BashDone,
+    BatchEnded,
+    BatchSent,
+    BatchWaiting,
     ChangeSettled,
     Event,
     FanoutDone,
@@ -90,6 +93,9 @@ class Traces:
     _tools: dict[str, Span] = field(default_factory=dict, init=False, repr=False)
     #: Each parked agent's wait for the user's answer, by the approval's id.
     _waits: dict[int, Span] = field(default_factory=dict, init=False, repr=False)
+    #: Each Message Batch not yet ended, and the batch each agent's request waits on.
+    _batches: dict[str, Span] = field(default_factory=dict, init=False, repr=False)
+    _batch_of: dict[str, str] = field(default_factory=dict, init=False, repr=False)
     #: Retries of each agent's request in flight, until the request's span is made.
     _retries: dict[str, list[tuple[int, ModelRequestRetried]]] = field(
         default_factory=dict, init=False, repr=False
@@ -115,7 +121,12 @@ class Traces:
     def close(self) -> None:
         """End what is still open (an interrupted turn) and send every span."""
         now = time.time_ns()
-        open_spans = [*self._waits.values(), *self._tools.values(), *self._agents.values()]
+        open_spans = [
+            *self._waits.values(),
+            *self._tools.values(),
+            *self._agents.values(),
+            *self._batches.values(),
+        ]
         for span in [*open_spans, *self._calls.values()]:
             span.set_attribute("orchmode.interrupted", True)
             span.end(now)
@@ -123,6 +134,7 @@ class Traces:
             self._turn.set_attribute("orchmode.interrupted", True)
             self._turn.end(now)
         self._waits.clear()
+        self._batches.clear()
         self._tools.clear()
         self._agents.clear()
         self._calls.clear()
@@ -280,12 +292,47 @@ class Traces:
             start=end - int(event.duration * 1e9),
             kind="client",
         )
+        span.set_attribute("orchmode.batched", event.batched)
+        batch_id = self._batch_of.pop(event.agent, None)
+        if event.batched and batch_id is not None:
+            span.set_attribute("orchmode.batch.id", batch_id)
         if event.retries:
             span.set_attribute("orchmode.retries", event.retries)
         if event.cache_miss:
             span.set_attribute("orchmode.cache_miss", event.cache_miss)
         self._add_retries(span, event.agent)
         span.end(end)
+
+    def _batch(self, batch_id: str) -> Span:
+        """A batch's span, from when it was sent (or, sent by an earlier run, first waited on)."""
+        span = self._batches.get(batch_id)
+        if span is None:
+            attributes: Attributes = {"orchmode.batch.id": batch_id}
+            span = self._batches[batch_id] = self._start(
+                f"batch {batch_id}", self._turn, attributes
+            )
+        return span
+
+    def _batch_sent(self, event: BatchSent) -> None:
+        self._batch(event.batch_id).set_attribute("orchmode.batch.requests", event.requests)
+
+    def _batch_waiting(self, event: BatchWaiting) -> None:
+        self._batch_of[event.agent] = event.batch_id
+        span = self._batch(event.batch_id)
+        span.add_event("agent waiting", {"gen_ai.agent.name": event.agent})
+
+    def _batch_ended(self, event: BatchEnded) -> None:
+        span = self._batch(event.batch_id)
+        del self._batches[event.batch_id]
+        span.set_attributes(
+            {
+                "orchmode.batch.succeeded": event.succeeded,
+                "orchmode.batch.errored": event.errored,
+                "orchmode.batch.expired": event.expired,
+                "orchmode.batch.canceled": event.canceled,
+            }
+        )
+        span.end()
 
     def _request_failed(self, event: ModelRequestFailed) -> None:
         end = time.time_ns()
@@ -501,6 +548,9 @@ _HANDLERS: dict[type[Any], Any] = {
     ModelRequestDone: Traces._request_done,
     ModelRequestFailed: Traces._request_failed,
     ModelRequestRetried: Traces._request_retried,
+    BatchSent: Traces._batch_sent,
+    BatchWaiting: Traces._batch_waiting,
+    BatchEnded: Traces._batch_ended,
     BashDone: Traces._bash_done,
     McpCallStarted: Traces._mcp_started,
     McpCallDone: Traces._mcp_done,

@@ -21,7 +21,7 @@ from typing import Literal
 from ..core.events import TokenUsage
 from ..core.wire import ApiObject, JsonRecord
 from .cache import CacheUsage, EditedPrompt
-from .replies import Reply, _new_id
+from .replies import Fault, Reply, _new_id
 
 __all__ = ["Batch", "BatchItem", "BatchSettings", "BatchStore"]
 
@@ -37,9 +37,13 @@ class BatchSettings:
     ``cancel_delay`` how long a canceled batch stays ``canceling``; ``expiry`` how long
     after creation a batch still unanswered ends with its requests ``expired`` (the API's
     24 hours). The limits are here so a test can reach them with a small batch.
+    ``create_faults`` answer the first creates, one each, in order: an error status (the
+    batch is not made), or ``drop`` — the batch is made, then the connection is cut before
+    the answer, so the client cannot know it was.
     """
 
     delay: float = 0.0
+    create_faults: tuple[Fault, ...] = ()
     cancel_delay: float = 0.0
     expiry: float = 24 * 3600.0
     max_requests: int = 100_000

@@ -27,7 +27,7 @@ from .batch_requests import read_batch_requests
 from .batch_store import Batch, BatchItem, BatchSettings, BatchStore
 from .cache import EditedPrompt
 from .replies import Answer, Fault, Recorded, Reply, Responder, ScriptedRequest, _new_id
-from .responses import Outcome, error_body, fault_refusal, invalid
+from .responses import Outcome, abort, error_body, fault_refusal, invalid
 
 __all__ = ["BATCHES_PATH", "BatchSettings", "MessageBatches", "Respond"]
 
@@ -70,6 +70,8 @@ class MessageBatches:
     def __init__(self, server: BatchHost, settings: BatchSettings) -> None:
         self._server = server
         self._store = BatchStore(settings, self._answer_batch)
+        #: Creates answered so far, to pick each one's ``create_faults`` entry.
+        self._creates = 0
 
     @property
     def settings(self) -> BatchSettings:
@@ -151,8 +153,16 @@ class MessageBatches:
             return self._server._prepare(arrival.betas, params, False)
 
         items = read_batch_requests(arrival.raw, arrival.body, self.settings, prepare)
-        headers = arrival.entry.headers
-        return self._shown(request, self._store.create(items, arrival.betas, headers))
+        faults, self._creates = self.settings.create_faults, self._creates + 1
+        fault = faults[self._creates - 1] if self._creates <= len(faults) else None
+        if fault is not None and fault.kind != "drop":
+            refusal = fault_refusal(fault, False, 1.0)
+            assert refusal is not None  # only a drop cuts a reply short
+            raise refusal
+        batch = self._store.create(items, arrival.betas, arrival.entry.headers)
+        if fault is not None:  # made, and the answer lost on the way
+            abort(request)
+        return self._shown(request, batch)
 
     async def _retrieve(self, request: web.Request, arrival: Arrival) -> web.Response:
         return self._shown(request, self._found(request))

@@ -208,7 +208,11 @@ class PromptCache:
             self._prefixes.update((model, hashes[k]) for k in breakpoints)
         read = cumulative[hit] // _CHARS_PER_TOKEN
         created = max(0, cumulative[last] // _CHARS_PER_TOKEN - read)
-        long_lived = created if segments[last - 1].ttl == "1h" else 0
+        # Written up to the last hour-long breakpoint is kept an hour; the rest five minutes
+        # (the API takes hour-long breakpoints only before the five-minute ones).
+        hourly = [k for k in breakpoints if segments[k - 1].ttl == "1h"]
+        hour_end = cumulative[hourly[-1]] // _CHARS_PER_TOKEN if hourly else 0
+        long_lived = min(created, max(0, hour_end - read))
         return CacheUsage(
             input_tokens=max(0, total - read - created),
             cache_creation_input_tokens=created,

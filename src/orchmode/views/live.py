@@ -46,6 +46,7 @@ from ..core.events import (
     TurnDone,
     TurnStarted,
 )
+from ..records.batches import BatchLog
 from ..records.history import Resolving
 from ..records.network import NetworkLog, connection_text, hint, question_text
 from ..records.totals import SessionTotals
@@ -64,6 +65,8 @@ SKIPPED = "skipped by budget"
 COMMANDS_SHOWN = 12
 #: Refused domains kept on screen (one line per agent and domain), the latest ones.
 DENIALS_SHOWN = 8
+#: Batches the live view lists: the latest, as a long run sends many.
+BATCHES_SHOWN = 6
 
 #: The subagents' names begin with their role: ``worker 2.7``, ``resolver 2.7``.
 _SUBAGENTS = ("worker", "verifier", "resolver")
@@ -211,6 +214,8 @@ class LiveView:
         self.resolving = Resolving()
         #: the turn's connections through the network proxy and its questions to the user
         self.network = NetworkLog()
+        #: the turn's Message Batches and the agents waiting on one
+        self.batches = BatchLog()
         self._lock = threading.Lock()  # Rich redraws from its own thread
         self._live: Live | None = None
 
@@ -270,6 +275,8 @@ class LiveView:
         if isinstance(event, NetworkConnection | ApprovalRequested | ApprovalAnswered):
             self.network.follow(event, self.clock())
             return
+        if self.batches.follow(event, self.clock()):
+            return
         match event:
             case TurnStarted():
                 self.calls.clear()
@@ -278,6 +285,7 @@ class LiveView:
                 self.compaction, self.compactions = None, 0
                 self.resolving = Resolving()
                 self.network = NetworkLog()
+                self.batches = BatchLog()
             case BashStarted(agent=agent, command=command):
                 row = self._row_of(agent)
                 if row is not None:
@@ -394,6 +402,8 @@ class LiveView:
             parts.append(self._context_line(self.compaction))
         if self.network.reaches:
             parts.append(self._network())
+        if self.batches:
+            parts.append(self._batches(now))
         if self.network.pending:  # last above the footer: where the eye lands
             parts.append(self._waiting(now))
         parts.append(self.footer(now))
@@ -413,6 +423,28 @@ class LiveView:
                 table.add_row(Text(f"[{traffic.agent}]"), Text(traffic.summary()))
         for reach in denials[-DENIALS_SHOWN:]:
             table.add_row(Text(f"[{reach.agent}]"), Text(connection_text(reach), style="red"))
+        return table
+
+    def _batches(self, now: float) -> Table:
+        """The turn's latest batches: requests, state, age, and how many agents wait on each."""
+        shown = list(self.batches.batches.values())[-BATCHES_SHOWN:]
+        title = "batches"
+        if len(self.batches.batches) > len(shown):
+            title += f" ({len(self.batches.batches) - len(shown)} earlier not shown)"
+        table = Table(title=Text(title), title_justify="left", show_header=False, box=None)
+        for column in ("batch", "requests", "state", "age", "waiting"):
+            table.add_column(column, no_wrap=True)
+        waiting = list(self.batches.waiting.values())
+        for batch in shown:
+            style = "yellow" if batch.ended is None else "green"
+            agents = waiting.count(batch.batch_id)
+            table.add_row(
+                Text(batch.batch_id),
+                f"{batch.requests} requests" if batch.requests else "",
+                Text(batch.state, style=style),
+                seconds(batch.age(now)),
+                f"{agents} agent{'s' if agents != 1 else ''} waiting" if agents else "",
+            )
         return table
 
     def _waiting(self, now: float) -> Panel:
@@ -519,6 +551,9 @@ class LiveView:
         for parked in self.network.pending:
             if row.state == RUNNING and self._row_of(parked.agent) is row:
                 return Text(f"waiting for approval {parked.id}", style="bold yellow")
+        for agent, batch_id in self.batches.waiting.items():
+            if row.state == RUNNING and self._row_of(agent) is row:
+                return Text(f"waiting on batch {batch_id}", style="cyan")
         return Text("$ " + _short(row.running, 60)) if row.running else ""
 
     def footer(self, now: float | None = None) -> Text:
@@ -526,6 +561,8 @@ class LiveView:
         total = self.totals.all
         elapsed = (self.clock() if now is None else now) - self.began
         budget = f" · budget: {self.budget_line}" if self.budget_line else ""
+        if total.batched:
+            budget = f" · {total.batched} batched, ${total.saved:.2f} saved" + budget
         models = visible(self.totals.describe_models())  # the names the API answered with
         return Text(
             f"session · {total.requests} requests · {_tokens(total.usage):,} tokens · "

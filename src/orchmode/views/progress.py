@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import sys
+import time
 from dataclasses import dataclass, field
 from typing import TextIO
 
@@ -10,6 +12,8 @@ from ..core.events import (
     ApprovalAnswered,
     ApprovalRequested,
     BashDone,
+    BatchEnded,
+    BatchSent,
     ChangeSettled,
     ContextCompacted,
     Event,
@@ -27,9 +31,10 @@ from ..core.events import (
     TurnStarted,
     WorkspacesChosen,
 )
+from ..records.batches import BatchLog
 from ..records.history import Resolving
 from ..records.network import hint, question_text
-from ..records.wording import change_fate, compaction_text, condensed_text
+from ..records.wording import change_fate, compaction_text, condensed_text, seconds
 from .escape import visible_event
 
 #: A settled change's fate, coloured: merged is good news, a conflict or a refusal is not.
@@ -40,6 +45,10 @@ CHANGE_STYLES = {
     "not merged": "yellow",
     "kept": "cyan",
 }
+
+
+#: Seconds between two lines saying what waits on a batch, while anything does.
+WAITING_EVERY = 60.0
 
 
 def _one_line(text: str, width: int = 100) -> str:
@@ -105,15 +114,49 @@ def denied_text(event: NetworkConnection) -> str:
     return " ".join(f"network: denied {event.domain}:{event.port} ({rule})".split())
 
 
+def batch_ended_text(event: BatchEnded) -> str:
+    """``msgbatch_01 ended after 42 s: 6 succeeded, 1 expired``."""
+    outcomes = (
+        ("succeeded", event.succeeded),
+        ("errored", event.errored),
+        ("expired", event.expired),
+        ("canceled", event.canceled),
+    )
+    counts = ", ".join(f"{n} {outcome}" for outcome, n in outcomes if n) or "no results"
+    return f"{event.batch_id} ended after {seconds(event.duration)}: {counts}"
+
+
 @dataclass
 class StderrProgress:
     stream: TextIO = field(default_factory=lambda: sys.stderr)
     resolving: Resolving = field(default_factory=Resolving)
     #: (agent, domain) refusals already said this turn: a retrying tool says nothing new
     refused: set[tuple[str, str]] = field(default_factory=set)
+    #: the batches sent and the agents waiting on them, said every ``WAITING_EVERY`` seconds
+    batches: BatchLog = field(default_factory=BatchLog)
+    _waiting_timer: asyncio.TimerHandle | None = None
+
+    def _say_waiting(self) -> None:
+        """Say what waits on batches now, and again in a while if anything still does."""
+        self._waiting_timer = None
+        text = self.batches.waiting_text(time.time())
+        if text:
+            print(f"[batch] {text}", file=self.stream, flush=True)
+            self._keep_saying_waiting()
+
+    def _keep_saying_waiting(self) -> None:
+        if self._waiting_timer is not None or not self.batches.waiting:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # events read back outside a run: nothing is waiting now
+            return
+        self._waiting_timer = loop.call_later(WAITING_EVERY, self._say_waiting)
 
     def __call__(self, event: Event) -> None:
         event = visible_event(event)  # its texts are the agents': escaped before use
+        self.batches.follow(event, time.time())
+        self._keep_saying_waiting()
         if isinstance(event, TurnStarted):
             self.refused.clear()
         if isinstance(event, NetworkConnection):
@@ -181,6 +224,10 @@ class StderrProgress:
                 return " ".join(line.split())  # one line, whatever the file names hold
             case WorkspacesChosen():
                 return f"[isolation] {workspaces_text(event)}"
+            case BatchSent(batch_id=batch_id, requests=n):
+                return f"[batch] sent {batch_id}: {n} request{'s' if n != 1 else ''}"
+            case BatchEnded():
+                return f"[batch] {batch_ended_text(event)}"
             case ModelRefused(agent=agent):
                 return f"[{agent}] {_one_line(event.text)}"
             case ApprovalRequested():

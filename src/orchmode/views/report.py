@@ -27,6 +27,7 @@ from ..records.steps import Command, Compaction, CondensedResult
 from .formatting import money, seconds
 from .report_agents import agents_section
 from .report_assets import SCRIPT, STYLE
+from .report_batches import batches_section
 from .report_html import (
     agent_id,
     clock,
@@ -55,6 +56,7 @@ def render_report(history: SessionHistory) -> str:
             _findings(history),
             _network(history),
             _approvals(history),
+            batches_section(history),
             _turns(history),
             agents_section(history),
         ]

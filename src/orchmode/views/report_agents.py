@@ -28,6 +28,12 @@ _CHANGE_CLASSES = {
 }
 
 
+def _batched(agent: AgentRecord) -> str:
+    """``2 of 3 requests, saved $0.0040 (msgbatch_…, msgbatch_…)``."""
+    batches = f" ({', '.join(agent.batches)})" if agent.batches else ""
+    return f"{agent.batched} of {agent.requests} requests, saved {money(agent.saved)}{batches}"
+
+
 def _change_badge(change: SettledChange, text: str) -> str:
     known = _CHANGE_CLASSES.get(change.fate, "other")
     return f'<span class="badge change-{known}">{e(text)}</span>'
@@ -71,6 +77,7 @@ def _facts(agent: AgentRecord, nodes: bool) -> str:
         ("cache writes", f"{usage.cache_write_tokens:,}"),
         ("read from cache", f"{usage.cache_hit:.0%}"),
         ("cost", money(agent.cost)),
+        *([("batched", _batched(agent))] if agent.batched else []),
         ("duration", seconds(agent.duration)),
         ("started", clock(agent.started_at)),
         ("ended", clock(agent.done_at)),

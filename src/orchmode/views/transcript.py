@@ -6,10 +6,12 @@ or a test reads the same words a terminal does.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from typing import IO
 
 from ..core.results import severity_rank
+from ..records.batches import BatchLog
 from ..records.history import STATE_LABELS, AgentRecord, SessionHistory
 from ..records.network import NetworkLog, connection_text, question_text, size
 from ..records.steps import Command, Compaction, CondensedResult
@@ -80,6 +82,9 @@ def _agent_lines(agent: AgentRecord, indent: str, checked: AgentRecord | None = 
         head += [" · ", (f"node {agent.node}", "blue")]
     if agent.status is not None and not agent.from_journal:
         head += [f" · {_usage_text(agent)}"]
+    if agent.batched:  # after its cost: the first dollar figure stays what it paid
+        batched = f"batched {agent.batched} of {plural(agent.requests, 'request')}"
+        head += [" · ", (f"{batched}, saved {money(agent.saved)}", "cyan")]
     lines = [_line(*head)]
     inner = indent + "  "
     for step in agent.activity:  # commands and compactions, as they happened
@@ -182,8 +187,11 @@ def transcript(history: SessionHistory) -> list[Line]:
                 f" — continue it from its last recorded step with `orchmode resume {history.id}`",
             )
         )
+    lines.extend(batch_lines(history.batches))
     lines.append(_line())
     lines.append(_line(("totals", "bold"), " ", totals_text(history)))
+    if batched := history.totals.all.describe_batched():
+        lines.append(_line(("batched", "bold"), " ", batched))
     if models := history.totals.describe_models():
         lines.append(_line(("models", "bold"), " ", models))
     if history.skipped:
@@ -213,6 +221,32 @@ def network_lines(network: NetworkLog, indent: str) -> list[Line]:
                 (clip(approval.outcome(), 100), _ANSWER_STYLES.get(answer, "yellow")),
             )
         )
+    return lines
+
+
+def batch_lines(batches: BatchLog) -> list[Line]:
+    """The session's Message Batches: requests, state, how long each ran, who waited on it."""
+    if not batches:
+        return []
+    lines: list[Line] = [_line(), _line(("batches", "bold"))]
+    now = time.time()
+    for batch in batches.batches.values():
+        state = batch.state
+        style = "yellow" if batch.ended is None else "green"
+        if batch.ended is not None and batch.ended.succeeded < batch.ended.requests:
+            style = "red"
+        held = plural(batch.requests, "request") if batch.requests else "sent before"
+        lines.append(
+            _line(
+                "  ",
+                (batch.batch_id, "bold"),
+                f" · {held} · ",
+                (state, style),
+                f" · {seconds(batch.age(now))}",
+            )
+        )
+        if batch.agents:
+            lines.append(_line("    ", "waited on by ", clip(", ".join(batch.agents), 200)))
     return lines
 
 
