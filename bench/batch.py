@@ -2,11 +2,13 @@
 
 A 200-subtask fan-out (each subtask a worker, then its verifier, each running one bash
 command and reporting) is run twice in one process against the scripted server (in a
-thread): once interactively, once with every subagent batched (``--batch subagents``)
+thread, a fresh one for each run so neither finds the other's prompt cache): once
+interactively, once with every subagent batched (``--batch subagents``)
 while the server takes ``--delay`` seconds over each batch. It prints:
 
 - the batched run's dollars against the interactive run's, by the budget ledger (the
-  target is ≤ 0.52: the main agent, never batched, pays full price in both);
+  target is ≤ 0.52; the main agent, never batched, pays full price in both), and the
+  subagents' dollars alone;
 - whether every subagent's result is the same in both runs;
 - the batched fan-out's wall time against its floor, the batch delay times the turns
   along the longest chain (worker turns, then verifier turns): each turn waits on one
@@ -48,6 +50,8 @@ class Run:
     turns: Counter[str]
     #: Tokens of the subagents' requests.
     subagent_usage: TokenUsage
+    #: Dollars of the subagents' requests (the main agent is never batched).
+    subagent_dollars: float
     batched_requests: int
 
 
@@ -65,23 +69,25 @@ async def one_run(url: str, workdir: Path, subtasks: int, batch: str) -> Run:
     )
     turns: Counter[str] = Counter()
     fanout: list[float] = []
-    usage, batched = TokenUsage(), 0
+    usage, batched, dollars = TokenUsage(), 0, 0.0
 
     def seen(event: Event) -> None:
-        nonlocal usage, batched
+        nonlocal usage, batched, dollars
         if isinstance(event, FanoutDone):
             fanout.append(event.duration)
         elif isinstance(event, ModelRequestDone) and event.agent != "main":
             turns[event.agent] += 1
             usage += event.usage
             batched += event.batched
+            dollars += event.cost
 
     async with open_session(settings, credentials=Credentials(KEY)) as session:
         session.subscribe(seen)
         result = await session.turn("fan out")
         assert result.ok, result.error
         spent = (await session.budget()).ledger.cost
-    return Run(spent, fanout[0], recorded_results(workdir), turns, usage, batched)
+    results = recorded_results(workdir)
+    return Run(spent, fanout[0], results, turns, usage, dollars, batched)
 
 
 def recorded_results(workdir: Path) -> dict[tuple[str, str], str]:
@@ -105,24 +111,31 @@ def longest_chain(turns: Counter[str]) -> int:
 
 
 async def main(subtasks: int, delay: float) -> None:
-    scenario = OrchestrationScenario(
-        subtasks=subtasks, scout_command=None, worker_command="true", verifier_command="true"
-    )
-    server = ScriptedServer(scenario, api_key=KEY, batches=BatchSettings(delay=delay))
-    server.start_in_thread()
-    try:
-        with tempfile.TemporaryDirectory() as root:
-            runs = {}
-            for batch in ("off", "subagents"):
-                workdir = Path(root) / batch
-                workdir.mkdir()
-                started = time.monotonic()
+    runs, servers = {}, {}
+    with tempfile.TemporaryDirectory() as root:
+        for batch in ("off", "subagents"):
+            # a server each: the second run must not find the first one's prompt cache
+            scenario = OrchestrationScenario(
+                subtasks=subtasks,
+                scout_command=None,
+                worker_command="true",
+                verifier_command="true",
+            )
+            server = servers[batch] = ScriptedServer(
+                scenario, api_key=KEY, batches=BatchSettings(delay=delay)
+            )
+            server.start_in_thread()
+            workdir = Path(root) / batch
+            workdir.mkdir()
+            started = time.monotonic()
+            try:
                 runs[batch] = await one_run(server.url, workdir, subtasks, batch)
-                print(f"{batch:>9}: {time.monotonic() - started:6.1f} s in all")
-        print_batches(server)
-    finally:
-        server.stop_thread()
-    report(runs["off"], runs["subagents"], delay, max(server.batches.submissions.values()))
+            finally:
+                server.stop_thread()
+            print(f"{batch:>9}: {time.monotonic() - started:6.1f} s in all")
+    batched = servers["subagents"]
+    print_batches(batched)
+    report(runs["off"], runs["subagents"], delay, max(batched.batches.submissions.values()))
 
 
 def print_batches(server: ScriptedServer) -> None:
@@ -146,6 +159,11 @@ def report(at_once: Run, batched: Run, delay: float, most_submitted: int) -> Non
         f"dollars (ledger): interactive ${at_once.dollars:.4f}, batched ${batched.dollars:.4f}"
         f" -> ratio {batched.dollars / at_once.dollars:.3f} (target <= 0.52)"
     )
+    alone = batched.subagent_dollars / at_once.subagent_dollars
+    print(
+        f"subagents' dollars alone: ${at_once.subagent_dollars:.4f} and "
+        f"${batched.subagent_dollars:.4f} -> {alone:.3f}"
+    )
     same = at_once.results == batched.results
     print(f"results: {len(batched.results)} recorded, the same in both runs: {same}")
     print(
@@ -156,7 +174,8 @@ def report(at_once: Run, batched: Run, delay: float, most_submitted: int) -> Non
         u = run.subagent_usage
         print(
             f"{name} subagents' tokens: {u.input_tokens:,} input, {u.cache_write_tokens:,} "
-            f"cache writes, {u.cache_read_tokens:,} cache reads, {u.output_tokens:,} output"
+            f"cache writes ({u.cache_write_1h_tokens:,} kept 1 h), "
+            f"{u.cache_read_tokens:,} cache reads, {u.output_tokens:,} output"
         )
 
 
