@@ -110,8 +110,8 @@ class ModelRequestKnobs(Knobs):
     batch_max_requests: int = safe(10000, gt=0, le=100_000)
     """Requests in one batch at the most (the API takes up to 100,000, and 256 MB)."""
     batch_poll: float = safe(5.0, gt=0)
-    """Seconds before a batch is first looked at; later looks come a tenth of its age
-    apart (a minute at the most), so an ended batch is seen within a tenth of its run."""
+    """Seconds before a batch is first looked at; later looks come a twentieth of its age
+    apart (a minute at the most), so an ended batch is seen within a twentieth of its run."""
     batch_timeout: float = cap(86400.0, gt=0, stricter="higher")
     """Seconds a turn waits on its batch before it is asked interactively instead, at the
     full price (a request still in its batch may then be paid for twice)."""

@@ -41,7 +41,7 @@ LONGEST_POLL = 60.0
 #: long before a request was recorded is still looked in for it.
 CLOCK_SKEW = 600.0
 #: How far behind its end a batch is seen at most, as a share of its age.
-POLL_SHARE = 0.1
+POLL_SHARE = 0.05
 
 Outcome = Literal["succeeded", "errored", "expired", "canceled"]
 
@@ -258,8 +258,8 @@ class BatchDesk:
         return task
 
     async def _until_ended(self, batch_id: str) -> dict[str, BatchResult]:
-        """Look at the batch, each time after a tenth of its age (so it is seen ended within
-        about a tenth of its run), then read its results."""
+        """Look at the batch, each time after a twentieth of its age (so it is seen ended within
+        about a twentieth of its run), then read its results."""
         started = time.monotonic()
         wait = self.first_poll
         while True:
