@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -10,15 +11,19 @@ import pytest
 from conftest import API_KEY, StartServer, conversation_for, settings_for
 from orchmode.core.errors import ConfigError, PromptTooLong
 from orchmode.core.events import EventBus, ModelRequestDone
-from orchmode.core.pricing import ModelPrice
+from orchmode.core.pricing import ModelPrice, model_id
 from orchmode.core.settings import Settings
 from orchmode.model.gateway import ModelChoice, session_gateway
 from orchmode.model.providers import Credentials
 from orchmode.store.sqlite import SQLiteStore
 from orchmode.testing import BatchFate, BatchSettings, Reply, ScriptedRequest, ScriptedServer
 from orchmode.testing.scenario import OrchestrationScenario, first_user_text, role_of
+from test_agent_roles import REVIEWER, define
 from test_isolation import editing, nothing_left, repo
 from test_isolation import run as run_in
+from test_parked_runs import ASK_RULE, commands_asking_for
+from test_script import workflow_block
+from test_typed_results import COUNT, counting
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -188,3 +193,61 @@ async def test_batched_workers_in_workspaces_of_their_own_land_as_they_do_at_onc
     assert interactive_roles(server) == {"main"}
     assert sorted(set(batched_roles(server))) == ["verifier", "worker"]
     nothing_left(workdir)
+
+
+def batched_bodies(server: ScriptedServer, role: str) -> list[Any]:
+    """The first request of each batched agent of ``role``, as the batch held it."""
+    return [
+        item.prompt.body
+        for batch in server.batches.all()
+        for item in batch.items
+        if item.prompt is not None
+        and role_of(item.prompt.body) == role
+        and len(item.prompt.body["messages"]) == 1
+    ]
+
+
+async def test_roles_and_typed_results_work_the_same_in_batch_mode(
+    serve: StartServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker naming a role runs on that role's model and prompt, and a typed subtask's
+    data comes back whole, when their turns come from batches."""
+    (tmp_path / "home").mkdir()
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    work = tmp_path / "work"
+    work.mkdir()
+    define(work, REVIEWER)
+    subtasks = [
+        {"prompt": "review the queries", "agent": "security-reviewer"},
+        {"prompt": "Count TODOs 4", "schema": COUNT},
+    ]
+    scenario = OrchestrationScenario(subtasks=subtasks, worker_command=None, worker_data=counting)
+    server = await serve(scenario, batches=BatchSettings(delay=0.01))
+    text, done = await run(server, work, batch="subagents")
+    assert text == "Synthesis: 2 agents reported; 2 results were confirmed."
+    workers = {str(b["messages"][0]["content"]): b for b in batched_bodies(server, "worker")}
+    assert workers["review the queries"]["model"] == model_id("haiku")
+    assert "`security-reviewer`" in workers["review the queries"]["system"][0]["text"]
+    tool = next(t for t in workers["Count TODOs 4"]["tools"] if t["name"] == "report_findings")
+    assert tool["input_schema"]["properties"]["data"] == COUNT
+    assert '"data": {"count": 4, "file": "src/app.py"}' in workflow_block(server)["content"]
+    assert interactive_roles(server) == {"main"}
+    assert all(e.batched for e in done if e.agent != "main")
+
+
+async def test_a_permission_rule_answers_a_batched_workers_command_as_it_does_at_once(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    """The command a rule asks about, answered "no" for an unattended run: the batched
+    worker is told so in its next turn's batch, and the run goes on."""
+    scenario = OrchestrationScenario(subtasks=2, worker_command=commands_asking_for(1))
+    server = await serve(scenario, batches=BatchSettings(delay=0.01))
+    text, _ = await run(
+        server, tmp_path, batch="subagents", permissions_ask=[ASK_RULE], approvals="deny"
+    )
+    assert text == "Synthesis: 2 agents reported; 2 results were confirmed."
+    sent = json.dumps(
+        [i.prompt.body for b in server.batches.all() for i in b.items if i.prompt is not None]
+    )
+    assert "was not run" in sent and "--approvals deny" in sent
+    assert "echo item 2" in sent
