@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import random
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -28,6 +27,7 @@ import pytest
 from orchmode.testing import BatchSettings, ScriptedServer
 from orchmode.testing.scenario import OrchestrationScenario, role_of
 from recorded_runs import base_env, orchmode
+from support.kills import db_rows
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -40,20 +40,6 @@ REPLY_DELAY = 0.1
 KILLS = 5
 SEED = int(os.environ.get("ORCHMODE_KILL_SEED", "34"))
 FLAGS = ("--plain", "--claim-lease", "2", "--batch-window", "0.05", "--batch-poll", "0.05")
-
-
-def db_rows(journal: Path, query: str) -> list[tuple[object, ...]]:
-    """Rows of a SQLite journal another process writes (none before it exists)."""
-    if not journal.exists():
-        return []
-    try:
-        db = sqlite3.connect(f"file:{journal}?mode=ro", uri=True, timeout=5)
-        try:
-            return list(db.execute(query))
-        finally:
-            db.close()
-    except sqlite3.OperationalError:  # not created yet, or mid-creation
-        return []
 
 
 @dataclass

@@ -105,18 +105,23 @@ def start_run(server: ScriptedServer, cwd: Path) -> subprocess.Popen[bytes]:
 # ---------------------------------------------------------------------- what is observed
 
 
-def journal_roles(journal: Path) -> list[tuple[str, str]]:
-    """The (role, prompt) of every result recorded in a SQLite journal so far."""
+def db_rows(journal: Path, query: str) -> list[tuple[object, ...]]:
+    """Rows of a SQLite journal another process writes (none before it exists)."""
     if not journal.exists():
         return []
     try:
         db = sqlite3.connect(f"file:{journal}?mode=ro", uri=True, timeout=5)
         try:
-            return [(r[0], r[1]) for r in db.execute("SELECT role, prompt FROM results")]
+            return list(db.execute(query))
         finally:
             db.close()
     except sqlite3.OperationalError:  # not created yet, or mid-creation
         return []
+
+
+def journal_roles(journal: Path) -> list[tuple[str, str]]:
+    """The (role, prompt) of every result recorded in a SQLite journal so far."""
+    return [(str(r[0]), str(r[1])) for r in db_rows(journal, "SELECT role, prompt FROM results")]
 
 
 @dataclass
