@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import (
-    TYPE_CHECKING,
     Annotated,
     Any,
     Literal,
@@ -33,9 +32,6 @@ from typing import (
 
 from pydantic import ConfigDict, Discriminator, Tag, TypeAdapter, ValidationError, with_config
 from typing_extensions import TypedDict
-
-if TYPE_CHECKING:  # the SDK costs a second to import; only its types are needed here
-    from anthropic.types.beta.beta_context_management_config_param import Edit
 
 # The free-form kinds: JSON whose fields orchmode does not declare, because someone else
 # defines them. Underneath each is a plain dict of Any; the name says who that someone is.
@@ -153,8 +149,21 @@ class StopDetails(TypedDict, total=False):
     explanation: str | None
 
 
-#: One of the API's context edits (beta ``context_management``), as the SDK declares them.
-ContextEdit: TypeAlias = "Edit"
+class _Amount(TypedDict):
+    type: str
+    value: int
+
+
+class ContextEdit(TypedDict):
+    """The one context edit orchmode asks for (beta ``context_management``): clear old tool
+    uses once the input passes ``trigger``, keeping the last ``keep``. Declared here, as the
+    SDK's ``BetaClearToolUses20250919EditParam`` is: importing the SDK's types makes type
+    checking of pydantic validators elsewhere go astray."""
+
+    type: Literal["clear_tool_uses_20250919"]
+    trigger: _Amount
+    keep: _Amount
+    clear_at_least: _Amount
 
 
 class DiagnosticsParam(TypedDict, total=False):
