@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -74,8 +75,19 @@ def kill_run_when(ready: Callable[[], bool], *args: str, cwd: Path) -> None:
         except FileNotFoundError:
             return False
 
+    def holds_frozen() -> bool:
+        # Checked again with the run stopped: what is killed is exactly what was checked
+        # (an agent finishing between the check and the kill would change it).
+        if not holds():
+            return False
+        process.send_signal(signal.SIGSTOP)
+        if holds():
+            return True
+        process.send_signal(signal.SIGCONT)
+        return False
+
     try:
-        while not holds():
+        while not holds_frozen():
             assert process.poll() is None, "the run ended before it could be killed"
             assert time.monotonic() < deadline, "the run never got there"
             time.sleep(0.01)  # polling the journal another process writes

@@ -70,6 +70,20 @@ def uninterrupted(scripted: Callable[..., ScriptedServer], tmp_path: Path, **kw:
     return result.stdout
 
 
+def launched_but_unrecorded(journal: Path) -> int:
+    """Subagents the ledger counts less the results recorded, read in one transaction."""
+    db = sqlite3.connect(f"file:{journal}?mode=ro", uri=True, timeout=5)
+    try:
+        db.execute("BEGIN")
+        (counted,) = db.execute("SELECT COALESCE(SUM(subagents), 0) FROM budgets").fetchone()
+        (recorded,) = db.execute("SELECT COUNT(*) FROM results").fetchone()
+    except sqlite3.OperationalError:  # not created yet
+        return 0
+    finally:
+        db.close()
+    return int(counted) - int(recorded)
+
+
 def session_of(tmp_path: Path) -> str:
     db = sqlite3.connect(tmp_path / ".orchmode" / "journal.db")
     try:
@@ -383,10 +397,22 @@ def test_agents_queued_when_a_run_was_killed_are_not_counted_against_its_budget(
     scripted: Callable[..., ScriptedServer], tmp_path: Path
 ) -> None:
     # 16 agents finish the run; the two in flight at the kill are launched again on resume.
+    # A finished agent's result is written after it gives its slot back, so the run is
+    # killed at a moment when no such write is pending: at most two agents counted and
+    # unrecorded. Counting queued agents too would leave no such moment while three to
+    # five of the eight workers are recorded (the whole wave would be counted at once).
     budget = ("--max-subagents", "18")
     expected = uninterrupted(scripted, tmp_path, delay=0.05)
     scenario = Replanning(delay=0.05)
-    server = kill_during_fanout(scripted, tmp_path, scenario, 3, *LEASE, *budget)
+    server = scripted(scenario)
+    journal = tmp_path / ".orchmode" / "journal.db"
+
+    def two_at_most_counted_and_unrecorded() -> bool:
+        workers = len(worker_prompts(journal))
+        return 3 <= workers <= 5 and launched_but_unrecorded(journal) <= 2
+
+    args = ("review this", "--base-url", server.url, "--max-concurrent", "2", *LEASE, *budget)
+    kill_run_when(two_at_most_counted_and_unrecorded, *args, cwd=tmp_path)
     result = orchmode("resume", "--base-url", server.url, *LEASE, *budget, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert result.stdout == expected
