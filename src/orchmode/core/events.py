@@ -248,6 +248,11 @@ class FanoutStarted:
     call: int
     subtasks: Count
     not_run: Count
+    #: ``3.2`` when worker 2 of call 3 made this call (a nested fan-out); "" when the
+    #: main agent did. Calls are numbered across the session, nested ones included.
+    parent: str = ""
+    #: How deep its agents are: 1 for the main agent's subagents, 2 for theirs, …
+    depth: int = 1
 
 
 @dataclass(frozen=True)
