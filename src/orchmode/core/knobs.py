@@ -194,6 +194,9 @@ class FanoutKnobs(Knobs):
     automatically while the API answers 429 or 529)."""
     max_subtasks: int = cap(200, gt=0)
     """Subtasks run per Workflow call."""
+    max_depth: int = cap(2, gt=0)
+    """How deep a tree of agents may grow: 1 lets only the main agent call Workflow; 2 lets
+    its workers fan out once more, and so on. Not on the Ray executor (always 1 there)."""
     subagent_turns: int = cap(15, gt=0)
     """Model turns per subagent."""
     main_turns: int = cap(30, gt=0)

@@ -40,6 +40,7 @@ from ..trees.limits import DiskLimits, WriteWatch, floor_problem, watching
 from ..trees.trees import Trees
 from ..trees.workspaces import Spec, Workspace, Workspaces
 from . import Job, TreeJob
+from .nesting import NESTING
 from .permits import Permits
 from .pool import Ready, SandboxPool
 from .subagent import Subagent, describe_failure
@@ -335,6 +336,9 @@ class AgentHost:
     ) -> Subagent:
         """The subagent for ``job``: its role's tools, prompt and model, working in ``shell``."""
         tools = await with_mcp_tools(SUBAGENT_TOOLS, self.mcp, job.role)
+        nesting = NESTING.get()
+        if nesting is not None and job.role == "worker":  # it may fan out
+            tools = [nesting.tool, *tools]
         if job.agent is not None:
             tools = job.agent.offered(tools)
         choice = ModelChoice.of(self.settings, job.role, job.agent)

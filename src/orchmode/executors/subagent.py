@@ -12,16 +12,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from ..core.errors import AuthError
 from ..core.events import EventBus, Role
 from ..core.results import AgentResult, Report, Status, TypedReport, parse_report
 from ..core.schemas import ReportAttempts
 from ..core.wire import JsonSchema, Message, ToolSchema, ToolUseBlock
 from ..loop import AgentLoop, Ending, Finish, Gathered, Handler, LoopResult, Outcome, Room, Toolbox
-from ..model.context import Meter, Window
+from ..model.context import Meter, Window, estimate_tokens
 from ..model.gateway import ModelChoice, ModelGateway
 from ..shell.bash import BashSession
 from ..tools.calls import run_bash, tool_result
 from ..trees.limits import WriteWatch
+from .nesting import NESTING, Nesting, not_offered
 
 #: What a stopped agent is told, after why.
 LAST_CHANCE = (
@@ -69,6 +71,9 @@ class Subagent:
     _cut: bool = field(default=False, init=False, repr=False)
     #: The round of tool calls in which it was told it was stopped (its results list).
     _told_in: Gathered | None = field(default=None, init=False, repr=False)
+    #: Its room and conversation while it runs: a nested Workflow result is fitted to them.
+    _room: Room | None = field(default=None, init=False, repr=False)
+    _messages: list[Message] = field(default_factory=list, init=False, repr=False)
 
     async def run(self, prompt: str) -> AgentResult:
         messages: list[Message] = [{"role": "user", "content": prompt}]
@@ -90,8 +95,37 @@ class Subagent:
             on_first_send=self.on_first_request,
             choice=choice,
         )
-        done = await loop.run(messages, self.toolbox(), self.max_turns)
+        self._room, self._messages = room, messages
+        toolbox = self.toolbox()
+        turns = self.max_turns
+        if await self._replay_fan_out(loop, messages, toolbox):
+            turns = max(1, turns - 1)  # the turn that asked for the fan-out
+        done = await loop.run(messages, toolbox, turns)
         return self._result(done)
+
+    async def _replay_fan_out(
+        self, loop: AgentLoop, messages: list[Message], toolbox: Toolbox
+    ) -> bool:
+        """Make again the Workflow call an earlier run of this worker made (a killed run,
+        resumed), rather than ask the model for a new plan: the children that finished
+        then are served from the journal. False when there was none."""
+        nesting = self._nesting()
+        if nesting is None:
+            return False
+        call = await nesting.recorded_call()
+        if call is None:
+            return False
+        messages.append({"role": "assistant", "content": [call]})
+        await loop.run_tools(messages, toolbox, [call])
+        return True
+
+    def _nesting(self) -> Nesting | None:
+        """How it fans out, if it was offered Workflow."""
+        nesting = NESTING.get()
+        offered = any(tool["name"] == "Workflow" for tool in self.tools)
+        if nesting is None or self.role != "worker" or not offered:
+            return None
+        return nesting
 
     def toolbox(self) -> Toolbox:
         """bash, report_findings (which ends the run with a valid report) and MCP tools.
@@ -149,7 +183,53 @@ class Subagent:
                 )
 
             prefixes["mcp__"] = mcp_tool
-        return Toolbox(self.tools, {"bash": bash, "report_findings": report_findings}, prefixes)
+        handlers: dict[str, Handler] = {"bash": bash, "report_findings": report_findings}
+        nesting = self._nesting()
+        if nesting is not None:
+            handlers["Workflow"] = self._workflow(nesting)
+        else:
+            prefixes["Workflow"] = self._workflow_refused
+        return Toolbox(self.tools, handlers, prefixes)
+
+    def _workflow(self, nesting: Nesting) -> Handler:
+        """Its Workflow calls, each run as a nested fan-out and fitted to its own window."""
+        recorded = False
+
+        async def workflow(tool_use: ToolUseBlock, gathered: Gathered) -> Outcome:
+            nonlocal recorded
+            refused = self._refused(tool_use, gathered)
+            if refused is not None:
+                return refused
+            if not recorded:  # its first call is what a rerun makes again
+                recorded = True
+                await nesting.record_call(tool_use)
+            try:
+                text, is_error = await nesting.fan_out(
+                    tool_use.get("input"), self._result_tokens(gathered)
+                )
+            except AuthError:
+                raise
+            except Exception as exc:
+                text, is_error = f"error: the workflow failed: {exc}", True
+            return tool_result(tool_use["id"], text, is_error=is_error)
+
+        return workflow
+
+    async def _workflow_refused(self, tool_use: ToolUseBlock, _gathered: object) -> Outcome:
+        """A Workflow call from an agent that was not offered it, said so (a name that only
+        starts with Workflow is no tool at all)."""
+        name = str(tool_use.get("name"))
+        if name != "Workflow":
+            return tool_result(tool_use["id"], f"error: unknown tool {name!r}", is_error=True)
+        text = not_offered(self.role, self.gateway.settings.max_depth)
+        return tool_result(tool_use["id"], text, is_error=True)
+
+    def _result_tokens(self, gathered: Gathered) -> int | None:
+        """The most a nested Workflow result may take of its window (None: no window)."""
+        room = self._room
+        if room is None or room.window is None:
+            return None
+        return room.result_budget(self._messages, estimate_tokens(gathered))
 
     def _refused(self, tool_use: ToolUseBlock, gathered: Gathered) -> Outcome | None:
         """The answer to a call other than its report once the watch has stopped the agent

@@ -34,6 +34,7 @@ from ..core.prompts import (
     quote_result,
     subagent_system,
     verify_prompt,
+    workflow_tool,
 )
 from ..core.results import AgentResult, Status
 from ..core.schemas import typed_tools
@@ -41,6 +42,7 @@ from ..core.settings import Settings
 from ..core.wire import JsonSchema, ToolSchema
 from ..executors import Executor, Job, TreeJob, WorkerLost
 from ..executors.local import HERE, LocalExecutor
+from ..executors.nesting import NESTING
 from ..executors.parking import PARKING
 from ..model.budget import SessionBudget
 from ..model.context import Window
@@ -54,6 +56,7 @@ from ..trees.trees import Trees
 from .agent_record import agent_record
 from .changes import Candidate, Ledger, Resolver, merge_changes
 from .condense import SubtaskEntry, fit_result, full_text
+from .nesting import LEVEL, child_tree, nested_key, nesting_for, offers_nesting
 from .plans import Subtask, title, verdict_of
 from .resolve import record_written, recorded_resolution, resolve, written_before
 from .slots import VERIFIER_PRIORITY, PrioritySlots, Relay
@@ -164,15 +167,21 @@ class FanoutEngine:
         agent = task.agent
         choice = ModelChoice.of(self.settings, role, agent)
         tools = self._tools.get(role, SUBAGENT_TOOLS)
-        return content_key(
-            role=role,
-            model=choice.model,
-            effort=choice.effort,
-            system=subagent_system(agent),
-            tools=typed_tools(agent.offered(tools) if agent is not None else tools, task.schema),
-            prompt=task.prompt,
-            isolation=isolation,
-            agent=agent.digest if agent is not None else None,
+        if offers_nesting(self, role):  # a worker that may fan out is offered Workflow
+            tools = [workflow_tool(self.roles), *tools]
+        return nested_key(
+            content_key(
+                role=role,
+                model=choice.model,
+                effort=choice.effort,
+                system=subagent_system(agent),
+                tools=typed_tools(
+                    agent.offered(tools) if agent is not None else tools, task.schema
+                ),
+                prompt=task.prompt,
+                isolation=isolation,
+                agent=agent.digest if agent is not None else None,
+            )
         )
 
     def report_path(self, role: Role, task: Subtask, isolation: str = "shared") -> str:
@@ -211,6 +220,8 @@ class FanoutEngine:
         """
         if isolation != "worktree" or self.trees is None or self.settings.sandbox == "read-only":
             return None
+        if LEVEL.get().nested:  # a nested call's workers start from their parent's copy
+            return await child_tree(LEVEL.get())
         if ahead and isinstance(self.executor, LocalExecutor):
             taking = asyncio.ensure_future(self._take_snapshot())
             taking.add_done_callback(lambda t: t.cancelled() or t.exception())
@@ -305,11 +316,24 @@ class FanoutEngine:
             ]
 
     async def finish_housekeeping(self) -> None:
-        """Wait for the agents' housekeeping: results recorded, claims let go, use counted."""
+        """Wait for the agents' housekeeping: results recorded, claims let go, use counted.
+
+        A nested call waits for its own agents' only: the session's goes on around it, and
+        the top-level call waits for the rest."""
+        own = LEVEL.get().housekeeping
+        if own is not None:
+            for failure in await own.wait():
+                log.warning("housekeeping after a nested fan-out failed: %s", failure)
+            return
         for failure in await self._housekeeping.wait():
             log.warning("housekeeping after the fan-out failed: %s", failure)
         await self.executor.finish_housekeeping()
         await self.budget.flush()
+
+    async def run(self, tool_input: object, tokens: int | None = None) -> tuple[str, bool]:
+        """One Workflow call: the tool result and whether it is an error (see
+        :class:`~.workflow.Workflow`, which runs it; a nested call comes back here)."""
+        raise NotImplementedError
 
     def budget_status(self, budget: BudgetState) -> str:
         """The one-line budget status that ends every Workflow tool result; the display too."""
@@ -463,9 +487,12 @@ class FanoutEngine:
             # What the agent starts here may park it (an approval): its slot goes to
             # the next agent meanwhile, and the time parked is not the agent's.
             parking = PARKING.set(tenure)
+            # A worker that may fan out does so through this; it waits parked meanwhile.
+            nesting = NESTING.set(nesting_for(self, call, index, job))
             try:
                 outcome = await self._run_job(call, index, job, claim)
             finally:
+                NESTING.reset(nesting)
                 PARKING.reset(parking)
             outcome = replace(outcome, duration=max(0.0, outcome.duration - tenure.parked_seconds))
             if hand_on is not None and outcome.result.status not in _NOT_VERIFIED:
@@ -522,7 +549,7 @@ class FanoutEngine:
 
     def _background(self, work: Coroutine[Any, Any, object]) -> None:
         """Housekeeping off the critical path; finish_housekeeping() waits for all of it."""
-        self._housekeeping.start(work)
+        (LEVEL.get().housekeeping or self._housekeeping).start(work)
 
     def _journal_hit(
         self, call: int, index: int, role: Role, prompt: str, key: str, recorded: AgentResult

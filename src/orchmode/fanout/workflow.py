@@ -24,6 +24,7 @@ from ..executors import TreeJob
 from ..store import BudgetState
 from .condense import AgentEntry, SubtaskEntry
 from .engine import SKIPPED, FanoutEngine
+from .nesting import LEVEL, too_deep
 from .plans import (
     BAD_ISOLATION,
     Plan,
@@ -48,10 +49,15 @@ class Workflow(FanoutEngine):
         """
         if tokens is None:
             tokens = self.window.result_tokens
+        deep = too_deep(self)
+        if deep is not None:
+            return deep, True
         form = workflow_form(tool_input)
         isolation = isolation_of(tool_input, self.settings.isolation)
         if isolation is None:
             return BAD_ISOLATION, True
+        if LEVEL.get().tree is not None:  # under a worker in a copy: never the user's tree
+            isolation = "worktree"
         await self._list_tools()
         if form == "script" and isinstance(tool_input, dict):
             from .script import run_script  # the sandbox is loaded only when a script comes
@@ -82,7 +88,10 @@ class Workflow(FanoutEngine):
         self.calls += 1
         call = self.calls
         started = time.monotonic()
-        self.events.emit(FanoutStarted(call, len(subtasks), plan.not_run))
+        level = LEVEL.get()
+        self.events.emit(
+            FanoutStarted(call, len(subtasks), plan.not_run, level.parent, level.depth)
+        )
         chains = [
             asyncio.create_task(self._chain(call, i, subtask, own))
             for i, (subtask, own) in enumerate(zip(subtasks, trees, strict=True), start=1)

@@ -7,7 +7,9 @@ request alone (so it survives a killed and restarted client):
   when one is set), then summarise;
 - main agent, mode off: answer briefly in text;
 - worker: run one bash command, then report_findings (with ``data`` when the report_findings
-  it is offered asks for it: an instance of that schema, see :func:`schema_instance`);
+  it is offered asks for it: an instance of that schema, see :func:`schema_instance`); a
+  worker offered Workflow whose subtask says ``fan out into 5x3`` calls it first, with 5
+  subtasks that each say ``fan out into 3`` (see :func:`nested_plan`);
 - verifier: report_findings with a ``confirmed:`` (or ``refuted:``) summary;
 - resolver (a conflict to resolve): edit the conflicted files with bash — by default, keep
   both sides of every conflict, as a model adding entries to one list would — then report.
@@ -62,9 +64,11 @@ def _first_text(body: Mapping[str, Any]) -> str:
 
 
 def role_of(body: Mapping[str, Any]) -> str:
-    """Which of orchmode's agents sent a request: ``main`` (it offers the Workflow tool),
-    ``verifier``, ``resolver`` (their prompts' markers) or ``worker``."""
-    if "Workflow" in {t.get("name") for t in body.get("tools") or []}:
+    """Which of orchmode's agents sent a request: ``main`` (it offers the Workflow tool and
+    no report_findings: a worker that may fan out is offered both), ``verifier``,
+    ``resolver`` (their prompts' markers) or ``worker``."""
+    names = {t.get("name") for t in body.get("tools") or []}
+    if "Workflow" in names and "report_findings" not in names:
         return "main"
     first = _first_text(body)
     if first.startswith(VERIFY_MARKER):
@@ -111,6 +115,23 @@ def last_tool_result_text(messages: list[Message]) -> str:
                     parts.extend(b.get("text", "") for b in content if isinstance(b, dict))
             return "\n".join(parts)
     return ""
+
+
+_FAN_OUT = re.compile(r"fan out into (\d+)((?:x\d+)*)")
+
+
+def nested_plan(subtask: str, plan: int) -> list[str] | None:
+    """The subtasks a worker asked to ``fan out into 5x3`` gives its Workflow call: 5 that
+    each say ``fan out into 3`` (leaves once no ``xN`` is left), named under the worker's
+    own subtask and carrying ``plan`` (the request's number), so that another request
+    plans other subtasks, as a real model's would. None: it is not asked to fan out."""
+    match = _FAN_OUT.search(subtask)
+    if match is None:
+        return None
+    count, rest = int(match.group(1)), match.group(2).lstrip("x")
+    stem = subtask.split(" (plan", 1)[0].split(":", 1)[0].strip()
+    below = f": fan out into {rest}" if rest else ""
+    return [f"{stem}.{i} (plan {plan}){below}" for i in range(1, count + 1)]
 
 
 def confirm_all(_subtask_prompt: str) -> str:
@@ -412,6 +433,10 @@ class OrchestrationScenario:
     #: how many invalid reports (data of the wrong type) a typed worker sends before a
     #: valid one
     invalid_reports: int = 0
+    #: more fields of a worker's nested Workflow call (see :func:`nested_plan`)
+    nested_input: ToolInput = field(default_factory=dict)
+    #: a worker asked to fan out calls Workflow even when it is not offered the tool
+    fan_out_regardless: bool = False
     stats: dict[str, int] = field(default_factory=dict)
 
     def subtask_list(self) -> list[Any]:
@@ -461,6 +486,8 @@ class OrchestrationScenario:
         subtask = first_user_text(request)
         steps = sum(1 for m in request.messages if m.get("role") == "assistant")
         call = self.worker_call(subtask) if self.worker_call is not None else None
+        if steps == 0 and call is None:
+            call = self._nested_call(request, subtask)
         if steps == 0 and call is not None:
             return tool_call(*call)
         command = _command(self.worker_command, subtask)
@@ -503,6 +530,16 @@ class OrchestrationScenario:
             "report_findings",
             {"summary": summary, "findings": findings, "data": data},
         )
+
+    def _nested_call(self, request: ScriptedRequest, subtask: str) -> tuple[str, ToolInput] | None:
+        """A worker's Workflow call, when it is asked to fan out (and may, or insists)."""
+        if "Workflow" not in request.tool_names and not self.fan_out_regardless:
+            return None
+        plan = nested_plan(subtask, request.index)
+        if plan is None:
+            return None
+        self.stats["plans"] = self.stats.get("plans", 0) + 1
+        return "Workflow", {"subtasks": plan, **self.nested_input}
 
     def verifier(self, request: ScriptedRequest) -> Reply:
         prompt = first_user_text(request)

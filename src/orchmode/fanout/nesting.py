@@ -1,0 +1,137 @@
+"""Fan-outs inside fan-outs: the level a call runs at, and what a worker is given to nest.
+
+A worker whose depth is below ``max_depth`` is offered Workflow (through
+:data:`~orchmode.executors.nesting.NESTING`); its call runs on the session's own engine —
+the same slots, store, budget ledger, events and call numbers — one level down, while the
+worker waits parked (its slot given to the agents it started, and taken back before any
+queued agent when they are done). The level is a context variable, so every agent the
+nested call starts, and everything they start, knows its depth and its parent.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from contextvars import ContextVar
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
+
+from ..core.background import Background
+from ..core.prompts import workflow_tool
+from ..core.results import AgentResult, Status
+from ..core.wire import ToolUseBlock
+from ..executors import Job, TreeJob
+from ..executors.local import LocalExecutor
+from ..executors.nesting import Nesting
+from ..executors.parking import PARKING, parked
+
+if TYPE_CHECKING:
+    from .engine import FanoutEngine
+
+
+@dataclass(frozen=True)
+class Level:
+    """Where a Workflow call runs in the tree of agents."""
+
+    #: The depth of the agents it starts: 1 for the main agent's.
+    depth: int = 1
+    #: ``3.2`` when worker 2 of call 3 made the call; "" for the main agent.
+    parent: str = ""
+    #: That worker's journal key: its children's keys are made under it.
+    key: str = ""
+    #: That worker's copy of the tree (None: it worked in the shared one).
+    tree: TreeJob | None = None
+    #: The nested call's own housekeeping, waited for before its result is given back
+    #: (others' may go on meanwhile); None at the top, where the engine's is used.
+    housekeeping: Background | None = field(default=None, compare=False)
+
+    @property
+    def nested(self) -> bool:
+        return self.depth > 1
+
+
+#: The level of the Workflow call whose agents run in this context.
+LEVEL: ContextVar[Level] = ContextVar("orchmode_level", default=Level())  # noqa: B039
+
+
+def nested_key(key: str) -> str:
+    """``key`` placed under the parent's: the same subtask under two parents is two results
+    (at the top, keys are as they always were)."""
+    parent = LEVEL.get().key
+    if not parent:
+        return key
+    return hashlib.sha256(f"{parent}/{key}".encode()).hexdigest()
+
+
+def offers_nesting(engine: FanoutEngine, role: str) -> bool:
+    """Whether an agent of ``role`` started at this level may call Workflow itself: a
+    worker above ``max_depth``, running in this process (the level does not reach a Ray
+    node, so there every agent is a leaf)."""
+    return (
+        role == "worker"
+        and LEVEL.get().depth < engine.settings.max_depth
+        and isinstance(engine.executor, LocalExecutor)
+    )
+
+
+def too_deep(engine: FanoutEngine) -> str | None:
+    """Why a call at this level may not run (a script's agents included), or None."""
+    limit = engine.settings.max_depth
+    if LEVEL.get().depth <= limit:
+        return None
+    return (
+        f"error: this Workflow call would start agents {LEVEL.get().depth} levels deep, past "
+        f"max_depth ({limit}). Do the work yourself and call report_findings."
+    )
+
+
+def nesting_for(engine: FanoutEngine, call: int, index: int, job: Job) -> Nesting | None:
+    """What worker ``index`` of call ``call`` is given to fan out; None if it may not."""
+    if not offers_nesting(engine, job.role):
+        return None
+    level = LEVEL.get()
+    below = Level(level.depth + 1, f"{call}.{index}", job.key, job.tree, Background())
+    calls_key = _call_key(job.key)
+
+    async def fan_out(tool_input: object, tokens: int | None) -> tuple[str, bool]:
+        entered = LEVEL.set(below)
+        try:
+            async with parked(PARKING.get()):  # its slot goes to its children meanwhile
+                return await engine.run(tool_input, tokens)
+        finally:
+            LEVEL.reset(entered)
+
+    async def recorded_call() -> ToolUseBlock | None:
+        if engine.settings.fresh:
+            return None
+        found = await engine.store.lookup(calls_key)
+        if found is None:
+            return None
+        block: ToolUseBlock = json.loads(found.text)
+        return block
+
+    async def record_call(tool_use: ToolUseBlock) -> None:
+        text = json.dumps(dict(tool_use), sort_keys=True, ensure_ascii=False)
+        prompt = f"the Workflow call of worker {call}.{index}"
+        await engine.store.record(calls_key, "main", prompt, AgentResult(text, Status.FINISHED))
+
+    return Nesting(workflow_tool(engine.roles), level.depth, fan_out, recorded_call, record_call)
+
+
+def _call_key(worker_key: str) -> str:
+    """Where the journal keeps the Workflow call the worker at ``worker_key`` made."""
+    return hashlib.sha256(f"Workflow call of {worker_key}".encode()).hexdigest()
+
+
+async def child_tree(level: Level) -> TreeJob | None:
+    """The copy a nested call's workers start from: their parent's (its snapshot, and the
+    patch it started with), or None when the parent worked in the shared tree.
+
+    The parent's change so far, and merging the children's changes into the parent's
+    workspace rather than the working directory, belong to the trees layer: this is the
+    one place that joins it.
+    """
+    if level.tree is None:
+        return None
+    parent = await level.tree.with_snapshot()
+    return replace(parent, writable=True, chain="")
