@@ -337,7 +337,7 @@ class AgentHost:
         """The subagent for ``job``: its role's tools, prompt and model, working in ``shell``."""
         tools = await with_mcp_tools(SUBAGENT_TOOLS, self.mcp, job.role)
         nesting = NESTING.get()
-        if nesting is not None and job.role == "worker":  # it may fan out
+        if nesting is not None:  # offered Workflow (a worker may fan out through it)
             tools = [nesting.tool, *tools]
         if job.agent is not None:
             tools = job.agent.offered(tools)

@@ -38,14 +38,14 @@ NESTING: ContextVar[Nesting | None] = ContextVar("orchmode_nesting", default=Non
 
 
 def not_offered(role: str, max_depth: int) -> str:
-    """The tool result of a Workflow call by an agent that was not offered the tool."""
+    """Why an agent may not fan out, for the tool result of its Workflow call."""
     if role != "worker":
         return (
-            f"error: Workflow is not offered to a {role}: only workers may fan out. Do the "
-            "work yourself and call report_findings."
+            f"only workers may call Workflow, and this agent is a {role}. Do the work "
+            "yourself and call report_findings."
         )
     return (
-        f"error: Workflow is not offered at this depth: agents may nest {max_depth} "
+        f"Workflow is not offered at this depth: agents may nest {max_depth} "
         f"level{'s' if max_depth != 1 else ''} deep (the max_depth setting), and this agent "
         "is at the deepest one. Do the subtask yourself and call report_findings."
     )

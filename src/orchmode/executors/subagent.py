@@ -21,7 +21,7 @@ from ..loop import AgentLoop, Ending, Finish, Gathered, Handler, LoopResult, Out
 from ..model.context import Meter, Window, estimate_tokens
 from ..model.gateway import ModelChoice, ModelGateway
 from ..shell.bash import BashSession
-from ..tools.calls import run_bash, tool_result
+from ..tools.calls import run_bash, tool_result, unknown_tool
 from ..trees.limits import WriteWatch
 from .nesting import NESTING, Nesting, not_offered
 
@@ -216,13 +216,16 @@ class Subagent:
         return workflow
 
     async def _workflow_refused(self, tool_use: ToolUseBlock, _gathered: object) -> Outcome:
-        """A Workflow call from an agent that was not offered it, said so (a name that only
-        starts with Workflow is no tool at all)."""
-        name = str(tool_use.get("name"))
-        if name != "Workflow":
-            return tool_result(tool_use["id"], f"error: unknown tool {name!r}", is_error=True)
-        text = not_offered(self.role, self.gateway.settings.max_depth)
-        return tool_result(tool_use["id"], text, is_error=True)
+        """A Workflow call from an agent that may not fan out, with the reason (a name
+        that only starts with Workflow is no tool at all)."""
+        names = [str(tool["name"]) for tool in self.tools]
+        why = not_offered(self.role, self.gateway.settings.max_depth)
+        if tool_use.get("name") not in names:
+            block = unknown_tool(tool_use, names)
+            if tool_use.get("name") == "Workflow":
+                block["content"] = f"{block['content']}. {why}"
+            return block
+        return tool_result(tool_use["id"], f"error: {why}", is_error=True)
 
     def _result_tokens(self, gathered: Gathered) -> int | None:
         """The most a nested Workflow result may take of its window (None: no window)."""

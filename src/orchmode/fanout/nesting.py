@@ -64,11 +64,14 @@ def nested_key(key: str) -> str:
 
 
 def offers_nesting(engine: FanoutEngine, role: str) -> bool:
-    """Whether an agent of ``role`` started at this level may call Workflow itself: a
-    worker above ``max_depth``, running in this process (the level does not reach a Ray
-    node, so there every agent is a leaf)."""
+    """Whether an agent of ``role`` started at this level is offered Workflow: above
+    ``max_depth``, running in this process (the level does not reach a Ray node, so there
+    every agent is a leaf).
+
+    Its verifier is offered the tool too, though only a worker may use it: the tools open
+    every request, and the same tools keep one cached prefix across the whole wave."""
     return (
-        role == "worker"
+        role in ("worker", "verifier")
         and LEVEL.get().depth < engine.settings.max_depth
         and isinstance(engine.executor, LocalExecutor)
     )
