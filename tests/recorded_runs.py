@@ -55,10 +55,13 @@ def worker_prompts(journal: Path) -> list[str]:
         return []
 
 
-def kill_run_when(ready: Callable[[], bool], *args: str, cwd: Path) -> None:
-    """Start ``orchmode run ARGS`` and SIGKILL it as soon as ``ready()`` holds."""
+def kill_run_when(
+    ready: Callable[[], bool], *args: str, cwd: Path, command: str = "run"
+) -> None:
+    """Start ``orchmode run ARGS`` (or another ``command``) and SIGKILL it as soon as
+    ``ready()`` holds."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "orchmode", "run", *args],
+        [sys.executable, "-m", "orchmode", command, *args],
         cwd=cwd,
         env=base_env(),
         stdin=subprocess.DEVNULL,
