@@ -131,7 +131,8 @@ async def test_workers_naming_a_role_run_with_its_model_prompt_and_tools(
     plain = workers["look over the code"]
     assert plain["model"] == "claude-opus-5-5"
     assert system_text(plain) == SUBAGENT_SYSTEM
-    assert tool_names(plain) == {"bash", "report_findings"}
+    # a plain worker may fan out once more (max_depth 2); a role must list Workflow to
+    assert tool_names(plain) == {"Workflow", "bash", "report_findings"}
 
     reviewer = workers["review the queries"]
     assert reviewer["model"] == model_id("haiku") != "claude-opus-5-5"
