@@ -514,7 +514,7 @@ class SlowVerifiers:
 
     def __call__(self, request: ScriptedRequest) -> Reply:
         reply = self.scenario(request)
-        if "Workflow" in request.tool_names:
+        if role_of(request.body) == "main":
             role = "main"
         elif first_user_text(request).startswith(VERIFY_MARKER):
             role = "verifier"

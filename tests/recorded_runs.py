@@ -55,9 +55,7 @@ def worker_prompts(journal: Path) -> list[str]:
         return []
 
 
-def kill_run_when(
-    ready: Callable[[], bool], *args: str, cwd: Path, command: str = "run"
-) -> None:
+def kill_run_when(ready: Callable[[], bool], *args: str, cwd: Path, command: str = "run") -> None:
     """Start ``orchmode run ARGS`` (or another ``command``) and SIGKILL it as soon as
     ``ready()`` holds."""
     process = subprocess.Popen(

@@ -255,7 +255,7 @@ async def test_the_main_agents_sandbox_reads_the_saved_reports_and_cannot_write_
     outputs: list[str] = []
 
     def respond(request: ScriptedRequest) -> Reply:
-        if "Workflow" not in request.tool_names:
+        if role_of(request.body) != "main":
             return report("a finding", [{"claim": "c", "evidence": "e", "severity": "low"}])
         step = sum(1 for m in turn_messages(request.messages) if m["role"] == "assistant")
         if step == 0:
@@ -349,7 +349,7 @@ async def test_a_subagents_long_conversation_stays_inside_the_window(
     serve: StartServer, tmp_path: Path
 ) -> None:
     def respond(request: ScriptedRequest) -> Reply:
-        if "Workflow" in request.tool_names:
+        if role_of(request.body) == "main":
             step = sum(1 for m in turn_messages(request.messages) if m["role"] == "assistant")
             if step == 0:
                 return tool_call("Workflow", {"subtasks": ["dig deep"]})

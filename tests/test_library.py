@@ -27,7 +27,7 @@ from orchmode import RunRecord
 from orchmode.core.mode import Notice
 from orchmode.core.prompts import NOTICES, VERIFY_MARKER
 from orchmode.testing import LoggedRequest, ScriptedServer
-from orchmode.testing.scenario import OrchestrationScenario
+from orchmode.testing.scenario import OrchestrationScenario, role_of
 from recorded_runs import base_env
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,7 +63,7 @@ def messages_requests(server: ScriptedServer) -> list[LoggedRequest]:
 
 
 def is_main(entry: LoggedRequest) -> bool:
-    return "Workflow" in {t["name"] for t in entry.body.get("tools", [])}
+    return role_of(entry.body) == "main"
 
 
 def is_verifier(entry: LoggedRequest) -> bool:

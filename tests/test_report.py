@@ -32,7 +32,7 @@ from network_runs import (
 from orchmode.records.history import read_session
 from orchmode.store import EventRow
 from orchmode.testing import Fault, Reply, ScriptedRequest
-from orchmode.testing.scenario import OrchestrationScenario, first_user_text
+from orchmode.testing.scenario import OrchestrationScenario, first_user_text, role_of
 from orchmode.views.report import render_report
 from recorded_runs import (
     FindingsScenario,
@@ -360,7 +360,7 @@ def png_size(path: Path) -> tuple[int, int]:
 
 def worker_five_fails(scenario: FindingsScenario) -> Any:
     def respond(request: ScriptedRequest) -> Reply | Fault:
-        if "Workflow" not in request.tool_names and first_user_text(request) == "Check item 5":
+        if role_of(request.body) != "main" and first_user_text(request) == "Check item 5":
             return Fault("server_error")
         return scenario(request)
 

@@ -20,7 +20,7 @@ import psycopg
 import pytest
 
 from orchmode.testing import ScriptedServer
-from orchmode.testing.scenario import OrchestrationScenario
+from orchmode.testing.scenario import OrchestrationScenario, role_of
 from recorded_runs import base_env, orchmode, scripted_server
 from support.postgres import PostgresServer, PostgresUnavailable, postgres_instance
 from support.store_faults import (
@@ -84,7 +84,7 @@ def workers_answered(server: ScriptedServer) -> int:
         for e in server.log
         if e.outcome == "ok"
         and e.path == "/v1/messages"
-        and "Workflow" not in {t["name"] for t in e.body.get("tools", [])}
+        and role_of(e.body) != "main"
         and len(e.body.get("messages", [])) > 1
         and str(e.body["messages"][0]["content"]).startswith("Check item")
     )
@@ -96,7 +96,7 @@ def first_requests(server: ScriptedServer) -> list[str]:
         str(e.body["messages"][0]["content"])
         for e in server.log
         if e.path == "/v1/messages"
-        and "Workflow" not in {t["name"] for t in e.body.get("tools", [])}
+        and role_of(e.body) != "main"
         and len(e.body.get("messages", [])) == 1
     ]
 
