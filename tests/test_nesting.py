@@ -114,3 +114,29 @@ def test_the_same_subtask_under_two_parents_is_two_results(
     assert sum(1 for b in asked if b["messages"][0]["content"] == "The same leaf") == 2
     workers = journal_rows(tmp_path / ".orchmode" / "journal.db", "worker")
     assert workers.count("The same leaf") == 2
+
+
+def test_a_worker_may_fan_out_with_a_script_whose_agents_are_its_children(
+    scripted: Callable[..., ScriptedServer], tmp_path: Path
+) -> None:
+    source = 'results = parallel(["Leaf A of " + "x", "Leaf B of x"])\nlen(results)'
+
+    def script_call(subtask: str) -> tuple[str, dict[str, Any]] | None:
+        if "fan out" not in subtask:
+            return None
+        return "Workflow", {"script": source, "isolation": "shared"}
+
+    server = scripted(tree_scenario(1, "1", worker_call=script_call))
+    result = orchmode("run", "review this", "--base-url", server.url, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    workers = journal_rows(tmp_path / ".orchmode" / "journal.db", "worker")
+    assert sorted(workers) == ["Leaf A of x", "Leaf B of x", "Part 1: fan out into 1"]
+    planner = [
+        e.body
+        for e in server.log
+        if role_of(e.body) == "worker"
+        and e.body["messages"][0]["content"] == "Part 1: fan out into 1"
+        and len(e.body["messages"]) == 3
+    ]
+    (answer,) = [block["content"] for block in planner[0]["messages"][2]["content"]]
+    assert answer.startswith("2")  # the script's value: its two children's results

@@ -74,6 +74,8 @@ class Subagent:
     #: Its room and conversation while it runs: a nested Workflow result is fitted to them.
     _room: Room | None = field(default=None, init=False, repr=False)
     _messages: list[Message] = field(default_factory=list, init=False, repr=False)
+    #: Set once its first Workflow call is in the journal (or was made again from it).
+    _call_recorded: bool = field(default=False, init=False, repr=False)
 
     async def run(self, prompt: str) -> AgentResult:
         messages: list[Message] = [{"role": "user", "content": prompt}]
@@ -115,6 +117,7 @@ class Subagent:
         call = await nesting.recorded_call()
         if call is None:
             return False
+        self._call_recorded = True
         messages.append({"role": "assistant", "content": [call]})
         await loop.run_tools(messages, toolbox, [call])
         return True
@@ -183,25 +186,24 @@ class Subagent:
                 )
 
             prefixes["mcp__"] = mcp_tool
-        handlers: dict[str, Handler] = {"bash": bash, "report_findings": report_findings}
-        nesting = self._nesting()
-        if nesting is not None:
-            handlers["Workflow"] = self._workflow(nesting)
-        else:
-            prefixes["Workflow"] = self._workflow_refused
-        return Toolbox(self.tools, handlers, prefixes)
+        prefixes["Workflow"] = self._workflow()  # a fan-out where it may, else why not
+        return Toolbox(self.tools, {"bash": bash, "report_findings": report_findings}, prefixes)
 
-    def _workflow(self, nesting: Nesting) -> Handler:
-        """Its Workflow calls, each run as a nested fan-out and fitted to its own window."""
-        recorded = False
+    def _workflow(self) -> Handler:
+        """Its Workflow calls, each run as a nested fan-out and fitted to its own window;
+        refused with the reason where it may not fan out."""
+        nesting = self._nesting()
+        if nesting is None:
+            return self._workflow_refused
 
         async def workflow(tool_use: ToolUseBlock, gathered: Gathered) -> Outcome:
-            nonlocal recorded
+            if tool_use.get("name") != "Workflow":  # only a name that starts so
+                return await self._workflow_refused(tool_use, gathered)
             refused = self._refused(tool_use, gathered)
             if refused is not None:
                 return refused
-            if not recorded:  # its first call is what a rerun makes again
-                recorded = True
+            if not self._call_recorded:  # its first call is what a rerun makes again
+                self._call_recorded = True
                 await nesting.record_call(tool_use)
             try:
                 text, is_error = await nesting.fan_out(

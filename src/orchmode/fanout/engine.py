@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any
 
 from ..core.agents import AgentDefinition
 from ..core.background import Background
-from ..core.errors import OrchmodeError
 from ..core.events import (
     BudgetStatus,
     EventBus,
@@ -54,11 +53,9 @@ from ..tools.mcptools import with_mcp_tools
 from ..trees.patches import describe_change
 from ..trees.trees import Trees
 from .agent_record import agent_record
-from .changes import Candidate, Ledger, Resolver, merge_changes
 from .condense import SubtaskEntry, fit_result, full_text
 from .nesting import LEVEL, child_tree, nested_key, nesting_for, offers_nesting
 from .plans import Subtask, title, verdict_of
-from .resolve import record_written, recorded_resolution, resolve, written_before
 from .slots import VERIFIER_PRIORITY, PrioritySlots, Relay
 
 if TYPE_CHECKING:
@@ -242,78 +239,6 @@ class FanoutEngine:
         if change is None:
             return replace(tree, writable=False)
         return replace(tree, base=change.base, patch=change.patch, writable=False)
-
-    async def merge_changes(
-        self,
-        call: int,
-        tree: TreeJob,
-        done: list[tuple[int, str, str, AgentResult, AgentResult | None]],
-    ) -> list[str]:
-        """Merge the workers' changes in order (see :mod:`.changes`); a line per subtask."""
-        return await self.merge_verdicts(
-            call,
-            tree,
-            [
-                (
-                    index,
-                    key,
-                    subtask,
-                    worker,
-                    verdict_of(verifier.text)
-                    if verifier is not None and verifier.finished
-                    else None,
-                )
-                for index, key, subtask, worker, verifier in done
-            ],
-        )
-
-    async def merge_verdicts(
-        self,
-        call: int,
-        tree: TreeJob,
-        done: list[tuple[int, str, str, AgentResult, str | None]],
-    ) -> list[str]:
-        """The same, given each worker's verdict (None: not verified)."""
-        if self.trees is None:
-            return []
-        candidates = [
-            Candidate(index, key, worker.change, worker.finished, verdict, subtask, worker.text)
-            for index, key, subtask, worker, verdict in done
-        ]
-        resolver = None
-        if self.settings.resolve == "agent":
-            resolver = Resolver(
-                lambda candidate: recorded_resolution(self, candidate),
-                lambda candidate, conflict, before: resolve(
-                    self, call, candidate, conflict, before, tree
-                ),
-            )
-        session = self.budget.session
-        ledger = Ledger(
-            lambda candidate: written_before(self, session, call, candidate),
-            lambda candidate, before: record_written(self, session, call, candidate, before),
-        )
-        try:
-            lines = await merge_changes(
-                self.trees,
-                self.results,
-                self.settings.merge,
-                call,
-                candidates,
-                self.events,
-                resolver,
-                ledger,
-            )
-            await self.finish_housekeeping()  # the resolvers' results recorded, their shells closed
-            return lines
-        except OrchmodeError as exc:
-            log.warning("merging the workers' changes failed: %s", exc)
-            return [
-                f"[change {c.index}] not merged: merging failed ({exc})"
-                if c.change is not None and not c.change.empty
-                else f"[change {c.index}] no change"
-                for c in candidates
-            ]
 
     async def finish_housekeeping(self) -> None:
         """Wait for the agents' housekeeping: results recorded, claims let go, use counted.

@@ -12,21 +12,36 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from ..core.agents import AgentDefinition
 from ..core.background import Background
 from ..core.prompts import workflow_tool
 from ..core.results import AgentResult, Status
+from ..core.settings import Settings
 from ..core.wire import ToolUseBlock
-from ..executors import Job, TreeJob
+from ..executors import Executor, Job, TreeJob
 from ..executors.local import LocalExecutor
 from ..executors.nesting import Nesting
 from ..executors.parking import PARKING, parked
+from ..store import Store
 
-if TYPE_CHECKING:
-    from .engine import FanoutEngine
+
+class Engine(Protocol):
+    """What nesting needs of the fan-out engine: its settings, store and roles, where its
+    agents run, and a Workflow call run from start to end."""
+
+    settings: Settings
+    executor: Executor
+    roles: Mapping[str, AgentDefinition]
+
+    @property
+    def store(self) -> Store: ...
+
+    async def run(self, tool_input: object, tokens: int | None = None) -> tuple[str, bool]: ...
 
 
 @dataclass(frozen=True)
@@ -63,7 +78,7 @@ def nested_key(key: str) -> str:
     return hashlib.sha256(f"{parent}/{key}".encode()).hexdigest()
 
 
-def offers_nesting(engine: FanoutEngine, role: str) -> bool:
+def offers_nesting(engine: Engine, role: str) -> bool:
     """Whether an agent of ``role`` started at this level is offered Workflow: above
     ``max_depth``, running in this process (the level does not reach a Ray node, so there
     every agent is a leaf).
@@ -77,7 +92,7 @@ def offers_nesting(engine: FanoutEngine, role: str) -> bool:
     )
 
 
-def too_deep(engine: FanoutEngine) -> str | None:
+def too_deep(engine: Engine) -> str | None:
     """Why a call at this level may not run (a script's agents included), or None."""
     limit = engine.settings.max_depth
     if LEVEL.get().depth <= limit:
@@ -88,7 +103,7 @@ def too_deep(engine: FanoutEngine) -> str | None:
     )
 
 
-def nesting_for(engine: FanoutEngine, call: int, index: int, job: Job) -> Nesting | None:
+def nesting_for(engine: Engine, call: int, index: int, job: Job) -> Nesting | None:
     """What worker ``index`` of call ``call`` is given to fan out; None if it may not."""
     if not offers_nesting(engine, job.role):
         return None

@@ -45,6 +45,7 @@ from ..core.wire import JsonRecord
 from ..executors import TreeJob
 from ..trees.patches import describe_change
 from .engine import FanoutEngine, data_note
+from .merging import merge_verdicts
 from .plans import Subtask, isolation_for, isolation_of, verdict_of
 from .script_calls import (
     KEYWORD_ONLY,
@@ -421,7 +422,7 @@ class ScriptRun:
         if not self.workers:
             return []
         done = [(w.index, w.key, w.subtask.prompt, w.result, w.verdict) for w in self.workers]
-        return await self.engine.merge_verdicts(self.call, self.workers[0].tree, done)
+        return await merge_verdicts(self.engine, self.call, self.workers[0].tree, done)
 
     async def _budget(self) -> BudgetAnswer:
         s = self.engine.settings

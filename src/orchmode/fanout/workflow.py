@@ -24,6 +24,7 @@ from ..executors import TreeJob
 from ..store import BudgetState
 from .condense import AgentEntry, SubtaskEntry
 from .engine import SKIPPED, FanoutEngine
+from .merging import merge_workers
 from .nesting import LEVEL, too_deep
 from .plans import (
     BAD_ISOLATION,
@@ -136,7 +137,8 @@ class Workflow(FanoutEngine):
         if tree is None:
             return changes
         isolated = [i for i, own in enumerate(trees, start=1) if own is not None]
-        lines = await self.merge_changes(
+        lines = await merge_workers(
+            self,
             call,
             tree,
             [
