@@ -21,7 +21,7 @@ from orchmode.shell.bash import BashSession
 from orchmode.shell.bwrap import probe
 from orchmode.store.sqlite import SQLiteStore
 from orchmode.testing import ScriptedServer
-from orchmode.testing.scenario import OrchestrationScenario
+from orchmode.testing.scenario import OrchestrationScenario, role_of
 
 needs_sandbox = pytest.mark.skipif(
     not probe().ok, reason=f"bubblewrap cannot run here: {probe().problem}"
@@ -39,7 +39,7 @@ def bash_outputs(server: ScriptedServer) -> list[str]:
     """What each subagent's bash command printed, as its next request carried it."""
     outputs = []
     for entry in server.log:
-        if any(t["name"] == "Workflow" for t in entry.body.get("tools", [])):
+        if role_of(entry.body) == "main":
             continue
         for message in entry.body["messages"]:
             content = message["content"]
