@@ -79,7 +79,7 @@ def nested_key(key: str) -> str:
 
 
 def offers_nesting(engine: Engine, role: str) -> bool:
-    """Whether an agent of ``role`` started at this level is offered Workflow: above
+    """Whether an agent of ``role`` started at this level is offered Workflow: below
     ``max_depth``, running in this process (the level does not reach a Ray node, so there
     every agent is a leaf).
 
