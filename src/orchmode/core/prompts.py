@@ -159,6 +159,14 @@ WORKFLOW_TOOL: ToolSchema = {
                                 "prompt": {"type": "string"},
                                 "agent": {"type": "string"},
                                 "schema": {"type": "object"},
+                                "budget": {
+                                    "type": "object",
+                                    "properties": {
+                                        "tokens": {"type": "integer", "minimum": 1},
+                                        "usd": {"type": "number", "exclusiveMinimum": 0},
+                                        "turns": {"type": "integer", "minimum": 1},
+                                    },
+                                },
                             },
                             "required": ["prompt"],
                         },
@@ -167,7 +175,9 @@ WORKFLOW_TOOL: ToolSchema = {
                 "description": "Independent subtask prompts, one per parallel agent: a "
                 'string, or {"prompt": "...", "agent": "<role>", "schema": {...}}: agent '
                 "names a role this description lists under Roles, schema asks for a typed "
-                "result whose data follows that JSON Schema. Give this or script, not both.",
+                "result whose data follows that JSON Schema, budget caps what its agent may "
+                'spend ({"tokens": N, "usd": X, "turns": T}, any of them; it stops with what '
+                "it has once spent). Give this or script, not both.",
             },
             "script": {
                 "type": "string",

@@ -42,6 +42,7 @@ from ..core.wire import JsonSchema, ToolSchema
 from ..executors import Executor, Job, TreeJob, WorkerLost
 from ..executors.local import HERE, LocalExecutor
 from ..executors.parking import PARKING
+from ..model.allowance import AgentLimits, agent_limits, allowance_for, running
 from ..model.budget import SessionBudget
 from ..model.context import Window
 from ..model.gateway import ModelChoice, ModelGateway
@@ -331,6 +332,7 @@ class FanoutEngine:
         tree: TreeJob | None = None,
         schema: JsonSchema | None = None,
         agent: AgentDefinition | None = None,
+        limits: AgentLimits | None = None,
     ) -> AgentResult:
         """One subagent through the store; any failure becomes an error result in its slot.
 
@@ -340,6 +342,7 @@ class FanoutEngine:
         may hold a slot handed on by the previous agent of the chain; ``hand_on`` is where
         this agent queues for the next one's before it lets its own slot go. ``schema``: the
         report's data must follow it (a typed result). ``agent``: the role it runs in.
+        ``limits``: its budget, over the settings' (``agent_max_tokens``, ``agent_max_cost``).
         """
         own: Relay | None = None
         if relay is None:
@@ -360,6 +363,7 @@ class FanoutEngine:
                 tree=tree,
                 schema=schema,
                 agent=agent,
+                limits=limits,
             )
         finally:
             if own is not None:
@@ -378,6 +382,7 @@ class FanoutEngine:
         tree: TreeJob | None,
         schema: JsonSchema | None = None,
         agent: AgentDefinition | None = None,
+        limits: AgentLimits | None = None,
     ) -> AgentResult:
         isolation = "worktree" if tree is not None else "shared"
         key = self.key_of(role, Subtask(prompt, schema, agent), isolation)
@@ -395,6 +400,7 @@ class FanoutEngine:
             tree,
             schema=schema,
             agent=agent,
+            limits=(limits or AgentLimits()).over(agent_limits(self.settings)),
         )
         # Ours until the executor places the job; from then on the executor renews it.
         taken.keep()
@@ -464,7 +470,8 @@ class FanoutEngine:
             # the next agent meanwhile, and the time parked is not the agent's.
             parking = PARKING.set(tenure)
             try:
-                outcome = await self._run_job(call, index, job, claim)
+                with running(allowance_for(job.limits, job.name)):
+                    outcome = await self._run_job(call, index, job, claim)
             finally:
                 PARKING.reset(parking)
             outcome = replace(outcome, duration=max(0.0, outcome.duration - tenure.parked_seconds))

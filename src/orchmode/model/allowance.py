@@ -25,6 +25,7 @@ from typing import TypeVar
 
 from ..core.errors import AllowanceSpent
 from ..core.pricing import ModelPrice
+from ..core.settings import Settings
 
 T = TypeVar("T", int, float)
 
@@ -224,3 +225,15 @@ def allowance_for(limits: AgentLimits | None, name: str) -> Allowance:
     if parent is not None:
         return parent.child(limits, name)
     return Allowance(limits, name=name)
+
+
+def agent_limits(settings: Settings) -> AgentLimits:
+    """Each subagent's budget unless its subtask gives one: ``agent_max_tokens``,
+    ``agent_max_cost`` and ``subagent_turns``."""
+    return AgentLimits(settings.agent_max_tokens, settings.agent_max_cost, settings.subagent_turns)
+
+
+def allowance_here(limits: AgentLimits | None, name: str) -> Allowance:
+    """The allowance of the agent about to run here: the one its fan-out set, or where that
+    does not reach (a cluster's node) one of its own limits alone."""
+    return ALLOWANCE.get() or Allowance(limits or AgentLimits(), name=name)
