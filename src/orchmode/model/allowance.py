@@ -8,19 +8,21 @@ settles each to what the request really used. The check and the reservation happ
 ``await`` between them, so agents in flight together on one event loop can never together
 reserve past a limit: a subtree never spends more than its root was given.
 
-A request's output is what an allowance can least afford: when less than ``max_tokens`` is
-left, the request asks for only as much output as there is room for (and the gateway says
-so in ``max_tokens``). Once there is not room for :data:`MIN_OUTPUT` tokens of output, the
-request is not sent and :class:`AllowanceSpent` says whose budget ran out.
+A request that finds too little room while others under the same budget are in flight waits
+for one of them to settle, as they may give room back. With nothing in flight, its output is
+cut to the room there is (the gateway sends that as ``max_tokens``); once there is not room
+for :data:`MIN_OUTPUT` tokens of output, the request is not sent and :class:`AllowanceSpent`
+says whose budget ran out.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 from ..core.errors import AllowanceSpent
@@ -82,6 +84,8 @@ class Hold:
             level.reserved_usd -= self.usd
             level.spent_tokens += tokens
             level.spent_usd += usd
+            level.in_flight -= 1
+            level._wake()
 
 
 @dataclass(eq=False)
@@ -97,15 +101,23 @@ class Allowance:
     spent_usd: float = 0.0
     reserved_tokens: int = 0
     reserved_usd: float = 0.0
+    #: Requests reserved here and not yet settled.
+    in_flight: int = 0
     #: Its agent's last request was given less output than asked for.
     cut: bool = False
+    #: Set when a request reserved here settles (made when someone waits for room).
+    _settled: asyncio.Event | None = field(default=None, repr=False)
 
     def child(self, limits: AgentLimits, name: str = "") -> Allowance:
-        """An allowance under this one: its own limits, never more than this chain has left
-        now; every request under it is reserved here too."""
+        """An allowance under this one: its own limits, each never more than this chain has
+        left now (one it was not given stays unset: every request under it is reserved here
+        too, so the chain bounds it anyway)."""
         tokens, usd = self.left()
-        own = AgentLimits(_least(limits.tokens, tokens), _least(limits.usd, usd), limits.turns)
-        return Allowance(own, self, name)
+        if limits.tokens is not None:
+            limits = replace(limits, tokens=_least(limits.tokens, tokens))
+        if limits.usd is not None:
+            limits = replace(limits, usd=_least(limits.usd, usd))
+        return Allowance(limits, self, name)
 
     def chain(self) -> Iterator[Allowance]:
         """This allowance and its ancestors, nearest first."""
@@ -135,7 +147,7 @@ class Allowance:
             return None
         return max(0.0, self.limits.usd - self.spent_usd - self.reserved_usd)
 
-    def reserve(
+    async def reserve(
         self,
         input_tokens: int,
         output_tokens: int,
@@ -144,23 +156,54 @@ class Allowance:
         hour_writes: bool = False,
     ) -> Hold:
         """Reserve a request of ``input_tokens`` (estimated high) and up to ``output_tokens``
-        on every level, its output cut to what the least of them can pay for; raise
-        :class:`AllowanceSpent` when that is under :data:`MIN_OUTPUT` (or under
-        ``output_tokens``, when less was asked for). No ``await`` in here: see the module."""
+        on every level, or raise :class:`AllowanceSpent`.
+
+        Where a level lacks room while other requests under it are in flight, this waits
+        for one of them to settle (they may give room back) and looks again; where nothing
+        is in flight, the output is cut to the room there is, and under
+        :data:`MIN_OUTPUT` the budget is spent."""
+        while True:
+            taken = self._try(input_tokens, output_tokens, price, hour_writes)
+            if isinstance(taken, Hold):
+                return taken
+            await taken.settled()
+
+    def _try(
+        self, input_tokens: int, output_tokens: int, price: ModelPrice | None, hour_writes: bool
+    ) -> Hold | Allowance:
+        """The hold, or the level to wait on: checked and reserved with no ``await`` between,
+        so no other request can take the same room."""
         output = output_tokens
         floor = min(MIN_OUTPUT, output_tokens)
         for level in self.chain():
             for measure, room in level._rooms(input_tokens, price, hour_writes).items():
+                if room >= output:
+                    continue
+                if level.in_flight:
+                    return level
                 if room < floor:
                     raise level._spent(self, measure)
-                output = min(output, room)
+                output = room
         usd = price.worst_case(input_tokens, output, hour_writes=hour_writes) if price else 0.0
         hold = Hold(tuple(self.chain()), input_tokens + output, usd, output, output < output_tokens)
         for level in hold.levels:
             level.reserved_tokens += hold.tokens
             level.reserved_usd += hold.usd
+            level.in_flight += 1
         self.cut = hold.cut
         return hold
+
+    async def settled(self) -> None:
+        """Wait until a request reserved here settles."""
+        if self._settled is None:
+            self._settled = asyncio.Event()
+        await self._settled.wait()
+
+    def _wake(self) -> None:
+        """A request settled: whoever waits for room here looks again."""
+        if self._settled is not None:
+            self._settled.set()
+            self._settled = None
 
     def _rooms(
         self, input_tokens: int, price: ModelPrice | None, hour_writes: bool

@@ -222,7 +222,7 @@ class ModelGateway:
         hold = None
         allowance = ALLOWANCE.get()
         if allowance is not None:
-            hold = allowance.reserve(
+            hold = await allowance.reserve(
                 estimate_input_tokens(system, messages, tools),
                 self.settings.max_tokens,
                 self.settings.price(choice.model, batched=choice.batched),
