@@ -85,6 +85,8 @@ class Hold:
             level.spent_tokens += tokens
             level.spent_usd += usd
             level.in_flight -= 1
+            if not level.in_flight:
+                level.reserved_usd = 0.0  # no rounding left over from the sums
             level._wake()
 
 
