@@ -18,6 +18,7 @@ from orchmode.core.results import Status
 from orchmode.model.allowance import MIN_OUTPUT, AgentLimits, Allowance, running
 from orchmode.testing import Reply, ScriptedRequest, ScriptedServer
 from orchmode.testing.scenario import OrchestrationScenario, first_user_text, role_of
+from test_script import result_value, workflow_block
 
 PRICE = default_prices()["claude-opus-5-5"]
 
@@ -25,9 +26,9 @@ PRICE = default_prices()["claude-opus-5-5"]
 class Digging:
     """The scenario's model, except that a worker told to dig calls bash on every turn."""
 
-    def __init__(self, subtasks: list[Any], delay: float = 0.0) -> None:
+    def __init__(self, subtasks: list[Any], delay: float = 0.0, script: str | None = None) -> None:
         self.scenario = OrchestrationScenario(
-            subtasks=subtasks, scout_command=None, worker_command=None
+            subtasks=subtasks, scout_command=None, worker_command=None, script=script
         )
         self.delay = delay
 
@@ -123,6 +124,19 @@ async def test_a_subtask_budget_of_turns_overrides_the_agents_turns(
     (worker,) = done(seen, "worker")
     assert (worker.status, worker.turns) == (Status.TURN_LIMIT.value, 2)
     assert "used its 2 model turns" in worker.result
+
+
+async def test_a_script_gives_an_agent_a_budget_in_its_subtask_object(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    script = (
+        'r = agent({"prompt": "dig here", "budget": {"tokens": 9000}})\n[r["status"], r["error"]]'
+    )
+    server = await serve(Digging([], script=script))
+    await run_turn(server, tmp_path, verify=False)
+    status, error = result_value(str(workflow_block(server)["content"]))
+    assert status == "budget"
+    assert error.startswith("[orchmode: stopped: its budget of 9,000 tokens was spent (")
 
 
 async def test_a_subtree_given_half_a_dollar_never_passes_it_with_50_agents_in_flight(

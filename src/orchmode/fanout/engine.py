@@ -342,7 +342,6 @@ class FanoutEngine:
         may hold a slot handed on by the previous agent of the chain; ``hand_on`` is where
         this agent queues for the next one's before it lets its own slot go. ``schema``: the
         report's data must follow it (a typed result). ``agent``: the role it runs in.
-        ``limits``: its budget, over the settings' (``agent_max_tokens``, ``agent_max_cost``).
         """
         own: Relay | None = None
         if relay is None:
@@ -400,7 +399,7 @@ class FanoutEngine:
             tree,
             schema=schema,
             agent=agent,
-            limits=(limits or AgentLimits()).over(agent_limits(self.settings)),
+            limits=agent_limits(self.settings, limits),
         )
         # Ours until the executor places the job; from then on the executor renews it.
         taken.keep()

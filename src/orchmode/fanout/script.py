@@ -281,6 +281,7 @@ class ScriptRun:
             tree=tree,
             schema=task.schema,
             agent=task.agent,
+            limits=task.budget,
         )
         if result.status is Status.SKIPPED:
             self.skipped += 1

@@ -272,10 +272,13 @@ def allowance_for(limits: AgentLimits | None, name: str) -> Allowance:
     return Allowance(limits, name=name)
 
 
-def agent_limits(settings: Settings) -> AgentLimits:
-    """Each subagent's budget unless its subtask gives one: ``agent_max_tokens``,
-    ``agent_max_cost`` and ``subagent_turns``."""
-    return AgentLimits(settings.agent_max_tokens, settings.agent_max_cost, settings.subagent_turns)
+def agent_limits(settings: Settings, given: AgentLimits | None = None) -> AgentLimits:
+    """A subagent's budget: what its subtask gave (``given``), and for what it did not,
+    ``agent_max_tokens``, ``agent_max_cost`` and ``subagent_turns``."""
+    defaults = AgentLimits(
+        settings.agent_max_tokens, settings.agent_max_cost, settings.subagent_turns
+    )
+    return (given or AgentLimits()).over(defaults)
 
 
 def allowance_here(limits: AgentLimits | None, name: str) -> Allowance:
