@@ -170,6 +170,9 @@ async def test_the_running_agents_allowance_is_a_context_variable() -> None:
         assert allowance_here(AgentLimits(tokens=1), "x") is lone
     assert ALLOWANCE.get() is None
     assert allowance_here(AgentLimits(tokens=7), "worker 4.1").limits.tokens == 7
+    # only a chain that limits tokens or dollars has anything to reserve
+    assert not Allowance(AgentLimits(turns=3)).limited
+    assert Allowance(AgentLimits(usd=1.0)).child(AgentLimits(turns=3)).limited
 
 
 def test_limits_are_plain_data_and_fill_in_from_defaults() -> None:

@@ -45,6 +45,11 @@ class AgentLimits:
     #: Model turns; the agent's own, never drawn on by the agents under it.
     turns: int | None = None
 
+    @property
+    def bounds_spending(self) -> bool:
+        """Whether it limits tokens or dollars (turns are counted by the loop, not here)."""
+        return self.tokens is not None or self.usd is not None
+
     def over(self, defaults: AgentLimits) -> AgentLimits:
         """These limits, each one not given taken from ``defaults``."""
         return AgentLimits(
@@ -127,6 +132,12 @@ class Allowance:
         while level is not None:
             yield level
             level = level.parent
+
+    @property
+    def limited(self) -> bool:
+        """Whether any level of the chain limits tokens or dollars (if none does, there is
+        nothing to reserve)."""
+        return any(level.limits.bounds_spending for level in self.chain())
 
     def left(self) -> tuple[int | None, float | None]:
         """Tokens and dollars the whole chain leaves room for (None: unlimited)."""

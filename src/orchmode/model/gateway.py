@@ -221,7 +221,7 @@ class ModelGateway:
         budget; raise ``AllowanceSpent`` or ``BudgetExhausted`` instead when one cannot pay."""
         hold = None
         allowance = ALLOWANCE.get()
-        if allowance is not None:
+        if allowance is not None and allowance.limited:
             hold = await allowance.reserve(
                 estimate_input_tokens(system, messages, tools),
                 self.settings.max_tokens,
