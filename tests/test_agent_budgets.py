@@ -31,8 +31,14 @@ class Digging:
             subtasks=subtasks, scout_command=None, worker_command=None, script=script
         )
         self.delay = delay
+        #: The output a digging reply takes (0: as long as its text).
+        self.output = 0
 
     def __call__(self, request: ScriptedRequest) -> Reply:
+        asked = request.body["max_tokens"]
+        if role_of(request.body) == "worker" and self.output and asked < self.output:
+            # given less output than its reply needs, it stops there, as the API's model would
+            return Reply.text("Half a thought", stop_reason="max_tokens", output_tokens=asked)
         if role_of(request.body) == "worker" and "dig" in first_user_text(request):
             turn = sum(1 for m in request.messages if m.get("role") == "assistant")
             return Reply.tool_use(
@@ -114,6 +120,21 @@ async def test_a_subtask_given_20000_tokens_stops_within_one_request_of_them(
     assert {e.index: e.status for e in done(seen, "worker")}[2] == "finished"
     assert {e.index for e in done(seen, "verifier")} == {1, 2}
     assert "its budget of 20,000 tokens was spent" in workflow_result(server)
+
+
+async def test_a_reply_cut_short_by_the_budget_stops_the_agent_as_its_budget_did(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    digging = Digging([{"prompt": "dig", "budget": {"tokens": 20_000}}])
+    digging.output = 30_000  # more than the budget leaves: its first reply is cut short
+    server = await serve(digging)
+    _text, seen = await run_turn(server, tmp_path, verify=False)
+    (worker,) = done(seen, "worker")
+    assert (worker.status, worker.turns) == (Status.BUDGET.value, 1)
+    assert "had room for only part of its last reply" in worker.result
+    (request,) = [e for e in server.log if role_of(e.body) == "worker"]
+    assert MIN_OUTPUT <= request.body["max_tokens"] < 20_000
+    assert tokens_of(worker.usage) <= 20_000
 
 
 async def test_a_subtask_budget_of_turns_overrides_the_agents_turns(

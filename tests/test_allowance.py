@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from orchmode.core.errors import AllowanceSpent, BudgetExhausted
 from orchmode.core.pricing import ModelPrice
 from orchmode.core.results import Status
+from orchmode.executors import Job
 from orchmode.fanout.plans import budget_of, plan_subtasks
 from orchmode.model.allowance import (
     ALLOWANCE,
@@ -178,6 +179,8 @@ async def test_the_running_agents_allowance_is_a_context_variable() -> None:
 def test_limits_are_plain_data_and_fill_in_from_defaults() -> None:
     limits = AgentLimits(tokens=20_000, turns=3)
     assert pickle.loads(pickle.dumps(limits)) == limits
+    job = Job("k", "h", "s", "worker", "worker 1.1", "p", limits=limits)
+    assert pickle.loads(pickle.dumps(job)).limits == limits  # as a cluster's node gets it
     assert limits.over(AgentLimits(9, 0.5, 15)) == AgentLimits(20_000, 0.5, 3)
     assert limits.describe() == "20,000 tokens, 3 turns"
     assert Status.BUDGET.value == "budget"
