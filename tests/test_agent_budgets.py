@@ -160,6 +160,29 @@ async def test_a_script_gives_an_agent_a_budget_in_its_subtask_object(
     assert error.startswith("[orchmode: stopped: its budget of 9,000 tokens was spent (")
 
 
+async def test_a_scripts_parallel_gives_each_agent_the_budget_it_names(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    script = (
+        'rs = parallel(["dig a", "dig b"], budget={"tokens": 9000})\n[r[\'status\'] for r in rs]'
+    )
+    server = await serve(Digging([], script=script))
+    _text, seen = await run_turn(server, tmp_path, verify=False)
+    assert result_value(str(workflow_block(server)["content"])) == ["budget", "budget"]
+    assert all(tokens_of(e.usage) <= 9000 for e in done(seen, "worker"))
+
+
+async def test_a_scripts_bad_budget_is_an_exception_in_the_script(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    script = 'agent("dig", budget={"tokens": -5})'
+    server = await serve(Digging([], script=script))
+    await run_turn(server, tmp_path, verify=False)
+    text = str(workflow_block(server)["content"])
+    assert '"budget" tokens must be a whole number above 0, not -5' in text
+    assert not [e for e in server.log if role_of(e.body) == "worker"]
+
+
 async def test_a_subtree_given_half_a_dollar_never_passes_it_with_50_agents_in_flight(
     serve: StartServer, tmp_path: Path
 ) -> None:
