@@ -349,7 +349,7 @@ class AgentHost:
             name=job.name,
             system=subagent_system(job.agent),
             tools=typed_tools(tools, job.schema),
-            max_turns=job.limits.turns or turns if job.limits is not None else turns,
+            max_turns=(job.limits.turns or turns) if job.limits is not None else turns,
             on_first_request=on_first_request,
             window=window,
             mcp=self.mcp,
