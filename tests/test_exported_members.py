@@ -47,6 +47,7 @@ EVENTS = {
 }
 
 ERRORS = {
+    "AllowanceSpent",
     "ApprovalNotPending",
     "AuthError",
     "BatchFailed",

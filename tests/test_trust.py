@@ -75,6 +75,8 @@ CAPS: dict[str, tuple[Any, Any, Any]] = {
     "max_concurrent": (10, 1000, 2),
     "max_subtasks": (200, 5000, 5),
     "subagent_turns": (15, 500, 3),
+    "agent_max_tokens": (200000, 10000000, 20000),
+    "agent_max_cost": (2.0, 200.0, 0.5),
     "main_turns": (30, 1000, 5),
     "script_timeout": (3600.0, 86400.0, 60.0),
     "script_cpu_seconds": (10.0, 1000.0, 1.0),

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from .core import events as _events
 from .core.errors import (
+    AllowanceSpent,
     AuthError,
     BatchFailed,
     BudgetExhausted,
@@ -98,6 +99,7 @@ _LAZY = {
 }
 
 __all__ = [
+    "AllowanceSpent",
     "Approval",
     "ApprovalNotPending",
     "ApprovalRequest",

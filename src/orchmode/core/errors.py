@@ -16,6 +16,7 @@ of trouble. Every class below is exported from ``orchmode``::
     │   └── BatchFailed             the API refused to create a message batch
     ├── StoreError                exit 6: the store cannot be opened, read or written
     ├── BudgetExhausted           exit 7: a cap of the session's budget would be crossed
+    │   └── AllowanceSpent          an agent's own budget, or its subtree's, is spent
     ├── SandboxError              exit 8: bash cannot be sandboxed here
     ├── ClusterError              exit 9: the Ray cluster cannot be used
     ├── TreeError                 a git step of the workspaces failed
@@ -96,6 +97,16 @@ class StoreError(OrchmodeError, exit_code=6):
 
 class BudgetExhausted(OrchmodeError, exit_code=7):
     """A cap of the session's budget would be crossed."""
+
+
+class AllowanceSpent(BudgetExhausted):
+    """An agent's own budget, or the budget of the subtree it runs in, cannot pay for its
+    next model request (see :mod:`orchmode.model.allowance`); ``reason`` says whose, and
+    how much was spent, in words an agent's result can carry."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class SandboxError(OrchmodeError, exit_code=8):

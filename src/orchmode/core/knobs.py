@@ -199,6 +199,12 @@ class FanoutKnobs(Knobs):
     its workers fan out once more, and so on. Not on the Ray executor (always 1 there)."""
     subagent_turns: int = cap(15, gt=0)
     """Model turns per subagent."""
+    agent_max_tokens: int | None = cap(None, gt=0)
+    """Tokens each subagent may use (input, output and cache), unless its subtask gives it
+    a budget; an agent that reaches it stops with what it has (status `budget`)."""
+    agent_max_cost: float | None = cap(None, gt=0)
+    """Dollars each subagent may spend, at the prices below, unless its subtask gives it a
+    budget."""
     main_turns: int = cap(30, gt=0)
     """Model calls per main-agent user turn."""
     refresh_every: int = safe(10, gt=0)

@@ -97,13 +97,14 @@ later agents depend on earlier results. The script is plain Python run in a sand
 files, network or OS access; it may import only json, re, math, random, itertools, \
 functools, collections, dataclasses, typing, bisect, copy and decimal. It drives agents \
 through these functions, called directly (not awaited):
-- agent(prompt, isolation=None, *, schema=None, agent=None) -> dict: runs one agent (in \
-the role named `agent`, if given); returns its report {"summary", "findings"} (with a JSON \
-Schema `schema`, also "data", a dict following it), or {"error", "status"} if it failed or \
-was not run; with a change to the tree, also "change": what it changed.
-- parallel(prompts, isolation=None, *, schema=None, agent=None) -> list: runs the prompts \
-as parallel agents; results in the same order; a prompt may be a {"prompt", "agent", \
-"schema"} object. \
+- agent(prompt, isolation=None, *, schema=None, agent=None, budget=None) -> dict: runs one \
+agent (in the role named `agent`, if given; within `budget`, as a subtask's); returns \
+its report {"summary", "findings"} (with a JSON Schema `schema`, also "data", a dict \
+following it), or {"error", "status"} if it failed or was not run; with a change to the \
+tree, also "change": what it changed.
+- parallel(prompts, isolation=None, *, schema=None, agent=None, budget=None) -> list: runs \
+the prompts as parallel agents; results in the same order; a prompt may be a {"prompt", \
+"agent", "schema", "budget"} object. \
 isolation is "worktree" or "shared", as for subtasks; an agent's change \
 is merged at the end of the script, in the order the agents were started, once verify() \
 confirmed it (or as the merge setting says).
@@ -159,6 +160,14 @@ WORKFLOW_TOOL: ToolSchema = {
                                 "prompt": {"type": "string"},
                                 "agent": {"type": "string"},
                                 "schema": {"type": "object"},
+                                "budget": {
+                                    "type": "object",
+                                    "properties": {
+                                        "tokens": {"type": "integer", "minimum": 1},
+                                        "usd": {"type": "number", "exclusiveMinimum": 0},
+                                        "turns": {"type": "integer", "minimum": 1},
+                                    },
+                                },
                             },
                             "required": ["prompt"],
                         },
@@ -167,7 +176,9 @@ WORKFLOW_TOOL: ToolSchema = {
                 "description": "Independent subtask prompts, one per parallel agent: a "
                 'string, or {"prompt": "...", "agent": "<role>", "schema": {...}}: agent '
                 "names a role this description lists under Roles, schema asks for a typed "
-                "result whose data follows that JSON Schema. Give this or script, not both.",
+                "result whose data follows that JSON Schema, budget caps what its agent may "
+                'spend ({"tokens": N, "usd": X, "turns": T}, any of them; it stops with what '
+                "it has once spent). Give this or script, not both.",
             },
             "script": {
                 "type": "string",

@@ -67,6 +67,7 @@ class Status(StrEnum):
     EMPTY = "empty"
     FAILED = "failed"
     SKIPPED = "skipped"  # not run: the session's budget was used up
+    BUDGET = "budget"  # stopped part-way: its own budget, or its subtree's, was spent
 
 
 @dataclass(frozen=True)

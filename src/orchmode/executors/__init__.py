@@ -20,6 +20,7 @@ from ..core.errors import ClusterError, ConfigError
 from ..core.events import EventBus, Role
 from ..core.results import AgentResult
 from ..core.wire import JsonSchema
+from ..model.allowance import AgentLimits
 
 if TYPE_CHECKING:
     from ..core.agents import AgentDefinition
@@ -51,6 +52,9 @@ class Job:
     schema: JsonSchema | None = field(default=None, hash=False)
     #: The role it runs in (its agent definition; None: a plain worker or verifier).
     agent: AgentDefinition | None = None
+    #: What it may spend and how many turns it may take (None: the settings' turns, no
+    #: budget). Plain data: on a cluster's node only these, its own, apply.
+    limits: AgentLimits | None = None
 
 
 @dataclass(frozen=True)

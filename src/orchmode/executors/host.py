@@ -26,6 +26,7 @@ from ..core.results import AgentResult, Status
 from ..core.schemas import typed_tools
 from ..core.secrets import Masker, Secrets
 from ..core.settings import Settings
+from ..model.allowance import allowance_here, running
 from ..model.budget import BudgetExhausted
 from ..model.context import Window
 from ..model.gateway import ModelChoice, ModelGateway
@@ -323,7 +324,8 @@ class AgentHost:
             agent = await self._agent(job, events, shell, first_request_sent)
             agent.watch, agent.mcp_permit = watch, mcp_permit
             async with watching(watch):
-                return await agent.run(job.prompt)
+                with running(allowance_here(job.limits, job.name)):
+                    return await agent.run(job.prompt)
         except AuthError:
             raise  # retrying cannot help: stop the whole run
         except BudgetExhausted as exc:
@@ -343,6 +345,7 @@ class AgentHost:
             tools = job.agent.offered(tools)
         choice = ModelChoice.of(self.settings, job.role, job.agent)
         window = Window.from_settings(self.settings, choice.model)
+        turns = self.settings.subagent_turns
         return Subagent(
             gateway=self.gateway,
             shell=shell,
@@ -350,7 +353,7 @@ class AgentHost:
             name=job.name,
             system=subagent_system(job.agent),
             tools=typed_tools(tools, job.schema),
-            max_turns=self.settings.subagent_turns,
+            max_turns=(job.limits.turns or turns) if job.limits is not None else turns,
             on_first_request=on_first_request,
             window=window,
             mcp=self.mcp,

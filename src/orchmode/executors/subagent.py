@@ -12,12 +12,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..core.errors import AuthError
+from ..core.errors import AllowanceSpent, AuthError
 from ..core.events import EventBus, Role
 from ..core.results import AgentResult, Report, Status, TypedReport, parse_report
 from ..core.schemas import ReportAttempts
 from ..core.wire import JsonSchema, Message, ToolSchema, ToolUseBlock
 from ..loop import AgentLoop, Ending, Finish, Gathered, Handler, LoopResult, Outcome, Room, Toolbox
+from ..model.allowance import ALLOWANCE
 from ..model.context import Meter, Window, estimate_tokens
 from ..model.gateway import ModelChoice, ModelGateway
 from ..shell.bash import BashSession
@@ -275,6 +276,8 @@ class Subagent:
             return AgentResult(done.text, Status.FINISHED, turns, usage)
         if ending is Ending.FAILED:
             assert done.error is not None
+            if isinstance(done.error, AllowanceSpent):
+                return _stopped_by_budget(done.error.reason, done)
             raise done.error  # the executor makes it the slot's error string
         if ending is Ending.TOO_LONG:
             return AgentResult(
@@ -292,6 +295,11 @@ class Subagent:
             return AgentResult(f"{note}\n{done.text}".strip(), Status.TURN_LIMIT, turns, usage)
         assert done.rule is not None
         status, text = done.rule.status, done.text
+        allowance = ALLOWANCE.get()
+        if status is Status.MAX_TOKENS and allowance is not None and allowance.cut:
+            # its reply was cut to the output its budget had room for: that budget is spent
+            reason = "its budget (or its subtree's) had room for only part of its last reply"
+            return _stopped_by_budget(reason, done)
         if status is Status.FINISHED and not text:
             return AgentResult(
                 "[orchmode: the subagent ended without a report or any text]",
@@ -302,6 +310,12 @@ class Subagent:
         if done.rule.note:
             text = f"{text}\n{done.rule.note}".strip()
         return AgentResult(text, status, turns, usage)
+
+
+def _stopped_by_budget(reason: str, done: LoopResult) -> AgentResult:
+    """A run its budget stopped: partial, saying why, with the last text it wrote."""
+    note = f"[orchmode: stopped: {reason}; this result is partial]"
+    return AgentResult(f"{note}\n{done.text}".strip(), Status.BUDGET, done.turns, done.usage)
 
 
 def describe_failure(exc: BaseException) -> str:

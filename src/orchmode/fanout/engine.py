@@ -43,6 +43,7 @@ from ..executors import Executor, Job, TreeJob, WorkerLost
 from ..executors.local import HERE, LocalExecutor
 from ..executors.nesting import NESTING
 from ..executors.parking import PARKING
+from ..model.allowance import AgentLimits, agent_limits, allowance_for, running
 from ..model.budget import SessionBudget
 from ..model.context import Window
 from ..model.gateway import ModelChoice, ModelGateway
@@ -280,6 +281,7 @@ class FanoutEngine:
         tree: TreeJob | None = None,
         schema: JsonSchema | None = None,
         agent: AgentDefinition | None = None,
+        limits: AgentLimits | None = None,
     ) -> AgentResult:
         """One subagent through the store; any failure becomes an error result in its slot.
 
@@ -309,6 +311,7 @@ class FanoutEngine:
                 tree=tree,
                 schema=schema,
                 agent=agent,
+                limits=limits,
             )
         finally:
             if own is not None:
@@ -327,6 +330,7 @@ class FanoutEngine:
         tree: TreeJob | None,
         schema: JsonSchema | None = None,
         agent: AgentDefinition | None = None,
+        limits: AgentLimits | None = None,
     ) -> AgentResult:
         isolation = "worktree" if tree is not None else "shared"
         key = self.key_of(role, Subtask(prompt, schema, agent), isolation)
@@ -344,6 +348,7 @@ class FanoutEngine:
             tree,
             schema=schema,
             agent=agent,
+            limits=agent_limits(self.settings, limits),
         )
         # Ours until the executor places the job; from then on the executor renews it.
         taken.keep()
@@ -415,7 +420,8 @@ class FanoutEngine:
             # A worker that may fan out does so through this; it waits parked meanwhile.
             nesting = NESTING.set(nesting_for(self, call, index, job))
             try:
-                outcome = await self._run_job(call, index, job, claim)
+                with running(allowance_for(job.limits, job.name)):
+                    outcome = await self._run_job(call, index, job, claim)
             finally:
                 NESTING.reset(nesting)
                 PARKING.reset(parking)

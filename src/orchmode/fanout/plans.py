@@ -7,6 +7,7 @@ hypothesis tests can throw any input at them.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,9 +16,12 @@ from ..core.agents import AgentDefinition
 from ..core.results import summary_of
 from ..core.schemas import check_schema
 from ..core.wire import JsonSchema, ToolInput
+from ..model.allowance import AgentLimits
 
 #: The keys an object subtask may have.
-SUBTASK_KEYS = ("prompt", "agent", "schema")
+SUBTASK_KEYS = ("prompt", "agent", "schema", "budget")
+#: The keys of a subtask's budget, and what each must be.
+BUDGET_KEYS = {"tokens": "a whole number", "usd": "a number of dollars", "turns": "a whole number"}
 
 
 def normalise_subtasks(raw: object) -> list[str]:
@@ -54,6 +58,8 @@ class Subtask:
     prompt: str
     schema: JsonSchema | None = None
     agent: AgentDefinition | None = None
+    #: What its worker may spend and how many turns it may take (None: the settings').
+    budget: AgentLimits | None = None
 
 
 @dataclass(frozen=True)
@@ -64,6 +70,8 @@ class Plan:
     schemas: list[JsonSchema | None] = field(default_factory=list)
     #: Each subtask's role (None: a plain worker), in the same order.
     agents: list[AgentDefinition | None] = field(default_factory=list)
+    #: Each subtask's budget (None: the settings'), in the same order.
+    budgets: list[AgentLimits | None] = field(default_factory=list)
 
     def schema_of(self, index: int) -> JsonSchema | None:
         """Subtask ``index``'s schema (0-based); None when it has none."""
@@ -72,6 +80,10 @@ class Plan:
     def agent_of(self, index: int) -> AgentDefinition | None:
         """Subtask ``index``'s role (0-based); None when it names none."""
         return self.agents[index] if index < len(self.agents) else None
+
+    def budget_of(self, index: int) -> AgentLimits | None:
+        """Subtask ``index``'s budget (0-based); None when it gives none."""
+        return self.budgets[index] if index < len(self.budgets) else None
 
     @property
     def note(self) -> str:
@@ -185,6 +197,7 @@ def _plan_objects(
         max(0, len(subtasks) - cap),
         [s.schema for s in running],
         [s.agent for s in running],
+        [s.budget for s in running],
     )
 
 
@@ -196,7 +209,7 @@ def subtask_object(
     if extra:
         return (
             f"unknown key {', '.join(json.dumps(k) for k in extra)} — an object subtask "
-            'takes "prompt" and optionally "agent" and "schema"'
+            'takes "prompt" and optionally "agent", "schema" and "budget"'
         )
     prompt = item.get("prompt")
     if not isinstance(prompt, str):
@@ -215,13 +228,41 @@ def subtask_object(
         role = (roles or {}).get(agent.strip())
         if role is None:
             return unknown_agent(agent, roles or {})
+    budget = budget_of(item.get("budget"))
+    if isinstance(budget, str):
+        return budget
     schema = item.get("schema")
     if schema is None:
-        return Subtask(prompt.strip(), None, role)
+        return Subtask(prompt.strip(), None, role, budget)
     problem = check_schema(schema)
     if problem is not None:
         return f'"schema" is not usable: {problem}'
-    return Subtask(prompt.strip(), schema, role)
+    return Subtask(prompt.strip(), schema, role, budget)
+
+
+def budget_of(raw: object) -> AgentLimits | str | None:
+    """A subtask's ``budget`` object as limits (None when not given), or what is wrong
+    with it: every value a positive number, tokens and turns whole ones."""
+    if raw is None:
+        return None
+    usage = '"budget" takes {"tokens": 20000, "usd": 0.5, "turns": 10}, any of them'
+    if not isinstance(raw, dict) or not raw:
+        return f"{usage}, not {json.dumps(raw, ensure_ascii=False, default=str)}"
+    extra = sorted(str(k) for k in raw if k not in BUDGET_KEYS)
+    if extra:
+        return f'unknown key {", ".join(json.dumps(k) for k in extra)} in "budget": {usage}'
+    values: dict[str, Any] = {}
+    for key, what in BUDGET_KEYS.items():
+        value = raw.get(key)
+        if value is None:
+            continue
+        whole = key != "usd"
+        number = isinstance(value, int) if whole else isinstance(value, int | float)
+        if isinstance(value, bool) or not number or not 0 < value < math.inf:
+            shown = json.dumps(value, ensure_ascii=False, default=str)
+            return f'"budget" {key} must be {what} above 0, not {shown}'
+        values[key] = value if whole else float(value)
+    return AgentLimits(**values)
 
 
 def unknown_agent(name: object, roles: Mapping[str, AgentDefinition]) -> str:

@@ -235,16 +235,17 @@ class ScriptRun:
             values = bind(name, PARAMETERS[name], args, kwargs, KEYWORD_ONLY.get(name, ()))
             if name == "agent":
                 subtask = typed_subtask(
-                    "agent()", values[0], values[2], values[3], self.engine.roles
+                    "agent()", values[0], values[2], values[3], self.engine.roles, values[4]
                 )
                 where = self._isolation("agent", values[1])
                 return {"return_value": await self._agent(subtask, where)}
             if name == "parallel":
                 # its defaults, checked once
-                typed_subtask("parallel()", "-", values[2], values[3], self.engine.roles)
+                _, _, agent, schema, budget = values
+                typed_subtask("parallel()", "-", agent, schema, self.engine.roles, budget)
                 where = self._isolation("parallel", values[1])
                 return {
-                    "return_value": await self._parallel(values[0], where, values[2], values[3])
+                    "return_value": await self._parallel(values[0], where, agent, schema, budget)
                 }
             if name == "verify":
                 return {"return_value": await self._verify(values[0], values[1])}
@@ -282,6 +283,7 @@ class ScriptRun:
             tree=tree,
             schema=task.schema,
             agent=task.agent,
+            limits=task.budget,
         )
         if result.status is Status.SKIPPED:
             self.skipped += 1
@@ -321,11 +323,12 @@ class ScriptRun:
         where: str,
         agent: object = None,
         schema: object = None,
+        budget: object = None,
     ) -> list[JsonRecord]:
         if not isinstance(prompts, list | tuple):
             raise TypeError(f"parallel() takes a list of prompts, not {type(prompts).__name__}")
         subtasks = [
-            typed_subtask(f"parallel() prompt {n}", p, agent, schema, self.engine.roles)
+            typed_subtask(f"parallel() prompt {n}", p, agent, schema, self.engine.roles, budget)
             for n, p in enumerate(prompts, start=1)
         ]
         indexes = self._take(len(subtasks), f"parallel() of {len(subtasks)} prompts")

@@ -21,13 +21,13 @@ PARAMETERS: dict[str, tuple[str, ...]] = {
 #: Parameters taken by keyword only, after the positional ones: a schema or an agent's name
 #: passed by position, as in a script written before they existed, is still a TypeError.
 KEYWORD_ONLY: dict[str, tuple[str, ...]] = {
-    "agent": ("agent", "schema"),
-    "parallel": ("agent", "schema"),
+    "agent": ("agent", "schema", "budget"),
+    "parallel": ("agent", "schema", "budget"),
 }
 #: Parameters that may be left out, and what they are then.
 DEFAULTS: dict[str, dict[str, object]] = {
-    "agent": {"agent": None, "schema": None, "isolation": None},
-    "parallel": {"agent": None, "schema": None, "isolation": None},
+    "agent": {"agent": None, "schema": None, "budget": None, "isolation": None},
+    "parallel": {"agent": None, "schema": None, "budget": None, "isolation": None},
 }
 
 
@@ -132,11 +132,12 @@ def typed_subtask(
     agent: object,
     schema: object,
     roles: Mapping[str, AgentDefinition],
+    budget: object = None,
 ) -> Subtask:
-    """A subtask from a string or a ``{"prompt", "agent", "schema"}`` object; ``agent``
-    and ``schema`` are the call's own, which an object's keys override."""
+    """A subtask from a string or a ``{"prompt", "agent", "schema", "budget"}`` object;
+    ``agent``, ``schema`` and ``budget`` are the call's own, which an object's keys override."""
     if isinstance(value, dict):
-        item = {"agent": agent, "schema": schema, **plain(value)}
+        item = {"agent": agent, "schema": schema, "budget": plain(budget), **plain(value)}
         taken = subtask_object({k: v for k, v in item.items() if v is not None}, roles)
         if isinstance(taken, str):
             raise ValueError(f"{function}: {taken}")
@@ -149,7 +150,8 @@ def typed_subtask(
     if not value.strip():
         raise ValueError(f"{function} was given an empty prompt")
     prompt = value.strip()
-    taken = subtask_object({"prompt": prompt, "agent": agent, "schema": plain(schema)}, roles)
+    item = {"prompt": prompt, "agent": agent, "schema": plain(schema), "budget": plain(budget)}
+    taken = subtask_object(item, roles)
     if isinstance(taken, str):
         raise ValueError(f"{function}: {taken}")
     return taken

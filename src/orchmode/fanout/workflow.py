@@ -77,7 +77,7 @@ class Workflow(FanoutEngine):
     ) -> tuple[str, bool]:
         """Run a flat plan's chains side by side, merge their changes, and write the result."""
         subtasks = [
-            Subtask(prompt, plan.schema_of(n), plan.agent_of(n))
+            Subtask(prompt, plan.schema_of(n), plan.agent_of(n), plan.budget_of(n))
             for n, prompt in enumerate(plan.subtasks)
         ]
         wanted = [isolation_for(isolation, subtask.agent) for subtask in subtasks]
@@ -218,6 +218,7 @@ class Workflow(FanoutEngine):
                 tree=tree,
                 schema=subtask.schema,
                 agent=agent,
+                limits=subtask.budget,
             )
             if relay is None:
                 return worker, None

@@ -52,7 +52,7 @@ class LoopResult:
     requests: int
     usage: TokenUsage = field(default_factory=TokenUsage)
     #: STOPPED: the text since the last tool round (paused parts joined); FINISHED: the
-    #: tool's value; TURN_LIMIT: the last text the model wrote.
+    #: tool's value; TURN_LIMIT and FAILED: the last text the model wrote.
     text: str = ""
     #: STOPPED: the response's stop reason ("end_turn" when the API gave none).
     stop: str = ""
@@ -115,7 +115,7 @@ class AgentLoop:
                     continue
                 return LoopResult(Ending.TOO_LONG, turns, requests, usage, error=exc)
             except OrchmodeError as exc:
-                return LoopResult(Ending.FAILED, turns, requests, usage, error=exc)
+                return LoopResult(Ending.FAILED, turns, requests, usage, last_text, error=exc)
             turns += 1
             usage = usage + reply.usage
             self._took(messages, sent, reply)

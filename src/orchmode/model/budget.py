@@ -70,13 +70,15 @@ class SessionBudget:
         model: str | None = None,
         *,
         batched: bool = False,
+        output_tokens: int | None = None,
     ) -> Reservation | None:
         """Reserve the request's worst case (at the batch price for a batched request), or
-        raise :class:`BudgetExhausted`."""
+        raise :class:`BudgetExhausted`. ``output_tokens``: the output it asks for, when an
+        agent's budget cut it below ``max_tokens``."""
         if not self.metered:
             return None
         input_tokens = estimate_input_tokens(system, messages, tools)
-        output_tokens = self.settings.max_tokens
+        output_tokens = output_tokens or self.settings.max_tokens
         price = self.settings.price(model, batched=batched)
         cost = price.worst_case(input_tokens, output_tokens, hour_writes=batched) if price else 0.0
         reservation = Reservation(input_tokens + output_tokens, cost)

@@ -34,7 +34,9 @@ from ..core.events import (
 )
 from ..core.settings import Settings
 from ..core.wire import ContextEdit, Message, ToolSchema
+from .allowance import ALLOWANCE, Hold
 from .batches import BatchDesk
+from .budget import Reservation, estimate_input_tokens
 from .failures import BetaRefused, FailureWords, refused_in_batch
 from .limits import AdaptiveLimit
 from .providers import (
@@ -84,6 +86,9 @@ class ModelChoice:
     effort: str
     #: Sent through the Message Batches API (see :mod:`orchmode.model.batches`).
     batched: bool = False
+    #: The output a request may ask for, when the agent's budget leaves less than
+    #: ``max_tokens`` (None: ``max_tokens`` of the settings).
+    max_tokens: int | None = None
 
     @classmethod
     def of(
@@ -183,11 +188,9 @@ class ModelGateway:
         """
         started = time.monotonic()
         choice = choice or ModelChoice.of(self.settings)
-        reservation = None
-        if self.budget is not None:
-            reservation = await self.budget.before_request(
-                system, messages, tools, choice.model, batched=choice.batched
-            )
+        hold, reservation = await self._reserve(system, messages, tools, choice)
+        if hold is not None:
+            choice = replace(choice, max_tokens=hold.output_tokens)
         request = _Request(system, messages, tools, on_text, previous_message_id, context_edits)
         try:
             if choice.batched and self.desk is not None:
@@ -195,20 +198,69 @@ class ModelGateway:
             else:
                 reply = await self._send(request, replace(choice, batched=False), agent, on_send)
         except BaseException as exc:
-            if self.budget is not None:
-                await self.budget.after_request(reservation, TokenUsage(), choice.model)
+            await self._settle(hold, reservation, TokenUsage(), choice.model)
             if isinstance(exc, Exception):
                 failed = ModelRequestFailed(
                     agent, choice.model, type(exc).__name__, str(exc), time.monotonic() - started
                 )
                 self.events.emit(failed)
             raise
-        if self.budget is not None:
-            await self.budget.after_request(
-                reservation, reply.usage, choice.model, batched=reply.batched
-            )
+        await self._settle(hold, reservation, reply.usage, choice.model, batched=reply.batched)
         self._account(reply, choice, agent, time.monotonic() - started)
         return reply
+
+    async def _reserve(
+        self,
+        system: str,
+        messages: Sequence[Message],
+        tools: Sequence[ToolSchema],
+        choice: ModelChoice,
+    ) -> tuple[Hold | None, Reservation | None]:
+        """Reserve the request's worst case on the running agent's allowance and every
+        ancestor's (its output cut to what they leave room for), then on the session's
+        budget; raise ``AllowanceSpent`` or ``BudgetExhausted`` instead when one cannot pay."""
+        hold = None
+        allowance = ALLOWANCE.get()
+        if allowance is not None and allowance.limited:
+            hold = await allowance.reserve(
+                estimate_input_tokens(system, messages, tools),
+                self.settings.max_tokens,
+                self.settings.price(choice.model, batched=choice.batched),
+                hour_writes=choice.batched,
+            )
+        if self.budget is None:
+            return hold, None
+        try:
+            reservation = await self.budget.before_request(
+                system,
+                messages,
+                tools,
+                choice.model,
+                batched=choice.batched,
+                output_tokens=hold.output_tokens if hold is not None else None,
+            )
+        except BaseException:
+            if hold is not None:
+                hold.settle(0, 0.0)
+            raise
+        return hold, reservation
+
+    async def _settle(
+        self,
+        hold: Hold | None,
+        reservation: Reservation | None,
+        usage: TokenUsage,
+        model: str,
+        *,
+        batched: bool = False,
+    ) -> None:
+        """Settle the allowances and the session's budget to what the request used."""
+        if hold is not None:
+            price = self.settings.price(model, batched=batched)
+            cost = price.cost(usage) if price else 0.0
+            hold.settle(usage.total_input + usage.output_tokens, cost)
+        if self.budget is not None:
+            await self.budget.after_request(reservation, usage, model, batched=batched)
 
     def _account(self, reply: ModelReply, choice: ModelChoice, agent: str, duration: float) -> None:
         """Add a finished request's usage and cost to the session's, and say so."""
@@ -350,7 +402,7 @@ class ModelGateway:
         breakpoint = HOUR_BREAKPOINT if choice.batched else EPHEMERAL
         return {
             "model": choice.model,
-            "max_tokens": self.settings.max_tokens,
+            "max_tokens": choice.max_tokens or self.settings.max_tokens,
             "system": [{"type": "text", "text": system, "cache_control": breakpoint}],
             "messages": wire_messages(messages, self.capabilities, breakpoint=True),
             "tools": list(tools),
