@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from ..core.events import Event, FanoutStarted, ModelRequestDone, SubagentDone
+
 #: A worker as ``(call, index)``: the maker of the calls nested under it.
 AgentKey = tuple[int, int]
 
@@ -62,6 +64,15 @@ class CallTree:
             waiting.extend(sorted(c for c, maker in self._maker.items() if maker[0] == call))
         return found
 
+    def path(self, call: int) -> str:
+        """Where ``call`` sits: ``worker 1.1 › worker 2.2 › `` for a call worker 2.2 made
+        (itself made by worker 1.1); "" for the main agent's."""
+        makers = []
+        while (maker := self._maker.get(call)) is not None:
+            makers.append(maker)
+            call = maker[0]
+        return "".join(f"worker {c}.{i} › " for c, i in reversed(makers))
+
     def depth(self, call: int) -> int:
         """1 for the main agent's calls, 2 for the calls their workers made, and so on."""
         return len(self._ancestry(call))
@@ -79,3 +90,43 @@ class CallTree:
         while (maker := self._maker.get(chain[-1])) is not None:
             chain.append(maker[0])
         return chain
+
+
+@dataclass
+class CostRollUp:
+    """What each call's agents have spent so far, followed from events as a run sends them.
+
+    A running agent counts what its requests cost; once ended, what its end records. The
+    live views ask it for a subtree's cost while the tree is still growing."""
+
+    tree: CallTree = field(default_factory=CallTree)
+    #: each call's ended agents' costs, summed
+    _ended: dict[int, float] = field(default_factory=dict)
+    #: each running agent's requests' costs so far, by its name (``worker 7.1``)
+    _running: dict[str, float] = field(default_factory=dict)
+
+    def follow(self, event: Event) -> None:
+        match event:
+            case FanoutStarted(call=call, parent=parent):
+                self.tree.link(call, parent)
+            case ModelRequestDone(agent=name, cost=cost):
+                self._running[name] = self._running.get(name, 0.0) + cost
+            case SubagentDone(call=call, index=index, role=role, cost=cost):
+                self._running.pop(f"{role} {call}.{index}", None)
+                self._ended[call] = self._ended.get(call, 0.0) + cost
+
+    def subtree_cost(self, worker: AgentKey, own: float) -> float:
+        """``own`` plus what every agent below ``worker`` has spent so far."""
+        costs = dict(self._ended)
+        for name, cost in self._running.items():
+            call = _call_of(name)
+            if call is not None:
+                costs[call] = costs.get(call, 0.0) + cost
+        return self.tree.subtree_cost(worker, own, costs)
+
+
+def _call_of(name: str) -> int | None:
+    """The call of a subagent named like ``worker 7.1``; None for the main agent."""
+    place = name.rpartition(" ")[2]
+    key = parent_key(place)
+    return key[0] if key is not None and " " in name else None
