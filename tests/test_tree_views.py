@@ -211,3 +211,50 @@ async def test_a_flat_run_shows_no_tree(tmp_path: Path) -> None:
     for text in (out.plain, render(out.live), shown, html):
         assert "subtree" not in text and "›" not in text and 'nested-call"' not in text
     assert render(out.live).count("┏") == 2  # a table per call, as before
+
+
+def test_a_nested_call_s_span_is_a_child_of_its_maker_s_span(tmp_path: Path) -> None:
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from orchmode.core.settings import Settings
+    from orchmode.telemetry.tracing import start_tracing
+
+    memory = InMemorySpanExporter()
+    settings = Settings(workdir=tmp_path, journal=tmp_path / "journal.db")
+    traces = start_tracing(settings, environ={}, processor=SimpleSpanProcessor(memory))
+    for event in play(CALLS, shuffled(3)):
+        traces(event)
+    traces.close()
+    spans = memory.get_finished_spans()
+    by_id = {span.context.span_id: span for span in spans}
+
+    def chain(name: str, call: int | None = None) -> list[str]:
+        """The names of the spans above ``name`` (of Workflow ``call``), nearest first."""
+        (span,) = [
+            s
+            for s in spans
+            if s.name == name and (call is None or s.attributes["orchmode.workflow.call"] == call)
+        ]
+        names = []
+        while span.parent is not None:
+            span = by_id[span.parent.span_id]
+            names.append(span.name)
+        return names
+
+    workflow = "execute_tool Workflow"
+    assert chain(workflow, 1) == ["invoke_agent main"]
+    assert chain(workflow, 2) == ["invoke_agent worker 1.1", workflow, "invoke_agent main"]
+    assert chain("invoke_agent verifier 3.1") == [
+        workflow,
+        "invoke_agent worker 2.2",
+        workflow,
+        "invoke_agent worker 1.1",
+        workflow,
+        "invoke_agent main",
+    ]
+    (nested,) = [s for s in spans if s.attributes.get("orchmode.workflow.call") == 3
+                 and s.name == workflow]  # fmt: skip
+    assert nested.attributes["orchmode.workflow.parent"] == "2.2"
+    assert nested.attributes["orchmode.depth"] == 3
+    assert not nested.attributes.get("orchmode.interrupted")  # it ended before its maker
