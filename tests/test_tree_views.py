@@ -182,6 +182,7 @@ async def test_the_report_folds_each_nested_call_inside_its_maker(tmp_path: Path
     assert summary and "own $0.6400 · subtree $8.32" in summary[0]
     assert re.search(r"<dt>subtree cost</dt><dd>\$10.09</dd>", html)
     assert "made by worker 2.2</span>" in html  # the call, in its turn's steps
+    assert "· workflow 3: 1 subtasks · 1.0 s · made by worker 2.2</figcaption>" in html
 
 
 async def test_an_agent_stopped_by_its_budget_says_so_everywhere(tmp_path: Path) -> None:

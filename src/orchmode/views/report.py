@@ -182,6 +182,7 @@ def _fanout_timeline(turn: Turn, fanout: Fanout) -> str:
         f'<span class="tick" style="left:{t / span * 100:.3f}%">{e(_tick_label(t))}</span>'
         for t in (step * i for i in range(int(span / step) + 1))
     )
+    made_by = f" · made by worker {e(fanout.parent)}" if fanout.parent else ""
     lanes: dict[int, list[AgentRecord]] = {}
     for agent in fanout.agents:
         lanes.setdefault(agent.index, []).append(agent)
@@ -197,7 +198,7 @@ def _fanout_timeline(turn: Turn, fanout: Fanout) -> str:
         )
     return (
         f'<figure class="fanout" data-turn="{turn.number}" data-call="{fanout.call}">\n'
-        f"<figcaption>turn {turn.number} · {e(fanout.describe())}</figcaption>\n"
+        f"<figcaption>turn {turn.number} · {e(fanout.describe())}{made_by}</figcaption>\n"
         f'<div class="lane axis"><span class="lane-label">seconds</span>'
         f'<div class="track">{ticks}</div></div>\n' + "\n".join(rows) + "\n</figure>"
     )
