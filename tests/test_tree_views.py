@@ -22,9 +22,11 @@ from orchmode.views.report import render_report
 from orchmode.views.transcript import plain, transcript
 from test_context_display import emit
 from test_live import render
-from test_report import assert_self_contained
+from test_report import assert_self_contained, browse, chromium  # noqa: F401  (chromium: a fixture)
 
 CALLS = plan_tree([[2, 1], [2, 0, 1], [1]])
+#: the report's anchors of the two workers that made calls, and of an agent two levels down
+W11, W22, NESTED = "agent-t1-1-1-worker", "agent-t1-2-2-worker", "agent-t1-3-1-verifier"
 #: worker 1.1's subtree: itself and all of calls 2 and 3; worker 2.2's: itself and call 3
 SUBTREE_1_1 = "$10.090"
 SUBTREE_2_2 = "$8.320"
@@ -183,6 +185,21 @@ async def test_the_report_folds_each_nested_call_inside_its_maker(tmp_path: Path
     assert re.search(r"<dt>subtree cost</dt><dd>\$10.09</dd>", html)
     assert "made by worker 2.2</span>" in html  # the call, in its turn's steps
     assert "· workflow 3: 1 subtasks · 1.0 s · made by worker 2.2</figcaption>" in html
+
+
+async def test_a_link_to_a_nested_agent_opens_every_entry_around_it(
+    tmp_path: Path,
+    chromium: str,  # noqa: F811
+) -> None:
+    """Chromium opens the entries around a fragment's target itself; the page's script does
+    it for browsers that do not. Either way the entries must hold one another."""
+    page = tmp_path / "report.html"
+    page.write_text(render_report((await emit(tmp_path, nested_run())).history()))
+    loaded = browse(chromium, page, tmp_path / "profile", "--dump-dom", fragment=NESTED)
+    assert 'data-ready="yes"' in loaded.stdout, loaded.stderr[-2000:]
+    tree = DetailsTree(loaded.stdout)
+    opened = {agent for agent, attrs in tree.attrs.items() if "open" in attrs}
+    assert opened == {NESTED, *tree.inside[NESTED]} == {NESTED, W11, W22}
 
 
 async def test_an_agent_stopped_by_its_budget_says_so_everywhere(tmp_path: Path) -> None:
