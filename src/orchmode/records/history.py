@@ -280,7 +280,6 @@ class Turn:
     resolving: Resolving = field(default_factory=Resolving, repr=False)
     #: the agents' connections through the network proxy, and their questions to the user
     network: NetworkLog = field(default_factory=NetworkLog)
-
     #: which worker made each nested call
     tree: CallTree = field(default_factory=CallTree, repr=False)
 
@@ -318,11 +317,12 @@ class Turn:
         """The agent that made a nested call: the worker at its parent's place (a script's
         agent at that number when no worker is), if the turn has heard of it."""
         key = self.tree.maker(fanout.call)
-        made_by = next((f for f in self.fanouts if key and f.call == key[0]), None)
-        if key is None or made_by is None:
+        if key is None:
             return None
-        at_index = [agent for agent in made_by.agents if agent.index == key[1]]
-        return next((a for a in at_index if a.role == "worker"), at_index[0] if at_index else None)
+        call, index = key
+        at_index = [a for f in self.fanouts if f.call == call for a in f.agents if a.index == index]
+        workers = [agent for agent in at_index if agent.role == "worker"]
+        return next(iter(workers or at_index), None)
 
     def nested(self, agent: AgentRecord) -> list[Fanout]:
         """The calls ``agent`` made itself, in their order."""
