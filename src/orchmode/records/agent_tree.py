@@ -1,9 +1,9 @@
 """Which worker made each nested Workflow call, and what a worker's whole subtree cost.
 
 A nested call's ``FanoutStarted`` names its maker as ``"3.2"`` (worker 2 of call 3); calls
-are numbered across the session, so a call number names one call. Every view that draws
-the tree of agents, and every roll-up of its costs, asks this one structure, so the live
-lines, ``show``, the report and the traces agree on who sits under whom.
+are numbered across the session, so a call number names one call. The plain lines, the
+live view, ``show`` and the report all read the tree and its costs from here, so they agree
+on who sits under whom and on what a subtree cost.
 """
 
 from __future__ import annotations

@@ -216,7 +216,6 @@ class LiveView:
                 self.network = NetworkLog()
                 self.batches = BatchLog()
                 self.costs = CostRollUp()
-                self.costs.follow(event)
             case BashStarted(agent=agent, command=command):
                 row = self._row_of(agent)
                 if row is not None:
