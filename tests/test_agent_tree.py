@@ -8,11 +8,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nested_runs import PlannedCall, in_order, plan_tree, play, shuffled, subtree_cost
 from orchmode.core.events import ModelRequestDone, Role, SubagentStarted
 from orchmode.records.agent_tree import CallTree, parent_key
 from orchmode.records.codec import event_row
 from orchmode.records.history import read_session
+from tree_events import PlannedCall, in_order, plan_tree, play, shuffled, subtree_cost
 
 #: Each call's workers, then how many calls each of its workers makes.
 shapes = st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=4), min_size=1, max_size=9)

@@ -1,7 +1,7 @@
 """Nested runs wherever a run is shown: the plain lines, the live view, `orchmode show`, the report.
 
 Worker 1.1 makes call 2; worker 2.2 makes call 3. The events go on a bus to every display
-and the recorder, in an order a run sends them (see ``nested_runs``), then are read back
+and the recorder, in an order a run sends them (see ``tree_events``), then are read back
 from the store. Each agent's cost is a distinct power of two in cents, so a roll-up that
 missed or doubled any agent shows a different sum.
 """
@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from nested_runs import in_order, plan_tree, play, shuffled, subtree_cost
 from orchmode.core.events import Event, ModelRequestDone, Role, SubagentDone
 from orchmode.views.live import BUDGET
 from orchmode.views.report import render_report
@@ -23,6 +22,7 @@ from orchmode.views.transcript import plain, transcript
 from test_context_display import emit
 from test_live import render
 from test_report import assert_self_contained, browse, chromium  # noqa: F401  (chromium: a fixture)
+from tree_events import in_order, plan_tree, play, shuffled, subtree_cost
 
 CALLS = plan_tree([[2, 1], [2, 0, 1], [1]])
 #: the report's anchors of the two workers that made calls, and of an agent two levels down
