@@ -326,14 +326,16 @@ def chromium() -> str:
 
 
 def browse(
-    chromium: str, page: Path, profile: Path, *flags: str
+    chromium: str, page: Path, profile: Path, *flags: str, fragment: str = ""
 ) -> subprocess.CompletedProcess[str]:
-    """Load ``page`` in headless Chromium, with a net log of every request it made."""
+    """Load ``page`` (at ``#fragment``, if given) in headless Chromium, with a net log of
+    every request it made."""
     return subprocess.run(
         [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
          "--no-first-run", "--disable-background-networking", "--disable-component-update",
          "--disable-sync", f"--user-data-dir={profile}", "--hide-scrollbars",
-         f"--log-net-log={profile / 'net.json'}", *flags, page.as_uri()],
+         f"--log-net-log={profile / 'net.json'}", *flags,
+         page.as_uri() + (f"#{fragment}" if fragment else "")],
         capture_output=True, text=True, timeout=90, stdin=subprocess.DEVNULL,
     )  # fmt: skip
 

@@ -37,12 +37,13 @@ from ..core.events import (
 from ..core.results import Report, read_report
 from ..core.wire import has_block, joined_text, read_history
 from ..store import EventRow
+from .agent_tree import CallTree
 from .batches import BatchLog, saved_by_batching
 from .codec import parse_row
 from .network import NetworkLog
 from .steps import Command, Compaction, CondensedResult, SettledChange
 from .totals import SessionTotals
-from .wording import seconds
+from .wording import STATUS_WORDS, seconds
 
 
 @dataclass
@@ -76,6 +77,7 @@ STATE_LABELS = {
     "journal": "journal hit",
     "skipped": "skipped by budget",
     "interrupted": "interrupted",
+    "budget": STATUS_WORDS["budget"],
 }
 AGENT_STATES = tuple(STATE_LABELS)
 
@@ -151,9 +153,14 @@ class AgentRecord:
             return "interrupted"
         if self.status == "finished":
             return "journal" if self.from_journal else "done"
-        if self.status == "skipped":
-            return "skipped"
+        if self.status in ("skipped", "budget"):
+            return self.status
         return "failed"
+
+    @property
+    def spent(self) -> float:
+        """What it cost: its recorded cost once it ended, its requests' so far until then."""
+        return self.cost if self.status is not None else self.paid
 
     @property
     def report(self) -> Report | None:
@@ -177,6 +184,10 @@ class Fanout:
     started_at: float
     subtasks: int = 0
     not_run: int = 0
+    #: ``3.2`` when worker 2 of call 3 made it; "" for the main agent's calls
+    parent: str = ""
+    #: how deep its agents are: 1 for the main agent's subagents
+    depth: int = 1
     duration: float | None = None
     #: set when the call ran a script
     script_lines: int | None = None
@@ -269,6 +280,8 @@ class Turn:
     resolving: Resolving = field(default_factory=Resolving, repr=False)
     #: the agents' connections through the network proxy, and their questions to the user
     network: NetworkLog = field(default_factory=NetworkLog)
+    #: which worker made each nested call
+    tree: CallTree = field(default_factory=CallTree, repr=False)
 
     @property
     def status(self) -> str:
@@ -299,6 +312,33 @@ class Turn:
     @property
     def agents(self) -> list[AgentRecord]:
         return [agent for fanout in self.fanouts for agent in fanout.agents]
+
+    def maker(self, fanout: Fanout) -> AgentRecord | None:
+        """The agent that made a nested call: the worker at its parent's place (a script's
+        agent at that number when no worker is), if the turn has heard of it."""
+        key = self.tree.maker(fanout.call)
+        if key is None:
+            return None
+        call, index = key
+        at_index = [a for f in self.fanouts if f.call == call for a in f.agents if a.index == index]
+        workers = [agent for agent in at_index if agent.role == "worker"]
+        return next(iter(workers or at_index), None)
+
+    def nested(self, agent: AgentRecord) -> list[Fanout]:
+        """The calls ``agent`` made itself, in their order."""
+        return [f for f in self.fanouts if self.tree.maker(f.call) and self.maker(f) is agent]
+
+    @property
+    def top_fanouts(self) -> list[Fanout]:
+        """The calls drawn at the top: the main agent's, and any whose maker is unknown."""
+        return [fanout for fanout in self.fanouts if self.maker(fanout) is None]
+
+    def subtree_cost(self, agent: AgentRecord) -> float:
+        """What ``agent`` and every agent of every call nested under it spent."""
+        if not self.tree or not self.nested(agent):
+            return agent.spent
+        costs = {f.call: sum(a.spent for a in f.agents) for f in self.fanouts}
+        return self.tree.subtree_cost((agent.call, agent.index), agent.spent, costs)
 
     def fanout(self, call: int, at: float) -> Fanout:
         for fanout in self.fanouts:
@@ -414,6 +454,8 @@ def _apply_to_fanout(turn: Turn, event: Event, at: float) -> None:
             fanout = turn.fanout(event.call, at)
             fanout.started_at = at
             fanout.subtasks, fanout.not_run = event.subtasks, event.not_run
+            fanout.parent, fanout.depth = event.parent, event.depth
+            turn.tree.link(event.call, event.parent)
         case ScriptStarted():
             fanout = turn.fanout(event.call, at)
             fanout.started_at = at

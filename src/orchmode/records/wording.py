@@ -10,6 +10,14 @@ from __future__ import annotations
 from ..core.events import ChangeSettled, ContextCompacted, ResultCondensed
 from ..store.result_files import RESULTS_DIR
 
+#: How an agent's end reads where its status alone would mislead: a budget stop is no failure.
+STATUS_WORDS = {"budget": "stopped by its budget"}
+
+
+def status_words(status: str) -> str:
+    """An agent's status as a reader sees it: ``stopped by its budget``, else as recorded."""
+    return STATUS_WORDS.get(status, status)
+
 
 def seconds(value: float) -> str:
     """A duration as a reader sees it: ``4.2 s``, ``3 min 07 s``, ``1 h 02 min``."""

@@ -8,7 +8,9 @@ The spans follow the GenAI semantic conventions:
 - ``invoke_agent main``: one user turn, a trace of its own, linked to the session by
   ``session.id``; a resumed turn is a new trace with a link to the interrupted one;
 - ``execute_tool Workflow``: one Workflow call, a flat fan-out or a script; each change it
-  settled is an ``orchmode.merge`` span;
+  settled is an ``orchmode.merge`` span; a call a worker made (a nested call) is a child of
+  that worker's span, so the trace is the tree of agents (each agent's span carries its own
+  cost, ``orchmode.cost_usd``: a subtree's is the sum over its spans);
 - ``invoke_agent <role> <call>.<index>``: each subagent, in its Workflow call;
 - ``chat <model>``: each model request, in its agent; retries as span events;
 - ``execute_tool bash`` and ``execute_tool mcp__<server>__<tool>``: each tool call;
@@ -208,14 +210,19 @@ class Traces:
             "gen_ai.tool.name": "Workflow",
             "orchmode.workflow.call": event.call,
         }
+        parent = self._turn
         if isinstance(event, FanoutStarted):
             attributes["orchmode.workflow.form"] = "subtasks"
             attributes["orchmode.workflow.subtasks"] = event.subtasks
             attributes["orchmode.workflow.not_run"] = event.not_run
+            if event.parent:  # a worker's own call: under that worker's span
+                attributes["orchmode.workflow.parent"] = event.parent
+                attributes["orchmode.depth"] = event.depth
+                parent = self._agents.get(f"worker {event.parent}", self._turn)
         else:
             attributes["orchmode.workflow.form"] = "script"
             attributes["orchmode.script.lines"] = event.lines
-        self._calls[event.call] = self._start("execute_tool Workflow", self._turn, attributes)
+        self._calls[event.call] = self._start("execute_tool Workflow", parent, attributes)
 
     def _call_done(self, event: FanoutDone | ScriptDone) -> None:
         span = self._calls.pop(event.call, None)

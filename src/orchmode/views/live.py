@@ -46,20 +46,25 @@ from ..core.events import (
     TurnDone,
     TurnStarted,
 )
+from ..records.agent_tree import CostRollUp
 from ..records.batches import BatchLog
 from ..records.history import Resolving
 from ..records.network import NetworkLog, connection_text, hint, question_text
 from ..records.totals import SessionTotals
 from ..records.wording import compaction_text, condensed_text, seconds
 from .escape import visible, visible_event
+from .live_calls import (
+    BUDGET,
+    DONE,
+    FAILED,
+    JOURNAL,
+    QUEUED,
+    RUNNING,
+    SKIPPED,
+    AgentRow,
+    CallView,
+)
 from .progress import CHANGE_STYLES
-
-QUEUED = "queued"
-RUNNING = "running"
-JOURNAL = "journal hit"
-DONE = "done"
-FAILED = "failed"
-SKIPPED = "skipped by budget"
 
 #: Commands kept on screen; a long turn shows its latest ones and how many came before.
 COMMANDS_SHOWN = 12
@@ -78,6 +83,7 @@ _STYLES = {
     DONE: "green",
     FAILED: "red",
     SKIPPED: "magenta",
+    BUDGET: "magenta",
 }
 
 
@@ -112,86 +118,6 @@ def _change_cell(change: ChangeSettled | None, resolver: bool = False) -> Text |
     return Text(_short(f"+{change.added} −{change.removed} {fate}", 40), style=style)
 
 
-#: Where each kind of agent of a subtask is listed: its worker, the worker's verifier, then
-#: a resolver of its change's conflict and the verifier of that resolution.
-_ORDER = {"worker": 0, "verifier": 1, "resolver": 2, "main": 4}
-_RESOLUTION_ORDER = 3
-
-
-@dataclass
-class AgentRow:
-    index: int
-    role: Role
-    #: set on the verifier that checks a resolver's resolution, not the worker's change
-    resolution: bool = False
-    title: str = ""
-    state: str = QUEUED
-    status: str = ""
-    turns: int = 0
-    usage: TokenUsage = field(default_factory=TokenUsage)
-    cost: float = 0.0
-    started: float | None = None
-    duration: float | None = None
-    verdict: str | None = None
-    #: the bash command it is running at this moment, if any
-    running: str = ""
-    #: the Ray node it runs on; empty in the user's own process
-    node: str = ""
-    #: what became of a worker's change to its copy of the tree, once settled
-    change: ChangeSettled | None = None
-
-    def elapsed(self, now: float) -> float | None:
-        if self.duration is not None:
-            return self.duration
-        return now - self.started if self.started is not None else None
-
-    @property
-    def label(self) -> str:
-        """Its role as shown: a resolution's verifier is told from the worker's verifier."""
-        return "verifier (resolution)" if self.resolution else self.role
-
-    @property
-    def order(self) -> int:
-        return _RESOLUTION_ORDER if self.resolution else _ORDER[self.role]
-
-
-@dataclass
-class CallView:
-    """One Workflow call: a fan-out of ``subtasks`` chains, or a script's agents."""
-
-    call: int
-    script: bool = False
-    subtasks: int = 0
-    not_run: int = 0
-    rows: dict[tuple[int, Role, bool], AgentRow] = field(default_factory=dict)
-    duration: float | None = None
-    error: str | None = None
-    #: set when the model got this call's result condensed to fit the result budget
-    condensed: ResultCondensed | None = None
-
-    def row(self, index: int, role: Role, resolution: bool = False) -> AgentRow:
-        """The row of ``role`` at ``index`` (``resolution``: the verifier of a resolution)."""
-        key = (index, role, resolution)
-        if key not in self.rows:
-            self.rows[key] = AgentRow(index, role, resolution)
-        return self.rows[key]
-
-    def subtask(self, index: int) -> str:
-        """The title of the worker at ``index``, if there is one (a script's verifier has a
-        number of its own, with no worker at it)."""
-        worker = self.rows.get((index, "worker", False))
-        return worker.title if worker is not None else ""
-
-    def wave(self, role: Role) -> tuple[int, int]:
-        """(finished, expected) for one wave; a fan-out expects a worker and a verifier per
-        subtask, and a resolver only for a change that conflicted."""
-        rows = [r for r in self.rows.values() if r.role == role and not r.resolution]
-        finished = sum(r.state not in (QUEUED, RUNNING) for r in rows)
-        fixed = self.script or role == "resolver"
-        expected = len(rows) if fixed else max(self.subtasks, len(rows))
-        return finished, expected
-
-
 @dataclass
 class LiveView:
     """The live view's state, fed by events; :meth:`renderable` draws it at any moment."""
@@ -216,6 +142,8 @@ class LiveView:
         self.network = NetworkLog()
         #: the turn's Message Batches and the agents waiting on one
         self.batches = BatchLog()
+        #: which worker made each nested call, and what each call's agents have spent
+        self.costs = CostRollUp()
         self._lock = threading.Lock()  # Rich redraws from its own thread
         self._live: Live | None = None
 
@@ -272,6 +200,7 @@ class LiveView:
 
     def _apply(self, event: Event) -> None:
         self.resolving.follow(event)
+        self.costs.follow(event)
         if isinstance(event, NetworkConnection | ApprovalRequested | ApprovalAnswered):
             self.network.follow(event, self.clock())
             return
@@ -286,6 +215,7 @@ class LiveView:
                 self.resolving = Resolving()
                 self.network = NetworkLog()
                 self.batches = BatchLog()
+                self.costs = CostRollUp()
             case BashStarted(agent=agent, command=command):
                 row = self._row_of(agent)
                 if row is not None:
@@ -367,6 +297,8 @@ class LiveView:
             return JOURNAL
         if event.status == "finished":
             return DONE
+        if event.status == "budget":
+            return BUDGET
         return SKIPPED if event.status == "skipped" else FAILED
 
     def _call(self, call: int) -> CallView:
@@ -395,6 +327,8 @@ class LiveView:
         if self.commands:
             parts.append(self._commands())
         for view in self.calls.values():
+            if self.costs.tree.maker(view.call) is not None:
+                continue  # drawn in its maker's table, under its maker
             parts.append(self._table(view, now))
             if view.condensed is not None:  # a line under its table, the layout unchanged
                 parts.append(Text(condensed_text(view.condensed), style="yellow"))
@@ -493,7 +427,7 @@ class LiveView:
             )
         return table
 
-    def _table(self, view: CallView, now: float) -> Table:
+    def _title(self, view: CallView) -> str:
         workers, verifiers = view.wave("worker"), view.wave("verifier")
         kind = "script" if view.script else "fan-out"
         title = (
@@ -509,12 +443,31 @@ class LiveView:
             title += f" · done in {view.duration:.1f} s"
         if view.error:
             title += f" · failed: {_short(view.error, 60)}"
+        return title
+
+    def _nested(self, view: CallView, row: AgentRow) -> list[CallView]:
+        """The calls the worker in ``row`` made, as far as they are shown."""
+        if row.role != "worker":
+            return []
+        calls = self.costs.tree.calls_by((view.call, row.index))
+        return [self.calls[call] for call in calls if call in self.calls]
+
+    def _subtree(self, view: CallView) -> list[CallView]:
+        """``view`` and every call nested under its workers."""
+        found = [view]
+        for row in view.rows.values():
+            for nested in self._nested(view, row):
+                found.extend(self._subtree(nested))
+        return found
+
+    def _table(self, view: CallView, now: float) -> Table:
         # Text, never markup: a script's error can quote the model's words, [brackets] and all
-        table = Table(title=Text(title), title_justify="left", expand=False)
+        table = Table(title=Text(self._title(view)), title_justify="left", expand=False)
         table.add_column("#", justify="right")
         table.add_column("subtask", max_width=48, no_wrap=True, overflow="ellipsis")
+        rows = [row for shown in self._subtree(view) for row in shown.rows.values()]
         # Only a call with an agent on a cluster node shows where each ran.
-        nodes = any(row.node for row in view.rows.values())
+        nodes = any(row.node for row in rows)
         for name in ("role", "node", "state") if nodes else ("role", "state"):
             table.add_column(name, no_wrap=True)
         for name in ("turns", "tokens", "cost", "elapsed"):
@@ -522,29 +475,45 @@ class LiveView:
         table.add_column("now", max_width=40, no_wrap=True, overflow="ellipsis")
         table.add_column("verdict", no_wrap=True)
         # Only a call whose workers changed their copies of the tree shows what became of it.
-        changes = any(row.change for row in view.rows.values())
+        changes = any(row.change for row in rows)
         if changes:
             table.add_column("change", max_width=40, no_wrap=True, overflow="ellipsis")
+        self._add_rows(table, view, now, (nodes, changes), "")
+        return table
+
+    def _add_rows(
+        self, table: Table, view: CallView, now: float, shown: tuple[bool, bool], indent: str
+    ) -> None:
+        """``view``'s rows, each worker's nested calls under it, indented a step deeper."""
+        nodes, changes = shown
         resolved = {row.index for row in view.rows.values() if row.role == "resolver"}
         for row in sorted(view.rows.values(), key=lambda r: (r.index, r.order)):
             elapsed = row.elapsed(now)
             state = row.state if row.state != FAILED else f"{FAILED} ({row.status})"
-            where = [Text(row.node)] if nodes else []
+            nested = self._nested(view, row)
             table.add_row(
-                str(row.index),
-                Text(row.title or "…"),
+                f"{view.call}.{row.index}" if indent else str(row.index),
+                Text(indent + (row.title or "…")),
                 row.label,
-                *where,
+                *([Text(row.node)] if nodes else []),
                 Text(state, style=_STYLES[row.state]),
                 str(row.turns) if row.turns else "",
                 f"{_tokens(row.usage):,}" if _tokens(row.usage) else "",
-                f"${row.cost:.3f}" if row.cost else "",
+                self._cost_cell(view, row) if nested else f"${row.cost:.3f}" if row.cost else "",
                 f"{elapsed:.1f} s" if elapsed is not None else "",
                 self._now_cell(row),
                 Text(row.verdict or ""),
                 *([_change_cell(row.change, row.index in resolved)] if changes else []),
             )
-        return table
+            for call in nested:
+                inner = indent + "  "
+                table.add_row("", Text(f"{inner}› {self._title(call)}", style="bold"))
+                self._add_rows(table, call, now, shown, inner)
+
+    def _cost_cell(self, view: CallView, row: AgentRow) -> str:
+        """A worker that made calls: its own cost and its subtree's, so far."""
+        subtree = self.costs.subtree_cost((view.call, row.index), row.cost)
+        return f"own ${row.cost:.3f} · subtree ${subtree:.3f}"
 
     def _now_cell(self, row: AgentRow) -> Text | str:
         """What the agent does now: the approval it is parked on, or its command."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -31,10 +32,11 @@ from ..core.events import (
     TurnStarted,
     WorkspacesChosen,
 )
+from ..records.agent_tree import CostRollUp
 from ..records.batches import BatchLog
 from ..records.history import Resolving
 from ..records.network import hint, question_text
-from ..records.wording import change_fate, compaction_text, condensed_text, seconds
+from ..records.wording import change_fate, compaction_text, condensed_text, seconds, status_words
 from .escape import visible_event
 
 #: A settled change's fate, coloured: merged is good news, a conflict or a refusal is not.
@@ -49,6 +51,9 @@ CHANGE_STYLES = {
 
 #: Seconds between two lines saying what waits on a batch, while anything does.
 WAITING_EVERY = 60.0
+
+#: A line's opening ``[workflow 7]`` or ``[worker 7.1]``: where a nested call's path goes.
+_OPENING = re.compile(r"\[(?:workflow (\d+)|(?:worker|verifier|resolver) (\d+)\.\d+)[\] ]")
 
 
 def _one_line(text: str, width: int = 100) -> str:
@@ -134,6 +139,8 @@ class StderrProgress:
     refused: set[tuple[str, str]] = field(default_factory=set)
     #: the batches sent and the agents waiting on them, said every ``WAITING_EVERY`` seconds
     batches: BatchLog = field(default_factory=BatchLog)
+    #: which worker made each nested call, and what each call's agents spent
+    costs: CostRollUp = field(default_factory=CostRollUp)
     _waiting_timer: asyncio.TimerHandle | None = None
 
     def _say_waiting(self) -> None:
@@ -169,9 +176,26 @@ class StderrProgress:
         resolution = isinstance(event, SubagentDone) and self.resolving.checks_resolution(
             event.call, event.index, event.role
         )
+        self.costs.follow(event)
         line = self.describe(event, resolution=resolution)
         if line:
-            print(line, file=self.stream, flush=True)
+            print(self._placed(line, event), file=self.stream, flush=True)
+
+    def _placed(self, line: str, event: Event) -> str:
+        """A nested call's line says where it is (``[worker 3.2 › workflow 7]``), and a
+        worker that made calls says, when it ends, what its whole subtree cost."""
+        if not self.costs.tree:
+            return line  # a flat run's lines read as they always have
+        opening = _OPENING.match(line)
+        if opening is not None:
+            path = self.costs.tree.path(int(opening[1] or opening[2]))
+            line = f"[{path}{line[1:]}"
+        if isinstance(event, SubagentDone) and event.role == "worker":
+            key = (event.call, event.index)
+            if self.costs.tree.calls_by(key):
+                subtree = self.costs.subtree_cost(key, event.cost)
+                line += f" · own ${event.cost:.3f} · subtree ${subtree:.3f}"
+        return line
 
     @classmethod
     def describe(cls, event: Event, *, resolution: bool = False) -> str | None:
@@ -198,12 +222,12 @@ class StderrProgress:
             case SubagentDone(role="verifier", call=call, index=i, verdict=verdict):
                 what = "verify resolution" if resolution else "verify"
                 return (
-                    f"[workflow {call}] {what} {i}: {verdict or event.status} "
+                    f"[workflow {call}] {what} {i}: {verdict or status_words(event.status)} "
                     f"({event.duration:.1f} s, {_usage(event.usage, event.cost)})"
                 )
             case SubagentDone(role=role, call=call, index=i, status=status, turns=turns):
                 return (
-                    f"[workflow {call}] {role} {i}: {status} after {turns} turns "
+                    f"[workflow {call}] {role} {i}: {status_words(status)} after {turns} turns "
                     f"({event.duration:.1f} s, {_usage(event.usage, event.cost)})"
                 )
             case FanoutDone(call=call, duration=duration):

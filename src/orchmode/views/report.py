@@ -182,6 +182,7 @@ def _fanout_timeline(turn: Turn, fanout: Fanout) -> str:
         f'<span class="tick" style="left:{t / span * 100:.3f}%">{e(_tick_label(t))}</span>'
         for t in (step * i for i in range(int(span / step) + 1))
     )
+    made_by = f" · made by worker {e(fanout.parent)}" if fanout.parent else ""
     lanes: dict[int, list[AgentRecord]] = {}
     for agent in fanout.agents:
         lanes.setdefault(agent.index, []).append(agent)
@@ -197,7 +198,7 @@ def _fanout_timeline(turn: Turn, fanout: Fanout) -> str:
         )
     return (
         f'<figure class="fanout" data-turn="{turn.number}" data-call="{fanout.call}">\n'
-        f"<figcaption>turn {turn.number} · {e(fanout.describe())}</figcaption>\n"
+        f"<figcaption>turn {turn.number} · {e(fanout.describe())}{made_by}</figcaption>\n"
         f'<div class="lane axis"><span class="lane-label">seconds</span>'
         f'<div class="track">{ticks}</div></div>\n' + "\n".join(rows) + "\n</figure>"
     )
@@ -217,10 +218,12 @@ def _timeline(history: SessionHistory) -> str:
         for fanout in turn.fanouts
         if fanout.agents
     ]
+    shown = {agent.state for agent in history.agents}
     legend = "".join(
         f'<label class="legend-item"><input type="checkbox" checked data-toggle="{state}">'
         f'<span class="swatch state-{state}"></span>{e(STATE_LABELS[state])}</label>'
         for state in AGENT_STATES
+        if state != "budget" or state in shown  # a state newer than most runs: when it came
     )
     legend += (
         '<span class="legend-item"><span class="swatch role-verifier state-done"></span>'
@@ -412,7 +415,8 @@ def _fanout_step(turn: Turn, fanout: Fanout) -> str:
         if fanout.script_error
         else ""
     )
-    html = f'<p class="step">{e(fanout.describe())}{error}</p>'
+    maker = f' <span class="meta">made by worker {e(fanout.parent)}</span>' if fanout.parent else ""
+    html = f'<p class="step">{e(fanout.describe())}{maker}{error}</p>'
     # by the compaction, not the name: a resolution's verifier has its subtask's verifier's
     owners = {id(c): agent for agent in fanout.agents for c in agent.compactions}
     if fanout.compactions:

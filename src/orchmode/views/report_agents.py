@@ -1,10 +1,15 @@
-"""The report's Agents section: each agent's facts, prompt, report, change and commands."""
+"""The report's Agents section: each agent's facts, prompt, report, change and commands.
+
+A worker that made Workflow calls of its own holds their agents inside its ``<details>``,
+so the section folds as the tree of agents does.
+"""
 
 from __future__ import annotations
 
 from ..core.results import SEVERITIES, severity_rank
-from ..records.history import STATE_LABELS, AgentRecord, SessionHistory, Turn
+from ..records.history import STATE_LABELS, AgentRecord, Fanout, SessionHistory, Turn
 from ..records.steps import SettledChange
+from ..records.wording import status_words
 from .formatting import money, seconds
 from .report_html import (
     agent_id,
@@ -63,11 +68,12 @@ def _verdict_badge(verdict: str | None, label: str = "") -> str:
     return f' <span class="badge verdict-{e(verdict)}">{e(label + verdict)}</span>'
 
 
-def _facts(agent: AgentRecord, nodes: bool) -> str:
-    """The agent's numbers as a definition list; its node only when the run had nodes."""
+def _facts(agent: AgentRecord, nodes: bool, subtree: float | None = None) -> str:
+    """The agent's numbers as a definition list; its node only when the run had nodes, its
+    subtree's cost only when it made calls of its own."""
     usage = agent.usage
     facts = [
-        ("status", agent.status or "never finished"),
+        ("status", status_words(agent.status) if agent.status else "never finished"),
         *([("node", agent.node or "—")] if nodes else []),
         ("turns", str(agent.turns)),
         ("model requests", str(agent.requests)),
@@ -77,6 +83,7 @@ def _facts(agent: AgentRecord, nodes: bool) -> str:
         ("cache writes", f"{usage.cache_write_tokens:,}"),
         ("read from cache", f"{usage.cache_hit:.0%}"),
         ("cost", money(agent.cost)),
+        *([("subtree cost", money(subtree))] if subtree is not None else []),
         *([("batched", _batched(agent))] if agent.batched else []),
         ("duration", seconds(agent.duration)),
         ("started", clock(agent.started_at)),
@@ -142,10 +149,14 @@ def _extras(turn: Turn, agent: AgentRecord) -> str:
 
 
 def _agent_details(
-    turn: Turn, agent: AgentRecord, nodes: bool = False, checked: AgentRecord | None = None
+    turn: Turn,
+    agent: AgentRecord,
+    nodes: bool = False,
+    checked: AgentRecord | None = None,
 ) -> str:
     """One agent's details; ``nodes`` when the run had agents on cluster nodes; ``checked``,
-    for a resolver, the verifier of its resolution (its verdict is shown beside it)."""
+    for a resolver, the verifier of its resolution (its verdict is shown beside it). The
+    calls it made sit in its body, each with its agents."""
     state = agent.state
     verdict = _verdict_badge(agent.verdict)
     if checked is not None:
@@ -157,16 +168,36 @@ def _agent_details(
         if change is not None
         else ""
     )
+    nested = turn.nested(agent)
+    subtree = turn.subtree_cost(agent) if nested else None
+    cost = e(money(agent.cost))
+    tree = ""
+    if subtree is not None:
+        cost = f"own {e(money(agent.spent))} · subtree {e(money(subtree))}"
+        tree = f' data-own="{agent.spent:.6f}" data-subtree="{subtree:.6f}"'
+    children = "".join(_call_details(turn, call, nodes) for call in nested)
     return (
         f'<details class="agent" id="{agent_id(turn, agent)}" {role_attributes(agent)} '
-        f'data-state="{state}"{node_attribute(agent)}>'
+        f'data-state="{state}"{node_attribute(agent)}{tree}>'
         f'<summary><span class="swatch state-{state} role-{agent.role}"></span>'
         f"<b>{e(agent.label)}</b> {e(agent.title if agent.role == 'worker' else '')} "
         f'<span class="badge state-{state}">{e(STATE_LABELS[state])}</span>{verdict}{changed} '
-        f'<span class="meta">{node}{agent.tokens:,} tokens · {e(money(agent.cost))} · '
+        f'<span class="meta">{node}{agent.tokens:,} tokens · {cost} · '
         f"{e(seconds(agent.duration))}</span></summary>"
-        f'<div class="agent-body">{_facts(agent, nodes)}{_prompt(agent)}{_result(agent)}'
-        f"{_extras(turn, agent)}</div></details>"
+        f'<div class="agent-body">{_facts(agent, nodes, subtree)}{_prompt(agent)}'
+        f"{_result(agent)}{_extras(turn, agent)}{children}</div></details>"
+    )
+
+
+def _call_details(turn: Turn, fanout: Fanout, nodes: bool) -> str:
+    """A call a worker made: its line, then its agents, each holding the calls it made."""
+    agents = "".join(
+        _agent_details(turn, agent, nodes, fanout.resolution_verifier(agent))
+        for agent in fanout.agents
+    )
+    return (
+        f'<div class="nested-call" data-call="{fanout.call}" data-parent="{e(fanout.parent)}" '
+        f'data-depth="{fanout.depth}"><h4>{e(fanout.describe())}</h4>{agents}</div>'
     )
 
 
@@ -175,7 +206,7 @@ def agents_section(history: SessionHistory) -> str:
     parts = [
         _agent_details(turn, agent, nodes, fanout.resolution_verifier(agent))
         for turn in history.turns
-        for fanout in turn.fanouts
+        for fanout in turn.top_fanouts
         for agent in fanout.agents
     ]
     content = "\n".join(parts) or '<p class="meta">No subagents ran.</p>'

@@ -21,7 +21,8 @@ pre { white-space: pre-wrap; word-break: break-word; background: #f2f4f7; paddin
   background: #dcf3e5; color: #1c6b3c; }
 .badge.state-failed, .badge.verdict-refuted { background: #fbe0e0; color: #9b2323; }
 .badge.state-journal { background: #deebf7; color: #1f5a91; }
-.badge.state-skipped, .badge.verdict-unclear { background: #fbefd6; color: #8a5a00; }
+.badge.state-skipped, .badge.state-budget, .badge.verdict-unclear { background: #fbefd6;
+  color: #8a5a00; }
 .badge.state-interrupted { background: #ece3f7; color: #5e3591; }
 .badge.severity-high { background: var(--failed); color: #fff; }
 .badge.severity-medium { background: var(--skipped); color: #fff; }
@@ -38,7 +39,8 @@ dl.totals { display: grid; grid-template-columns: repeat(auto-fill, minmax(128px
 .state-done.swatch, .bar.state-done { background-color: var(--done); }
 .state-failed.swatch, .bar.state-failed { background-color: var(--failed); }
 .state-journal.swatch, .bar.state-journal { background-color: var(--journal); }
-.state-skipped.swatch, .bar.state-skipped { background-color: var(--skipped); }
+.state-skipped.swatch, .bar.state-skipped, .state-budget.swatch, .bar.state-budget {
+  background-color: var(--skipped); }
 .state-interrupted.swatch, .bar.state-interrupted { background-color: var(--interrupted); }
 .role-verifier.swatch, .bar.role-verifier { background-image: repeating-linear-gradient(135deg,
   rgba(255,255,255,.45) 0 3px, transparent 3px 7px); }
@@ -58,7 +60,8 @@ figcaption { font-weight: 600; margin-bottom: 6px; }
 .bar { position: absolute; top: 3px; height: 10px; min-width: 3px; border-radius: 2px; }
 .bar:hover, .bar:focus { outline: 2px solid var(--ink); z-index: 1; }
 .hide-done .bar.state-done, .hide-failed .bar.state-failed, .hide-journal .bar.state-journal,
-.hide-skipped .bar.state-skipped, .hide-interrupted .bar.state-interrupted { visibility: hidden; }
+.hide-skipped .bar.state-skipped, .hide-interrupted .bar.state-interrupted,
+.hide-budget .bar.state-budget { visibility: hidden; }
 .severity-group ul, ul.agent-findings, ul.notices { list-style: none; padding: 0; margin: 0; }
 .finding { background: #fff; border: 1px solid var(--line); border-radius: 6px; padding: 6px 10px;
   margin: 4px 0; } .finding .source { display: block; color: var(--muted); font-size: 12px; }
@@ -94,6 +97,7 @@ details.agent { background: #fff; border: 1px solid var(--line); border-radius: 
   margin: 4px 0; padding: 4px 10px; } details.agent[open] { padding-bottom: 10px; }
 details.agent summary { cursor: pointer; }
 details.agent:target { outline: 2px solid var(--journal); }
+div.nested-call { margin: 10px 0 0 14px; padding-left: 10px; border-left: 2px solid var(--line); }
 dl.facts { display: grid; grid-template-columns: repeat(auto-fill, minmax(140px, 1fr));
   gap: 2px 12px; } dl.facts dt { color: var(--muted); font-size: 12px; } dl.facts dd { margin: 0; }
 .md { overflow-wrap: anywhere; } div.md > :first-child { margin-top: 0; }
@@ -125,7 +129,9 @@ SCRIPT = """
   function openTarget() {
     var id = decodeURIComponent(location.hash.slice(1));
     var target = id && document.getElementById(id);
-    if (target && target.tagName === "DETAILS") { target.open = true; }
+    for (var el = target; el; el = el.parentElement) {  // a nested agent: open its makers too
+      if (el.tagName === "DETAILS") { el.open = true; }
+    }
   }
   window.addEventListener("hashchange", openTarget);
   openTarget();

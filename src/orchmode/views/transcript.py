@@ -12,7 +12,7 @@ from typing import IO
 
 from ..core.results import severity_rank
 from ..records.batches import BatchLog
-from ..records.history import STATE_LABELS, AgentRecord, SessionHistory
+from ..records.history import STATE_LABELS, AgentRecord, Fanout, SessionHistory, Turn
 from ..records.network import NetworkLog, connection_text, question_text, size
 from ..records.steps import Command, Compaction, CondensedResult
 from .escape import visible
@@ -33,6 +33,7 @@ _STATE_STYLES = {
     "done": "green",
     "journal": "cyan",
     "skipped": "yellow",
+    "budget": "yellow",
     "failed": "red",
     "interrupted": "magenta",
     "finished": "green",
@@ -59,15 +60,42 @@ def _block(label: str, text: str, indent: str, style: str = "") -> list[Line]:
     return out
 
 
-def _usage_text(agent: AgentRecord) -> str:
+def _usage_text(agent: AgentRecord, subtree: float | None = None) -> str:
+    """Its turns, tokens, cost and time; with ``subtree`` (it made calls), both costs."""
+    cost = money(agent.cost)
+    if subtree is not None:
+        cost = f"own {cost} · subtree {money(subtree)}"
     return (
         f"{plural(agent.turns, 'turn')} · {plural(agent.tokens, 'token')} · "
-        f"{money(agent.cost)} · {seconds(agent.duration)}"
+        f"{cost} · {seconds(agent.duration)}"
     )
 
 
-def _agent_lines(agent: AgentRecord, indent: str, checked: AgentRecord | None = None) -> list[Line]:
-    """An agent's lines; ``checked``: for a resolver, the verifier of its resolution."""
+def _fanout_lines(turn: Turn, fanout: Fanout, indent: str) -> list[Line]:
+    """A Workflow call and its agents, each worker followed by the calls it made, indented."""
+    lines = [_line(indent, (fanout.describe(), "bold"))]
+    inner = indent + "  "
+    if fanout.script_error:
+        lines.append(_line(inner, ("script error: ", "red"), fanout.script_error))
+    for agent in fanout.agents:
+        nested = turn.nested(agent)
+        subtree = turn.subtree_cost(agent) if nested else None
+        lines.extend(_agent_lines(agent, inner, fanout.resolution_verifier(agent), subtree))
+        for call in nested:
+            lines.extend(_fanout_lines(turn, call, inner + "  "))
+    if fanout.condensed is not None:  # the model got this call's result condensed
+        lines.append(_condensed_line(fanout.condensed, inner))
+    return lines
+
+
+def _agent_lines(
+    agent: AgentRecord,
+    indent: str,
+    checked: AgentRecord | None = None,
+    subtree: float | None = None,
+) -> list[Line]:
+    """An agent's lines; ``checked``: for a resolver, the verifier of its resolution;
+    ``subtree``: what it and the agents of the calls it made cost, when it made any."""
     state = agent.state
     head: list[tuple[str, str] | str] = [indent, (agent.label, "bold")]
     if agent.title and agent.role == "worker":  # the others' titles are their stock openings
@@ -81,7 +109,9 @@ def _agent_lines(agent: AgentRecord, indent: str, checked: AgentRecord | None = 
     if agent.node:  # only runs on a cluster have nodes: a local run reads as it always has
         head += [" · ", (f"node {agent.node}", "blue")]
     if agent.status is not None and not agent.from_journal:
-        head += [f" · {_usage_text(agent)}"]
+        head += [f" · {_usage_text(agent, subtree)}"]
+    elif subtree is not None:  # still running, or served from the journal: what is known
+        head += [f" · own {money(agent.spent)} · subtree {money(subtree)}"]
     if agent.batched:  # after its cost: the first dollar figure stays what it paid
         batched = f"batched {agent.batched} of {plural(agent.requests, 'request')}"
         head += [" · ", (f"{batched}, saved {money(agent.saved)}", "cyan")]
@@ -168,13 +198,8 @@ def transcript(history: SessionHistory) -> list[Line]:
             if isinstance(step, Compaction):
                 lines.append(_compaction_line(step, "  ", named=True))
                 continue
-            lines.append(_line("  ", (step.describe(), "bold")))
-            if step.script_error:
-                lines.append(_line("    ", ("script error: ", "red"), step.script_error))
-            for agent in step.agents:
-                lines.extend(_agent_lines(agent, "    ", step.resolution_verifier(agent)))
-            if step.condensed is not None:  # the model got this call's result condensed
-                lines.append(_condensed_line(step.condensed, "    "))
+            if turn.maker(step) is None:  # a nested call is drawn under its maker
+                lines.extend(_fanout_lines(turn, step, "  "))
         if turn.network:
             lines.extend(network_lines(turn.network, "  "))
         if turn.answer:
