@@ -146,6 +146,10 @@ async def test_a_conflicting_child_is_reported_and_nothing_of_it_is_written(
         "2.2", f"sed -i '1s/.*/# two/' {PARENT_FILE} && echo half > pkg9/half.py"
     )
     third = await parent.child("2.3", "echo third > pkg8/third.py")
+    # The parent's permission rules refuse every command of its model: they are not asked
+    # about orchmode's own, and hold again once it ran.
+    refusing = _refuse_all
+    parent.shell.permit = refusing
     lines = await merge_into_workspace(
         parent.workspace,
         parent.shell,
@@ -155,6 +159,10 @@ async def test_a_conflicting_child_is_reported_and_nothing_of_it_is_written(
     assert lines[1].startswith(f"[change 2] conflict in {PARENT_FILE} (kept as no file): ")
     assert "not applied, nothing of it written" in lines[1]
     assert lines[2].startswith("[change 3] merged: ")
+    assert parent.shell.permit is refusing
+    refused = await parent.shell.run("touch pkg8/after.py")
+    assert refused.is_error and "no commands today" in refused.output
+    parent.shell.permit = None
     shown = await parent.run(f"head -1 {PARENT_FILE}; test -e pkg9/half.py || echo no-half")
     assert "# one" in shown and "no-half" in shown
     final = await parent.close()
@@ -206,3 +214,7 @@ async def test_full_copies_take_their_childrens_changes_too(
     )
     final = await parent.close()
     assert set(changed_files(final)) == {"a.txt"}
+
+
+async def _refuse_all(command: str) -> str | None:
+    return "no commands today"

@@ -172,7 +172,16 @@ async def _write(workspace: Workspace, shell: ParentShell, ours: str, end: str) 
     command = _APPLY.format(
         where=shlex.quote(str(trees.workdir)), patch=base64.b64encode(patch).decode()
     )
-    permit, shell.permit = shell.permit, None  # orchmode's own command, not the model's
+    permit = shell.permit
+
+    async def this_one_passes(asked: str) -> str | None:
+        """The permission rules are for the model's commands: orchmode's own passes them,
+        and only that very one (by identity), should anything else come meanwhile."""
+        if asked is command or permit is None:
+            return None
+        return await permit(asked)
+
+    shell.permit = this_one_passes
     try:
         outcome = await shell.run(command)
     finally:
