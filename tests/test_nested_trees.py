@@ -8,12 +8,19 @@ merges into a parent's overlay go through the parent's shell, as in a nested fan
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import test_workspaces
 from orchmode.core.results import Change
 from orchmode.shell.bash import BashSession
-from orchmode.trees.nested import ChildChange, change_so_far, merge_into_workspace
+from orchmode.trees.nested import (
+    AGENT_WORKSPACE,
+    ChildChange,
+    change_so_far,
+    merge_into_workspace,
+    working_in,
+)
 from orchmode.trees.workspaces import Spec, Workspace
 from test_isolation import repo
 from test_workspaces import Agents, _nothing, changed_files
@@ -214,6 +221,31 @@ async def test_full_copies_take_their_childrens_changes_too(
     )
     final = await parent.close()
     assert set(changed_files(final)) == {"a.txt"}
+
+
+async def test_what_an_agent_starts_knows_the_workspace_it_works_in(
+    tmp_path: Path, agents_in: type[Agents]
+) -> None:
+    """A nested call's fan-out runs in tasks the agent's run starts: they see its workspace."""
+    root = repo(tmp_path / "small", {"a.txt": "one\n"})
+    agents = agents_in(root)
+    parent = await Parent.open(agents, await agents.snapshot(), "echo two >> a.txt")
+    seen: list[object] = []
+
+    async def nested_call() -> None:
+        here = AGENT_WORKSPACE.get()
+        assert here is not None
+        seen.append(here.workspace)
+        seen.append((await change_so_far(here.workspace)).patch)
+
+    assert AGENT_WORKSPACE.get() is None
+    with working_in(parent.workspace, parent.shell):
+        await asyncio.create_task(nested_call())
+    with working_in(None, parent.shell):  # an agent in the working directory itself
+        assert AGENT_WORKSPACE.get() is None
+    assert AGENT_WORKSPACE.get() is None
+    assert seen[0] is parent.workspace and "+two" in str(seen[1])
+    await parent.close()
 
 
 async def _refuse_all(command: str) -> str | None:

@@ -24,7 +24,8 @@ import base64
 import contextlib
 import shlex
 import weakref
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -50,8 +51,11 @@ _BLAME = "a command or setting in the workspace changed what was written"
 class ShellOutcome(Protocol):
     """What a shell command gave back (a :class:`~orchmode.shell.bash.ShellResult`)."""
 
-    output: str
-    exit_code: int | None
+    @property
+    def output(self) -> str: ...
+
+    @property
+    def exit_code(self) -> int | None: ...
 
 
 class ParentShell(Protocol):
@@ -75,6 +79,32 @@ class ChildChange:
     held: str | None = None
     #: Where its patch is kept as a file, if the caller keeps it ("" when not).
     kept: str = ""
+
+
+@dataclass(frozen=True)
+class OpenWorkspace:
+    """A running agent's workspace and its shell: where the workers of a Workflow call it
+    makes start from, and where their changes are merged."""
+
+    workspace: Workspace
+    shell: ParentShell
+
+
+#: The running agent's own workspace, set by the agent host around its run (None for an
+#: agent that works in the working directory itself): a nested call reads its parent's here.
+AGENT_WORKSPACE: ContextVar[OpenWorkspace | None] = ContextVar(
+    "orchmode_agent_workspace", default=None
+)
+
+
+@contextlib.contextmanager
+def working_in(workspace: Workspace | None, shell: ParentShell) -> Iterator[None]:
+    """Run the agent's code with :data:`AGENT_WORKSPACE` saying where it works."""
+    token = AGENT_WORKSPACE.set(OpenWorkspace(workspace, shell) if workspace else None)
+    try:
+        yield
+    finally:
+        AGENT_WORKSPACE.reset(token)
 
 
 async def change_so_far(workspace: Workspace) -> Change:
