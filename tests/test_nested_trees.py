@@ -248,5 +248,25 @@ async def test_what_an_agent_starts_knows_the_workspace_it_works_in(
     await parent.close()
 
 
+async def test_a_shell_the_model_bent_is_caught_not_believed(
+    tmp_path: Path, agents_in: type[Agents]
+) -> None:
+    """The merge runs in the parent's shell, which its model may have bent: a write that
+    failed is a conflict with nothing written, one that wrote more is said so."""
+    root = repo(tmp_path / "small", {"a.txt": "one\n", "b.txt": "b\n"})
+    agents = agents_in(root)
+    parent = await Parent.open(agents, await agents.snapshot(), "git() { return 3; }")
+    child = await parent.child("2.1", "echo child > c.txt")
+    (line,) = await merge_into_workspace(parent.workspace, parent.shell, [ChildChange(1, child)])
+    assert line.startswith("[change 1] conflict in your workspace (it could not be written: ")
+    assert "nothing of it written" in line
+    assert await parent.run("test -e c.txt || echo no-c") == "no-c"
+    await parent.run('git() { command git "$@" && echo extra >> b.txt; }')
+    (line,) = await merge_into_workspace(parent.workspace, parent.shell, [ChildChange(1, child)])
+    assert line.startswith("[change 1] merged, but the workspace does not read back so ")
+    assert await parent.run("cat c.txt b.txt") == "child\nb\nextra"
+    await parent.close()
+
+
 async def _refuse_all(command: str) -> str | None:
     return "no commands today"

@@ -177,7 +177,7 @@ async def _merge_and_write(
             detail = (f"your workspace ({problem})",)
             merges = [Merge("conflict", detail) if m.fate == "merged" else m for m in merges]
         else:
-            unread = await _tree_of(trees, await workspace.change_so_far()) != end
+            unread = await _read_back(workspace) != end
     return {c.index: m for c, m in zip(chosen, merges, strict=True)}, unread
 
 
@@ -220,6 +220,14 @@ async def _write(workspace: Workspace, shell: ParentShell, ours: str, end: str) 
         said = outcome.output.strip().splitlines()
         return f"it could not be written: {said[-1] if said else 'no reason given'}"
     return None
+
+
+async def _read_back(workspace: Workspace) -> str | None:
+    """The tree the workspace holds now, or None when it cannot be read."""
+    try:
+        return await _tree_of(workspace.workspaces.trees, await workspace.change_so_far())
+    except OrchmodeError:
+        return None
 
 
 async def _tree_of(trees: Trees, change: Change) -> str:
