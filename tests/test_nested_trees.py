@@ -9,6 +9,8 @@ merges into a parent's overlay go through the parent's shell, as in a nested fan
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import os
 from pathlib import Path
 
 import test_workspaces
@@ -266,6 +268,29 @@ async def test_a_shell_the_model_bent_is_caught_not_believed(
     assert line.startswith("[change 1] merged, but the workspace does not read back so ")
     assert await parent.run("cat c.txt b.txt") == "child\nb\nextra"
     await parent.close()
+
+
+async def test_binary_and_non_utf8_files_reach_the_tree_byte_for_byte(
+    tmp_path: Path, agents_in: type[Agents]
+) -> None:
+    root = repo(tmp_path / "small", {"a.txt": "one\n"})
+    agents = agents_in(root)
+    parent = await Parent.open(agents, await agents.snapshot(), "echo two >> a.txt")
+    child = await parent.child(
+        "2.1",
+        "head -c 300000 /dev/urandom > blob.bin && printf 'caf\\351\\n' > latin1.txt && "
+        "ln -s a.txt link && chmod +x a.txt",
+    )
+    (line,) = await merge_into_workspace(parent.workspace, parent.shell, [ChildChange(1, child)])
+    assert line.startswith("[change 1] merged: ")
+    blob = await parent.run("sha256sum blob.bin")
+    final = await parent.close()
+    (merge,) = await agents.trees.merges.merge_all([final])
+    assert merge.fate == "merged"
+    assert hashlib.sha256((root / "blob.bin").read_bytes()).hexdigest() == blob.split()[0]
+    assert (root / "latin1.txt").read_bytes() == b"caf\xe9\n"
+    assert os.readlink(root / "link") == "a.txt"
+    assert os.access(root / "a.txt", os.X_OK) and (root / "a.txt").read_text() == "one\ntwo\n"
 
 
 async def _refuse_all(command: str) -> str | None:
