@@ -38,6 +38,7 @@ from ..store import Store
 from ..store.claims import Claim
 from ..tools.mcptools import with_mcp_tools
 from ..trees.limits import DiskLimits, WriteWatch, floor_problem, watching
+from ..trees.nested import working_in
 from ..trees.trees import Trees
 from ..trees.workspaces import Spec, Workspace, Workspaces
 from . import Job, TreeJob
@@ -324,7 +325,9 @@ class AgentHost:
             agent = await self._agent(job, events, shell, first_request_sent)
             agent.watch, agent.mcp_permit = watch, mcp_permit
             async with watching(watch):
-                with running(allowance_here(job.limits, job.name)):
+                with running(allowance_here(job.limits, job.name)), working_in(
+                    ready.workspace, shell
+                ):
                     return await agent.run(job.prompt)
         except AuthError:
             raise  # retrying cannot help: stop the whole run

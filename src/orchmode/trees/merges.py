@@ -97,6 +97,18 @@ class Merges:
     ) -> tuple[list[Merge], list[str]]:
         """The merges from the tree ``start``, written out; or the files that turned out
         to differ on disk from ``start`` (then nothing was written)."""
+        merges = await self.merged_onto(start, changes, index)
+        current = next((m.tree for m in reversed(merges) if m.fate == "merged"), start)
+        if current != start:
+            moved = await self.checkout.write_out(start, current, index)
+            if moved:
+                return merges, moved
+            self.checkout.presumed = current
+        return merges, []
+
+    async def merged_onto(self, start: str, changes: Sequence[Change], index: Path) -> list[Merge]:
+        """``changes`` merged in order onto the tree ``start``, in the store only, each
+        all or nothing: a merged one's tree holds it and every merged one before it."""
         current = start
         merges: list[Merge] = []
         for change in changes:
@@ -104,12 +116,7 @@ class Merges:
             merges.append(merge)
             if merge.fate == "merged":
                 current = merge.tree
-        if current != start:
-            moved = await self.checkout.write_out(start, current, index)
-            if moved:
-                return merges, moved
-            self.checkout.presumed = current
-        return merges, []
+        return merges
 
     async def _combine(self, change: Change, ours: str, index: Path) -> Merge:
         """``change`` merged into the tree ``ours``, in the store only; its tree if merged."""

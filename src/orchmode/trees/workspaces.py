@@ -91,6 +91,12 @@ class Workspace(ABC):
     def discard(self) -> None:
         """Remove it without reading anything (an agent that never ran, or a verifier's)."""
 
+    async def change_so_far(self) -> Change:
+        """The agent's change up to now, read as :meth:`close` reads it, the workspace left
+        open: for a nested call, whose workers start from it. Nothing may be writing in it
+        meanwhile (the agent waits on its tool call)."""
+        raise TreeError("only a writable workspace has a change")
+
     def written(self) -> int:
         """Bytes the agent has written in it so far (what it takes on disk); called on a
         thread, while the agent runs."""
@@ -221,15 +227,21 @@ class OverlayWorkspace(Workspace):
             self.discard()
             return None
         try:
-            base, base_tree = await self._shown_commit()
-            tree, patch, left = await on_thread(lambda work: self._read(work, base_tree))
+            change = await self.change_so_far()
         except BaseException:
             self.discard()
             raise
+        return self._kept_or_gone(change, keep_for)
+
+    async def change_so_far(self) -> Change:
+        if self._view is None or not self.spec.writable:
+            raise TreeError("only an open, writable workspace has a change")
+        base, base_tree = await self._shown_commit()
+        tree, patch, left = await on_thread(lambda work: self._read(work, base_tree))
         change = Change(base, patch, left)
         if patch:
             self.trees.merges.know(change, tree)
-        return self._kept_or_gone(change, keep_for)
+        return change
 
     def discard(self) -> None:
         self._release()
@@ -373,11 +385,16 @@ class CopyWorkspace(Workspace):
             self.discard()
             return None
         try:
-            change = await self.trees.copies.change_of(self.copy, self.workspaces.limits)
+            change = await self.change_so_far()
         except BaseException:
             self.discard()
             raise
         return self._kept_or_gone(change, keep_for)
+
+    async def change_so_far(self) -> Change:
+        if not self._made or not self.spec.writable:
+            raise TreeError("only an open, writable workspace has a change")
+        return await self.trees.copies.change_of(self.copy, self.workspaces.limits)
 
     def discard(self) -> None:
         self.trees.copies.discard(self.copy)
