@@ -325,8 +325,9 @@ class AgentHost:
             agent = await self._agent(job, events, shell, first_request_sent)
             agent.watch, agent.mcp_permit = watch, mcp_permit
             async with watching(watch):
-                with running(allowance_here(job.limits, job.name)), working_in(
-                    ready.workspace, shell
+                with (
+                    running(allowance_here(job.limits, job.name)),
+                    working_in(ready.workspace, shell),
                 ):
                     return await agent.run(job.prompt)
         except AuthError:
