@@ -65,3 +65,15 @@ def plans_per_parent(prompts: list[str]) -> dict[str, set[str]]:
         if match is not None:
             plans.setdefault(match.group(1), set()).add(match.group(2))
     return plans
+
+
+#: The Workflow inputs that put every level's workers in copies of their parent's tree.
+IN_COPIES: dict[str, Any] = {
+    "workflow_input": {"isolation": "worktree"},
+    "nested_input": {"isolation": "worktree"},
+}
+
+
+def written_ledger(journal: Path) -> list[str]:
+    """The journal's record of each change written into the working directory."""
+    return [p for p in journal_rows(journal, "resolver") if p.endswith(" written")]

@@ -9,16 +9,21 @@ from typing import Any
 
 import pytest
 
-from nested_runs import journal_rows, leaf_file, tree_scenario, tree_size
+from nested_runs import IN_COPIES, journal_rows, leaf_file, tree_scenario, tree_size, written_ledger
 from orchmode.testing import ScriptedServer
 from orchmode.testing.scenario import role_of
 from recorded_runs import orchmode
 
 
 def run_tree(
-    scripted: Callable[..., ScriptedServer], tmp_path: Path, top: int, shape: str, *flags: str
+    scripted: Callable[..., ScriptedServer],
+    tmp_path: Path,
+    top: int,
+    shape: str,
+    *flags: str,
+    **scenario: Any,
 ) -> ScriptedServer:
-    server = scripted(tree_scenario(top, shape))
+    server = scripted(tree_scenario(top, shape, **scenario))
     result = orchmode("run", "review this", "--base-url", server.url, *flags, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     return server
@@ -140,3 +145,41 @@ def test_a_worker_may_fan_out_with_a_script_whose_agents_are_its_children(
     ]
     (answer,) = [block["content"] for block in planner[0]["messages"][2]["content"]]
     assert answer.startswith("2")  # the script's value: its two children's results
+
+
+def nested_results(server: ScriptedServer) -> list[str]:
+    """The Workflow results given to workers (not to the main agent)."""
+    return [
+        block["content"]
+        for e in server.log
+        if role_of(e.body) == "worker"
+        for message in e.body["messages"][1:]
+        if message["role"] == "user" and isinstance(message["content"], list)
+        for block in message["content"]
+        if block.get("type") == "tool_result" and "[change " in str(block.get("content"))
+    ]
+
+
+@pytest.mark.slow
+def test_in_copies_each_leaf_reaches_the_working_directory_once_through_its_parents(
+    scripted: Callable[..., ScriptedServer], tmp_path: Path
+) -> None:
+    """A child's change is merged into its parent's workspace, where the parent's verifier
+    judges it with the parent's; only the top level writes the working directory."""
+    server = run_tree(scripted, tmp_path, 3, "3x3", "--max-depth", "3", **IN_COPIES)
+    written = leaves(tmp_path)
+    assert len(written) == 27 and set(written.values()) == {"written\n"}
+    journal = tmp_path / ".orchmode" / "journal.db"
+    assert sorted(written_ledger(journal)) == [f"change {i} of call 1 written" for i in (1, 2, 3)]
+    # 3 parents at depth 1 and 9 at depth 2 were each told their 3 children's were merged
+    told = nested_results(server)
+    assert len(told) == 12
+    assert all(text.count("merged: ") == 3 for text in told), told
+    # the verifier of worker 1.2 (at depth 2) was shown its three leaves in its change
+    verifying = [
+        e.body["messages"][0]["content"]
+        for e in server.log
+        if role_of(e.body) == "verifier" and len(e.body["messages"]) == 1
+    ]
+    (check,) = [p for p in verifying if "Part 1.2 (plan" in p and "fan out into 3" in p]
+    assert all(f"leaf-1.2.{i}" in check for i in (1, 2, 3))

@@ -327,7 +327,7 @@ class AgentHost:
             async with watching(watch):
                 with (
                     running(allowance_here(job.limits, job.name)),
-                    working_in(ready.workspace, shell),
+                    working_in(ready.workspace, shell, ready.made),
                 ):
                     return await agent.run(job.prompt)
         except AuthError:

@@ -103,10 +103,21 @@ class FanoutEngine:
     mcp: McpHub | None = None
     #: The agent definitions subtasks may name, read once for the session.
     roles: Mapping[str, AgentDefinition] = field(default_factory=dict)
+    #: Workflow calls so far, nested ones included: a call's number in events and lines.
     calls: int = 0
+    #: Each top-level call's place among the main agent's calls, by call number: what the
+    #: merge ledger names it by, as a resume runs fewer nested calls and numbers shift.
+    top_calls: dict[int, int] = field(default_factory=dict, repr=False)
     _tools: dict[Role, list[ToolSchema]] = field(default_factory=dict, repr=False)
     _slots: PrioritySlots | None = field(default=None, repr=False)
     _housekeeping: Background = field(default_factory=Background, repr=False)
+
+    def number_call(self) -> int:
+        """The next call's number (a top-level call's place is noted too)."""
+        self.calls += 1
+        if not LEVEL.get().nested:
+            self.top_calls[self.calls] = len(self.top_calls) + 1
+        return self.calls
 
     @property
     def slots(self) -> PrioritySlots:

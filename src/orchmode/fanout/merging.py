@@ -1,8 +1,12 @@
 """Merging a Workflow call's workers' changes, in the order they were asked for.
 
-At the top of a tree the changes go into the working directory; the changes of a nested
-call's workers belong in their parent's workspace, which the trees layer provides (until
-then they take the top's path: see :func:`~.nesting.child_tree`).
+At the top of a tree the changes go into the working directory, once each, however often
+the call is resumed (a ledger in the journal says which were written). The changes of a
+nested call's workers go into the live workspace of the worker that made the call, never
+into the working directory: that worker's own change then holds them, and the level above
+merges it once. Its workspace is new on every run, so no ledger is needed there; and a
+conflict there is the parent's to settle (it is told, with the patch's file), not a
+resolver's.
 """
 
 from __future__ import annotations
@@ -11,9 +15,13 @@ import logging
 from typing import TYPE_CHECKING
 
 from ..core.errors import OrchmodeError
+from ..core.events import ChangeSettled
 from ..core.results import AgentResult
 from ..executors import TreeJob
-from .changes import Candidate, Ledger, Resolver, merge_changes
+from ..trees.nested import AGENT_WORKSPACE, ChildChange, merge_into_workspace
+from ..trees.patches import PatchSummary, describe_summary, summary_of
+from .changes import Candidate, Ledger, Resolver, hold_back, left_out_note, merge_changes
+from .nesting import LEVEL
 from .plans import verdict_of
 from .resolve import record_written, recorded_resolution, resolve, written_before
 
@@ -60,6 +68,8 @@ async def merge_verdicts(
         Candidate(index, key, worker.change, worker.finished, verdict, subtask, worker.text)
         for index, key, subtask, worker, verdict in done
     ]
+    if LEVEL.get().nested:
+        return await _merge_into_parent(engine, call, candidates)
     resolver = None
     if engine.settings.resolve == "agent":
         resolver = Resolver(
@@ -68,10 +78,10 @@ async def merge_verdicts(
                 engine, call, candidate, conflict, before, tree
             ),
         )
-    session = engine.budget.session
+    session, place = engine.budget.session, engine.top_calls.get(call, call)
     ledger = Ledger(
-        lambda candidate: written_before(engine, session, call, candidate),
-        lambda candidate, before: record_written(engine, session, call, candidate, before),
+        lambda candidate: written_before(engine, session, place, candidate),
+        lambda candidate, before: record_written(engine, session, place, candidate, before),
     )
     try:
         lines = await merge_changes(
@@ -94,3 +104,47 @@ async def merge_verdicts(
             else f"[change {c.index}] no change"
             for c in candidates
         ]
+
+
+async def _merge_into_parent(
+    engine: FanoutEngine, call: int, candidates: list[Candidate]
+) -> list[str]:
+    """A nested call's changes merged into the workspace of the worker that made the call
+    (it waits on the call meanwhile); each kept as a patch file too."""
+    here = AGENT_WORKSPACE.get()
+    policy, results = engine.settings.merge, engine.results
+    children = [
+        ChildChange(
+            c.index,
+            c.change,
+            hold_back(policy, c),
+            results.write_patch(c.key, c.change.patch)
+            if results is not None and c.change is not None and not c.change.empty
+            else "",
+        )
+        for c in candidates
+    ]
+
+    def settled(child: ChildChange, fate: str, detail: str) -> None:
+        if child.change is None or child.change.empty:
+            return
+        summary = summary_of(child.change)
+        added = summary.added if isinstance(summary, PatchSummary) else 0
+        removed = summary.removed if isinstance(summary, PatchSummary) else 0
+        files, left_out = describe_summary(summary), ", ".join(child.change.left_out)
+        engine.events.emit(
+            ChangeSettled(
+                call, child.index, fate, files, added, removed, detail, child.kept, left_out
+            )
+        )
+
+    if here is None:  # not reached (child_tree makes no copies without it): never write
+        lines = [
+            f"[change {c.index}] not merged (its parent's workspace is not open here)"
+            + (f"; its patch is kept at {c.kept}" if c.kept else "")
+            for c in children
+        ]
+    else:
+        workspace = await here.opened()
+        lines = await merge_into_workspace(workspace, here.shell, children, settled)
+    return [line + left_out_note(c.change) for line, c in zip(lines, candidates, strict=True)]

@@ -14,11 +14,12 @@ import hashlib
 import json
 from collections.abc import Mapping
 from contextvars import ContextVar
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from ..core.agents import AgentDefinition
 from ..core.background import Background
+from ..core.errors import OrchmodeError
 from ..core.prompts import workflow_tool
 from ..core.results import AgentResult, Status
 from ..core.settings import Settings
@@ -28,6 +29,7 @@ from ..executors.local import LocalExecutor
 from ..executors.nesting import Nesting
 from ..executors.parking import PARKING, parked
 from ..store import Store
+from ..trees.nested import AGENT_WORKSPACE, change_so_far
 
 
 class Engine(Protocol):
@@ -142,14 +144,21 @@ def _call_key(worker_key: str) -> str:
 
 
 async def child_tree(level: Level) -> TreeJob | None:
-    """The copy a nested call's workers start from: their parent's (its snapshot, and the
-    patch it started with), or None when the parent worked in the shared tree.
+    """The copy a nested call's workers start from: their parent's workspace as it is now
+    (its snapshot with what it has written so far on top), or None when the parent worked
+    in the shared tree.
 
-    The parent's change so far, and merging the children's changes into the parent's
-    workspace rather than the working directory, belong to the trees layer: this is the
-    one place that joins it.
+    Raises when the parent's workspace is not open here: its children must not fall back
+    to the working directory, where their changes would skip the parent's verification.
     """
     if level.tree is None:
         return None
-    parent = await level.tree.with_snapshot()
-    return replace(parent, writable=True, chain="")
+    here = AGENT_WORKSPACE.get()
+    if here is None:
+        raise OrchmodeError(
+            f"worker {level.parent} has no workspace open in this process for its agents to "
+            "start from"
+        )
+    workspace = await here.opened()  # a call in the worker's first reply comes early
+    so_far = await change_so_far(workspace)
+    return TreeJob(so_far.base, patch=so_far.patch, ignored=workspace.spec.ignored)

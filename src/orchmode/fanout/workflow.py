@@ -63,8 +63,9 @@ class Workflow(FanoutEngine):
         if form == "script" and isinstance(tool_input, dict):
             from .script import run_script  # the sandbox is loaded only when a script comes
 
-            self.calls += 1
-            return await run_script(self, self.calls, tool_input["script"], tokens, isolation)
+            return await run_script(
+                self, self.number_call(), tool_input["script"], tokens, isolation
+            )
         if form != "subtasks":
             return form, True
         plan = plan_subtasks(tool_input, self.settings.max_subtasks, self.roles)
@@ -86,8 +87,7 @@ class Workflow(FanoutEngine):
         except OrchmodeError as exc:
             return _no_copies(exc), True
         trees = [tree if where == "worktree" else None for where in wanted]
-        self.calls += 1
-        call = self.calls
+        call = self.number_call()
         started = time.monotonic()
         level = LEVEL.get()
         self.events.emit(

@@ -88,6 +88,15 @@ class OpenWorkspace:
 
     workspace: Workspace
     shell: ParentShell
+    #: Opening the workspace, which goes on while the agent's first request is in flight
+    #: (None: open already): a call made in its first reply waits for it.
+    opening: asyncio.Future[None] | None = None
+
+    async def opened(self) -> Workspace:
+        """The workspace, once it is open (raises what opening it raised)."""
+        if self.opening is not None:
+            await asyncio.shield(self.opening)
+        return self.workspace
 
 
 #: The running agent's own workspace, set by the agent host around its run (None for an
@@ -98,9 +107,11 @@ AGENT_WORKSPACE: ContextVar[OpenWorkspace | None] = ContextVar(
 
 
 @contextlib.contextmanager
-def working_in(workspace: Workspace | None, shell: ParentShell) -> Iterator[None]:
+def working_in(
+    workspace: Workspace | None, shell: ParentShell, opening: asyncio.Future[None] | None = None
+) -> Iterator[None]:
     """Run the agent's code with :data:`AGENT_WORKSPACE` saying where it works."""
-    token = AGENT_WORKSPACE.set(OpenWorkspace(workspace, shell) if workspace else None)
+    token = AGENT_WORKSPACE.set(OpenWorkspace(workspace, shell, opening) if workspace else None)
     try:
         yield
     finally:
@@ -128,8 +139,16 @@ async def change_so_far(workspace: Workspace) -> Change:
     return Change(base, await _patch(trees, base_tree, tree), change.left_out)
 
 
+#: Told what became of each child's change: the child, its fate (``merged``, ``conflict``,
+#: ``refused``, ``not merged`` or ``no change``) and the detail its line gives.
+Settled = Callable[[ChildChange, str, str], None]
+
+
 async def merge_into_workspace(
-    workspace: Workspace, shell: ParentShell, children: Sequence[ChildChange]
+    workspace: Workspace,
+    shell: ParentShell,
+    children: Sequence[ChildChange],
+    settled: Settled | None = None,
 ) -> list[str]:
     """Merge the children's changes, in order, into the parent's live ``workspace``; one
     ``[change i] …`` line per child, worded as the top level words them.
@@ -149,7 +168,13 @@ async def merge_into_workspace(
         unread = False
         if chosen:
             merges, unread = await _merge_and_write(workspace, shell, chosen)
-        return [_line(child, merges.get(child.index), unread) for child in children]
+        lines = []
+        for child in children:
+            line, fate, detail = _line(child, merges.get(child.index), unread)
+            if settled is not None:
+                settled(child, fate, detail)
+            lines.append(line)
+        return lines
 
 
 async def _merge_and_write(
@@ -250,29 +275,36 @@ def _has_change(child: ChildChange) -> bool:
     return child.change is not None and not child.change.empty
 
 
-def _line(child: ChildChange, merge: Merge | None, unread: bool) -> str:
-    """The child's line, worded as ``fanout.changes`` words the top level's."""
+def _line(child: ChildChange, merge: Merge | None, unread: bool) -> tuple[str, str, str]:
+    """The child's line, worded as ``fanout.changes`` words the top level's; its fate and
+    the detail."""
     i, change = child.index, child.change
     if change is None or change.empty:
-        return f"[change {i}] no change"
+        return f"[change {i}] no change", "no change", ""
     files = describe_summary(summary_of(change))
     kept = f"; its patch is kept at {child.kept}" if child.kept else ""
     if merge is None:
-        return f"[change {i}] not merged ({child.held or ''}): {files}{kept}"
+        held = child.held or ""
+        return f"[change {i}] not merged ({held}): {files}{kept}", "not merged", held
     detail = "; ".join(merge.detail)
     if merge.fate == "merged" and unread:
-        return f"[change {i}] merged, but the workspace does not read back so ({_BLAME}): {files}"
+        return (
+            f"[change {i}] merged, but the workspace does not read back so ({_BLAME}): {files}",
+            "merged",
+            _BLAME,
+        )
     if merge.fate == "merged":
-        return f"[change {i}] merged: {files}"
+        return f"[change {i}] merged: {files}", "merged", ""
     if merge.fate == "no change":
-        return f"[change {i}] no change"
+        return f"[change {i}] no change", "no change", ""
     if merge.fate == "conflict":
         where = f" in {detail}" if detail else ""
-        return (
+        line = (
             f"[change {i}] conflict{where} (kept as {child.kept or 'no file'}): not applied, "
             f"nothing of it written ({files}) — read it, and apply what still holds with git apply"
         )
-    return f"[change {i}] refused ({detail}): {files}{kept}"
+        return line, "conflict", detail
+    return f"[change {i}] refused ({detail}): {files}{kept}", "refused", detail
 
 
 _locks: weakref.WeakKeyDictionary[Workspace, asyncio.Lock] = weakref.WeakKeyDictionary()
