@@ -9,7 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from nested_runs import journal_rows, leaf_file, plans_per_parent, tree_scenario, tree_size
+from nested_runs import (
+    IN_COPIES,
+    journal_rows,
+    leaf_file,
+    plans_per_parent,
+    tree_scenario,
+    tree_size,
+    written_ledger,
+)
 from orchmode.testing import ScriptedServer
 from recorded_runs import kill_run_when, orchmode
 
@@ -64,3 +72,34 @@ def test_a_tree_killed_five_times_resumes_without_running_a_finished_agent_again
     assert len(plans) == 30 and all(len(made) == 1 for made in plans.values())
     leaves = {p.name for p in tmp_path.glob("leaf-*")}
     assert leaves == {leaf_file(p) for p in workers if "fan out" not in p}
+
+
+@pytest.mark.slow
+def test_a_tree_in_copies_killed_and_resumed_writes_each_leaf_once(
+    scripted: Callable[..., ScriptedServer], tmp_path: Path
+) -> None:
+    """Under ``worktree`` isolation a killed parent's children are merged again into the
+    workspace of its rerun (a new one), and the working directory gets each change once."""
+    server = scripted(tree_scenario(3, "3x3", delay=0.01, **IN_COPIES))
+    journal = tmp_path / ".orchmode" / "journal.db"
+    flags = ("--base-url", server.url, "--max-depth", "3", *LEASE)
+    command, prompt = "run", ("review this",)
+    for moment in sorted(random.Random(SEED).sample(range(4, 36), 3)):
+        done, since = finished(journal), len(server.log)
+        kill_run_when(
+            lambda m=moment: len(journal_rows(journal, "worker")) >= m,
+            *prompt,
+            *flags,
+            cwd=tmp_path,
+            command=command,
+        )
+        assert not asked_again(server, since, done)
+        command, prompt = "resume", ()
+    result = orchmode("resume", *flags, cwd=tmp_path, timeout=300)
+    assert result.returncode == 0, result.stderr
+    workers = journal_rows(journal, "worker")
+    assert len(workers) == len(set(workers)) == tree_size(3, "3x3")
+    written = {p.name: p.read_text() for p in tmp_path.glob("leaf-*")}
+    assert set(written) == {leaf_file(p) for p in workers if "fan out" not in p}
+    assert set(written.values()) == {"written\n"}
+    assert sorted(written_ledger(journal)) == [f"change {i} of call 1 written" for i in (1, 2, 3)]
