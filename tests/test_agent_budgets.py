@@ -39,7 +39,8 @@ class Digging:
         if role_of(request.body) == "worker" and self.output and asked < self.output:
             # given less output than its reply needs, it stops there, as the API's model would
             return Reply.text("Half a thought", stop_reason="max_tokens", output_tokens=asked)
-        if role_of(request.body) == "worker" and "dig" in first_user_text(request):
+        asked_to = first_user_text(request)
+        if role_of(request.body) == "worker" and "dig" in asked_to and "fan out" not in asked_to:
             turn = sum(1 for m in request.messages if m.get("role") == "assistant")
             return Reply.tool_use(
                 "bash",
@@ -205,6 +206,33 @@ async def test_a_subtree_given_half_a_dollar_never_passes_it_with_50_agents_in_f
     spans = [(e.started, e.finished or e.started) for e in workers]
     most = max(sum(1 for s, f in spans if s <= start < f) for start, _ in spans)
     assert most >= 10
+
+
+async def test_a_worker_given_half_a_dollar_never_passes_it_with_its_50_children_in_flight(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    """A real nested fan-out: the worker's budget pays for its children's requests too."""
+    root = "dig under part 1"
+    subtasks = [{"prompt": f"{root}: fan out into 50", "budget": {"usd": 0.5}}]
+    server = await serve(Digging(subtasks, delay=0.05))
+    _text, seen = await run_turn(
+        server, tmp_path, verify=False, max_concurrent=50, max_tokens=1000, max_depth=2
+    )
+    children = [e for e in done(seen, "worker") if e.call == 2]
+    assert len(children) == 50
+    paid = sum(PRICE.cost(u) for u in billed(server, "worker", root))
+    assert 0.4 < paid <= 0.5  # the parent's requests and all 50 children's
+    stopped = [e for e in children if e.status == Status.BUDGET.value]
+    assert len(stopped) == 50
+    assert all("(under worker 1.1) of $0.50" in e.result for e in stopped), stopped[0].result
+    # the children were in flight together
+    dug = [
+        e
+        for e in server.log
+        if role_of(e.body) == "worker" and e.body["messages"][0]["content"].startswith(f"{root}.")
+    ]
+    spans = [(e.started, e.finished or e.started) for e in dug]
+    assert max(sum(1 for s, f in spans if s <= start < f) for start, _ in spans) >= 10
 
 
 async def test_the_session_ledger_still_caps_agents_given_a_larger_budget(
