@@ -136,6 +136,8 @@ def test_a_worker_may_fan_out_with_a_script_whose_agents_are_its_children(
     assert result.returncode == 0, result.stderr
     workers = journal_rows(tmp_path / ".orchmode" / "journal.db", "worker")
     assert sorted(workers) == ["Leaf A of x", "Leaf B of x", "Part 1: fan out into 1"]
+    # the script's call is drawn under the worker that ran it
+    assert "[worker 1.1 › workflow 2] running a script of 2 lines" in result.stderr
     planner = [
         e.body
         for e in server.log

@@ -338,6 +338,10 @@ class ScriptStarted:
 
     call: int
     lines: Count
+    #: As :class:`FanoutStarted`'s: the worker that ran the script ("" for the main
+    #: agent), and how deep the script's agents are.
+    parent: str = ""
+    depth: int = 1
 
 
 @dataclass(frozen=True)

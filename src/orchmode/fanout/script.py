@@ -46,6 +46,7 @@ from ..executors import TreeJob
 from ..trees.patches import describe_change
 from .engine import FanoutEngine, data_note
 from .merging import merge_verdicts
+from .nesting import LEVEL
 from .plans import Subtask, isolation_for, isolation_of, verdict_of
 from .script_calls import (
     KEYWORD_ONLY,
@@ -123,7 +124,9 @@ class ScriptRun:
     async def run(self) -> tuple[str, bool]:
         events = self.engine.events
         started = time.monotonic()
-        events.emit(ScriptStarted(self.call, len(self.source.splitlines())))
+        level = LEVEL.get()
+        lines = len(self.source.splitlines())
+        events.emit(ScriptStarted(self.call, lines, level.parent, level.depth))
         output: object = None
         error: ScriptError | None = None
         try:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from ..core.events import Event, FanoutStarted, ModelRequestDone, SubagentDone
+from ..core.events import Event, FanoutStarted, ModelRequestDone, ScriptStarted, SubagentDone
 
 #: A worker as ``(call, index)``: the maker of the calls nested under it.
 AgentKey = tuple[int, int]
@@ -107,7 +107,7 @@ class CostRollUp:
 
     def follow(self, event: Event) -> None:
         match event:
-            case FanoutStarted(call=call, parent=parent):
+            case FanoutStarted(call=call, parent=parent) | ScriptStarted(call=call, parent=parent):
                 self.tree.link(call, parent)
             case ModelRequestDone(agent=name, cost=cost):
                 self._running[name] = self._running.get(name, 0.0) + cost

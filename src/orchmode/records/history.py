@@ -460,6 +460,8 @@ def _apply_to_fanout(turn: Turn, event: Event, at: float) -> None:
             fanout = turn.fanout(event.call, at)
             fanout.started_at = at
             fanout.script_lines = event.lines
+            fanout.parent, fanout.depth = event.parent, event.depth
+            turn.tree.link(event.call, event.parent)
         case FanoutDone():
             turn.fanout(event.call, at).duration = event.duration
         case ScriptDone():

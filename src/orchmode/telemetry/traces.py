@@ -215,13 +215,13 @@ class Traces:
             attributes["orchmode.workflow.form"] = "subtasks"
             attributes["orchmode.workflow.subtasks"] = event.subtasks
             attributes["orchmode.workflow.not_run"] = event.not_run
-            if event.parent:  # a worker's own call: under that worker's span
-                attributes["orchmode.workflow.parent"] = event.parent
-                attributes["orchmode.depth"] = event.depth
-                parent = self._agents.get(f"worker {event.parent}", self._turn)
         else:
             attributes["orchmode.workflow.form"] = "script"
             attributes["orchmode.script.lines"] = event.lines
+        if event.parent:  # a worker's own call: under that worker's span
+            attributes["orchmode.workflow.parent"] = event.parent
+            attributes["orchmode.depth"] = event.depth
+            parent = self._agents.get(f"worker {event.parent}", self._turn)
         self._calls[event.call] = self._start("execute_tool Workflow", parent, attributes)
 
     def _call_done(self, event: FanoutDone | ScriptDone) -> None:
