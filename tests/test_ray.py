@@ -20,8 +20,9 @@ from typing import Any
 import psycopg
 import pytest
 
+from nested_runs import tree_scenario
 from orchmode.testing import ScriptedServer
-from orchmode.testing.scenario import OrchestrationScenario
+from orchmode.testing.scenario import OrchestrationScenario, role_of
 from phoenix_fixture import Phoenix
 from recorded_runs import base_env
 from support.raycluster import LocalCluster, RayUnavailable, local_ray_cluster
@@ -630,3 +631,26 @@ def test_an_agent_on_a_node_asks_through_the_store_and_gives_its_slot_away_on_th
     events = recorded(postgres_clean_url, session_of(err))
     kinds = [kind for kind, _ in events]
     assert "ApprovalRequested" in kinds and "ApprovalAnswered" in kinds
+
+
+def test_a_worker_on_a_node_is_not_offered_workflow_and_is_told_why_if_it_calls(
+    cluster: LocalCluster, postgres_clean_url: str, project: Path, server: Any
+) -> None:
+    """Nesting needs the driver's engine, which a node cannot reach: every agent is a leaf."""
+    started = server(tree_scenario(2, "2", fan_out_regardless=True))
+    done = run_orchmode(
+        orchmode_args(started, *on_ray(cluster, postgres_clean_url)), project, cluster
+    )
+    assert done.returncode == 0, done.stderr
+    workers = [e.body for e in started.log if role_of(e.body) == "worker"]
+    assert workers and all("Workflow" not in {t["name"] for t in body["tools"]} for body in workers)
+    refused = [
+        str(block.get("content"))
+        for body in workers
+        for message in body["messages"][1:]
+        if message["role"] == "user" and isinstance(message["content"], list)
+        for block in message["content"]
+        if block.get("is_error")
+    ]
+    assert len(refused) == 2
+    assert all("not offered to agents running on a Ray cluster" in text for text in refused)

@@ -37,12 +37,18 @@ class Nesting:
 NESTING: ContextVar[Nesting | None] = ContextVar("orchmode_nesting", default=None)
 
 
-def not_offered(role: str, max_depth: int) -> str:
+def not_offered(role: str, max_depth: int, *, on_cluster: bool = False) -> str:
     """Why an agent may not fan out, for the tool result of its Workflow call."""
     if role != "worker":
         return (
             f"only workers may call Workflow, and this agent is a {role}. Do the work "
             "yourself and call report_findings."
+        )
+    if on_cluster:
+        return (
+            "Workflow is not offered to agents running on a Ray cluster's nodes: they cannot "
+            "reach the engine that would run their agents. Do the subtask yourself and call "
+            "report_findings."
         )
     return (
         f"Workflow is not offered at this depth: agents may nest {max_depth} "

@@ -222,7 +222,8 @@ class Subagent:
         """A Workflow call from an agent that may not fan out, with the reason (a name
         that only starts with Workflow is no tool at all)."""
         names = [str(tool["name"]) for tool in self.tools]
-        why = not_offered(self.role, self.gateway.settings.max_depth)
+        settings = self.gateway.settings
+        why = not_offered(self.role, settings.max_depth, on_cluster=settings.executor == "ray")
         if tool_use.get("name") not in names:
             block = unknown_tool(tool_use, names)
             if tool_use.get("name") == "Workflow":
