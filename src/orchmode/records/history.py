@@ -84,8 +84,8 @@ AGENT_STATES = tuple(STATE_LABELS)
 
 #: Where each kind of agent of a subtask is listed: its worker, the worker's verifier, then
 #: a resolver of its change's conflict and the verifier of that resolution.
-_RANKS = {"worker": 0, "verifier": 1, "resolver": 2, "main": 4}
-_RESOLUTION_RANK = 3
+AGENT_RANKS = {"worker": 0, "verifier": 1, "resolver": 2, "main": 4}
+RESOLUTION_RANK = 3
 
 
 @dataclass
@@ -143,8 +143,8 @@ class AgentRecord:
 
     @property
     def rank(self) -> int:
-        """Its place among its subtask's agents (see ``_RANKS``)."""
-        return _RESOLUTION_RANK if self.resolution else _RANKS[self.role]
+        """Its place among its subtask's agents (see ``AGENT_RANKS``)."""
+        return RESOLUTION_RANK if self.resolution else AGENT_RANKS[self.role]
 
     @property
     def state(self) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..core.events import ChangeSettled, ResultCondensed, Role, TokenUsage
+from ..records.history import AGENT_RANKS, RESOLUTION_RANK
 from ..records.wording import STATUS_WORDS
 
 QUEUED = "queued"
@@ -14,12 +15,6 @@ DONE = "done"
 FAILED = "failed"
 SKIPPED = "skipped by budget"
 BUDGET = STATUS_WORDS["budget"]
-
-
-#: Where each kind of agent of a subtask is listed: its worker, the worker's verifier, then
-#: a resolver of its change's conflict and the verifier of that resolution.
-_ORDER = {"worker": 0, "verifier": 1, "resolver": 2, "main": 4}
-_RESOLUTION_ORDER = 3
 
 
 @dataclass
@@ -56,7 +51,7 @@ class AgentRow:
 
     @property
     def order(self) -> int:
-        return _RESOLUTION_ORDER if self.resolution else _ORDER[self.role]
+        return RESOLUTION_RANK if self.resolution else AGENT_RANKS[self.role]
 
 
 @dataclass
