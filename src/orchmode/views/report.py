@@ -48,7 +48,23 @@ def render_report(history: SessionHistory) -> str:
         "default-src 'none'; style-src 'unsafe-inline'; "
         f"script-src 'sha256-{script_hash}'; base-uri 'none'; form-action 'none'"
     )
-    body = "\n".join(
+    body = run_sections(history)
+    return (
+        "<!DOCTYPE html>\n"
+        '<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+        f'<meta http-equiv="Content-Security-Policy" content="{e(csp)}">\n'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
+        '<meta name="referrer" content="no-referrer">\n'
+        f"<title>orchmode run {e(history.id)}</title>\n"
+        f"<style>{STYLE}</style>\n</head>\n<body>\n{body}\n"
+        f"<script>{SCRIPT}</script>\n</body>\n</html>\n"
+    )
+
+
+def run_sections(history: SessionHistory) -> str:
+    """A session's content, every section of the report: the report file wraps it in a
+    self-contained page, the web console in its own."""
+    return "\n".join(
         [
             _header(history),
             _totals(history),
@@ -60,16 +76,6 @@ def render_report(history: SessionHistory) -> str:
             _turns(history),
             agents_section(history),
         ]
-    )
-    return (
-        "<!DOCTYPE html>\n"
-        '<html lang="en">\n<head>\n<meta charset="utf-8">\n'
-        f'<meta http-equiv="Content-Security-Policy" content="{e(csp)}">\n'
-        '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
-        '<meta name="referrer" content="no-referrer">\n'
-        f"<title>orchmode run {e(history.id)}</title>\n"
-        f"<style>{STYLE}</style>\n</head>\n<body>\n{body}\n"
-        f"<script>{SCRIPT}</script>\n</body>\n</html>\n"
     )
 
 
