@@ -508,11 +508,10 @@ async def test_the_budget_report_reads_the_ledger_without_opening_a_session(
         inside = await session.budget()
     totals = await session.totals()
     report = await orchmode.budget(settings_in(server, max_subagents=40), workdir=tmp_path)
-    assert (report.session, report.ledger, report.used) == (
-        inside.session,
-        inside.ledger,
-        inside.used,
-    )
+    # Read inside the session, the ledger's subagents are final; its use and cost may still
+    # have requests' settlements pending (they are written in the background until it
+    # closes), so those are compared with the totals read after it closed, below.
+    assert (report.session, report.ledger.subagents) == (inside.session, inside.ledger.subagents)
     assert report.session == session.id
     assert report.ledger.subagents == totals.subagents_launched == 4
     assert report.subagents_left == 36
