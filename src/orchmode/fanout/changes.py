@@ -338,10 +338,7 @@ def _settle(
 ) -> str:
     """The subtask's line (its change kept as a file), and its event."""
     i = candidate.index
-    summary = summary_of(change)
-    files = describe_summary(summary)
-    added = summary.added if isinstance(summary, PatchSummary) else 0
-    removed = summary.removed if isinstance(summary, PatchSummary) else 0
+    files = describe_summary(summary_of(change))
     path = results.write_patch(candidate.key, change.patch) if results is not None else ""
     kept = f"; its patch is kept at {path}" if path else ""
     merge = outcome.merge if outcome is not None else None
@@ -371,9 +368,19 @@ def _settle(
             )
         else:
             line = f"[change {i}] refused ({detail}): {files}{kept}"
-    left_out = ", ".join(change.left_out)
-    events.emit(ChangeSettled(call, i, fate, files, added, removed, detail, path, left_out))
+    events.emit(change_settled(call, i, fate, change, detail, path))
     return line
+
+
+def change_settled(
+    call: int, index: int, fate: str, change: Change, detail: str, path: str
+) -> ChangeSettled:
+    """The event saying what became of subtask ``index``'s ``change`` (kept at ``path``)."""
+    summary = summary_of(change)
+    added = summary.added if isinstance(summary, PatchSummary) else 0
+    removed = summary.removed if isinstance(summary, PatchSummary) else 0
+    files, left_out = describe_summary(summary), ", ".join(change.left_out)
+    return ChangeSettled(call, index, fate, files, added, removed, detail, path, left_out)
 
 
 @contextlib.asynccontextmanager

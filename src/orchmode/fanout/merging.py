@@ -15,12 +15,18 @@ import logging
 from typing import TYPE_CHECKING
 
 from ..core.errors import OrchmodeError
-from ..core.events import ChangeSettled
 from ..core.results import AgentResult
 from ..executors import TreeJob
 from ..trees.nested import AGENT_WORKSPACE, ChildChange, merge_into_workspace
-from ..trees.patches import PatchSummary, describe_summary, summary_of
-from .changes import Candidate, Ledger, Resolver, hold_back, left_out_note, merge_changes
+from .changes import (
+    Candidate,
+    Ledger,
+    Resolver,
+    change_settled,
+    hold_back,
+    left_out_note,
+    merge_changes,
+)
 from .nesting import LEVEL
 from .plans import verdict_of
 from .resolve import record_written, recorded_resolution, resolve, written_before
@@ -128,14 +134,8 @@ async def _merge_into_parent(
     def settled(child: ChildChange, fate: str, detail: str) -> None:
         if child.change is None or child.change.empty:
             return
-        summary = summary_of(child.change)
-        added = summary.added if isinstance(summary, PatchSummary) else 0
-        removed = summary.removed if isinstance(summary, PatchSummary) else 0
-        files, left_out = describe_summary(summary), ", ".join(child.change.left_out)
         engine.events.emit(
-            ChangeSettled(
-                call, child.index, fate, files, added, removed, detail, child.kept, left_out
-            )
+            change_settled(call, child.index, fate, child.change, detail, child.kept)
         )
 
     if here is None:  # not reached (child_tree makes no copies without it): never write
