@@ -6,13 +6,14 @@ mountinfo, delegating controllers, and retrying removal while a killed shell is 
 
 from __future__ import annotations
 
-import asyncio
 import atexit
 import contextlib
 import functools
 import itertools
 import os
 import re
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,7 +41,9 @@ class _Cgroups:
 
 _shell_ids = itertools.count(1)
 _stale: set[Path] = set()  # shell cgroups whose removal failed (still busy): retried later
-_retry_loop: asyncio.AbstractEventLoop | None = None  # where retries are scheduled
+_retry_lock = threading.Lock()  # the set and the chain of retries, shared across threads
+_retry_next: list[float | None] = [None]  # the running chain's next delay (None: no chain)
+_retry_until = 0.0  # when the chain gives up (time.monotonic)
 
 
 def _mount_points() -> tuple[dict[str, tuple[str, str]], tuple[str, str] | None]:
@@ -146,7 +149,9 @@ def _remove_all(bases: tuple[Path, ...]) -> None:
 
 def _make_shell_cgroups(cgroups: _Cgroups, processes: int, memory_bytes: int) -> list[Path]:
     """A new cgroup in each hierarchy for one shell, with its limits written."""
-    _remove_cgroups(list(_stale))
+    with _retry_lock:
+        stale = list(_stale)
+    _remove_cgroups(stale)
     name = f"shell-{next(_shell_ids)}"
     made: list[Path] = []
     try:
@@ -168,48 +173,53 @@ def _make_shell_cgroups(cgroups: _Cgroups, processes: int, memory_bytes: int) ->
 
 
 def _remove_cgroups(paths: list[Path]) -> None:
-    """Remove shell cgroups; one still busy is retried later, from the running event loop.
+    """Remove shell cgroups; one still busy is retried for a while, on a timer thread.
 
     A killed shell's last processes are reaped a moment after its pipe closes, and a
-    cgroup cannot be removed until they are. Whatever the retries miss is tried again by
-    the next shell to start and at exit.
+    cgroup cannot be removed until they are. The removal is often called from a worker
+    thread (a shell's close does its kernel work off the event loop), so the retries run
+    on their own daemon timer, not on a loop. Whatever they miss is tried again by the
+    next shell to start and at exit.
     """
-    for path in paths:
-        try:
-            path.rmdir()
-        except FileNotFoundError:
-            pass
-        except OSError:
-            _stale.add(path)
-            continue
-        _stale.discard(path)
-    if _stale:
-        _schedule_retry(_RETRY_FIRST)
+    global _retry_until
+    with _retry_lock:
+        busy = [path for path in paths if not _removed(path)]
+        if not busy:
+            return
+        if not _stale.issuperset(busy):  # each newly busy one gets its minute of retries
+            _retry_until = time.monotonic() + _RETRY_FOR
+        _stale.update(busy)
+        if _retry_next[0] is not None:
+            return  # a chain of retries is already running: it takes these up
+        _retry_next[0] = _RETRY_FIRST
+    _retry_after(_RETRY_FIRST)
 
 
-def _schedule_retry(delay: float, spent: float = 0.0) -> None:
-    """One chain of retries per event loop, however many shells close at once."""
-    global _retry_loop
+def _removed(path: Path) -> bool:
+    """Remove one cgroup directory; False when it is still busy."""
     try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:
-        return
-    if _retry_loop is loop and delay == _RETRY_FIRST:
-        return  # a chain is already running on this loop
-    _retry_loop = loop
-    loop.call_later(delay, _retry_stale, delay, spent + delay)
+        path.rmdir()
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return False
+    _stale.discard(path)
+    return True
 
 
-def _retry_stale(delay: float, spent: float) -> None:
-    global _retry_loop
-    _retry_loop = None
-    for path in list(_stale):
-        try:
-            path.rmdir()
-        except FileNotFoundError:
-            pass
-        except OSError:
-            continue
-        _stale.discard(path)
-    if _stale and spent < _RETRY_FOR:
-        _schedule_retry(min(delay * 2, _RETRY_LAST), spent)
+def _retry_after(delay: float) -> None:
+    timer = threading.Timer(delay, _retry_stale, (delay,))
+    timer.daemon = True  # never holds up the process's exit (atexit sweeps what is left)
+    timer.start()
+
+
+def _retry_stale(delay: float) -> None:
+    with _retry_lock:
+        for path in list(_stale):
+            _removed(path)
+        if not _stale or time.monotonic() >= _retry_until:
+            _retry_next[0] = None
+            return
+        delay = min(delay * 2, _RETRY_LAST)
+        _retry_next[0] = delay
+    _retry_after(delay)
