@@ -17,6 +17,8 @@ from __future__ import annotations
 import base64
 import hashlib
 import re
+from collections.abc import Callable
+from contextvars import ContextVar
 from functools import cache
 from html import escape
 from importlib.resources import files
@@ -34,6 +36,8 @@ from .markdown import to_html, to_inline_html
 
 #: A Jinja tag, expression or comment: left as written when the lines around it are joined.
 _JINJA_SYNTAX = re.compile(r"(\{%.*?%\}|\{\{.*?\}\}|\{#.*?#\})", re.DOTALL)
+#: A character HTML gives a meaning to.
+_HTML_SPECIAL = re.compile("[&<>\"']")
 #: A line break with the indentation around it, in a template's own markup.
 _LINE_BREAK = re.compile(r"[ \t]*\n\s*")
 
@@ -50,20 +54,50 @@ class JoinedLines(Extension):
 
 
 def _shown(value: object) -> object:
-    """Every value a template prints: escaped, with its control characters made visible."""
-    if isinstance(value, Markup):
+    """Every value a template prints: escaped, with its control characters made visible.
+
+    Text with nothing to escape or show — nearly all of it — goes on as it is (autoescaping
+    leaves it so); the rest is escaped here, quotes as :func:`html.escape` writes them.
+    """
+    if isinstance(value, Markup) or type(value) is int:
         return value
-    return Markup(escape(visible(str(value)), quote=True))
+    text = value if isinstance(value, str) else str(value)
+    shown = visible(text)
+    if shown is text and _HTML_SPECIAL.search(text) is None:
+        return text
+    # str.__new__ skips Markup's own constructor: a page prints tens of values per agent
+    return str.__new__(Markup, escape(shown, quote=True))
 
 
-def _markdown(text: str, breaks: bool = False) -> Markup:
-    return Markup(to_html(visible(text), breaks=breaks))
+#: The Markdown one rendering has turned into HTML, by its text: a worker's findings show
+#: in the Findings section and again in its details.
+_rendered: ContextVar[dict[tuple[str, str], Markup | None] | None] = ContextVar(
+    "rendered_markdown", default=None
+)
+
+
+def _memoised(key: tuple[str, str], make: Callable[[], Markup | None]) -> Markup | None:
+    memo = _rendered.get()
+    if memo is None:
+        return make()
+    if key not in memo:
+        memo[key] = make()
+    return memo[key]
+
+
+def _markdown(text: str, breaks: bool = False) -> Markup | None:
+    kind = "breaks" if breaks else "block"
+    return _memoised((text, kind), lambda: Markup(to_html(visible(text), breaks=breaks)))
 
 
 def _markdown_inline(text: str) -> Markup | None:
     """A single paragraph's inline HTML, or None when the text is more than one."""
-    inline = to_inline_html(visible(text))
-    return None if inline is None else Markup(inline)
+
+    def make() -> Markup | None:
+        inline = to_inline_html(visible(text))
+        return None if inline is None else Markup(inline)
+
+    return _memoised((text, "inline"), make)
 
 
 @cache
@@ -112,7 +146,11 @@ def script_hash(script: str) -> str:
 
 
 def _render(template: str, **values: Any) -> str:
-    return _environment().get_template(template).render(**values)
+    memo = _rendered.set({})
+    try:
+        return _environment().get_template(template).render(**values)
+    finally:
+        _rendered.reset(memo)
 
 
 def render_report(history: SessionHistory) -> str:
