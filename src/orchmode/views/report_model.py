@@ -272,34 +272,10 @@ def findings(history: SessionHistory) -> list[tuple[str, list[FoundBy]]]:
 # --- agents -------------------------------------------------------------------------------
 
 
-def _batched(agent: AgentRecord) -> str:
+def batched(agent: AgentRecord) -> str:
     """``2 of 3 requests, saved $0.0040 (msgbatch_…, msgbatch_…)``."""
     batches = f" ({', '.join(agent.batches)})" if agent.batches else ""
     return f"{agent.batched} of {agent.requests} requests, saved {money(agent.saved)}{batches}"
-
-
-def facts(agent: AgentRecord, nodes: bool, subtree: float | None) -> list[tuple[str, str]]:
-    """The agent's numbers; its node only when the run had nodes, its subtree's cost only
-    when it made calls of its own."""
-    usage = agent.usage
-    return [
-        ("status", status_words(agent.status) if agent.status else "never finished"),
-        *([("node", agent.node or "—")] if nodes else []),
-        ("turns", str(agent.turns)),
-        ("model requests", str(agent.requests)),
-        ("input tokens", f"{usage.input_tokens:,}"),
-        ("output tokens", f"{usage.output_tokens:,}"),
-        ("cache reads", f"{usage.cache_read_tokens:,}"),
-        ("cache writes", f"{usage.cache_write_tokens:,}"),
-        ("read from cache", f"{usage.cache_hit:.0%}"),
-        ("cost", money(agent.cost)),
-        *([("subtree cost", money(subtree))] if subtree is not None else []),
-        *([("batched", _batched(agent))] if agent.batched else []),
-        ("duration", seconds(agent.duration)),
-        ("started", clock(agent.started_at)),
-        ("ended", clock(agent.done_at)),
-        *([("compactions", str(len(agent.compactions)))] if agent.compactions else []),
-    ]
 
 
 def subtree_cost(turn: Turn, agent: AgentRecord) -> float | None:
