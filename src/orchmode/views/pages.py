@@ -107,8 +107,6 @@ def _environment() -> Environment:
         autoescape=select_autoescape(["html", "j2"], default_for_string=True),
         finalize=_shown,
         extensions=[JoinedLines],
-        trim_blocks=True,
-        lstrip_blocks=True,
     )
     environment.filters.update(
         markdown=_markdown,

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from ..core.results import SEVERITIES, Finding, severity_rank
 from ..records.history import AGENT_STATES, STATE_LABELS, AgentRecord, Fanout, SessionHistory, Turn
 from ..records.network import size as byte_size
-from ..records.steps import Command, Compaction, CondensedResult
+from ..records.steps import Command, Compaction
 from ..records.wording import status_words
 from .formatting import money, seconds, when
 
@@ -86,10 +86,6 @@ def is_command(step: object) -> bool:
 
 def is_compaction(step: object) -> bool:
     return isinstance(step, Compaction)
-
-
-def condensed_text(condensed: CondensedResult) -> str:
-    return condensed.describe()
 
 
 # --- totals -------------------------------------------------------------------------------
