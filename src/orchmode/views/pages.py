@@ -107,6 +107,7 @@ def _environment() -> Environment:
         autoescape=select_autoescape(["html", "j2"], default_for_string=True),
         finalize=_shown,
         extensions=[JoinedLines],
+        auto_reload=False,  # package data: a template changes only with orchmode
     )
     environment.filters.update(
         markdown=_markdown,
