@@ -17,8 +17,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import re
-from collections.abc import Callable
-from contextvars import ContextVar
 from functools import cache
 from html import escape
 from importlib.resources import files
@@ -69,25 +67,11 @@ def _shown(value: object) -> object:
     return str.__new__(Markup, escape(shown, quote=True))
 
 
-#: The Markdown one rendering has turned into HTML, by its text: a worker's findings show
-#: in the Findings section and again in its details.
-_rendered: ContextVar[dict[tuple[str, str], Markup | None] | None] = ContextVar(
-    "rendered_markdown", default=None
-)
-
-
-def _memoised(key: tuple[str, str], make: Callable[[], Markup | None]) -> Markup | None:
-    memo = _rendered.get()
-    if memo is None:
-        return make()
-    if key not in memo:
-        memo[key] = make()
-    return memo[key]
-
-
 def _markdown(text: str, breaks: bool = False) -> Markup | None:
     kind = "breaks" if breaks else "block"
-    return _memoised((text, kind), lambda: Markup(to_html(visible(text), breaks=breaks)))
+    return report_model.remembered(
+        (kind, text), lambda: Markup(to_html(visible(text), breaks=breaks))
+    )
 
 
 def _markdown_inline(text: str) -> Markup | None:
@@ -97,7 +81,7 @@ def _markdown_inline(text: str) -> Markup | None:
         inline = to_inline_html(visible(text))
         return None if inline is None else Markup(inline)
 
-    return _memoised((text, "inline"), make)
+    return report_model.remembered(("inline", text), make)
 
 
 @cache
@@ -145,11 +129,8 @@ def script_hash(script: str) -> str:
 
 
 def _render(template: str, **values: Any) -> str:
-    memo = _rendered.set({})
-    try:
+    with report_model.rendering():
         return _environment().get_template(template).render(**values)
-    finally:
-        _rendered.reset(memo)
 
 
 def render_report(history: SessionHistory) -> str:

@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable, Hashable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
+from typing import TypeVar
 
-from ..core.results import SEVERITIES, Finding, severity_rank
+from ..core.results import SEVERITIES, Finding, Report, severity_rank
 from ..records.history import AGENT_STATES, STATE_LABELS, AgentRecord, Fanout, SessionHistory, Turn
 from ..records.network import size as byte_size
 from ..records.steps import Command, Compaction
@@ -39,6 +43,37 @@ CHANGE_CLASSES = {
 
 #: The verdicts a badge has a colour for.
 VERDICTS = ("confirmed", "refuted", "unclear")
+
+T = TypeVar("T")
+
+#: What the rendering under way has worked out, by key: a worker's report and its findings'
+#: Markdown show in the Findings section and again in its details.
+_remembered: ContextVar[dict[Hashable, object] | None] = ContextVar("remembered", default=None)
+
+
+@contextmanager
+def rendering() -> Iterator[None]:
+    """One rendering of a page: what it works out is kept until it ends."""
+    token = _remembered.set({})
+    try:
+        yield
+    finally:
+        _remembered.reset(token)
+
+
+def remembered(key: Hashable, make: Callable[[], T]) -> T:
+    """``make()``, once per key in a rendering (every time outside one)."""
+    memo = _remembered.get()
+    if memo is None:
+        return make()
+    if key not in memo:
+        memo[key] = make()
+    return memo[key]  # type: ignore[return-value]
+
+
+def report(agent: AgentRecord) -> Report | None:
+    """The agent's report, read from its result once per rendering."""
+    return remembered(("report", id(agent)), lambda: agent.report)
 
 
 def clock(at: float | None) -> str:
@@ -254,11 +289,10 @@ def findings(history: SessionHistory) -> list[tuple[str, list[FoundBy]]]:
     for turn in history.turns:
         for fanout in turn.fanouts:
             for agent in fanout.agents:
-                report = agent.report
-                if agent.role != "worker" or report is None:
+                if agent.role != "worker" or (found_report := report(agent)) is None:
                     continue
                 verdict = _verdict(fanout.verifier_of(agent))
-                for finding in report.findings:
+                for finding in found_report.findings:
                     found = FoundBy(turn, agent, finding, verdict)
                     groups.setdefault(finding.severity, []).append(found)
     order = sorted(groups, key=lambda s: (severity_rank(s), s))
