@@ -148,3 +148,18 @@ def test_every_template_escapes_what_it_prints(name: str) -> None:
     environment = _environment()
     assert environment.get_template(name).name == name
     assert callable(environment.autoescape) and environment.autoescape(name) is True
+
+
+def test_an_agents_bar_and_its_details_carry_the_same_data() -> None:
+    """The console's live updates find an agent's bar and entry by the same attributes."""
+    dom = Dom(render_report(hostile_history()))
+    keys = ("data-agent", "data-role", "data-state", "data-turn", "data-call", "data-index",
+            "data-node")  # fmt: skip
+    bars = {
+        bar["href"][1:]: [bar.get(k) for k in keys]
+        for bar in dom.find("a")
+        if bar.get("class", "").startswith("bar ")
+    }
+    details = {d["id"]: [d.get(k) for k in keys] for d in dom.find("details", class_="agent")}
+    assert bars == details and len(details) == 2
+    assert details["agent-t1-1-1-worker"][:6] == ["worker 1.1", "worker", "done", "1", "1", "1"]
