@@ -67,7 +67,7 @@ def _shown(value: object) -> object:
     return str.__new__(Markup, escape(shown, quote=True))
 
 
-def _markdown(text: str, breaks: bool = False) -> Markup | None:
+def _markdown(text: str, breaks: bool = False) -> Markup:
     kind = "breaks" if breaks else "block"
     return report_model.remembered(
         (kind, text), lambda: Markup(to_html(visible(text), breaks=breaks))

@@ -21,6 +21,7 @@ from ..records.steps import Command, Compaction
 from ..records.wording import status_words
 from .formatting import money, seconds, when
 
+#: What the templates read here, as ``model.NAME``, that is defined elsewhere.
 __all__ = ["AGENT_STATES", "STATE_LABELS", "byte_size", "status_words"]
 
 #: A connection's decision, an approval's answer, as a badge's class.
