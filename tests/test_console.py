@@ -19,7 +19,6 @@ import httpx2
 import pytest
 
 from orchmode.store import EventRow, open_store
-from orchmode.testing import ScriptedServer
 from recorded_runs import FindingsScenario, base_env, run, scripted_server
 
 HOSTILE = '<script>window.pwned=1</script><img src=x onerror="window.pwned=2">'

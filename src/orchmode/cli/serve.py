@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import ipaddress
 import socket
 import sys
@@ -34,10 +35,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         create_app(console), log_level="warning", access_log=False, lifespan="on",
         timeout_graceful_shutdown=1,
     )  # fmt: skip
-    try:
+    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C stops it; its runs go on
         asyncio.run(uvicorn.Server(config).serve(sockets=[listener]))
-    except KeyboardInterrupt:
-        pass  # Ctrl-C is how a console is stopped; the runs it started go on
     return 0
 
 
