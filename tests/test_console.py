@@ -115,7 +115,7 @@ def test_every_request_without_the_token_is_refused(tmp_path: Path) -> None:
             assert "script-src 'self'" in policy and "frame-ancestors 'none'" in policy
             assert "unsafe-inline" not in policy.split("script-src")[1].split(";")[0]
             assert page.headers["x-content-type-options"] == "nosniff"
-            assert page.headers["referrer-policy"] == "no-referrer"
+            assert page.headers["referrer-policy"] == "same-origin"
 
 
 def test_a_post_needs_the_csrf_token_and_the_console_s_own_origin(tmp_path: Path) -> None:
