@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -191,9 +192,7 @@ def test_a_reply_with_markup_shows_as_text_and_runs_nothing(
         assert "onerror=" in page.locator("#agents").inner_text()
 
 
-def test_a_stranger_gets_401_and_another_site_s_form_is_refused(
-    page: Page, tmp_path: Path
-) -> None:
+def test_a_stranger_gets_401_and_another_site_s_form_is_refused(page: Page, tmp_path: Path) -> None:
     with serving(tmp_path) as served:
         refused = page.goto(served.base + "/")
         assert refused is not None and refused.status == 401
@@ -214,7 +213,7 @@ class _Attacker(http.server.BaseHTTPRequestHandler):
         self.target = target
         super().__init__(*args)
 
-    def do_GET(self) -> None:  # noqa: N802 (the handler's name)
+    def do_GET(self) -> None:
         page = (
             f'<form method="post" action="{self.target}/start">'
             '<input name="task" value="rm -rf /"><input name="directory" value="/">'
@@ -230,16 +229,14 @@ class _Attacker(http.server.BaseHTTPRequestHandler):
         pass
 
 
-class other_site:  # noqa: N801 (used as a context manager)
-    def __init__(self, served: Served) -> None:
-        handler = partial(_Attacker, served.base)
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    def __enter__(self) -> str:
-        self.thread.start()
-        return f"http://127.0.0.1:{self.server.server_address[1]}/"
-
-    def __exit__(self, *_: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+@contextmanager
+def other_site(served: Served) -> Iterator[str]:
+    """The address of a page on another origin whose form posts to ``served``."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), partial(_Attacker, served.base))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+        server.server_close()
