@@ -103,8 +103,11 @@ def create_app(console: Console) -> Guard:
         run = await one_run(console.opened(), console.cache, session)
         if run is None:
             return PlainTextResponse(f"no run {session} in this store\n", 404)
+        # the number read first: the body holds at least the events before it
+        seq = await console.opened().next_event_seq(session)
         history = await console.cache.history(console.opened(), session)
-        return HTMLResponse(run_sections(history), headers={"X-Run-State": run.state})
+        headers = {"X-Run-State": run.state, "X-Run-Seq": str(seq)}
+        return HTMLResponse(run_sections(history), headers=headers)
 
     async def run_events(request: Request) -> Response:
         since = request.query_params.get("since", "0")

@@ -38,13 +38,15 @@
       fetch(base + "/body", { credentials: "same-origin" }).then(function (answer) {
         if (!answer.ok) { throw new Error(answer.status); }
         var state = answer.headers.get("X-Run-State");
-        return answer.text().then(function (html) { return [html, state]; });
+        var seq = answer.headers.get("X-Run-Seq");
+        return answer.text().then(function (html) { return [html, state, seq]; });
       }).then(function (got) {
         var open = openDetails(body);
         body.innerHTML = got[0];
         reopen(body, open);
         var shown = document.getElementById("run-state");
         if (shown && got[1]) { shown.textContent = got[1]; }
+        if (got[2]) { body.dataset.seq = got[2]; }
         document.body.dataset.refreshes = String(Number(document.body.dataset.refreshes || 0) + 1);
       }).catch(function () {}).then(function () {
         fetching = false;
