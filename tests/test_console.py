@@ -4,6 +4,7 @@ the live stream, and start refused for a missing directory — a real server pro
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import signal
 import subprocess
@@ -195,3 +196,37 @@ async def _next_change(lines: object) -> str:
         if line.startswith("data: "):
             return str(line.removeprefix("data: "))
     raise AssertionError("the stream ended")
+
+
+async def test_runs_of_either_store_are_listed_running_while_a_live_process_holds_them(
+    store_url: str, tmp_path: Path
+) -> None:
+    """The state comes from the session's claim: a live process's holds it (running, and
+    this server may signal it); a dead one's does not, and the last turn says."""
+    from orchmode.session.api import session_key
+    from orchmode.store.claims import holder_name
+
+    with scripted_server(FindingsScenario(subtasks=1)) as server:
+        session = run(server, tmp_path, "listed everywhere", "--store", store_url)
+    store = await open_store(store_url)
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    try:
+        with serving(tmp_path, "--store", store_url) as served, served.client() as client:
+
+            def state() -> tuple[str | None, bool]:
+                listing = client.get("/").text
+                found = re.search(rf'data-session="{session}" data-state="([^"]+)"', listing)
+                row = listing.split(f'data-session="{session}"')[1].split("</tr>")[0]
+                return (found[1] if found else None), "button" in row
+
+            assert state() == ("finished", False)
+            alive = holder_name()
+            assert await store.claim(session_key(session), alive, 60)
+            assert state() == ("running", True)
+            await store.release(session_key(session), alive)
+            dead = alive.replace(f":{os.getpid()}:", f":{gone.pid}:")
+            assert await store.claim(session_key(session), dead, 60)
+            assert state() == ("finished", False)
+    finally:
+        await store.close()
