@@ -9,15 +9,22 @@ import ipaddress
 import socket
 import sys
 
+from ..core.errors import OrchmodeError
 from .common import say, settings_of, workdir_of
 
 LOOPBACK_NAMES = frozenset({"localhost", "ip6-localhost"})
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    import uvicorn
+    try:
+        import uvicorn
 
-    from ..console.app import Console, create_app
+        from ..console.app import Console, create_app
+    except ImportError as exc:
+        raise OrchmodeError(
+            f"the web console needs the web extra ({exc.name} is missing): "
+            "pip install 'orchmode[web]'"
+        ) from None
 
     settings = settings_of(args)
     console = Console(settings, workdir_of(settings))
@@ -58,8 +65,6 @@ def _listen(host: str, port: int) -> socket.socket:
         listener.bind((host, port))
     except OSError as exc:
         listener.close()
-        from ..core.errors import OrchmodeError
-
         raise OrchmodeError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     listener.listen(128)
     listener.set_inheritable(False)
