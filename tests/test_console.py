@@ -172,7 +172,11 @@ async def test_the_stream_tells_each_new_event_of_the_session_within_a_second(
     tmp_path: Path,
 ) -> None:
     """Events written by another process (here: this test, through its own store) reach
-    an SSE client of the console within a second."""
+    an SSE client of the console within a second; so does the run's process starting or
+    ending."""
+    from orchmode.session.api import session_key
+    from orchmode.store.claims import holder_name
+
     store = await open_store(f"sqlite://{tmp_path / '.orchmode' / 'journal.db'}")
     try:
         with serving(tmp_path) as served:
@@ -187,6 +191,12 @@ async def test_the_stream_tells_each_new_event_of_the_session_within_a_second(
                         told = await asyncio.wait_for(_next_change(lines), 5)
                         assert told == str(seq + 1)
                         assert time.monotonic() - written < 1.0
+                    # a process taking the session, and letting it go, is told too
+                    holder = holder_name()
+                    assert await store.claim(session_key("s1"), holder, 60)
+                    assert await asyncio.wait_for(_next_change(lines), 5) == "4"
+                    await store.release(session_key("s1"), holder)
+                    assert await asyncio.wait_for(_next_change(lines), 5) == "4"
     finally:
         await store.close()
 

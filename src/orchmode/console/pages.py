@@ -8,7 +8,7 @@ from starlette.responses import HTMLResponse, PlainTextResponse, Response, Strea
 
 from ..views.report import run_sections
 from .feed import changes
-from .runs import list_runs, one_run
+from .runs import driver, list_runs, one_run
 from .state import console_of
 
 
@@ -49,11 +49,15 @@ async def run_body(request: Request) -> Response:
 
 
 async def run_events(request: Request) -> Response:
+    store, session = console_of(request).opened(), request.path_params["session"]
     since = request.query_params.get("since", "0")
+
+    async def look() -> tuple[int, bool]:
+        return await store.next_event_seq(session), await driver(store, session) is not None
+
     stream = changes(
-        console_of(request).opened(), request.path_params["session"],
-        since=int(since) if since.isdigit() else 0, disconnected=request.is_disconnected,
-    )  # fmt: skip
+        look, since=int(since) if since.isdigit() else 0, disconnected=request.is_disconnected
+    )
     return StreamingResponse(
         stream, media_type="text/event-stream", headers={"X-Accel-Buffering": "no"}
     )

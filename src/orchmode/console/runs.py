@@ -7,6 +7,7 @@ import socket
 from dataclasses import dataclass
 
 from ..records.history import SessionHistory, read_session
+from ..session.api import session_key
 from ..store import SessionInfo, Store
 from ..store.claims import holder_is_dead
 
@@ -76,18 +77,23 @@ async def _waiting_sessions(store: Store) -> set[str]:
 async def _summary(
     store: Store, cache: HistoryCache, info: SessionInfo, waiting: set[str]
 ) -> RunSummary:
-    from ..session.api import session_key
-
     history = await cache.history(store, info.id, info.workdir)
-    holder = await store.holder(session_key(info.id))
-    alive = holder is not None and not holder_is_dead(holder)
+    holder = await driver(store, info.id)
+    alive = holder is not None
     return RunSummary(
         id=info.id, workdir=info.workdir, started_at=info.created_at,
         task=history.turns[0].task if history.turns else "", turns=len(history.turns),
         agents=len(history.agents), cost=history.totals.all.cost,
         state=_state(history, alive=alive, waiting=info.id in waiting),
-        pid=signalable_pid(holder) if alive and holder else None,
+        pid=signalable_pid(holder) if holder else None,
     )  # fmt: skip
+
+
+async def driver(store: Store, session: str) -> str | None:
+    """The claim holder of the live process that drives ``session``; None when none does
+    (the claim was let go, lapsed, or names a process of this host that died)."""
+    holder = await store.holder(session_key(session))
+    return None if holder is None or holder_is_dead(holder) else holder
 
 
 def _state(history: SessionHistory, *, alive: bool, waiting: bool) -> str:

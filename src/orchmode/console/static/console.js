@@ -46,6 +46,10 @@
         reopen(body, open);
         var shown = document.getElementById("run-state");
         if (shown && got[1]) { shown.textContent = got[1]; }
+        var stop = document.querySelector(".console-run-bar form");
+        if (stop && got[1] && got[1] !== "running" && got[1] !== "waiting for approval") {
+          stop.hidden = true;
+        }
         if (got[2]) { body.dataset.seq = got[2]; }
         document.body.dataset.refreshes = String(Number(document.body.dataset.refreshes || 0) + 1);
       }).catch(function () {}).then(function () {
