@@ -289,11 +289,11 @@ def _add_serve_command(commands: Any) -> None:
             "access token every page needs, as the first line of output."
         ),
     )
-    serve.add_argument("--port", type=int, default=8765, help="port (0: a free one; default: 8765)")
+    serve.add_argument("--port", type=int, default=8780, help="port (0: a free one; default: 8780)")
     serve.add_argument(
         "--host", default="127.0.0.1", help="interface to listen on (default: 127.0.0.1)"
     )
-    add_setting_flags(serve, STORE_SETTINGS)
+    add_setting_flags(serve, ("workdir", "store", "journal"))
 
 
 def _approval_id(text: str) -> int:
