@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import ipaddress
+import signal
 import socket
 import sys
 
@@ -37,13 +37,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
     listener = _listen(args.host, args.port)
     host, port = listener.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
-    print(console.access.url(f"http://{shown}:{port}"), flush=True)
     config = uvicorn.Config(
         create_app(console), log_level="warning", access_log=False, lifespan="on",
         timeout_graceful_shutdown=1,
     )  # fmt: skip
-    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C stops it; its runs go on
-        asyncio.run(uvicorn.Server(config).serve(sockets=[listener]))
+    server = uvicorn.Server(config)
+    # Ctrl-C asks the server to stop, even before it is up (it takes the signal over while
+    # it runs); never a KeyboardInterrupt in the middle of starting. Its runs go on.
+    signal.signal(signal.SIGINT, lambda *_: setattr(server, "should_exit", True))
+    print(console.access.url(f"http://{shown}:{port}"), flush=True)
+    asyncio.run(server.serve(sockets=[listener]))
     return 0
 
 

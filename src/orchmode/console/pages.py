@@ -3,9 +3,11 @@ the approvals waiting."""
 
 from __future__ import annotations
 
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, Response, StreamingResponse
 
+from ..records.history import SessionHistory
 from ..views.report import run_sections
 from .feed import changes
 from .runs import driver, list_runs, one_run
@@ -31,7 +33,7 @@ async def run_page(request: Request) -> Response:
     history = await console.cache.history(console.opened(), session)
     return await console.page(
         request, "run.html", session=session, state=run.state, pid=run.pid,
-        body=run_sections(history), seq=seq,
+        body=await _sections(history), seq=seq,
     )  # fmt: skip
 
 
@@ -45,7 +47,7 @@ async def run_body(request: Request) -> Response:
     seq = await console.opened().next_event_seq(session)
     history = await console.cache.history(console.opened(), session)
     headers = {"X-Run-State": run.state, "X-Run-Seq": str(seq)}
-    return HTMLResponse(run_sections(history), headers=headers)
+    return HTMLResponse(await _sections(history), headers=headers)
 
 
 async def run_events(request: Request) -> Response:
@@ -67,6 +69,12 @@ async def approvals_page(request: Request) -> Response:
     console = console_of(request)
     found = await console.opened().approvals(None)
     return await console.page(request, "approvals.html", approvals=found)
+
+
+async def _sections(history: SessionHistory) -> str:
+    """A run's sections, rendered off the event loop: a thousand agents take a while, and
+    the live streams of every open page poll meanwhile."""
+    return await run_in_threadpool(run_sections, history)
 
 
 def _no_run(session: str) -> Response:
