@@ -110,6 +110,8 @@ def test_every_request_without_the_token_is_refused(tmp_path: Path) -> None:
             assert entry.status_code == 303 and entry.headers["location"] == "/"
             cookie = entry.headers["set-cookie"].lower()
             assert "httponly" in cookie and "samesite=strict" in cookie
+            deeper = visitor.get(f"/runs/x?q=a&token={served.token}")
+            assert deeper.status_code == 303 and deeper.headers["location"] == "/runs/x?q=a"
             page = visitor.get("/")
             assert page.status_code == 200 and "no runs are recorded yet" in page.text
             policy = page.headers["content-security-policy"]

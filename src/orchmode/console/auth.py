@@ -8,7 +8,6 @@ import hmac
 import secrets
 from urllib.parse import urlencode
 
-from starlette.datastructures import URL
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, RedirectResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -109,11 +108,11 @@ class Guard:
         on to the same address without it (so the token stays out of history and logs)."""
         given = request.query_params.get("token")
         if given is not None and _same(given, self.access.token):
-            rest = [(k, v) for k, v in request.query_params.multi_items() if k != "token"]
-            target = URL(str(request.url)).replace(query=urlencode(rest))
-            response: Response = RedirectResponse(
-                target.path + (f"?{target.query}" if rest else ""), 303
+            rest = urlencode(
+                [(k, v) for k, v in request.query_params.multi_items() if k != "token"]
             )
+            location = request.url.path + (f"?{rest}" if rest else "")
+            response: Response = RedirectResponse(location, 303)
             response.set_cookie(
                 COOKIE, self.access.token, httponly=True, samesite="strict", path="/"
             )
