@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 
 from ..core.errors import OrchmodeError
 from ..views.escape import visible
-from . import running, stored, trust
+from . import running, serve, stored, trust
 from .common import say
 from .parser import build_parser
 
@@ -35,6 +35,7 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "approve": stored.cmd_approve,
     "deny": stored.cmd_deny,
     "trust": trust.cmd_trust,
+    "serve": serve.cmd_serve,
 }
 
 

@@ -80,6 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_history_commands(commands)
     _add_trust_command(commands)
     _add_approval_commands(commands)
+    _add_serve_command(commands)
     return parser
 
 
@@ -276,6 +277,23 @@ def _add_approval_commands(commands: Any) -> None:
     deny.add_argument("--reason", default="", metavar="TEXT", help="told to the agent")
     for command in (listing, approve, deny):
         add_setting_flags(command, STORE_SETTINGS)
+
+
+def _add_serve_command(commands: Any) -> None:
+    """``serve``: the web console of the store."""
+    serve = commands.add_parser(
+        "serve",
+        help="the web console: every run of the store, live; approvals; start and stop",
+        description=(
+            "Serve the web console of the store on this machine and print its URL, with the "
+            "access token every page needs, as the first line of output."
+        ),
+    )
+    serve.add_argument("--port", type=int, default=8780, help="port (0: a free one; default: 8780)")
+    serve.add_argument(
+        "--host", default="127.0.0.1", help="interface to listen on (default: 127.0.0.1)"
+    )
+    add_setting_flags(serve, ("workdir", "store", "journal"))
 
 
 def _approval_id(text: str) -> int:
