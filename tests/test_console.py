@@ -168,6 +168,13 @@ def test_a_finished_run_is_listed_and_its_page_escapes_what_the_model_said(
         body = client.get(f"/runs/{session}/body")
         assert body.headers["x-run-state"] == "finished" and "worker 1.1" in body.text
         assert client.get("/runs/nothing-here").status_code == 404
+        # each agent's transcript is left out of the page and loaded when it is opened
+        agents = re.findall(r'data-transcript="([^"]+)"></div>', page)
+        assert len(agents) >= 4 and "</summary>" in page
+        transcript = client.get(f"/runs/{session}/agents/{agents[0]}")
+        assert transcript.status_code == 200 and "&lt;img src=x onerror=" in transcript.text
+        assert "<img src=x" not in transcript.text and "<script>window" not in transcript.text
+        assert client.get(f"/runs/{session}/agents/agent-t9-9-9-worker").status_code == 404
 
 
 async def test_the_stream_tells_each_new_event_of_the_session_within_a_second(

@@ -193,6 +193,9 @@ def test_a_reply_with_markup_shows_as_text_and_runs_nothing(
         page.goto(f"{served.base}/runs/{session}")
         page.wait_for_selector("body[data-ready=yes]")
         page.locator(AGENTS).first.evaluate("d => d.open = true")
+        loaded = page.locator(f"{AGENTS} [data-transcript][data-loaded=yes]")
+        loaded.first.wait_for()  # its transcript, fetched as it opened
+        assert "onerror=" in loaded.first.inner_text()
         assert page.evaluate("typeof window.pwned") == "undefined"
         assert page.locator("img[src=x]").count() == 0 and not dialogs
         assert "onerror=" in page.locator("#agents").inner_text()

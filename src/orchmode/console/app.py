@@ -14,7 +14,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from ..store import open_store
-from ..views.report_assets import STYLE
+from ..views.pages import report_style
 from . import actions, pages
 from .auth import Guard
 from .state import Console
@@ -26,7 +26,7 @@ __all__ = ["Console", "create_app"]
 
 async def report_css(_: Request) -> Response:
     """The report's own style, so a run looks the same in the console and in its file."""
-    return Response(STYLE, media_type="text/css")
+    return Response(report_style(), media_type="text/css")
 
 
 ROUTES = [
@@ -34,6 +34,7 @@ ROUTES = [
     Route("/runs/{session:str}", pages.run_page),
     Route("/runs/{session:str}/body", pages.run_body),
     Route("/runs/{session:str}/events", pages.run_events),
+    Route("/runs/{session:str}/agents/{agent:str}", pages.agent_page),
     Route("/runs/{session:str}/stop", actions.stop, methods=["POST"]),
     Route("/start", actions.start, methods=["POST"]),
     Route("/approvals", pages.approvals_page),

@@ -8,7 +8,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, Response, StreamingResponse
 
 from ..records.history import SessionHistory
-from ..views.report import run_sections
+from ..views.pages import agent_transcript, run_sections
 from .feed import changes
 from .runs import driver, list_runs, one_run
 from .state import console_of
@@ -65,6 +65,19 @@ async def run_events(request: Request) -> Response:
     )
 
 
+async def agent_page(request: Request) -> Response:
+    """One agent's transcript, which a run's page loads when the agent is opened."""
+    console, session = console_of(request), request.path_params["session"]
+    agent = request.path_params["agent"]
+    if await one_run(console.opened(), console.cache, session) is None:
+        return _no_run(session)
+    history = await console.cache.history(console.opened(), session)
+    shown = await run_in_threadpool(agent_transcript, history, agent)
+    if shown is None:
+        return PlainTextResponse(f"no agent {agent} in run {session}\n", 404)
+    return HTMLResponse(shown)
+
+
 async def approvals_page(request: Request) -> Response:
     console = console_of(request)
     found = await console.opened().approvals(None)
@@ -73,8 +86,9 @@ async def approvals_page(request: Request) -> Response:
 
 async def _sections(history: SessionHistory) -> str:
     """A run's sections, rendered off the event loop: a thousand agents take a while, and
-    the live streams of every open page poll meanwhile."""
-    return await run_in_threadpool(run_sections, history)
+    the live streams of every open page poll meanwhile. Each agent's transcript is left
+    out, to be loaded when it is opened: the page stays small however long the run."""
+    return await run_in_threadpool(lambda: run_sections(history, transcripts=False))
 
 
 def _no_run(session: str) -> Response:

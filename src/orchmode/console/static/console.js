@@ -26,6 +26,42 @@
     });
   }
 
+  // An agent's transcript is loaded when its details are opened (the body leaves it out,
+  // so a run of a thousand agents stays a small page); the last copy is shown at once
+  // when the body is swapped, then fetched anew, as a running agent's grows.
+  var transcripts = new Map();
+
+  function placeholder(details) {
+    var body = details.querySelector(":scope > .agent-body");
+    return body && body.querySelector(":scope > [data-transcript]");
+  }
+
+  function loadTranscript(details) {
+    var slot = placeholder(details);
+    var session = document.getElementById("run-body");
+    if (!slot || !session || slot.dataset.loading === "yes") { return; }
+    var id = slot.dataset.transcript;
+    if (transcripts.has(id) && !slot.firstChild) { slot.innerHTML = transcripts.get(id); }
+    slot.dataset.loading = "yes";
+    var url = "/runs/" + encodeURIComponent(session.dataset.session) + "/agents/" +
+      encodeURIComponent(id);
+    fetch(url, { credentials: "same-origin" }).then(function (answer) {
+      if (!answer.ok) { throw new Error(answer.status); }
+      return answer.text();
+    }).then(function (html) {
+      transcripts.set(id, html);
+      slot.innerHTML = html;
+      slot.dataset.loaded = "yes";
+    }).catch(function (error) {
+      if (!slot.firstChild) { slot.textContent = "the transcript could not be loaded (" + error.message + ")"; }
+    }).then(function () { delete slot.dataset.loading; });
+  }
+
+  document.addEventListener("toggle", function (event) {
+    var details = event.target;
+    if (details.tagName === "DETAILS" && details.open) { loadTranscript(details); }
+  }, true);
+
   function follow(body) {
     var session = body.dataset.session;
     var base = "/runs/" + encodeURIComponent(session);
@@ -44,6 +80,7 @@
         var open = openDetails(body);
         body.innerHTML = got[0];
         reopen(body, open);
+        body.querySelectorAll("details[open]").forEach(loadTranscript);
         var shown = document.getElementById("run-state");
         if (shown && got[1]) { shown.textContent = got[1]; }
         var stop = document.querySelector(".console-run-bar form");
