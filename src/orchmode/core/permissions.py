@@ -36,7 +36,7 @@ from .trust import real_directory
 from .verdicts import Decision, Verdict
 
 if TYPE_CHECKING:
-    from .domains import DomainRules
+    from .domains import DomainRules, Pattern
 
 __all__ = [
     "RULES_FILE",
@@ -236,6 +236,11 @@ class Rules:
         if decision == "allow":
             found += self._patterns("allow", remembered=True)
         return found
+
+    def domain_patterns(self, decision: Decision) -> list[Pattern]:
+        """The domain patterns that ``decision`` holds for: ``network_<decision>`` and the
+        ``WebFetch(domain:...)`` rules (for ``allow``, the ``--always`` answers too)."""
+        return self._patterns(decision)
 
     def _domains(self) -> DomainRules:
         from .domains import DomainRules

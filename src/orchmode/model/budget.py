@@ -81,6 +81,8 @@ class SessionBudget:
         output_tokens = output_tokens or self.settings.max_tokens
         price = self.settings.price(model, batched=batched)
         cost = price.worst_case(input_tokens, output_tokens, hour_writes=batched) if price else 0.0
+        if price is not None:
+            cost += price.searches(_most_searches(tools))
         reservation = Reservation(input_tokens + output_tokens, cost)
         if not await self.store.reserve(
             self.session, self.caps, subagents=0, tokens=reservation.tokens, cost=cost
@@ -192,3 +194,12 @@ def describe_budget(state: BudgetState, settings: Settings) -> str:
             cost += f" of ${settings.max_cost:.2f}"
         parts.append(f"{cost} spent")
     return "; ".join(parts)
+
+
+def _most_searches(tools: Sequence[Any]) -> int:
+    """The most web searches a request offering ``tools`` can make (each is billed)."""
+    return sum(
+        int(tool.get("max_uses") or 0)
+        for tool in tools
+        if isinstance(tool, dict) and str(tool.get("type", "")).startswith("web_search_")
+    )
