@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import typing
 from collections.abc import Mapping
+from dataclasses import replace
 from functools import cache
-from typing import Any
+from typing import Any, cast
 
 import typing_extensions
 from anthropic.types.tool_union_param import ToolUnionParam
 
 from ..core.wire import ApiObject
+from .replies import Reply, ScriptedBlock, ScriptedRequest
 
 #: The server tools' names, by the prefix of their ``type``.
 WEB_TOOL_NAMES = {"web_search_": "web_search", "web_fetch_": "web_fetch"}
@@ -127,3 +129,18 @@ def web_fetch(url: str, text: str = "The page's text.") -> list[ApiObject]:
             },
         },
     ]
+
+
+def with_web(reply: Reply, request: ScriptedRequest, web: list[ApiObject]) -> Reply:
+    """``reply`` opened with the web tool uses in ``web`` (each use with the result after
+    it), on an agent's first step, for the web tools its request offers."""
+    if any(m.get("role") == "assistant" for m in request.messages):
+        return reply
+    offered = request.tool_names
+    blocks, used = [], ""
+    for block in web:
+        if block.get("type") == "server_tool_use":
+            used = str(block.get("name"))
+        if used in offered:
+            blocks.append(cast(ScriptedBlock, block))
+    return replace(reply, content=[*blocks, *reply.content]) if blocks else reply

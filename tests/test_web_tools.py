@@ -1,0 +1,237 @@
+"""WebSearch and WebFetch as the API's server tools: offered to the roles that name them, within
+the network rules' domains, priced per search in the ledger, and their reply blocks sent back
+as they came — over real HTTP against the scripted server."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import pytest
+
+from conftest import API_KEY, StartServer
+from orchmode.core.domains import Pattern
+from orchmode.core.events import TokenUsage
+from orchmode.core.pricing import ModelPrice
+from orchmode.core.web_tools import web_domains
+from orchmode.testing.scenario import OrchestrationScenario, role_of
+from orchmode.testing.web import web_fetch, web_search
+from test_agent_roles import define, first_requests, run_turn, tool_names
+
+RESEARCHER = """\
+---
+name: researcher
+description: Looks things up on the web.
+tools: Read, WebSearch, WebFetch
+---
+Search first, then read the best page.
+"""
+
+SEARCHER = """\
+---
+name: searcher
+description: Searches only.
+tools: [Bash, WebSearch]
+---
+Search.
+"""
+
+@pytest.fixture
+def work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    (tmp_path / "home").mkdir()
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    (tmp_path / "work").mkdir()
+    return tmp_path / "work"
+
+def looks_up(subtask: str) -> list[Any]:
+    return [*web_search(f"about {subtask}"), *web_fetch("https://docs.python.org/3/")]
+
+def web_tools_of(body: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {t["name"]: t for t in body["tools"] if t.get("type", "").startswith("web_")}
+
+def scenario(**extra: Any) -> OrchestrationScenario:
+    return OrchestrationScenario(
+        subtasks=[
+            "plain work",
+            {"prompt": "look it up", "agent": "researcher"},
+            {"prompt": "search it", "agent": "searcher"},
+        ],
+        web=looks_up,
+        **extra,
+    )
+
+def patterns(*texts: str) -> list[Pattern]:
+    return [Pattern(text, "network_allow") for text in texts]
+
+# ---------------------------------------------------------------- domains, pure
+
+def test_deny_rules_become_blocked_domains_and_wildcards_their_names() -> None:
+    domains = web_domains([], patterns("evil.example", "*.tracker.net", "@github"))
+    assert domains.allowed is None
+    assert domains.blocked is not None
+    assert domains.blocked[:2] == ("evil.example", "tracker.net")
+    assert "github.com" in domains.blocked and "githubusercontent.com" in domains.blocked
+
+def test_allow_rules_become_allowed_domains_less_what_a_deny_rule_touches() -> None:
+    domains = web_domains(
+        patterns("docs.python.org", "*.example.com", "10.0.0.0/8"), patterns("secret.example.com")
+    )
+    assert domains.blocked is None
+    assert domains.allowed == ("docs.python.org",)
+    notes = "\n".join(domains.notes)
+    assert "example.com is allowed but secret.example.com is denied" in notes
+    assert "10.0.0.0/8" in notes and "names only" in notes
+    assert "covers example.com itself" in notes
+
+def test_no_rules_no_limits() -> None:
+    assert web_domains([], []) == web_domains([], [])
+    assert web_domains([], []).allowed is None and web_domains([], []).blocked is None
+
+def test_a_search_is_priced_per_use_on_top_of_its_tokens() -> None:
+    price = ModelPrice(input=1, output=1, cache_write=1, cache_read=1)
+    plain = price.cost(TokenUsage(1000, 1000))
+    assert price.cost(TokenUsage(1000, 1000, web_search_requests=3)) == pytest.approx(
+        plain + 0.03
+    )
+    assert price.cost(TokenUsage(1000, 1000, web_fetch_requests=3)) == plain  # tokens only
+    assert price.batched().web_search == price.web_search
+
+# ---------------------------------------------------------------- over HTTP
+
+async def test_a_role_naming_the_web_tools_is_sent_them_and_others_are_not(
+    serve: StartServer, work: Path
+) -> None:
+    define(work, RESEARCHER, SEARCHER)
+    server = await serve(scenario())
+    warnings: list[str] = []
+    await run_turn(server, work, warnings)
+    assert not any("WebSearch" in line for line in warnings), warnings
+    workers = first_requests(server, "worker")
+    assert "web_search" not in tool_names(workers["plain work"])
+    researcher = web_tools_of(workers["look it up"])
+    assert set(researcher) == {"web_search", "web_fetch"}
+    assert researcher["web_search"]["type"] == "web_search_20250305"
+    assert researcher["web_fetch"]["type"] == "web_fetch_20250910"
+    for tool in researcher.values():  # no rules: no domain limits
+        assert "allowed_domains" not in tool and "blocked_domains" not in tool
+        assert tool["max_uses"] == 5
+    assert set(web_tools_of(workers["search it"])) == {"web_search"}
+    mains = [e.body for e in server.log if role_of(e.body) == "main"]
+    assert all("web_search" not in tool_names(body) for body in mains)
+
+
+async def test_a_reply_with_server_tool_blocks_goes_back_exactly_as_it_came(
+    serve: StartServer, work: Path
+) -> None:
+    define(work, RESEARCHER, SEARCHER)
+    server = await serve(scenario())
+    await run_turn(server, work)
+    entries = [
+        e
+        for e in server.log
+        if role_of(e.body) == "worker" and e.body["messages"][0]["content"] == "look it up"
+    ]
+    first, second = entries[0], entries[1]
+    assert first.reply is not None
+    kinds = [block["type"] for block in first.reply.content]
+    assert kinds[:4] == [
+        "server_tool_use",
+        "web_search_tool_result",
+        "server_tool_use",
+        "web_fetch_tool_result",
+    ]
+    sent_back = second.body["messages"][1]
+    assert sent_back["role"] == "assistant"
+    assert sent_back["content"] == first.reply.content  # every field, as it was streamed
+
+async def test_deny_rules_go_as_blocked_domains(serve: StartServer, work: Path) -> None:
+    define(work, RESEARCHER, SEARCHER)
+    server = await serve(scenario())
+    await run_turn(
+        server,
+        work,
+        network_deny=("*.tracker.net",),
+        permissions_deny=("WebFetch(domain:evil.example)",),
+    )
+    tools = web_tools_of(first_requests(server, "worker")["look it up"])
+    for tool in tools.values():
+        assert "allowed_domains" not in tool
+        assert set(tool["blocked_domains"]) == {"tracker.net", "evil.example"}
+
+async def test_allow_rules_go_as_allowed_domains(serve: StartServer, work: Path) -> None:
+    define(work, RESEARCHER, SEARCHER)
+    server = await serve(scenario())
+    warnings: list[str] = []
+    await run_turn(
+        server,
+        work,
+        warnings,
+        network_allow=("docs.python.org", "*.example.com"),
+        network_deny=("secret.example.com",),
+        permissions_allow=("WebFetch(domain:pypi.org)",),
+    )
+    tools = web_tools_of(first_requests(server, "worker")["look it up"])
+    for tool in tools.values():
+        assert "blocked_domains" not in tool
+        assert tool["allowed_domains"] == ["docs.python.org", "pypi.org"]
+    assert any("secret.example.com is denied" in line for line in warnings), warnings
+
+async def test_the_main_agent_is_offered_what_main_web_tools_names(
+    serve: StartServer, work: Path
+) -> None:
+    server = await serve(OrchestrationScenario(subtasks=1))
+    await run_turn(server, work, main_web_tools=("WebFetch",))
+    mains = [e.body for e in server.log if role_of(e.body) == "main"]
+    assert mains and all(set(web_tools_of(body)) == {"web_fetch"} for body in mains)
+
+async def test_every_search_is_in_the_ledger_at_its_price(serve: StartServer, work: Path) -> None:
+    define(work, RESEARCHER, SEARCHER)
+    server = await serve(scenario())
+    free_tokens = ModelPrice(input=0, output=0, cache_write=0, cache_read=0, web_search=10)
+    await run_turn(server, work, session="web-ledger", prices={"claude-opus-5-5": free_tokens})
+    searches = sum(
+        1
+        for e in server.log
+        for block in (e.reply.content if e.reply is not None else [])
+        if block.get("type") == "server_tool_use" and block.get("name") == "web_search"
+    )
+    assert searches == 2  # the researcher's and the searcher's; fetches cost only tokens
+    assert await ledger_cost(work, "web-ledger") == pytest.approx(2 * 10 / 1000)
+
+
+async def ledger_cost(work: Path, session: str) -> float:
+    from orchmode.store import open_store
+
+    store = await open_store(f"sqlite:///{work / 'journal.db'}")
+    try:
+        return (await store.budget(session)).cost
+    finally:
+        await store.close()
+
+async def test_the_server_refuses_both_domain_lists_as_the_api_does(serve: StartServer) -> None:
+    server = await serve(OrchestrationScenario())
+    client = anthropic.AsyncAnthropic(api_key=API_KEY, base_url=server.url, max_retries=0)
+    tool: Any = {
+        "type": "web_search_20250305",
+        "name": "web_search",
+        "allowed_domains": ["a.org"],
+        "blocked_domains": ["b.org"],
+    }
+    with pytest.raises(anthropic.BadRequestError, match="both allowed_domains and blocked"):
+        await client.messages.create(
+            model="claude-opus-5-5",
+            max_tokens=100,
+            messages=[{"role": "user", "content": "hi"}],
+            tools=[tool],
+        )
+    bad_name: Any = {"type": "web_fetch_20250910", "name": "fetch"}
+    with pytest.raises(anthropic.BadRequestError, match="name"):
+        await client.messages.create(
+            model="claude-opus-5-5",
+            max_tokens=100,
+            messages=[{"role": "user", "content": "hi"}],
+            tools=[bad_name],
+        )
+    await client.close()
+
