@@ -4,6 +4,7 @@ as they came — over real HTTP against the scripted server."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +16,10 @@ from orchmode.core.domains import Pattern
 from orchmode.core.events import TokenUsage
 from orchmode.core.pricing import ModelPrice
 from orchmode.core.web_tools import web_domains
+from orchmode.testing import ScriptedServer
 from orchmode.testing.scenario import OrchestrationScenario, role_of
 from orchmode.testing.web import web_fetch, web_search
+from recorded_runs import base_env, kill_run_when, orchmode
 from test_agent_roles import define, first_requests, run_turn, tool_names
 
 RESEARCHER = """\
@@ -37,6 +40,7 @@ tools: [Bash, WebSearch]
 Search.
 """
 
+
 @pytest.fixture
 def work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (tmp_path / "home").mkdir()
@@ -44,11 +48,14 @@ def work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (tmp_path / "work").mkdir()
     return tmp_path / "work"
 
+
 def looks_up(subtask: str) -> list[Any]:
     return [*web_search(f"about {subtask}"), *web_fetch("https://docs.python.org/3/")]
 
+
 def web_tools_of(body: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {t["name"]: t for t in body["tools"] if t.get("type", "").startswith("web_")}
+
 
 def scenario(**extra: Any) -> OrchestrationScenario:
     return OrchestrationScenario(
@@ -61,10 +68,13 @@ def scenario(**extra: Any) -> OrchestrationScenario:
         **extra,
     )
 
+
 def patterns(*texts: str) -> list[Pattern]:
     return [Pattern(text, "network_allow") for text in texts]
 
+
 # ---------------------------------------------------------------- domains, pure
+
 
 def test_deny_rules_become_blocked_domains_and_wildcards_their_names() -> None:
     domains = web_domains([], patterns("evil.example", "*.tracker.net", "@github"))
@@ -72,6 +82,7 @@ def test_deny_rules_become_blocked_domains_and_wildcards_their_names() -> None:
     assert domains.blocked is not None
     assert domains.blocked[:2] == ("evil.example", "tracker.net")
     assert "github.com" in domains.blocked and "githubusercontent.com" in domains.blocked
+
 
 def test_allow_rules_become_allowed_domains_less_what_a_deny_rule_touches() -> None:
     domains = web_domains(
@@ -84,20 +95,22 @@ def test_allow_rules_become_allowed_domains_less_what_a_deny_rule_touches() -> N
     assert "10.0.0.0/8" in notes and "names only" in notes
     assert "covers example.com itself" in notes
 
+
 def test_no_rules_no_limits() -> None:
     assert web_domains([], []) == web_domains([], [])
     assert web_domains([], []).allowed is None and web_domains([], []).blocked is None
 
+
 def test_a_search_is_priced_per_use_on_top_of_its_tokens() -> None:
     price = ModelPrice(input=1, output=1, cache_write=1, cache_read=1)
     plain = price.cost(TokenUsage(1000, 1000))
-    assert price.cost(TokenUsage(1000, 1000, web_search_requests=3)) == pytest.approx(
-        plain + 0.03
-    )
+    assert price.cost(TokenUsage(1000, 1000, web_search_requests=3)) == pytest.approx(plain + 0.03)
     assert price.cost(TokenUsage(1000, 1000, web_fetch_requests=3)) == plain  # tokens only
     assert price.batched().web_search == price.web_search
 
+
 # ---------------------------------------------------------------- over HTTP
+
 
 async def test_a_role_naming_the_web_tools_is_sent_them_and_others_are_not(
     serve: StartServer, work: Path
@@ -145,6 +158,7 @@ async def test_a_reply_with_server_tool_blocks_goes_back_exactly_as_it_came(
     assert sent_back["role"] == "assistant"
     assert sent_back["content"] == first.reply.content  # every field, as it was streamed
 
+
 async def test_deny_rules_go_as_blocked_domains(serve: StartServer, work: Path) -> None:
     define(work, RESEARCHER, SEARCHER)
     server = await serve(scenario())
@@ -158,6 +172,7 @@ async def test_deny_rules_go_as_blocked_domains(serve: StartServer, work: Path) 
     for tool in tools.values():
         assert "allowed_domains" not in tool
         assert set(tool["blocked_domains"]) == {"tracker.net", "evil.example"}
+
 
 async def test_allow_rules_go_as_allowed_domains(serve: StartServer, work: Path) -> None:
     define(work, RESEARCHER, SEARCHER)
@@ -177,6 +192,7 @@ async def test_allow_rules_go_as_allowed_domains(serve: StartServer, work: Path)
         assert tool["allowed_domains"] == ["docs.python.org", "pypi.org"]
     assert any("secret.example.com is denied" in line for line in warnings), warnings
 
+
 async def test_the_main_agent_is_offered_what_main_web_tools_names(
     serve: StartServer, work: Path
 ) -> None:
@@ -184,6 +200,7 @@ async def test_the_main_agent_is_offered_what_main_web_tools_names(
     await run_turn(server, work, main_web_tools=("WebFetch",))
     mains = [e.body for e in server.log if role_of(e.body) == "main"]
     assert mains and all(set(web_tools_of(body)) == {"web_fetch"} for body in mains)
+
 
 async def test_every_search_is_in_the_ledger_at_its_price(serve: StartServer, work: Path) -> None:
     define(work, RESEARCHER, SEARCHER)
@@ -208,6 +225,7 @@ async def ledger_cost(work: Path, session: str) -> float:
         return (await store.budget(session)).cost
     finally:
         await store.close()
+
 
 async def test_the_server_refuses_both_domain_lists_as_the_api_does(serve: StartServer) -> None:
     server = await serve(OrchestrationScenario())
@@ -235,3 +253,24 @@ async def test_the_server_refuses_both_domain_lists_as_the_api_does(serve: Start
         )
     await client.close()
 
+
+@pytest.mark.slow
+def test_a_reply_with_server_tool_blocks_survives_a_kill_and_resume(
+    scripted: Callable[..., ScriptedServer], tmp_path: Path
+) -> None:
+    scenario = OrchestrationScenario(
+        subtasks=1, scout_command="touch scouting && sleep 60", web=looks_up
+    )
+    server = scripted(scenario)
+    flags = ("--base-url", server.url, "--main-web-tools", "WebSearch,WebFetch")
+    kill_run_when(lambda: (tmp_path / "scouting").exists(), "look it up", *flags, cwd=tmp_path)
+    (tmp_path / "scouting").unlink()
+    paused = server.log[0].reply
+    assert paused is not None and paused.content[0]["type"] == "server_tool_use"
+    since = len(server.log)
+    result = orchmode("resume", *flags, "--claim-lease", "2", cwd=tmp_path, env=base_env())
+    assert result.returncode == 0, result.stderr
+    first = server.log[since].body
+    replies = [m for m in first["messages"] if m["role"] == "assistant"]
+    assert replies[0] == {"role": "assistant", "content": paused.content}  # as it came
+    assert set(web_tools_of(first)) == {"web_search", "web_fetch"}
