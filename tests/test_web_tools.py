@@ -274,3 +274,48 @@ def test_a_reply_with_server_tool_blocks_survives_a_kill_and_resume(
     replies = [m for m in first["messages"] if m["role"] == "assistant"]
     assert replies[0] == {"role": "assistant", "content": paused.content}  # as it came
     assert set(web_tools_of(first)) == {"web_search", "web_fetch"}
+
+
+@pytest.mark.slow
+def test_the_run_lines_show_and_budget_say_the_uses_and_their_cost(
+    scripted: Callable[..., ScriptedServer], tmp_path: Path
+) -> None:
+    define(tmp_path, RESEARCHER, SEARCHER)
+    server = scripted(scenario())
+    config = tmp_path / "prices.toml"
+    config.write_text(
+        '[prices."claude-opus-5-5"]\n'
+        "input = 0\noutput = 0\ncache_write = 0\ncache_read = 0\nweb_search = 10\n"
+    )
+    flags = ("--base-url", server.url, "--config", str(config))
+    result = orchmode("run", "look it up", *flags, cwd=tmp_path, env=base_env())
+    assert result.returncode == 0, result.stderr
+    # each worker that used them says so, and so does the session's last line
+    assert "1 web search, 1 web fetch, $0.010" in result.stderr
+    assert "1 web search, $0.010" in result.stderr
+    assert "2 web searches, 1 web fetch · $0.02" in result.stderr
+    shown = orchmode("show", "--config", str(config), cwd=tmp_path, env=base_env())
+    assert shown.returncode == 0, shown.stderr
+    assert "2 web searches, 1 web fetch · $0.02" in shown.stdout
+    ledger = orchmode("budget", "--config", str(config), cwd=tmp_path, env=base_env())
+    assert ledger.returncode == 0, ledger.stderr
+    assert "$0.02" in ledger.stdout
+
+
+async def test_a_request_that_used_the_web_tools_says_so_in_its_trace(
+    serve: StartServer, work: Path
+) -> None:
+    from test_traces import named, traced_run
+
+    define(work, RESEARCHER, SEARCHER)
+    server = await serve(scenario())
+    spans, _ = await traced_run(server, work)
+    uses = sorted(
+        (
+            (s.attributes or {}).get("orchmode.web_search_requests"),
+            (s.attributes or {}).get("orchmode.web_fetch_requests"),
+        )
+        for s in named(spans, "chat ")
+        if "orchmode.web_search_requests" in (s.attributes or {})
+    )
+    assert uses == [(1, 0), (1, 1)]  # the searcher's first request, the researcher's
