@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import anthropic
 import pytest
@@ -15,8 +15,9 @@ from conftest import API_KEY, StartServer
 from orchmode.core.domains import Pattern
 from orchmode.core.events import TokenUsage
 from orchmode.core.pricing import ModelPrice
-from orchmode.core.web_tools import web_domains
-from orchmode.testing import ScriptedServer
+from orchmode.core.settings import Settings
+from orchmode.core.web_tools import WebDomains, web_domains, web_tool_notes, web_tool_schemas
+from orchmode.testing import Reply, ScriptedRequest, ScriptedServer
 from orchmode.testing.scenario import OrchestrationScenario, role_of
 from orchmode.testing.web import web_fetch, web_search
 from recorded_runs import base_env, kill_run_when, orchmode
@@ -64,8 +65,7 @@ def scenario(**extra: Any) -> OrchestrationScenario:
             {"prompt": "look it up", "agent": "researcher"},
             {"prompt": "search it", "agent": "searcher"},
         ],
-        web=looks_up,
-        **extra,
+        **{"web": looks_up, **extra},
     )
 
 
@@ -319,3 +319,56 @@ async def test_a_request_that_used_the_web_tools_says_so_in_its_trace(
         if "orchmode.web_search_requests" in (s.attributes or {})
     )
     assert uses == [(1, 0), (1, 1)]  # the searcher's first request, the researcher's
+
+
+async def test_a_turn_paused_after_a_search_is_sent_back_as_it_is_and_goes_on(
+    serve: StartServer, work: Path
+) -> None:
+    define(work, RESEARCHER, SEARCHER)
+    inner = scenario(web=None)
+    paused: list[Reply] = []
+
+    def responder(request: ScriptedRequest) -> Reply:
+        asked = request.messages[0]["content"] == "look it up"
+        if asked and len(request.messages) == 1:
+            paused.append(Reply(cast(Any, web_search("long")), stop_reason="pause_turn"))
+            return paused[-1]
+        return inner(request)
+
+    server = await serve(responder)
+    await run_turn(server, work)
+    bodies = [e.body for e in server.log if e.body["messages"][0]["content"] == "look it up"]
+    resent = bodies[1]["messages"]
+    assert [m["role"] for m in resent] == ["user", "assistant"]  # nothing added after it
+    kinds = [block["type"] for block in resent[1]["content"]]
+    assert kinds == ["server_tool_use", "web_search_tool_result"]
+    assert "[agent 2:" in str(server.log[-1].body["messages"])  # the researcher finished
+
+
+@pytest.mark.parametrize("provider", ["bedrock", "vertex"])
+def test_bedrock_and_vertex_are_sent_no_web_tools_and_it_is_said_once(provider: str) -> None:
+    settings = Settings(provider=provider)  # type: ignore[arg-type]
+    assert web_tool_schemas(settings, WebDomains()) == []
+    (note,) = web_tool_notes(settings, None)
+    assert note.startswith(f"{provider} does not offer Anthropic's web search")
+    anthropic_settings = Settings(network_deny=("evil.example",))
+    (search, fetch) = web_tool_schemas(anthropic_settings, web_domains([], patterns("x.org")))
+    assert search["name"] == "web_search" and fetch["name"] == "web_fetch"
+
+
+async def test_a_metered_session_reserves_the_searches_a_request_may_make(tmp_path: Path) -> None:
+    from orchmode.model.budget import SessionBudget
+    from orchmode.store import open_store
+
+    store = await open_store(f"sqlite:///{tmp_path / 'j.db'}")
+    free = ModelPrice(input=0, output=0, cache_write=0, cache_read=0, web_search=10)
+    settings = Settings(max_cost=1.0, prices={"claude-opus-5-5": free}, web_max_uses=7)
+    budget = SessionBudget(store, "s", settings)
+    tools = web_tool_schemas(settings, WebDomains())
+    try:
+        reservation = await budget.before_request("", [], tools, "claude-opus-5-5")
+        assert reservation is not None and reservation.cost == pytest.approx(7 * 10 / 1000)
+        plain = await budget.before_request("", [], [], "claude-opus-5-5")
+        assert plain is not None and plain.cost == 0
+    finally:
+        await store.close()
