@@ -372,3 +372,62 @@ async def test_a_metered_session_reserves_the_searches_a_request_may_make(tmp_pa
         assert plain is not None and plain.cost == 0
     finally:
         await store.close()
+
+
+async def test_the_scripted_server_streams_the_blocks_and_their_usage_as_the_sdk_reads_them(
+    serve: StartServer,
+) -> None:
+    def responder(request: ScriptedRequest) -> Reply:
+        blocks = [*web_search("q"), *web_fetch("https://a.org/"), {"type": "text", "text": "ok"}]
+        return Reply(cast(Any, blocks))
+
+    server = await serve(responder)
+    client = anthropic.AsyncAnthropic(api_key=API_KEY, base_url=server.url, max_retries=0)
+    tools: Any = [
+        {"type": "web_search_20250305", "name": "web_search", "blocked_domains": ["b.org"]},
+        {"type": "web_fetch_20250910", "name": "web_fetch", "max_uses": 2},
+    ]
+    ask: Any = {"model": "claude-opus-5-5", "max_tokens": 100, "tools": tools}
+    ask["messages"] = [{"role": "user", "content": "hi"}]
+    async with client.messages.stream(**ask) as stream:
+        streamed = await stream.get_final_message()
+    whole = await client.messages.create(**ask)
+    await client.close()
+    for message in (streamed, whole):
+        assert [b.type for b in message.content] == [
+            "server_tool_use",
+            "web_search_tool_result",
+            "server_tool_use",
+            "web_fetch_tool_result",
+            "text",
+        ]
+        uses = message.usage.server_tool_use
+        assert uses is not None and (uses.web_search_requests, uses.web_fetch_requests) == (1, 1)
+        assert message.stop_reason == "end_turn"
+    first, result = streamed.content[0], streamed.content[1]
+    assert first.type == "server_tool_use" and first.input == {"query": "q"}
+    assert result.type == "web_search_tool_result" and result.tool_use_id == first.id
+
+
+def test_a_role_gets_the_web_tools_only_by_naming_them() -> None:
+    from orchmode.core.agents import AgentDefinition
+
+    tools: list[Any] = [{"name": "bash"}, {"name": "report_findings"}]
+    web = web_tool_schemas(Settings(), WebDomains())
+
+    def offered(entries: tuple[str, ...] | None) -> list[str]:
+        role = AgentDefinition(
+            name="r",
+            description="d",
+            tools=entries,
+            model=None,
+            effort=None,
+            isolation=None,
+            instructions="",
+            path=Path("r.md"),
+        )
+        return [str(t["name"]) for t in role.offered([*tools, *web])]
+
+    assert offered(None) == ["bash", "report_findings"]  # every tool but the billed ones
+    assert offered(("Bash", "Web*")) == ["bash", "report_findings", "web_search", "web_fetch"]
+    assert offered(("webfetch",)) == ["report_findings", "web_fetch"]
