@@ -431,3 +431,16 @@ def test_a_role_gets_the_web_tools_only_by_naming_them() -> None:
     assert offered(None) == ["bash", "report_findings"]  # every tool but the billed ones
     assert offered(("Bash", "Web*")) == ["bash", "report_findings", "web_search", "web_fetch"]
     assert offered(("webfetch",)) == ["report_findings", "web_fetch"]
+
+
+async def test_an_agents_budget_holds_room_for_the_searches_a_request_may_make() -> None:
+    from orchmode.core.errors import AllowanceSpent
+    from orchmode.model.allowance import AgentLimits, Allowance
+
+    price = ModelPrice(input=0, output=1, cache_write=0, cache_read=0, web_search=10)
+    agent = Allowance(AgentLimits(usd=0.05), name="worker 1.1")
+    hold = await agent.reserve(100, 1000, price, searches=3)  # $0.03 of searches
+    assert hold.usd == pytest.approx(0.03 + 1000 / 1_000_000)
+    hold.settle(0, 0.0)
+    with pytest.raises(AllowanceSpent):  # 5 searches cost all of it: no room for output
+        await agent.reserve(100, 1000, price, searches=5)

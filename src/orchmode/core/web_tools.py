@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 from .domains import NamedDomain, Pattern, named_domains
 from .errors import ConfigError
@@ -143,9 +143,13 @@ def main_web_tool_names(settings: Settings) -> tuple[str, ...]:
     return tuple(dict.fromkeys(names))
 
 
-def is_web_tool(tool: ToolSchema) -> bool:
-    """Whether ``tool`` is one of the web tools (as :func:`web_tool_schemas` makes them)."""
-    return tool.get("type") == TOOL_TYPES.get(str(tool["name"]))
+def most_searches(tools: Sequence[Any]) -> int:
+    """The most web searches a request offering ``tools`` can make (each is billed)."""
+    return sum(
+        int(tool.get("max_uses") or 0)
+        for tool in tools
+        if isinstance(tool, dict) and str(tool.get("type", "")).startswith("web_search_")
+    )
 
 
 def _widened(name: NamedDomain) -> str:

@@ -19,6 +19,7 @@ from ..core.errors import BudgetExhausted as BudgetExhausted  # where callers ca
 from ..core.errors import OrchmodeError
 from ..core.events import TokenUsage
 from ..core.settings import Settings
+from ..core.web_tools import most_searches
 from ..store import BudgetCaps, BudgetState, Store
 from .context import estimate_tokens
 
@@ -82,7 +83,7 @@ class SessionBudget:
         price = self.settings.price(model, batched=batched)
         cost = price.worst_case(input_tokens, output_tokens, hour_writes=batched) if price else 0.0
         if price is not None:
-            cost += price.searches(_most_searches(tools))
+            cost += price.searches(most_searches(tools))
         reservation = Reservation(input_tokens + output_tokens, cost)
         if not await self.store.reserve(
             self.session, self.caps, subagents=0, tokens=reservation.tokens, cost=cost
@@ -194,12 +195,3 @@ def describe_budget(state: BudgetState, settings: Settings) -> str:
             cost += f" of ${settings.max_cost:.2f}"
         parts.append(f"{cost} spent")
     return "; ".join(parts)
-
-
-def _most_searches(tools: Sequence[Any]) -> int:
-    """The most web searches a request offering ``tools`` can make (each is billed)."""
-    return sum(
-        int(tool.get("max_uses") or 0)
-        for tool in tools
-        if isinstance(tool, dict) and str(tool.get("type", "")).startswith("web_search_")
-    )
