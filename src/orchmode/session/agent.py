@@ -133,8 +133,7 @@ class Conversation:
         self.shell = self._main_shell()
         self.window = Window.from_settings(settings)
         self.roles = parts.roles
-        #: Workflow (listing the roles), bash and the web tools ``main_web_tools`` names: the
-        #: same for the whole session.
+        #: Workflow (listing the roles), bash, the web tools asked for: the same all session.
         self.main_tools = main_tools(self.roles) + self._web_tools()
         self.meter = Meter([MAIN_SYSTEM, self.main_tools])
         #: The conversation's room in the window, kept the way every agent's is.
