@@ -444,3 +444,12 @@ async def test_an_agents_budget_holds_room_for_the_searches_a_request_may_make()
     hold.settle(0, 0.0)
     with pytest.raises(AllowanceSpent):  # 5 searches cost all of it: no room for output
         await agent.reserve(100, 1000, price, searches=5)
+
+
+async def test_a_bare_webfetch_deny_rule_withholds_web_fetch(
+    serve: StartServer, work: Path
+) -> None:
+    define(work, RESEARCHER, SEARCHER)
+    server = await serve(scenario())
+    await run_turn(server, work, permissions_deny=("WebFetch",))
+    assert set(web_tools_of(first_requests(server, "worker")["look it up"])) == {"web_search"}

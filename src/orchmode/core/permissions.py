@@ -237,6 +237,12 @@ class Rules:
             found += self._patterns("allow", remembered=True)
         return found
 
+    def fetching_withheld(self) -> bool:
+        """Whether a bare ``WebFetch`` deny or ask rule is in force: no domain is fetched
+        without asking, so the API's web fetch (which cannot ask) is not offered."""
+        every = self._domains_set
+        return any(r.value == "*" for r in (*every.deny, *every.ask))
+
     def domain_patterns(self, decision: Decision) -> list[Pattern]:
         """The domain patterns that ``decision`` holds for: ``network_<decision>`` and the
         ``WebFetch(domain:...)`` rules (for ``allow``, the ``--always`` answers too)."""

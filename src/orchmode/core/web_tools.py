@@ -11,7 +11,8 @@ the rules the sandbox's network follows (``network_allow`` / ``network_ask`` /
 - allow rules, where there are any, become their ``allowed_domains`` instead, since the API
   takes only one of the two lists: an allowed domain that a deny rule names, lies under or
   holds is left out, so a denied name is never reached;
-- no rules at all: the tools are offered without domain limits.
+- no rules at all: the tools are offered without domain limits;
+- a bare ``WebFetch`` deny or ask rule: web fetch is not offered at all.
 
 The API takes names, a name standing for itself and every name below it. A wildcard
 (``*.example.com``) is sent as ``example.com`` (so it covers ``example.com`` too), a
@@ -90,7 +91,10 @@ def session_web_tools(
     allow = rules.domain_patterns("allow")
     deny = [*rules.domain_patterns("deny"), *rules.domain_patterns("ask")]
     domains = web_domains(allow, deny)
-    return web_tool_schemas(settings, domains), domains
+    offered = web_tool_schemas(settings, domains)
+    if rules.fetching_withheld():
+        offered = [tool for tool in offered if tool["name"] != "web_fetch"]
+    return offered, domains
 
 
 def web_tool_schemas(settings: Settings, domains: WebDomains) -> list[ToolSchema]:
