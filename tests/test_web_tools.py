@@ -299,7 +299,8 @@ def test_the_run_lines_show_and_budget_say_the_uses_and_their_cost(
     assert "2 web searches, 1 web fetch · $0.02" in shown.stdout
     ledger = orchmode("budget", "--config", str(config), cwd=tmp_path, env=base_env())
     assert ledger.returncode == 0, ledger.stderr
-    assert "$0.02" in ledger.stdout
+    assert "cost       $0.02 spent" in ledger.stdout
+    assert "web        2 web searches ($0.0200), 1 web fetch" in ledger.stdout
 
 
 async def test_a_request_that_used_the_web_tools_says_so_in_its_trace(
