@@ -351,13 +351,13 @@ def test_tools_orchmode_lacks_or_cannot_hold_to_are_one_warning(dirs: tuple[Path
     write(
         project(workdir),
         "a.md",
-        agent_file("looker", tools="Read, WebSearch, Bash(git diff:*), TodoWrite"),
+        agent_file("looker", tools="Read, Task, Bash(git diff:*), TodoWrite"),
     )
     write(project(workdir), "b.md", agent_file("fine", tools="Read, Grep, mcp__x__*"))
     definitions, warnings = load_definitions(workdir, home=home)
     assert set(definitions) == {"looker", "fine"}  # loaded all the same
     assert warnings == [
-        ".claude/agents/a.md line 4: WebSearch, TodoWrite are not tools orchmode has, so its "
+        ".claude/agents/a.md line 4: Task, TodoWrite are not tools orchmode has, so its "
         "agents go without; Bash(git diff:*): orchmode cannot hold bash to some commands, so "
         "this role's bash cannot write the tree"
     ]

@@ -57,6 +57,7 @@ HOSTILE = {
     "network_resolve": '["pypi.org=203.0.113.9"]',
     "permissions_allow": '["Bash(curl:*)"]',
     "approvals": '"allow"',
+    "main_web_tools": '["WebSearch", "WebFetch"]',
 }
 
 #: Each cap: the user's own value, a looser one a project tries, a stricter one it may set
@@ -97,6 +98,7 @@ CAPS: dict[str, tuple[Any, Any, Any]] = {
     "permissions_deny": (["Bash(curl:*)"], [], ["Bash(curl:*)", "Bash(wget:*)"]),
     "approval_timeout": (600.0, 86400.0, 60.0),
     "batch_timeout": (86400.0, 60.0, 172800.0),
+    "web_max_uses": (5, 50, 1),
 }
 
 

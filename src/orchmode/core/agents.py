@@ -27,7 +27,9 @@ done with bash here, so they choose the role's shell:
   orchmode cannot hold a shell to some commands;
 - none of them: no bash at all.
 
-Any other name (``WebSearch``, ``Task``) is a tool orchmode does not have: a warning. Everything
+``WebSearch`` and ``WebFetch`` are Anthropic's server-side web tools (see
+:mod:`.web_tools`): a role is offered them only when its ``tools`` name them, since each
+search is billed. Any other name (``Task``) is a tool orchmode does not have: a warning. Everything
 here is pure apart from reading the files, so a session reads them once and its Workflow
 tool's description (see :func:`describe_roles`) stays the same for the whole session.
 """
@@ -48,6 +50,7 @@ import yaml
 from .errors import ConfigError
 from .pricing import model_id
 from .settings import Effort, Isolation, Settings
+from .web_tools import WEB_TOOLS
 from .wire import ToolSchema
 
 #: Where a project's and a user's definitions live, as in Claude Code.
@@ -64,6 +67,8 @@ TOOL_SEPARATOR = re.compile(r",(?![^(]*\))")
 WRITING_TOOLS = frozenset({"bash", "edit", "write", "multiedit", "notebookedit"})
 #: Claude Code's tools that only read files: here, bash that cannot write the tree.
 READING_TOOLS = frozenset({"read", "grep", "glob", "ls", "notebookread"})
+#: The API's web tools by their names there, to Claude Code's names for them (lower-cased).
+WEB_TOOL_NAMES = {api: claude for claude, api in WEB_TOOLS.items()}
 #: A Claude Code entry that allows some bash commands only: ``Bash(git diff:*)``.
 BASH_COMMANDS = re.compile(r"bash\(.*\)", re.IGNORECASE | re.DOTALL)
 
@@ -146,7 +151,12 @@ class AgentDefinition:
         Entries are shell patterns (``mcp__github__*``). orchmode's own tools are matched
         without regard to case, since Claude Code writes ``Bash`` for what orchmode calls
         ``bash``; MCP tools (``mcp__server__tool``) are their servers' names and match exactly.
+        The web tools (``web_search``) go by Claude Code's names (``WebSearch``) and only to a
+        role whose ``tools`` name them.
         """
+        if tool in WEB_TOOL_NAMES:
+            claude = WEB_TOOL_NAMES[tool]
+            return any(fnmatchcase(claude, entry.lower()) for entry in self.tools or ())
         if self.tools is None or tool == ALWAYS_ALLOWED:
             return True
         if tool.startswith("mcp__"):
@@ -159,7 +169,8 @@ def _known(entry: str) -> bool:
     lowered = entry.lower()
     if lowered == ALWAYS_ALLOWED or lowered.startswith("mcp__") or BASH_COMMANDS.fullmatch(lowered):
         return True
-    return any(fnmatchcase(tool, lowered) for tool in (*WRITING_TOOLS, *READING_TOOLS))
+    known = (*WRITING_TOOLS, *READING_TOOLS, *WEB_TOOLS)
+    return any(fnmatchcase(tool, lowered) for tool in known)
 
 
 class _Bad(Exception):

@@ -22,7 +22,15 @@ from dataclasses import dataclass, field
 from .settings import Settings
 from .verdicts import Verdict
 
-__all__ = ["PRESETS", "DomainRules", "Pattern", "normalise_host", "special_address"]
+__all__ = [
+    "PRESETS",
+    "DomainRules",
+    "NamedDomain",
+    "Pattern",
+    "named_domains",
+    "normalise_host",
+    "special_address",
+]
 
 #: Named sets of domains for common needs, written ``@name`` in a rule.
 PRESETS: Mapping[str, tuple[str, ...]] = {
@@ -273,3 +281,32 @@ class DomainRules:
                 if rule.exact and rule.name == name:
                     return rule.verdict("allow")
         return Verdict("deny")
+
+
+@dataclass(frozen=True)
+class NamedDomain:
+    """A pattern's domain name, for lists that take names only (the API's web tools)."""
+
+    #: The name in its normalised (IDNA, lower-case) form.
+    name: str
+    #: Written as a wildcard (``*.name``): the names below ``name``, not ``name`` itself.
+    wildcard: bool
+    written: str
+    source: str
+
+
+def named_domains(patterns: Iterable[Pattern]) -> tuple[list[NamedDomain], list[str]]:
+    """The domain names ``patterns`` stand for (presets opened), and a line per pattern that
+    names no domain: an address or a network, or one that cannot be read at all."""
+    names: list[NamedDomain] = []
+    problems: list[str] = []
+    for pattern in patterns:
+        for rule in _parse(pattern, problems):
+            name = rule.name or rule.suffix
+            if name is None:
+                problems.append(
+                    f"`{_shown(rule.written)}` in {_shown(rule.source)} is an address, not a name"
+                )
+                continue
+            names.append(NamedDomain(name, rule.suffix is not None, rule.written, rule.source))
+    return names, problems

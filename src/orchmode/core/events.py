@@ -59,6 +59,9 @@ class TokenUsage:
     cache_write_tokens: int = 0
     #: Of ``cache_write_tokens``, those written to be kept an hour (billed at a higher rate).
     cache_write_1h_tokens: int = 0
+    #: Uses of the API's server tools (``usage.server_tool_use``): searches are billed per use.
+    web_search_requests: int = 0
+    web_fetch_requests: int = 0
 
     def __add__(self, other: TokenUsage) -> TokenUsage:
         return TokenUsage(
@@ -67,6 +70,8 @@ class TokenUsage:
             self.cache_read_tokens + other.cache_read_tokens,
             self.cache_write_tokens + other.cache_write_tokens,
             self.cache_write_1h_tokens + other.cache_write_1h_tokens,
+            self.web_search_requests + other.web_search_requests,
+            self.web_fetch_requests + other.web_fetch_requests,
         )
 
     @property

@@ -289,8 +289,8 @@ class RunKnobs(Knobs):
     prices: dict[str, ModelPrice] = Field(
         default_factory=default_prices, json_schema_extra={"flag": False, "trust": "protected"}
     )
-    """Dollars per million tokens per model: input, output, cache_write, cache_read (defaults
-    for current models; in a TOML file only)."""
+    """Dollars per million tokens per model: input, output, cache_write, cache_read, and per
+    thousand web searches, web_search (defaults for current models; in a TOML file only)."""
 
 
 class ServiceKnobs(Knobs):
@@ -327,6 +327,13 @@ class ServiceKnobs(Knobs):
     """A directory of agent definitions (`*.md` in Claude Code's format) read besides
     `.claude/agents/` and `~/.claude/agents/`; on a name clash its own win. Relative to the
     working directory."""
+    main_web_tools: tuple[str, ...] = protected(())
+    """Anthropic's server-side web tools the main agent is offered, by Claude Code's names:
+    `WebSearch`, `WebFetch` (a role is offered those its `tools` name). They run on the
+    API's side, within the domains of `network_allow`/`network_deny` and the
+    `WebFetch(domain:...)` rules; each search is billed (see `prices`)."""
+    web_max_uses: int = cap(5, gt=0)
+    """Searches or fetches one model request may make with each web tool (`max_uses`)."""
     mcp_timeout: float = safe(120.0, gt=0)
     """Seconds one MCP tool call (or a server's start) may take."""
     otlp_endpoint: str | None = protected(None)

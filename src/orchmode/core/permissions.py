@@ -36,7 +36,7 @@ from .trust import real_directory
 from .verdicts import Decision, Verdict
 
 if TYPE_CHECKING:
-    from .domains import DomainRules
+    from .domains import DomainRules, Pattern
 
 __all__ = [
     "RULES_FILE",
@@ -236,6 +236,17 @@ class Rules:
         if decision == "allow":
             found += self._patterns("allow", remembered=True)
         return found
+
+    def fetching_withheld(self) -> bool:
+        """Whether a bare ``WebFetch`` deny or ask rule is in force: no domain is fetched
+        without asking, so the API's web fetch (which cannot ask) is not offered."""
+        every = self._domains_set
+        return any(r.value == "*" for r in (*every.deny, *every.ask))
+
+    def domain_patterns(self, decision: Decision) -> list[Pattern]:
+        """The domain patterns that ``decision`` holds for: ``network_<decision>`` and the
+        ``WebFetch(domain:...)`` rules (for ``allow``, the ``--always`` answers too)."""
+        return self._patterns(decision)
 
     def _domains(self) -> DomainRules:
         from .domains import DomainRules

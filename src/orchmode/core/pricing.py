@@ -2,8 +2,10 @@
 
 The price defaults are Anthropic's published list prices for current models (5-minute
 cache writes), in US dollars per million tokens; a different or newer price goes in
-``orchmode.toml`` under ``[prices."model-id"]``. Context windows are in tokens; the
-``context_window`` setting overrides the table for the model in use.
+``orchmode.toml`` under ``[prices."model-id"]``. Web search is billed per use besides the
+tokens (``web_search``, dollars per thousand searches); web fetch only by its tokens.
+Context windows are in tokens; the ``context_window`` setting overrides the table for the
+model in use.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from .events import TokenUsage
 
 #: What a batched request costs against the same request sent interactively.
 BATCH_SHARE = 0.5
+#: Anthropic's list price of a thousand web searches, in dollars.
+WEB_SEARCH_PER_THOUSAND = 10.0
 
 
 class ModelPrice(BaseModel):
@@ -26,6 +30,8 @@ class ModelPrice(BaseModel):
     #: Writes kept in the cache for an hour (``ttl: "1h"``, as a batched request's prefix
     #: is); default: twice ``input``, the API's rate.
     cache_write_1h: float | None = Field(default=None, ge=0)
+    #: Dollars per thousand web searches (the server tool ``web_search``), at every model.
+    web_search: float = Field(default=WEB_SEARCH_PER_THOUSAND, ge=0)
 
     @property
     def hour_write(self) -> float:
@@ -40,7 +46,11 @@ class ModelPrice(BaseModel):
             + (usage.cache_write_tokens - hour) * self.cache_write
             + hour * self.hour_write
             + usage.cache_read_tokens * self.cache_read
-        ) / 1_000_000
+        ) / 1_000_000 + self.searches(usage.web_search_requests)
+
+    def searches(self, count: int) -> float:
+        """Dollars for ``count`` web searches: billed per use, whatever their tokens."""
+        return count * self.web_search / 1000
 
     def batched(self) -> ModelPrice:
         """The price of a request sent through the Message Batches API: half of every rate,
@@ -51,6 +61,7 @@ class ModelPrice(BaseModel):
             cache_write=self.cache_write * BATCH_SHARE,
             cache_read=self.cache_read * BATCH_SHARE,
             cache_write_1h=self.hour_write * BATCH_SHARE,
+            web_search=self.web_search,  # billed per use, batched or not
         )
 
     def worst_case(

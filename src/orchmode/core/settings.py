@@ -67,6 +67,7 @@ class Settings(ServiceKnobs, RunKnobs, FanoutKnobs, ShellKnobs, ModelRequestKnob
         "permissions_allow",
         "permissions_ask",
         "permissions_deny",
+        "main_web_tools",
         mode="before",
     )
     @classmethod

@@ -26,6 +26,8 @@ from ..core.results import AgentResult, Status
 from ..core.schemas import typed_tools
 from ..core.secrets import Masker, Secrets
 from ..core.settings import Settings
+from ..core.web_tools import session_web_tools
+from ..core.wire import ToolSchema
 from ..model.allowance import allowance_here, running
 from ..model.budget import BudgetExhausted
 from ..model.context import Window
@@ -260,9 +262,13 @@ class AgentHost:
     _housekeeping: Background = field(default_factory=Background, repr=False)
     #: Shells started ahead for the agents to come (see :mod:`.pool`).
     pool: SandboxPool = field(init=False, repr=False)
+    #: The API's web tools, for the roles whose ``tools`` name them.
+    web_tools: list[ToolSchema] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.pool = SandboxPool(self.settings.max_concurrent, self._spawn_gate, self._discard_ready)
+        rules = self.permits.rules if self.permits is not None else None
+        self.web_tools, _ = session_web_tools(self.settings, rules)
 
     async def run(self, job: Job, events: EventBus) -> AgentResult:
         """The job's result; any failure but a rejected credential becomes an error result.
@@ -346,7 +352,7 @@ class AgentHost:
         if nesting is not None:  # offered Workflow (a worker may fan out through it)
             tools = [nesting.tool, *tools]
         if job.agent is not None:
-            tools = job.agent.offered(tools)
+            tools = job.agent.offered([*tools, *self.web_tools])
         choice = ModelChoice.of(self.settings, job.role, job.agent)
         window = Window.from_settings(self.settings, choice.model)
         turns = self.settings.subagent_turns

@@ -167,6 +167,7 @@ class Allowance:
         price: ModelPrice | None = None,
         *,
         hour_writes: bool = False,
+        searches: int = 0,
     ) -> Hold:
         """Reserve a request of ``input_tokens`` (estimated high) and up to ``output_tokens``
         on every level, or raise :class:`AllowanceSpent`.
@@ -174,22 +175,28 @@ class Allowance:
         Where a level lacks room while other requests under it are in flight, this waits
         for one of them to settle (they may give room back) and looks again; where nothing
         is in flight, the output is cut to the room there is, and under
-        :data:`MIN_OUTPUT` the budget is spent."""
+        :data:`MIN_OUTPUT` the budget is spent. ``searches``: the most web searches the
+        request may make, each billed."""
         while True:
-            taken = self._try(input_tokens, output_tokens, price, hour_writes)
+            taken = self._try(input_tokens, output_tokens, price, hour_writes, searches)
             if isinstance(taken, Hold):
                 return taken
             await taken.settled()
 
     def _try(
-        self, input_tokens: int, output_tokens: int, price: ModelPrice | None, hour_writes: bool
+        self,
+        input_tokens: int,
+        output_tokens: int,
+        price: ModelPrice | None,
+        hour_writes: bool,
+        searches: int = 0,
     ) -> Hold | Allowance:
         """The hold, or the level to wait on: checked and reserved with no ``await`` between,
         so no other request can take the same room."""
         output = output_tokens
         floor = min(MIN_OUTPUT, output_tokens)
         for level in self.chain():
-            for measure, room in level._rooms(input_tokens, price, hour_writes).items():
+            for measure, room in level._rooms(input_tokens, price, hour_writes, searches).items():
                 if room >= output:
                     continue
                 if level.in_flight:
@@ -197,7 +204,12 @@ class Allowance:
                 if room < floor:
                     raise level._spent(self, measure)
                 output = room
-        usd = price.worst_case(input_tokens, output, hour_writes=hour_writes) if price else 0.0
+        usd = (
+            price.worst_case(input_tokens, output, hour_writes=hour_writes)
+            + price.searches(searches)
+            if price
+            else 0.0
+        )
         hold = Hold(tuple(self.chain()), input_tokens + output, usd, output, output < output_tokens)
         for level in hold.levels:
             level.reserved_tokens += hold.tokens
@@ -219,15 +231,17 @@ class Allowance:
             self._settled = None
 
     def _rooms(
-        self, input_tokens: int, price: ModelPrice | None, hour_writes: bool
+        self, input_tokens: int, price: ModelPrice | None, hour_writes: bool, searches: int = 0
     ) -> dict[str, int]:
-        """The most output this level can pay for after the input, by what it limits."""
+        """The most output this level can pay for after the input (and the searches), by
+        what it limits."""
         rooms: dict[str, int] = {}
         if self.tokens_left is not None:
             rooms["tokens"] = self.tokens_left - input_tokens
         usd_left = self.usd_left
         if usd_left is not None and price is not None and price.output > 0:
             input_cost = price.worst_case(input_tokens, 0, hour_writes=hour_writes)
+            input_cost += price.searches(searches)
             # a token under the exact figure, so the worst case never rounds past the limit
             rooms["usd"] = math.floor((usd_left - input_cost) * 1_000_000 / price.output) - 1
         return rooms

@@ -19,6 +19,7 @@ from ..core.errors import BudgetExhausted as BudgetExhausted  # where callers ca
 from ..core.errors import OrchmodeError
 from ..core.events import TokenUsage
 from ..core.settings import Settings
+from ..core.web_tools import most_searches
 from ..store import BudgetCaps, BudgetState, Store
 from .context import estimate_tokens
 
@@ -81,6 +82,8 @@ class SessionBudget:
         output_tokens = output_tokens or self.settings.max_tokens
         price = self.settings.price(model, batched=batched)
         cost = price.worst_case(input_tokens, output_tokens, hour_writes=batched) if price else 0.0
+        if price is not None:
+            cost += price.searches(most_searches(tools))
         reservation = Reservation(input_tokens + output_tokens, cost)
         if not await self.store.reserve(
             self.session, self.caps, subagents=0, tokens=reservation.tokens, cost=cost

@@ -33,6 +33,7 @@ from ..core.events import (
     TokenUsage,
 )
 from ..core.settings import Settings
+from ..core.web_tools import most_searches
 from ..core.wire import ContextEdit, Message, ToolSchema
 from .allowance import ALLOWANCE, Hold
 from .batches import BatchDesk
@@ -227,6 +228,7 @@ class ModelGateway:
                 self.settings.max_tokens,
                 self.settings.price(choice.model, batched=choice.batched),
                 hour_writes=choice.batched,
+                searches=most_searches(tools),
             )
         if self.budget is None:
             return hold, None

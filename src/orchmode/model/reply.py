@@ -165,6 +165,11 @@ class ReplyBuilder:
         hour = getattr(getattr(usage, "cache_creation", None), _HOUR_WRITES, None)
         if isinstance(hour, int):
             self.usage[_HOUR_WRITES] = hour
+        server = getattr(usage, "server_tool_use", None)
+        for field_name in _SERVER_USES:
+            value = getattr(server, field_name, None)
+            if isinstance(value, int):
+                self.usage[field_name] = value
 
     def missing(self) -> str | None:
         """What the stream lacked to be a whole response, in the API's own terms; None when
@@ -191,6 +196,8 @@ class ReplyBuilder:
             cache_read_tokens=self.usage.get("cache_read_input_tokens", 0),
             cache_write_tokens=self.usage.get("cache_creation_input_tokens", 0),
             cache_write_1h_tokens=self.usage.get(_HOUR_WRITES, 0),
+            web_search_requests=self.usage.get("web_search_requests", 0),
+            web_fetch_requests=self.usage.get("web_fetch_requests", 0),
         )
         return ModelReply(
             self.message_id,
@@ -221,6 +228,8 @@ def reply_of_message(message: Any) -> ModelReply:
     hour = (usage.get("cache_creation") or {}).get(_HOUR_WRITES)
     if isinstance(hour, int):
         builder.usage[_HOUR_WRITES] = hour
+    server = usage.get("server_tool_use") or {}
+    builder.usage.update({n: server[n] for n in _SERVER_USES if isinstance(server.get(n), int)})
     content = message.get("content") or []
     builder.blocks = {i: dict(block) for i, block in enumerate(content) if isinstance(block, dict)}
     return builder.reply()
@@ -232,6 +241,8 @@ _USAGE = (
     "cache_read_input_tokens",
     "cache_creation_input_tokens",
 )
+#: The server tools' uses (``usage.server_tool_use``): a web search is billed per use.
+_SERVER_USES = ("web_search_requests", "web_fetch_requests")
 #: Of the cache writes (``usage.cache_creation``), those kept an hour.
 _HOUR_WRITES = "ephemeral_1h_input_tokens"
 

@@ -16,6 +16,20 @@ from .batches import saved_by_batching
 from .codec import parse_row
 
 
+def web_uses(usage: TokenUsage) -> str:
+    """``2 web searches, 1 web fetch``: the API's web tools used (a search is billed per
+    use); "" when none was."""
+    parts = [
+        f"{count:,} web {noun}{'' if count == 1 else plural}"
+        for count, noun, plural in (
+            (usage.web_search_requests, "search", "es"),
+            (usage.web_fetch_requests, "fetch", "es"),
+        )
+        if count
+    ]
+    return ", ".join(parts)
+
+
 @dataclass(frozen=True)
 class RequestTotals:
     """Model requests and what they used: tokens by kind, and dollars at the settings' prices."""
@@ -69,11 +83,12 @@ class RequestTotals:
         )
 
     def describe(self) -> str:
-        """One line: requests, input with its cached share, output, dollars."""
+        """One line: requests, input with its cached share, output, web tool uses, dollars."""
+        web = web_uses(self.usage)
         return (
             f"{self.requests} model requests · {self.usage.total_input:,} input tokens "
             f"({self.usage.cache_hit:.0%} read from cache) · "
-            f"{self.usage.output_tokens:,} output · ${self.cost:.2f}"
+            f"{self.usage.output_tokens:,} output · {web + ' · ' if web else ''}${self.cost:.2f}"
         )
 
 

@@ -29,6 +29,7 @@ from ..core.prompts import (
     turn_limit_note,
 )
 from ..core.settings import Settings
+from ..core.web_tools import main_web_tool_names, session_web_tools
 from ..core.wire import (
     Message,
     ToolResultBlock,
@@ -132,8 +133,8 @@ class Conversation:
         self.shell = self._main_shell()
         self.window = Window.from_settings(settings)
         self.roles = parts.roles
-        #: Workflow (listing the roles) and bash: the same for the whole session.
-        self.main_tools = main_tools(self.roles)
+        #: Workflow (listing the roles), bash, the web tools asked for: the same all session.
+        self.main_tools = main_tools(self.roles) + self._web_tools()
         self.meter = Meter([MAIN_SYSTEM, self.main_tools])
         #: The conversation's room in the window, kept the way every agent's is.
         self.room = Room(
@@ -154,6 +155,15 @@ class Conversation:
             settings, self.gateway, self.budget, self.events, self.executor,
             results=self.results, trees=self.trees, mcp=self.mcp, roles=self.roles,
         )  # fmt: skip
+
+    def _web_tools(self) -> list[ToolSchema]:
+        """The API's web tools that ``main_web_tools`` asks for, limited by the rules."""
+        wanted = main_web_tool_names(self.settings)
+        if not wanted:
+            return []
+        rules = self.permits.rules if self.permits is not None else None
+        offered, _ = session_web_tools(self.settings, rules)
+        return [tool for tool in offered if tool["name"] in wanted]
 
     def _main_shell(self) -> BashSession:
         """The main agent's shell: its connections said as events, its commands asked of

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from ..core.errors import OrchmodeError
 from ..core.settings import Settings
 from ..model.budget import describe_budget
-from ..records.totals import SessionTotals, session_totals
+from ..records.totals import SessionTotals, session_totals, web_uses
 from ..store import BudgetState, Store
 
 
@@ -31,6 +31,20 @@ class BudgetReport:
         """One line: ``12 of 500 subagents launched; 120,340 tokens; $0.84 spent``."""
         return describe_budget(self.ledger, self.settings)
 
+    def describe_web(self) -> str:
+        """``2 web searches ($0.0200), 1 web fetch``: the API's web tools used, with what
+        the searches cost at each answering model's price; "" when none was used."""
+        usage = self.used.all.usage
+        uses = web_uses(usage)
+        if not uses or not usage.web_search_requests:
+            return uses
+        dollars = 0.0
+        for model, part in self.used.by_model.items():
+            price = self.settings.price(model or None)
+            dollars += price.searches(part.usage.web_search_requests) if price else 0.0
+        searches, _, rest = uses.partition(", ")
+        return f"{searches} (${dollars:.4f})" + (f", {rest}" if rest else "")
+
     def lines(self) -> list[str]:
         """The whole report, a line a quantity, as ``orchmode budget`` prints it."""
         state, s = self.ledger, self.settings
@@ -50,6 +64,8 @@ class BudgetReport:
             lines.append(f"models     {models}")
         if batched := self.used.all.describe_batched():
             lines.append(f"batched    {batched}")
+        if web := self.describe_web():
+            lines.append(f"web        {web}")
         lines.append(f"cache      {self.used.describe_cache()}")
         return lines
 

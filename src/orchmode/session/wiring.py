@@ -27,6 +27,7 @@ from ..core.events import EventBus
 from ..core.permissions import Rules
 from ..core.secrets import Secrets, committed_secrets_warning
 from ..core.settings import Settings
+from ..core.web_tools import TOOL_TYPES, main_web_tool_names, web_tool_notes
 from ..executors import Executor, check_executor, open_executor
 from ..executors.approvals import Approvals
 from ..executors.host import AgentHost, ShellFactory
@@ -178,6 +179,10 @@ def _checked(
     if rules is None:
         rules, rule_warnings = Rules.load(settings, where, os.environ)
         warnings += rule_warnings
+    if main_web_tool_names(settings) or any(
+        role.allows(name) for role in roles.values() for name in TOOL_TYPES
+    ):
+        warnings += web_tool_notes(settings, rules)
     if secrets.in_git:
         warnings.append(committed_secrets_warning(secrets.in_git))
     for warning in warnings:

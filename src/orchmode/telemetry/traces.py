@@ -305,6 +305,9 @@ class Traces:
             span.set_attribute("orchmode.batch.id", batch_id)
         if event.retries:
             span.set_attribute("orchmode.retries", event.retries)
+        if usage.web_search_requests or usage.web_fetch_requests:  # a search is billed per use
+            span.set_attribute("orchmode.web_search_requests", usage.web_search_requests)
+            span.set_attribute("orchmode.web_fetch_requests", usage.web_fetch_requests)
         if event.cache_miss:
             span.set_attribute("orchmode.cache_miss", event.cache_miss)
         self._add_retries(span, event.agent)

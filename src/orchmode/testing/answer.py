@@ -17,7 +17,13 @@ from typing_extensions import TypedDict
 
 from ..core.wire import TextBlock, ThinkingBlock
 from .cache import CacheUsage, Diagnostics
-from .replies import ContextManagementReply, Reply, ScriptedBlock, ScriptedToolUse
+from .replies import (
+    ContextManagementReply,
+    Reply,
+    ScriptedBlock,
+    ScriptedServerToolUse,
+    ScriptedToolUse,
+)
 
 
 class CountedTokens(TypedDict):
@@ -32,6 +38,13 @@ class CacheCreation(TypedDict):
     ephemeral_1h_input_tokens: int
 
 
+class ServerToolUse(TypedDict):
+    """``usage.server_tool_use``: the reply's searches and fetches (a search is billed)."""
+
+    web_search_requests: int
+    web_fetch_requests: int
+
+
 class Usage(TypedDict):
     """A message's ``usage`` as ``message_start`` and the non-streaming body carry it."""
 
@@ -41,6 +54,7 @@ class Usage(TypedDict):
     cache_creation: CacheCreation
     output_tokens: int
     service_tier: str
+    server_tool_use: NotRequired[ServerToolUse]
 
 
 class DeltaUsage(TypedDict):
@@ -50,6 +64,7 @@ class DeltaUsage(TypedDict):
     cache_creation_input_tokens: int
     cache_read_input_tokens: int
     output_tokens: int
+    server_tool_use: NotRequired[ServerToolUse]
 
 
 class RefusalDetails(TypedDict):
@@ -228,6 +243,16 @@ class _Answer:
             "context_management": copy.deepcopy(self.context_management),
         }
 
+    def server_tool_use(self) -> ServerToolUse | None:
+        """The reply's server tool uses, counted as the API counts them; None with none."""
+        names = [b.get("name") for b in self.reply.content if b["type"] == "server_tool_use"]
+        if not names:
+            return None
+        return {
+            "web_search_requests": names.count("web_search"),
+            "web_fetch_requests": names.count("web_fetch"),
+        }
+
     def message(self) -> MessageBody:
         """The non-streaming ``Message`` body."""
         assert self.reply.output_tokens is not None and self.reply.stop_reason is not None
@@ -240,6 +265,9 @@ class _Answer:
             **_stop_fields(self.reply.stop_reason),
             "usage": _usage(self.cache, self.reply.output_tokens),
         }
+        uses = self.server_tool_use()
+        if uses is not None:
+            body["usage"]["server_tool_use"] = uses
         if self.diagnostics is not None:
             body["diagnostics"] = self.diagnostics
         if self.context_management is not None:
@@ -273,6 +301,9 @@ class _Answer:
             "cache_read_input_tokens": self.cache.cache_read_input_tokens,
             "output_tokens": self.reply.output_tokens,
         }
+        uses = self.server_tool_use()
+        if uses is not None:
+            usage["server_tool_use"] = uses
         delta: MessageDelta = {
             "type": "message_delta",
             "delta": _stop_fields(self.reply.stop_reason),
@@ -310,6 +341,15 @@ def _block_events(
         deltas = [
             delta({"type": "input_json_delta", "partial_json": c}) for c in _chunks(encoded, size)
         ]
+    elif block["type"] == "server_tool_use":
+        # The API streams a server tool's input as a tool call's, from an empty one.
+        opening = ScriptedServerToolUse(
+            type="server_tool_use", id=block["id"], name=block["name"], input={}
+        )
+        encoded = json.dumps(block["input"], ensure_ascii=False)
+        deltas = [delta({"type": "input_json_delta", "partial_json": encoded})]
+    elif block["type"] != "thinking":
+        opening, deltas = block, []  # a server tool's result comes whole, with no deltas
     else:
         opening = ThinkingBlock(type="thinking", thinking="", signature="")
         deltas = [

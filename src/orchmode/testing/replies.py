@@ -13,7 +13,7 @@ import secrets
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal, Required, TypeAlias, TypedDict, get_args
+from typing import Any, Literal, Required, TypeAlias, TypedDict, cast, get_args
 
 from ..core.events import TokenUsage
 from ..core.wire import (
@@ -57,7 +57,9 @@ FaultKind = Literal["overloaded", "rate_limit", "server_error", "drop", "sse_err
 
 _STOP_REASONS = frozenset(get_args(StopReason))
 _FAULT_KINDS = frozenset(get_args(FaultKind))
-_BLOCK_TYPES = frozenset({"text", "tool_use", "thinking"})
+#: A server tool's result blocks, which a scripted reply may hold after its ``server_tool_use``.
+_SERVER_RESULTS = frozenset({"web_search_tool_result", "web_fetch_tool_result"})
+_BLOCK_TYPES = frozenset({"text", "tool_use", "thinking", "server_tool_use", *_SERVER_RESULTS})
 
 
 def _new_id(prefix: str) -> str:
@@ -73,8 +75,28 @@ class ScriptedToolUse(TypedDict, total=False):
     input: Required[ToolInput]
 
 
+class ScriptedServerToolUse(TypedDict, total=False):
+    """A scripted use of a server tool (``web_search``): its ``id`` is made up when absent."""
+
+    type: Required[Literal["server_tool_use"]]
+    id: str
+    name: Required[str]
+    input: Required[ToolInput]
+
+
+class ScriptedServerResult(TypedDict, total=False):
+    """A server tool's result: ``tool_use_id`` is the ``server_tool_use`` before it, when the
+    script gives none."""
+
+    type: Required[Literal["web_search_tool_result", "web_fetch_tool_result"]]
+    tool_use_id: str
+    content: Required[Any]
+
+
 #: A block a scripted reply holds (a thinking block's ``signature`` is made up if absent).
-ScriptedBlock: TypeAlias = TextBlock | ScriptedToolUse | ThinkingBlock
+ScriptedBlock: TypeAlias = (
+    TextBlock | ScriptedToolUse | ThinkingBlock | ScriptedServerToolUse | ScriptedServerResult
+)
 
 
 #: A response's ``context_management``: its one key, ``applied_edits``, lists the context
@@ -111,6 +133,16 @@ class Reply:
                 raise ValueError(f"Reply.content[{i}]: tool_use needs str 'name', dict 'input'")
             if kind == "thinking" and not isinstance(block.get("thinking"), str):
                 raise ValueError(f"Reply.content[{i}]: thinking block needs a str 'thinking'")
+            if kind == "server_tool_use" and (
+                block.get("name") not in ("web_search", "web_fetch")
+                or not isinstance(block.get("input"), dict)
+            ):
+                raise ValueError(
+                    f"Reply.content[{i}]: server_tool_use needs name web_search or web_fetch "
+                    "and a dict 'input'"
+                )
+            if kind in _SERVER_RESULTS and "content" not in block:
+                raise ValueError(f"Reply.content[{i}]: {kind} needs its 'content'")
         if self.stop_reason is not None and self.stop_reason not in _STOP_REASONS:
             raise ValueError(f"Reply.stop_reason must be one of {sorted(_STOP_REASONS)}")
 
@@ -147,12 +179,19 @@ class Reply:
     def finalised(self) -> Reply:
         """A deep copy with tool_use ids, stop reason and output tokens filled in."""
         content: list[ScriptedBlock] = []
+        server_id = ""
         for block in copy.deepcopy(self.content):
             if block["type"] == "tool_use":
                 tool_id = block.pop("id", None) or _new_id("toolu")
                 block = {"type": "tool_use", "id": tool_id, **block}
             elif block["type"] == "thinking":
                 block.setdefault("signature", _new_id("sig"))
+            elif block["type"] == "server_tool_use":
+                server_id = str(block.pop("id", "")) or _new_id("srvtoolu")
+                block = {"type": "server_tool_use", "id": server_id, **block}
+            elif block["type"] in _SERVER_RESULTS:
+                used = block.get("tool_use_id") or server_id
+                block = cast(ScriptedBlock, {"type": block["type"], **block, "tool_use_id": used})
             content.append(block)
         tokens = self.output_tokens
         if tokens is None:

@@ -31,8 +31,9 @@ from typing import Any
 
 from ..core.mode import Notice
 from ..core.prompts import NOTICES, RESOLVE_MARKER, VERIFY_MARKER
-from ..core.wire import JsonSchema, Message, ToolInput
+from ..core.wire import ApiObject, JsonSchema, Message, ToolInput
 from .replies import Reply, ScriptedBlock, ScriptedRequest
+from .web import with_web
 
 
 def text(value: str, **kwargs: Any) -> Reply:
@@ -437,6 +438,10 @@ class OrchestrationScenario:
     nested_input: ToolInput = field(default_factory=dict)
     #: a worker asked to fan out calls Workflow even when it is not offered the tool
     fan_out_regardless: bool = False
+    #: a worker (or the main agent) offered the API's web tools opens its first reply with
+    #: these blocks, made from its first message (a ``server_tool_use`` and its result: see
+    #: :mod:`.web`); only those of the tools it is offered are sent
+    web: Callable[[str], list[ApiObject]] | None = None
     stats: dict[str, int] = field(default_factory=dict)
 
     def subtask_list(self) -> list[Any]:
@@ -453,6 +458,8 @@ class OrchestrationScenario:
             "worker": self.worker,
         }[role]
         reply = answer(request)
+        if role in ("main", "worker") and self.web is not None:
+            reply = with_web(reply, request, self.web(first_user_text(request)))
         self.stats[role] = self.stats.get(role, 0) + 1
         reply.delay = max(reply.delay, self.delay)
         return reply

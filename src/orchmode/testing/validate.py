@@ -25,6 +25,7 @@ from anthropic.types.content_block_param import ContentBlockParam
 
 from ..core.wire import MessagesRequest, UncheckedJson
 from .cache import ClearToolUses
+from .web import InvalidWebTool, check_web_tool, web_tool_name
 
 __all__ = [
     "CONTEXT_MANAGEMENT_BETA",
@@ -210,6 +211,11 @@ def _check_tools(tools: object) -> None:
                 raise _fail(f"tools.{i}.custom.input_schema: Field required")
             if not isinstance(tool["input_schema"], dict):
                 raise _fail(f"tools.{i}.custom.input_schema: Input should be a valid dictionary")
+        if web_tool_name(tool.get("type")) is not None:
+            try:
+                check_web_tool(tool, f"tools.{i}")
+            except InvalidWebTool as exc:
+                raise _fail(str(exc)) from None
         if name in names:
             raise _fail(f"tools: Tool names must be unique (duplicate: {name!r})")
         names.add(name)

@@ -50,7 +50,7 @@ from ..records.agent_tree import CostRollUp
 from ..records.batches import BatchLog
 from ..records.history import Resolving
 from ..records.network import NetworkLog, connection_text, hint, question_text
-from ..records.totals import SessionTotals
+from ..records.totals import SessionTotals, web_uses
 from ..records.wording import compaction_text, condensed_text, seconds
 from .escape import visible, visible_event
 from .live_calls import (
@@ -533,9 +533,11 @@ class LiveView:
         if total.batched:
             budget = f" · {total.batched} batched, ${total.saved:.2f} saved" + budget
         models = visible(self.totals.describe_models())  # the names the API answered with
+        web = web_uses(total.usage)
         return Text(
             f"session · {total.requests} requests · {_tokens(total.usage):,} tokens · "
-            f"{total.usage.cache_hit:.0%} cache hit · ${total.cost:.2f} · {elapsed:.1f} s"
+            f"{total.usage.cache_hit:.0%} cache hit · {web + ' · ' if web else ''}"
+            f"${total.cost:.2f} · {elapsed:.1f} s"
             f"{budget}" + (f"\nmodels · {models}" if models else ""),
             style="bold",
         )

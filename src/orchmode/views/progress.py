@@ -36,6 +36,7 @@ from ..records.agent_tree import CostRollUp
 from ..records.batches import BatchLog
 from ..records.history import Resolving
 from ..records.network import hint, question_text
+from ..records.totals import web_uses
 from ..records.wording import change_fate, compaction_text, condensed_text, seconds, status_words
 from .escape import visible_event
 
@@ -62,9 +63,10 @@ def _one_line(text: str, width: int = 100) -> str:
 
 
 def _usage(usage: TokenUsage, cost: float) -> str:
+    web = web_uses(usage)
     return (
         f"{usage.total_input + usage.output_tokens:,} tokens, "
-        f"{usage.cache_hit:.0%} of input cached, ${cost:.3f}"
+        f"{usage.cache_hit:.0%} of input cached, {web + ', ' if web else ''}${cost:.3f}"
     )
 
 

@@ -15,6 +15,7 @@ from ..records.batches import BatchLog
 from ..records.history import STATE_LABELS, AgentRecord, Fanout, SessionHistory, Turn
 from ..records.network import NetworkLog, connection_text, question_text, size
 from ..records.steps import Command, Compaction, CondensedResult
+from ..records.totals import web_uses
 from .escape import visible
 from .formatting import clip, money, plural, seconds, when
 from .progress import CHANGE_STYLES
@@ -280,7 +281,8 @@ def totals_text(history: SessionHistory) -> str:
     return (
         f"{plural(total.requests, 'model request')} · {total.usage.total_input:,} input tokens "
         f"({total.usage.cache_hit:.0%} read from cache) · {total.usage.output_tokens:,} output "
-        f"· {money(total.cost)} · {plural(len(history.agents), 'agent')} · "
+        f"· {web + ' · ' if (web := web_uses(total.usage)) else ''}"
+        f"{money(total.cost)} · {plural(len(history.agents), 'agent')} · "
         f"{seconds(history.elapsed)} elapsed"
     )
 
