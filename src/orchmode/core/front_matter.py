@@ -116,18 +116,15 @@ def _is_comment(line: str) -> bool:
 
 
 def _items(lines: list[tuple[int, str]]) -> list[str]:
-    """``- item`` lines as a list; a more-indented line continues the item above it."""
+    """``- item`` lines as a list (the first filled line is one); a line that is no item
+    continues the item above it."""
     items: list[str] = []
-    for number, line in lines:
+    for _, line in lines:
         stripped = line.strip()
-        if not stripped:
-            continue
         if stripped == "-" or stripped.startswith("- "):
             items.append(stripped[1:].strip())
-        elif items:
+        elif stripped:
             items[-1] = f"{items[-1]} {stripped}"
-        else:
-            raise LineError(number, "a list item must start with '- '")
     return [_unquoted(item) for item in items if item]
 
 
