@@ -14,7 +14,11 @@ Definitions are read from three directories, each only its ``*.md`` files direct
 3. ``agents_dir`` when set, since the user named it for this run.
 
 Bad files are normal (other tools write these directories too): each one is a one-line
-warning naming the file and the line, and is skipped; the others still load.
+warning naming the file and the line, and is skipped; the others still load. Front matter
+that YAML refuses is no bad file by itself: collections written for Claude Code hold
+one-line descriptions such as ``Triggers on: 'x'``, which YAML reads as a mapping. It is
+read again by its ``key: value`` lines (:mod:`.front_matter`), with a warning that says so,
+and only if that reading is no definition either is the file skipped, for the YAML error.
 
 ``tools`` is read the way a Claude Code user means it. orchmode's agents have ``bash``,
 ``report_findings`` (always) and the user's MCP tools; Claude Code's file tools are all
