@@ -121,6 +121,16 @@ def test_a_blank_line_inside_a_continued_value_is_a_line_break() -> None:
     assert values == {"d": "one two\nthree"}
 
 
+def test_words_at_the_margin_that_start_no_key_go_on_from_the_line_above() -> None:
+    text = "description: Use it for APIs. Examples:\n<example>\nuser: add an endpoint\n</example>\n"
+    values, lines = read_front_matter(text)
+    assert values == {
+        "description": "Use it for APIs. Examples: <example>",
+        "user": "add an endpoint </example>",
+    }
+    assert lines == {"description": 1, "user": 3}
+
+
 def test_a_key_written_twice_keeps_its_last_value_and_first_line() -> None:
     assert read_front_matter("a: 1\nb: 2\na: 3\n") == ({"a": "3", "b": "2"}, {"a": 1, "b": 2})
 
@@ -132,8 +142,8 @@ def test_a_key_written_twice_keeps_its_last_value_and_first_line() -> None:
         ("tools: [Read, Bash\n", 1, "not closed"),
         ("tools: [Read,\n  Bash]\n", 1, "not closed"),
         ("tools: {a: 1}\n", 1, "mapping"),
-        ("  name: x\n", 1, "no key above"),
-        ("name: x\njust words\n", 2, "not a 'key: value' line"),
+        ("  name: x\n", 1, "no 'key: value' line above"),
+        ("just words\nname: x\n", 1, "no 'key: value' line above"),
     ],
 )
 def test_what_cannot_be_read_as_meant_is_a_line_error(text: str, line: int, words: str) -> None:

@@ -6,17 +6,17 @@ reads as a nested mapping, and refuses. This reader takes the top-level ``key: v
 lines the way their author meant them:
 
 - a value is taken as written; quotes are stripped only when one pair wraps all of it;
-- more-indented lines after a key continue its value (joined with a space, a blank line
-  between them kept as a line break), and ``|`` / ``>`` start a block kept / folded as
-  YAML keeps and folds it;
+- the lines after a key that start no other key continue its value (joined with a space,
+  a blank line between them kept as a line break), and ``|`` / ``>`` start a block kept /
+  folded as YAML keeps and folds it;
 - ``- item`` lines under a key with no value make a list, as does ``[a, b]`` on the line;
 - lines starting with ``#`` outside a block are comments;
 - an unquoted ``true``/``false`` is a boolean and an empty value (or ``null``, ``~``) is
   None, so the keys read the same as they would from YAML.
 
-What it cannot read the way it was meant is a :class:`LineError`: a line that is no
-``key: value`` and continues nothing, a tab as indentation, a ``[`` list left open, a
-``{`` mapping. Pure: text in, values out.
+What it cannot read the way it was meant is a :class:`LineError`: a line before the first
+``key: value`` line, a tab as indentation, a ``[`` list left open, a ``{`` mapping. Pure:
+text in, values out.
 """
 
 from __future__ import annotations
@@ -77,18 +77,15 @@ def _entries(text: str) -> list[_Entry]:
         indent = line[: len(line) - len(line.lstrip(" \t"))]
         if "\t" in indent and line.strip():
             raise LineError(number, "a tab indents this line (indent with spaces)")
-        starts_item = line.startswith("-") and line[1:2] in ("", " ")
-        if line.strip() and not indent and not starts_item:
-            if line.startswith("#"):
-                continue
-            found = KEY_LINE.fullmatch(line)
-            if found is None:
-                raise LineError(number, "not a 'key: value' line and not indented under one")
+        if not indent and line.startswith("#"):
+            continue
+        found = None if indent else KEY_LINE.fullmatch(line)
+        if found is not None:
             entries.append(_Entry(found["key"], number, found["value"] or ""))
-        elif entries:
+        elif entries:  # indented, a list item, or words that go on from the line above
             entries[-1].rest.append((number, line))
-        elif line.strip() and not line.lstrip().startswith("#"):
-            raise LineError(number, "indented, but there is no key above it")
+        elif line.strip():
+            raise LineError(number, "there is no 'key: value' line above this one")
     return entries
 
 
