@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import yaml
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
+from orchmode.core.agents import load_definitions
 from orchmode.core.front_matter import LineError, read_front_matter
 
 KEY = st.from_regex(r"[a-z][a-z_-]{0,11}", fullmatch=True)
@@ -151,3 +154,48 @@ def test_what_cannot_be_read_as_meant_is_a_line_error(text: str, line: int, word
         read_front_matter(text)
     assert raised.value.line == line
     assert words in raised.value.what
+
+
+# --- As load_definitions uses it ------------------------------------------------------------
+
+
+def test_a_file_yaml_refuses_loads_with_one_warning_naming_the_yaml_error(tmp_path: Path) -> None:
+    agents = tmp_path / ".claude" / "agents"
+    agents.mkdir(parents=True)
+    (agents / "helm.md").write_text(
+        "---\nname: helm-3.14-expert\ndescription: Charts. Triggers on: 'helm'\n"
+        "tools:\n- Read\n- mcp__k8s__apply\nverify: false\neffort: low\n---\nChart it.\n"
+    )
+    definitions, warnings = load_definitions(tmp_path, home=tmp_path / "nobody")
+    helm = definitions["helm-3.14-expert"]
+    assert helm.description == "Charts. Triggers on: 'helm'"
+    assert (helm.tools, helm.verify, helm.effort) == (("Read", "mcp__k8s__apply"), False, "low")
+    assert helm.instructions == "Chart it."
+    assert warnings == [
+        ".claude/agents/helm.md line 3: front matter is not valid YAML: mapping values are not "
+        "allowed here, so it was read line by line"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("front", "line", "after"),
+    [
+        ("description: Triggers on: 'x'\n", 2, "no name"),
+        ("name: x\nsummary: Triggers on: 'x'\n", 3, "no description"),
+        ("name: X Y\ndescription: Triggers on: 'x'\n", 3, "name 'X Y' is not lowercase"),
+        ("name: x\ndescription: Triggers on: 'x'\n\tmodel: opus\n", 3, "a tab"),
+        ("name: x\ndescription: Triggers on: 'x'\neffort: extreme\n", 3, "effort must be"),
+    ],
+)
+def test_a_file_no_reading_makes_a_definition_of_is_skipped_for_its_yaml_error(
+    tmp_path: Path, front: str, line: int, after: str
+) -> None:
+    agents = tmp_path / ".claude" / "agents"
+    agents.mkdir(parents=True)
+    (agents / "bad.md").write_text(f"---\n{front}---\nBody.\n")
+    definitions, warnings = load_definitions(tmp_path, home=tmp_path / "nobody")
+    assert definitions == {}
+    (warning,) = warnings
+    prefix = f".claude/agents/bad.md line {line}: front matter is not valid YAML: "
+    assert warning.startswith(prefix) and "; read line by line, line " in warning
+    assert after in warning and "\n" not in warning
