@@ -249,10 +249,7 @@ def _parse(text: str, path: Path) -> tuple[AgentDefinition, dict[str, int], _Bad
     except _Bad as bad:
         if forgiven is None:
             raise
-        # Read line by line it is still no definition: the YAML error is the first cause.
-        raise _Bad(
-            forgiven.line, f"{forgiven.what}; read line by line, line {bad.line}: {bad.what}"
-        ) from None
+        raise _still_bad(forgiven, bad.line, bad.what) from None
     return (
         definition,
         {"name": key_lines.get("name", 1), "tools": key_lines.get("tools", 1)},
@@ -303,11 +300,15 @@ def _line_by_line(front: str, yaml_error: _Bad) -> tuple[dict[str, Any], dict[st
     try:
         values, key_lines = read_front_matter(front)
     except LineError as error:
-        line = error.line + 1  # the front matter starts on the file's second line
-        raise _Bad(
-            yaml_error.line, f"{yaml_error.what}; read line by line, line {line}: {error.what}"
-        ) from None
+        # the front matter starts on the file's second line
+        raise _still_bad(yaml_error, error.line + 1, error.what) from None
     return dict(values), {key: line + 1 for key, line in key_lines.items()}
+
+
+def _still_bad(yaml_error: _Bad, line: int, what: str) -> _Bad:
+    """A file that read line by line is no definition either: skipped for its YAML error,
+    the first cause, with what the line-by-line reading found at ``line``."""
+    return _Bad(yaml_error.line, f"{yaml_error.what}; read line by line, line {line}: {what}")
 
 
 def _front_matter(front: str) -> tuple[Any, dict[str, int]]:
