@@ -14,7 +14,11 @@ Definitions are read from three directories, each only its ``*.md`` files direct
 3. ``agents_dir`` when set, since the user named it for this run.
 
 Bad files are normal (other tools write these directories too): each one is a one-line
-warning naming the file and the line, and is skipped; the others still load.
+warning naming the file and the line, and is skipped; the others still load. Front matter
+that YAML refuses is no bad file by itself: collections written for Claude Code hold
+one-line descriptions such as ``Triggers on: 'x'``, which YAML reads as a mapping. It is
+read again by its ``key: value`` lines (:mod:`.front_matter`), with a warning that says so,
+and only if that reading is no definition either is the file skipped, for the YAML error.
 
 ``tools`` is read the way a Claude Code user means it. orchmode's agents have ``bash``,
 ``report_findings`` (always) and the user's MCP tools; Claude Code's file tools are all
@@ -48,6 +52,7 @@ from typing import Any, Literal, cast, get_args
 import yaml
 
 from .errors import ConfigError
+from .front_matter import LineError, read_front_matter
 from .pricing import model_id
 from .settings import Effort, Isolation, Settings
 from .web_tools import WEB_TOOLS
@@ -55,8 +60,9 @@ from .wire import ToolSchema
 
 #: Where a project's and a user's definitions live, as in Claude Code.
 AGENTS_SUBDIR = Path(".claude") / "agents"
-#: A role's name: lowercase letters and digits in hyphen-joined words, as Claude Code asks.
-NAME = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
+#: A role's name: lowercase letters and digits in words joined by hyphens, as Claude Code
+#: asks, or by dots, as names with a version in them do (``powershell-5.1-expert``).
+NAME = re.compile(r"[a-z0-9]+(?:[-.][a-z0-9]+)*")
 #: The front matter's fence: a line of three hyphens (trailing blanks allowed).
 FENCE = "---"
 #: Always allowed, whatever ``tools`` says: it is how a subagent hands back its result.
@@ -226,9 +232,10 @@ def describe_roles(definitions: Mapping[str, AgentDefinition]) -> str:
     return "\n".join(f"{name}: {definitions[name].description}" for name in sorted(definitions))
 
 
-def _parse(text: str, path: Path) -> tuple[AgentDefinition, dict[str, int]]:
-    """One file's text as a definition, and the lines of its ``name`` and ``tools``;
-    :class:`_Bad` if it is not one."""
+def _parse(text: str, path: Path) -> tuple[AgentDefinition, dict[str, int], _Bad | None]:
+    """One file's text as a definition, the lines of its ``name`` and ``tools``, and the
+    YAML error its front matter was read line by line past (None when YAML read it);
+    :class:`_Bad` if it is not a definition."""
     # Lines as an editor numbers them; Windows line ends do not make another definition.
     lines = text.replace("\r\n", "\n").split("\n")
     if not lines or lines[0].rstrip() != FENCE:
@@ -236,11 +243,35 @@ def _parse(text: str, path: Path) -> tuple[AgentDefinition, dict[str, int]]:
     end = next((i for i in range(1, len(lines)) if lines[i].rstrip() == FENCE), None)
     if end is None:
         raise _Bad(1, "front matter not closed: no line '---' after this one")
-    data, key_lines = _front_matter("\n".join(lines[1:end]))
+    front = "\n".join(lines[1:end])
+    try:
+        data, key_lines = _front_matter(front)
+        forgiven = None
+    except _Bad as yaml_error:
+        forgiven = yaml_error
+        data, key_lines = _line_by_line(front, yaml_error)
     if data is None:
         raise _Bad(1, "empty front matter: a definition needs at least name and description")
     if not isinstance(data, dict):
         raise _Bad(2, "front matter is not a mapping of keys to values")
+    instructions = "\n".join(lines[end + 1 :]).strip()
+    try:
+        definition = _definition(data, key_lines, instructions, path)
+    except _Bad as bad:
+        if forgiven is None:
+            raise
+        raise _still_bad(forgiven, bad.line, bad.what) from None
+    return (
+        definition,
+        {"name": key_lines.get("name", 1), "tools": key_lines.get("tools", 1)},
+        forgiven,
+    )
+
+
+def _definition(
+    data: Mapping[str, Any], key_lines: Mapping[str, int], instructions: str, path: Path
+) -> AgentDefinition:
+    """The front matter's keys checked and normalised; :class:`_Bad` names the first bad one."""
 
     def line_of(key: str) -> int:
         return key_lines.get(key, 1)
@@ -251,14 +282,15 @@ def _parse(text: str, path: Path) -> tuple[AgentDefinition, dict[str, int]]:
     if not isinstance(name, str) or not NAME.fullmatch(name.strip()):
         raise _Bad(
             line_of("name"),
-            f"name {name!r} is not lowercase letters, digits and hyphens (like code-reviewer)",
+            f"name {name!r} is not lowercase letters, digits, hyphens and dots "
+            "(like code-reviewer or dotnet-4.8-expert)",
         )
     description = data.get("description")
     if description is None:
         raise _Bad(1, "no description")
     if not isinstance(description, str) or not description.strip():
         raise _Bad(line_of("description"), "description must be a non-empty text")
-    definition = AgentDefinition(
+    return AgentDefinition(
         name=name.strip(),
         description=" ".join(description.split()),
         tools=_tools(data.get("tools"), line_of("tools")),
@@ -268,10 +300,26 @@ def _parse(text: str, path: Path) -> tuple[AgentDefinition, dict[str, int]]:
             Isolation | None, _choice(data, "isolation", ISOLATIONS, line_of("isolation"))
         ),
         verify=_verify(data.get("verify", True), line_of("verify")),
-        instructions="\n".join(lines[end + 1 :]).strip(),
+        instructions=instructions,
         path=path,
     )
-    return definition, {"name": line_of("name"), "tools": line_of("tools")}
+
+
+def _line_by_line(front: str, yaml_error: _Bad) -> tuple[dict[str, Any], dict[str, int]]:
+    """The front matter read by its ``key: value`` lines, as its author meant them, after
+    YAML refused it; :class:`_Bad` (the YAML error, and why this failed too) if it cannot be."""
+    try:
+        values, key_lines = read_front_matter(front)
+    except LineError as error:
+        # the front matter starts on the file's second line
+        raise _still_bad(yaml_error, error.line + 1, error.what) from None
+    return dict(values), {key: line + 1 for key, line in key_lines.items()}
+
+
+def _still_bad(yaml_error: _Bad, line: int, what: str) -> _Bad:
+    """A file that read line by line is no definition either: skipped for its YAML error,
+    the first cause, with what the line-by-line reading found at ``line``."""
+    return _Bad(yaml_error.line, f"{yaml_error.what}; read line by line, line {line}: {what}")
 
 
 def _front_matter(front: str) -> tuple[Any, dict[str, int]]:
@@ -356,7 +404,7 @@ def _load_directory(
     for path in files:
         shown = _shown(path, workdir, home)
         try:
-            definition, lines = _parse(_read(path), path)
+            definition, lines, forgiven = _parse(_read(path), path)
             if definition.name in definitions:
                 first = _shown(definitions[definition.name].path, workdir, home)
                 raise _Bad(lines["name"], f"name {definition.name!r} is already defined in {first}")
@@ -364,6 +412,10 @@ def _load_directory(
             warnings.append(f"{shown} line {bad.line}: {bad.what}")
             continue
         definitions[definition.name] = definition
+        if forgiven is not None:
+            warnings.append(
+                f"{shown} line {forgiven.line}: {forgiven.what}, so it was read line by line"
+            )
         note = _tools_note(definition)
         if note:
             warnings.append(f"{shown} line {lines['tools']}: {note}")
