@@ -114,8 +114,9 @@ TESTING = {
     "validate_request",
 }
 
-#: Errors raised only inside orchmode and caught there as their exported parent.
-CAUGHT_AS_PARENT = {"TooMuchUntracked": "TreeError"}
+#: Errors raised only inside orchmode and caught there (as their exported parent, or, the
+#: console's, turned into the message its page shows): no caller of the library sees them.
+CAUGHT_AS_PARENT = {"TooMuchUntracked": "TreeError", "ControlError": "OrchmodeError"}
 
 
 def test_orchmode_exports_exactly_the_written_names() -> None:

@@ -38,7 +38,8 @@ def test_one_line_values_are_taken_as_written(front: dict[str, str]) -> None:
 def test_where_yaml_reads_a_plain_value_both_readers_agree(front: dict[str, str]) -> None:
     text = "".join(f"{key}: {value}\n" for key, value in front.items())
     expected = yaml.safe_load(text) or {}
-    assume(all(isinstance(value, str) for value in expected.values()))
+    # YAML 1.1 reads yes/no/on/off as booleans, keys too: only plain text on both sides
+    assume(all(isinstance(key, str) and isinstance(value, str) for key, value in expected.items()))
     assert read_front_matter(text)[0] == expected
 
 

@@ -4,6 +4,7 @@ as they came — over real HTTP against the scripted server."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
@@ -301,6 +302,15 @@ def test_the_run_lines_show_and_budget_say_the_uses_and_their_cost(
     assert ledger.returncode == 0, ledger.stderr
     assert "cost       $0.02 spent" in ledger.stdout
     assert "web        2 web searches ($0.0200), 1 web fetch" in ledger.stdout
+    page = tmp_path / "report.html"
+    written = orchmode("report", "-o", str(page), "--config", str(config), cwd=tmp_path)
+    assert written.returncode == 0, written.stderr
+    html = page.read_text()
+    assert '<dd id="total-web-searches" data-value="2">2</dd>' in html
+    assert '<dd id="total-web-fetches" data-value="1">1</dd>' in html
+    assert "2 web searches, 1 web fetch · $0.02" in html  # the turn's line
+    uses = sorted(re.findall(r'<dd class="web-uses">([^<]+)</dd>', html))
+    assert uses == ["1 web search", "1 web search, 1 web fetch"]  # each agent's own
 
 
 async def test_a_request_that_used_the_web_tools_says_so_in_its_trace(

@@ -18,11 +18,12 @@ from ..core.results import SEVERITIES, Finding, Report, severity_rank
 from ..records.history import AGENT_STATES, STATE_LABELS, AgentRecord, Fanout, SessionHistory, Turn
 from ..records.network import size as byte_size
 from ..records.steps import Command, Compaction
+from ..records.totals import web_uses
 from ..records.wording import status_words
 from .formatting import money, seconds, when
 
 #: What the templates read here, as ``model.NAME``, that is defined elsewhere.
-__all__ = ["AGENT_STATES", "STATE_LABELS", "byte_size", "status_words"]
+__all__ = ["AGENT_STATES", "STATE_LABELS", "byte_size", "status_words", "web_uses"]
 
 #: A connection's decision, an approval's answer, as a badge's class.
 DECISION_CLASSES = {
@@ -141,11 +142,16 @@ def totals(history: SessionHistory) -> list[tuple[str, str, str, str]]:
         ("total-requests", "model requests", total.requests),
     ]
     hit = usage.cache_hit
+    web = [
+        ("total-web-searches", "web searches", usage.web_search_requests),
+        ("total-web-fetches", "web fetches", usage.web_fetch_requests),
+    ]
     return [
         ("total-cost", "dollars", money(total.cost), repr(total.cost)),
         *[(key, label, f"{count:,}", str(count)) for key, label, count in counts],
         ("total-cache-hit", "input read from cache", f"{hit:.1%}", repr(hit)),
         *[(key, label, f"{count:,}", str(count)) for key, label, count in cached],
+        *[(key, label, f"{count:,}", str(count)) for key, label, count in web if count],
         ("total-agents", "agents", str(len(history.agents)), str(len(history.agents))),
         ("total-elapsed", "elapsed", seconds(history.elapsed), repr(history.elapsed)),
     ]
