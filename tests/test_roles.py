@@ -161,3 +161,9 @@ def test_budget_show_and_report_split_tokens_and_dollars_by_model(
     assert report.returncode == 0, report.stderr
     page = (tmp_path / report.stdout.strip()).read_text()
     assert "by model: claude-opus-5-5" in page
+    # by role: here each subagent role had its own model, so each role's dollars are its model's
+    split = page.split("by role: ")[1].split(" · ")[0]
+    roles = {role: float(dollars) for role, dollars in re.findall(r"(\w+) \$([\d.]+)", split)}
+    assert list(roles) == ["worker", "verifier"]
+    assert roles["worker"] == pytest.approx(spent["claude-haiku-4-5"], abs=0.0001)
+    assert roles["verifier"] == pytest.approx(spent["claude-sonnet-5-5"], abs=0.0001)

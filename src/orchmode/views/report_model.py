@@ -165,9 +165,21 @@ def cost_split(history: SessionHistory) -> str:
         f"requests · subagents {money(totals.subagents.cost)} in "
         f"{totals.subagents.requests} requests"
     )
+    if roles := _by_role(history):
+        split += f" · by role: {roles}"
     if models := totals.describe_models():
         split += f" · by model: {models}"
     return split
+
+
+def _by_role(history: SessionHistory) -> str:
+    """``worker $0.12, verifier $0.04``: what the subagents of each role spent, in the
+    order a subtask's agents run (a run from the journal spent nothing)."""
+    spent: dict[str, float] = {}
+    for agent in sorted(history.agents, key=lambda a: a.rank):
+        role = "resolution verifier" if agent.resolution else agent.role
+        spent[role] = spent.get(role, 0.0) + agent.spent
+    return ", ".join(f"{role} {money(dollars)}" for role, dollars in spent.items())
 
 
 # --- the timeline -------------------------------------------------------------------------
