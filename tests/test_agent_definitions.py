@@ -204,12 +204,11 @@ BAD: dict[str, tuple[str | bytes, int, str]] = {
     "empty-front-matter": ("---\n---\nBody.\n", 1, "empty front matter"),
     "a-list": ("---\n- name\n- description\n---\n", 2, "not a mapping"),
     "a-string": ("---\njust words\n---\n", 2, "not a mapping"),
-    "no-name": ("---\ndescription: y\n---\n", 1, "no name"),
+    "no-name-nor-description": ("---\ncolor: red\n---\nBody.\n", 1, "no name and no description"),
+    "list-description": ("---\nname: x\ndescription: [a, b]\n---\n", 3, "description"),
     "empty-name": ("---\ndescription: y\nname: ''\n---\n", 3, "name ''"),
     "upper-name": ("---\ndescription: y\nname: Code_Reviewer\n---\n", 3, "lowercase"),
     "number-name": ("---\ncolor: red\nname: 42\ndescription: y\n---\n", 3, "name 42"),
-    "no-description": ("---\nname: x\n---\n", 1, "no description"),
-    "empty-description": ("---\nname: x\ndescription: '  '\n---\n", 3, "description"),
     "bad-tools": ("---\nname: x\ndescription: y\ntools: {a: 1}\n---\n", 4, "tools"),
     "number-tool": ("---\nname: x\ndescription: y\ntools: [Bash, 3]\n---\n", 4, "tools"),
     "bad-model": ("---\nname: x\ndescription: y\nmodel: [opus]\n---\n", 4, "model"),
@@ -240,6 +239,27 @@ def test_each_bad_file_is_one_warning_naming_file_and_line(
     assert warning.startswith(f".claude/agents/{case}.md line {line}: ")
     assert words in warning
     assert "\n" not in warning
+
+
+def test_a_file_without_a_name_or_a_description_loads_with_one_made_and_a_line_saying_so(
+    dirs: tuple[Path, Path],
+) -> None:
+    workdir, home = dirs
+    write(project(workdir), "Security Reviewer.md", "---\ndescription: Finds holes\n---\nLook.\n")
+    write(project(workdir), "terse.md", "---\nname: terse\n---\n\n# Reviews   the tests\nMore.\n")
+    write(project(workdir), "bare.md", "---\nname: bare\ndescription: ''\n---\n")
+    definitions, warnings = load_definitions(workdir, home=home)
+    assert set(definitions) == {"security-reviewer", "terse", "bare"}
+    assert definitions["security-reviewer"].description == "Finds holes"
+    assert definitions["terse"].description == "Reviews the tests"
+    assert definitions["bare"].description == "the bare role"
+    assert warnings == [
+        ".claude/agents/Security Reviewer.md line 1: no name, so it is named after its file: "
+        "security-reviewer",
+        ".claude/agents/bare.md line 3: no description, so its name stands for it",
+        ".claude/agents/terse.md line 1: no description, so its instructions' first line "
+        "stands for it",
+    ]
 
 
 def test_a_warning_names_a_home_file_under_tilde(dirs: tuple[Path, Path]) -> None:

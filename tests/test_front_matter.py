@@ -181,8 +181,7 @@ def test_a_file_yaml_refuses_loads_with_one_warning_naming_the_yaml_error(tmp_pa
 @pytest.mark.parametrize(
     ("front", "line", "after"),
     [
-        ("description: Triggers on: 'x'\n", 2, "no name"),
-        ("name: x\nsummary: Triggers on: 'x'\n", 3, "no description"),
+        ("summary: Triggers on: 'x'\n", 2, "no name and no description"),
         ("name: X Y\ndescription: Triggers on: 'x'\n", 3, "name 'X Y' is not lowercase"),
         ("name: x\ndescription: Triggers on: 'x'\n\tmodel: opus\n", 3, "a tab"),
         ("name: x\ndescription: Triggers on: 'x'\neffort: extreme\n", 3, "effort must be"),

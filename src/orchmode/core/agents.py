@@ -232,10 +232,13 @@ def describe_roles(definitions: Mapping[str, AgentDefinition]) -> str:
     return "\n".join(f"{name}: {definitions[name].description}" for name in sorted(definitions))
 
 
-def _parse(text: str, path: Path) -> tuple[AgentDefinition, dict[str, int], _Bad | None]:
+def _parse(
+    text: str, path: Path, notes: list[str]
+) -> tuple[AgentDefinition, dict[str, int], _Bad | None]:
     """One file's text as a definition, the lines of its ``name`` and ``tools``, and the
     YAML error its front matter was read line by line past (None when YAML read it);
-    :class:`_Bad` if it is not a definition."""
+    :class:`_Bad` if it is not a definition. What it lacked and was given is added to
+    ``notes``."""
     # Lines as an editor numbers them; Windows line ends do not make another definition.
     lines = text.replace("\r\n", "\n").split("\n")
     if not lines or lines[0].rstrip() != FENCE:
@@ -251,12 +254,12 @@ def _parse(text: str, path: Path) -> tuple[AgentDefinition, dict[str, int], _Bad
         forgiven = yaml_error
         data, key_lines = _line_by_line(front, yaml_error)
     if data is None:
-        raise _Bad(1, "empty front matter: a definition needs at least name and description")
+        raise _Bad(1, "empty front matter: a definition needs a name or a description")
     if not isinstance(data, dict):
         raise _Bad(2, "front matter is not a mapping of keys to values")
     instructions = "\n".join(lines[end + 1 :]).strip()
     try:
-        definition = _definition(data, key_lines, instructions, path)
+        definition = _definition(data, key_lines, instructions, path, notes)
     except _Bad as bad:
         if forgiven is None:
             raise
@@ -269,27 +272,40 @@ def _parse(text: str, path: Path) -> tuple[AgentDefinition, dict[str, int], _Bad
 
 
 def _definition(
-    data: Mapping[str, Any], key_lines: Mapping[str, int], instructions: str, path: Path
+    data: Mapping[str, Any],
+    key_lines: Mapping[str, int],
+    instructions: str,
+    path: Path,
+    notes: list[str],
 ) -> AgentDefinition:
-    """The front matter's keys checked and normalised; :class:`_Bad` names the first bad one."""
+    """The front matter's keys checked and normalised; :class:`_Bad` names the first bad one.
+    A missing name is the file's, a missing description the instructions' first line (each
+    said in ``notes``): only a file with neither is no definition."""
 
     def line_of(key: str) -> int:
         return key_lines.get(key, 1)
 
-    name = data.get("name")
+    name, description = data.get("name"), data.get("description")
+    if name is None and _blank(description):
+        raise _Bad(1, "no name and no description: nothing to call it by or choose it for")
     if name is None:
-        raise _Bad(1, "no name")
+        name = _name_of_file(path)
+        notes.append(f"line 1: no name, so it is named after its file: {name}")
     if not isinstance(name, str) or not NAME.fullmatch(name.strip()):
         raise _Bad(
             line_of("name"),
             f"name {name!r} is not lowercase letters, digits, hyphens and dots "
             "(like code-reviewer or dotnet-4.8-expert)",
         )
-    description = data.get("description")
-    if description is None:
-        raise _Bad(1, "no description")
-    if not isinstance(description, str) or not description.strip():
-        raise _Bad(line_of("description"), "description must be a non-empty text")
+    if _blank(description):
+        description = _first_line(instructions) or f"the {name.strip()} role"
+        notes.append(
+            f"line {line_of('description')}: no description, so "
+            + ("its instructions' first line" if instructions else "its name")
+            + " stands for it"
+        )
+    if not isinstance(description, str):
+        raise _Bad(line_of("description"), "description must be a text")
     return AgentDefinition(
         name=name.strip(),
         description=" ".join(description.split()),
@@ -303,6 +319,24 @@ def _definition(
         instructions=instructions,
         path=path,
     )
+
+
+def _blank(value: object) -> bool:
+    return value is None or (isinstance(value, str) and not value.strip())
+
+
+def _name_of_file(path: Path) -> str:
+    """A role's name made of its file's: ``Security Reviewer.md`` is ``security-reviewer``."""
+    return "-".join(re.findall(r"[a-z0-9]+(?:\.[a-z0-9]+)*", path.stem.lower())) or "unnamed"
+
+
+def _first_line(text: str) -> str:
+    """The first line of ``text`` that says something, headings' marks dropped, in short."""
+    for line in text.splitlines():
+        words = " ".join(line.strip().lstrip("#").split())
+        if words:
+            return words if len(words) <= 200 else words[:199] + "…"
+    return ""
 
 
 def _line_by_line(front: str, yaml_error: _Bad) -> tuple[dict[str, Any], dict[str, int]]:
@@ -404,7 +438,8 @@ def _load_directory(
     for path in files:
         shown = _shown(path, workdir, home)
         try:
-            definition, lines, forgiven = _parse(_read(path), path)
+            notes: list[str] = []
+            definition, lines, forgiven = _parse(_read(path), path, notes)
             if definition.name in definitions:
                 first = _shown(definitions[definition.name].path, workdir, home)
                 raise _Bad(lines["name"], f"name {definition.name!r} is already defined in {first}")
@@ -412,6 +447,7 @@ def _load_directory(
             warnings.append(f"{shown} line {bad.line}: {bad.what}")
             continue
         definitions[definition.name] = definition
+        warnings.extend(f"{shown} {note}" for note in notes)
         if forgiven is not None:
             warnings.append(
                 f"{shown} line {forgiven.line}: {forgiven.what}, so it was read line by line"
