@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ..core.secrets import Secrets
 from ..core.wording import listed
-from .git import TreeError, git
+from .git import TreeError, copy_index, git
 from .runs import remove_index
 from .store import TREES_DIR, TreeStore
 
@@ -57,7 +57,7 @@ class Checkout:
         env = self.store.workdir_env(index)
         if repo is not None and (repo.git_dir / "index").is_file():
             with contextlib.suppress(OSError):
-                shutil.copyfile(repo.git_dir / "index", index)  # its stat cache saves hashing
+                copy_index(repo.git_dir / "index", index)  # its stat cache saves hashing
         prefix = repo.prefix if repo is not None else ""
         withheld = sorted(await asyncio.to_thread(self._withheld))
         # never hashed into the store, tracked or not (an ignored one `add` leaves alone,

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from ..core.results import Change
 from ..core.secrets import Secrets
-from .git import _Work, git, on_thread
+from .git import _Work, copy_index, git, on_thread
 from .limits import DiskLimits, left_out_of
 from .lowers import stub
 from .runs import remove_tree, remove_workspace
@@ -129,7 +129,7 @@ class Copies:
         )
         (dot_git / "objects" / "info" / "alternates").write_text(f"{self.store.objects}\n")
         shutil.copyfile(self.store.git_dir / "info" / "exclude", dot_git / "info" / "exclude")
-        shutil.copyfile(index, dot_git / "index")
+        copy_index(index, dot_git / "index")
 
     async def change_of(self, copy: Copy, limits: DiskLimits | None = None) -> Change:
         """The copy's difference from where it started: every addition, deletion, rename,

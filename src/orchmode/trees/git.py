@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
@@ -59,6 +60,19 @@ def _environment(extra: Mapping[str, str]) -> dict[str, str]:
     env.update({"LC_ALL": "C", "GIT_TERMINAL_PROMPT": "0", **_IDENTITY})
     env.update(extra)
     return env
+
+
+def copy_index(source: Path, target: Path) -> None:
+    """Copy a git index to use its stat cache, keeping its modification time.
+
+    Git trusts an entry's stat data only when the file is older than the index itself; an
+    entry written in the same second as the index is checked by content ("racily clean").
+    A copy with a new time would make git trust a file rewritten within that second at the
+    same size, and miss the change. Raises :class:`OSError` as the copy does.
+    """
+    times = os.stat(source)  # before the copy: a later index only makes more entries checked
+    shutil.copyfile(source, target)
+    os.utime(target, ns=(times.st_atime_ns, times.st_mtime_ns))
 
 
 async def git(

@@ -13,14 +13,13 @@ import asyncio
 import contextlib
 import logging
 import os
-import shutil
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.secrets import Secrets
 from .checkout import Checkout
-from .git import TreeError, _Work, on_thread
+from .git import TreeError, _Work, copy_index, on_thread
 from .runs import remove_index
 from .store import TreeStore
 
@@ -112,7 +111,7 @@ class Snapshots:
         top = repo.toplevel if repo is not None else workdir
         if repo is not None and (repo.git_dir / "index").is_file():
             with contextlib.suppress(OSError):
-                shutil.copyfile(repo.git_dir / "index", index)  # its stat cache saves hashing
+                copy_index(repo.git_dir / "index", index)  # its stat cache saves hashing
         # the secret files are looked for while git reads the tree: two walks at once
         looking = self._looking()
         code, out = work.git(*_STATUS, env=env, cwd=workdir, ok=(0, 128))
