@@ -235,3 +235,13 @@ async def _close_conversations() -> AsyncIterator[None]:
     yield
     while _conversations:
         await _conversations.pop().close()
+
+
+@pytest.fixture
+def work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A working directory, with a home of its own (no agent definitions, settings or trust
+    of the real user's); a module may define its own ``work``."""
+    (tmp_path / "home").mkdir()
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    (tmp_path / "work").mkdir()
+    return tmp_path / "work"

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from agent_collection import SIZE, CollectionFile, collection, sample, write_collection
 from conftest import StartServer
 from orchmode.core.agents import load_definitions
@@ -18,15 +16,6 @@ from test_agent_roles import first_requests, run_turn, system_text, workflow_des
 from test_workflow import workflow_result
 
 LINE_BY_LINE = "so it was read line by line"
-
-
-@pytest.fixture
-def work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A working directory, with a home of its own (no definitions of the real user's)."""
-    (tmp_path / "home").mkdir()
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    (tmp_path / "work").mkdir()
-    return tmp_path / "work"
 
 
 def agents_of(work: Path) -> Path:

@@ -64,15 +64,6 @@ def define(work: Path, *files: str) -> None:
         (agents / f"{name}.md").write_text(text)
 
 
-@pytest.fixture
-def work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A working directory, with a home of its own (no definitions of the real user's)."""
-    (tmp_path / "home").mkdir()
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    (tmp_path / "work").mkdir()
-    return tmp_path / "work"
-
-
 async def run_turn(
     server: ScriptedServer, work: Path, warnings: list[str] | None = None, **overrides: Any
 ) -> None:

@@ -43,14 +43,6 @@ Search.
 """
 
 
-@pytest.fixture
-def work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    (tmp_path / "home").mkdir()
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    (tmp_path / "work").mkdir()
-    return tmp_path / "work"
-
-
 def looks_up(subtask: str) -> list[Any]:
     return [*web_search(f"about {subtask}"), *web_fetch("https://docs.python.org/3/")]
 

@@ -10,7 +10,7 @@ from starlette.responses import HTMLResponse, PlainTextResponse, Response, Strea
 from ..records.history import SessionHistory
 from ..views.pages import agent_transcript, run_sections
 from .feed import changes
-from .runs import driver, list_runs, one_run
+from .runs import RunSummary, driver, list_runs, one_run
 from .state import console_of
 
 
@@ -25,29 +25,35 @@ async def runs_page(request: Request) -> Response:
 
 
 async def run_page(request: Request) -> Response:
-    console, session = console_of(request), request.path_params["session"]
-    run = await one_run(console.opened(), console.cache, session)
-    if run is None:
-        return _no_run(session)
-    seq = await console.opened().next_event_seq(session)
-    history = await console.cache.history(console.opened(), session)
+    console = console_of(request)
+    shown = await _run_shown(request)
+    if isinstance(shown, Response):
+        return shown
+    session, run, seq, body = shown
     return await console.page(
-        request, "run.html", session=session, state=run.state, pid=run.pid,
-        body=await _sections(history), seq=seq,
-    )  # fmt: skip
+        request, "run.html", session=session, state=run.state, pid=run.pid, body=body, seq=seq
+    )
 
 
 async def run_body(request: Request) -> Response:
     """The run's sections alone, which its page swaps in as the run goes."""
+    shown = await _run_shown(request)
+    if isinstance(shown, Response):
+        return shown
+    _, run, seq, body = shown
+    return HTMLResponse(body, headers={"X-Run-State": run.state, "X-Run-Seq": str(seq)})
+
+
+async def _run_shown(request: Request) -> tuple[str, RunSummary, int, str] | Response:
+    """The run a request names, the number of its next event and its sections (the body
+    holds at least the events before that number, read first); a 404 when there is none."""
     console, session = console_of(request), request.path_params["session"]
     run = await one_run(console.opened(), console.cache, session)
     if run is None:
         return _no_run(session)
-    # the number read first: the body holds at least the events before it
     seq = await console.opened().next_event_seq(session)
     history = await console.cache.history(console.opened(), session)
-    headers = {"X-Run-State": run.state, "X-Run-Seq": str(seq)}
-    return HTMLResponse(await _sections(history), headers=headers)
+    return session, run, seq, await _sections(history)
 
 
 async def run_events(request: Request) -> Response:
