@@ -601,3 +601,34 @@ def test_run_without_bubblewrap_refuses_in_one_line_before_any_request(
     assert off.returncode == 0, off.stderr
     assert "orchmode: warning: the sandbox is off" in off.stderr
     assert len(server.log) > 0
+
+
+_TWO_LOOPS = """
+import asyncio, sys
+from pathlib import Path
+from orchmode.shell.bash import BashSession
+
+async def shell() -> None:
+    async with BashSession(Path(sys.argv[1])) as session:
+        assert "hi" in (await session.run("echo hi")).output
+
+async def spawn() -> int:
+    process = await asyncio.create_subprocess_exec("sh", "-c", "exit 3")
+    return await process.wait()
+
+asyncio.run(shell())
+asyncio.run(shell())  # a second run of orchmode's, on its own loop
+own = asyncio.new_event_loop()  # a library's loop, never made current (as Playwright's is)
+print(own.run_until_complete(spawn()), asyncio.run(spawn()))
+"""
+
+
+def test_the_child_watcher_orchmode_sets_serves_every_loop_of_the_process(work: Path) -> None:
+    """The watcher is the whole process's: after orchmode's shells, another library's loop
+    still spawns and reaps (CI: Playwright's failed with "get_child_watcher() is not
+    activated" after orchmode's tests had run in the same process)."""
+    done = subprocess.run(
+        [sys.executable, "-c", _TWO_LOOPS, str(work)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["3", "3"]

@@ -11,6 +11,8 @@ import contextlib
 import os
 import signal
 import sys
+from collections.abc import Callable
+from typing import Any
 
 __all__ = ["use_pidfd_child_watcher"]
 
@@ -79,7 +81,6 @@ def _kill_tree(leader: int, leader_reaped: bool, *, sweep: bool = True) -> None:
 
 
 _pidfd_watcher: asyncio.AbstractChildWatcher | None = None
-_pidfd_watcher_loop: asyncio.AbstractEventLoop | None = None
 _pidfd_unavailable = False
 
 
@@ -87,25 +88,69 @@ def use_pidfd_child_watcher() -> None:
     """On Python 3.11, watch children through pidfds instead of one thread per child.
 
     3.11's default watcher starts a thread for every subprocess, and starting one waits
-    for the GIL: with hundreds of agents that costs milliseconds per shell. A pidfd
-    watcher serves one event loop, so it is attached to whichever loop spawns. 3.12+
-    already uses pidfds (and deprecates this API), so there this does nothing.
+    for the GIL: with hundreds of agents that costs milliseconds per shell. The watcher is
+    set for the whole process, so it must serve every event loop, not only orchmode's (a
+    library's own loop that spawns, Playwright's say): it watches each child from the loop
+    running when it is spawned, as 3.12's does. 3.12+ already uses pidfds (and deprecates
+    this API), so there this does nothing.
     """
-    global _pidfd_watcher, _pidfd_watcher_loop, _pidfd_unavailable
-    if sys.version_info >= (3, 12) or _pidfd_unavailable:
+    global _pidfd_watcher, _pidfd_unavailable
+    if sys.version_info >= (3, 12) or _pidfd_unavailable or _pidfd_watcher is not None:
         return
-    loop = asyncio.get_running_loop()
-    if _pidfd_watcher is None:
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+    except (OSError, AttributeError):
+        _pidfd_unavailable = True  # an old kernel: keep asyncio's default
+        return
+    _pidfd_watcher = _RunningLoopPidfdWatcher()
+    asyncio.set_child_watcher(_pidfd_watcher)
+
+
+class _RunningLoopPidfdWatcher(asyncio.AbstractChildWatcher):
+    """A child's pidfd read by the loop that spawned it: active for any running loop."""
+
+    def add_child_handler(  # type: ignore[override]  # the callback's arguments, loosely
+        self, pid: int, callback: Callable[..., object], *args: Any
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        pidfd = os.pidfd_open(pid)
+        loop._add_reader(pidfd, self._reap, loop, pid, pidfd, callback, args)  # type: ignore[attr-defined]
+
+    def _reap(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        pid: int,
+        pidfd: int,
+        callback: Callable[..., object],
+        args: tuple[Any, ...],
+    ) -> None:
+        loop._remove_reader(pidfd)  # type: ignore[attr-defined]
         try:
-            os.close(os.pidfd_open(os.getpid()))
-        except (OSError, AttributeError):
-            _pidfd_unavailable = True  # an old kernel: keep asyncio's default
-            return
-        _pidfd_watcher = asyncio.PidfdChildWatcher()
-        asyncio.set_child_watcher(_pidfd_watcher)
-    if _pidfd_watcher_loop is not loop:
-        _pidfd_watcher.attach_loop(loop)
-        _pidfd_watcher_loop = loop
+            _, status = os.waitpid(pid, 0)
+        except ChildProcessError:  # reaped by someone else: its status is lost
+            code = 255
+        else:
+            code = os.waitstatus_to_exitcode(status)
+        os.close(pidfd)
+        callback(pid, code, *args)
+
+    def remove_child_handler(self, pid: int) -> bool:
+        return True  # a pidfd's reader goes when the child ends; nothing to forget early
+
+    def attach_loop(self, loop: asyncio.AbstractEventLoop | None) -> None:
+        pass  # each child is watched by the loop running when it was spawned
+
+    def is_active(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> _RunningLoopPidfdWatcher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
 
 
 def has_ended(pid: int) -> bool:
