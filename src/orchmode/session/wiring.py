@@ -142,7 +142,7 @@ def _fewer_collections() -> Iterator[None]:
 
     A wide fan-out keeps thousands of young objects alive (every agent's request, reply and
     shell), and at Python's pace the collector walks them every 700 allocations: about a
-    tenth of the harness's CPU per model request in ``bench/fanout.py``. Reference counting
+    twentieth of the harness's CPU per model request in ``bench/fanout.py``. Reference counting
     frees everything as before; only garbage in cycles waits a little longer.
     """
     global _sessions_open
