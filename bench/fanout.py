@@ -15,6 +15,7 @@ baseline. The suite runs 10, 200 and 1,000 subagents in flight, each in a fresh 
     .venv/bin/python bench/fanout.py                  # the suite
     .venv/bin/python bench/fanout.py --subtasks 200 --concurrent 10 --latency 0.05
     .venv/bin/python bench/fanout.py --isolation shared     # every worker in one tree only
+    .venv/bin/python bench/fanout.py --isolation shared --sandbox off   # the core alone
     .venv/bin/python bench/fanout.py --traces               # CPU per request, traces off vs on
 """
 
@@ -32,7 +33,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -121,6 +122,7 @@ async def measure(
     subtasks: int = 200,
     isolation: str = "worktree",
     traces_to: str | None = None,
+    sandbox: str = "workspace-write",
 ) -> tuple[float, Counter[str], int, tuple[int, int]]:
     settings = Settings(
         base_url=url,
@@ -130,6 +132,7 @@ async def measure(
         max_subtasks=max(subtasks, 1),
         max_subagents=2 * subtasks + 10,
         isolation=isolation,  # type: ignore[arg-type]
+        sandbox=sandbox,  # type: ignore[arg-type]
         otlp_endpoint=traces_to,
     )
     events = EventBus()
@@ -294,17 +297,19 @@ def run_one(
     bare: bool,
     isolation: str = "worktree",
     traced: bool = False,
+    sandbox: str = "workspace-write",
+    profile: str | None = None,
 ) -> dict[str, float]:
-    """One fan-out, measured: makespan, bounds, CPU, memory (in this process)."""
+    """One fan-out, measured: makespan, bounds, CPU, memory (in this process); with
+    ``profile``, the fan-out under cProfile, its statistics written there."""
     sink, sink_url = start_sink() if traced else (None, None)
     server, url = start_server(subtasks, latency)
     server_cpu_at_start = process_cpu(server.pid)
     try:
         with tempfile.TemporaryDirectory() as tmp:
             cpu_before, children_before = time.process_time(), children_cpu()
-            makespan, per_chain, requests, pooled = asyncio.run(
-                measure(url, concurrent, Path(tmp), subtasks, isolation, sink_url)
-            )
+            run = measure(url, concurrent, Path(tmp), subtasks, isolation, sink_url, sandbox)
+            makespan, per_chain, requests, pooled = profiled(run, profile)
             cpu = time.process_time() - cpu_before
             children = children_cpu() - children_before
         peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -335,6 +340,7 @@ def run_one(
         "bound": bound,
         "served_bound": served,
         "isolation": isolation,
+        "sandbox": sandbox,
         "traced": traced,
         "pooled": pooled[0],
         "agents": pooled[1],
@@ -349,11 +355,27 @@ def run_one(
     }
 
 
+def profiled(
+    run: Coroutine[None, None, tuple[float, Counter[str], int, tuple[int, int]]],
+    profile: str | None,
+) -> tuple[float, Counter[str], int, tuple[int, int]]:
+    """``run`` to its end, under cProfile when ``profile`` names a file for its statistics."""
+    if profile is None:
+        return asyncio.run(run)
+    import cProfile
+
+    profiler = cProfile.Profile()
+    try:
+        return profiler.runcall(asyncio.run, run)
+    finally:
+        profiler.dump_stats(profile)
+
+
 def report(r: dict[str, float], target: float | None) -> None:
     print(
         f"\n{r['subtasks']:g} subtasks, {r['concurrent']:g} in flight, "
         f"{r['latency'] * 1000:g} ms per model request ({r['requests']:g} requests), "
-        f"isolation {r['isolation']}"
+        f"isolation {r['isolation']}, sandbox {r['sandbox']}"
     )
     goal = f"  (target <= {target:.2f})" if target else ""
     print(
@@ -417,6 +439,19 @@ def main() -> None:
         help="the same fan-out with OpenTelemetry traces off and on (exported over OTLP/HTTP "
         "to a sink that keeps nothing): CPU per model request of each, and the difference",
     )
+    parser.add_argument(
+        "--sandbox",
+        choices=("workspace-write", "off"),
+        default="workspace-write",
+        help="where bash runs: in bubblewrap (orchmode's default) or unsandboxed, to measure "
+        "the core alone",
+    )
+    parser.add_argument(
+        "--profile",
+        metavar="FILE",
+        help="with --subtasks: run the fan-out under cProfile and write its statistics to "
+        "FILE (read them with `python -m pstats FILE`)",
+    )
     parser.add_argument("--traced", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -433,6 +468,8 @@ def main() -> None:
                 not args.no_bare,
                 isolation,
                 args.traced,
+                args.sandbox,
+                args.profile,
             )
             if args.json:
                 print(json.dumps(result))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from orchmode.core.events import TokenUsage
 from orchmode.core.pricing import ModelPrice, default_prices
 from orchmode.core.prompts import MAIN_SYSTEM, MAIN_TOOLS
 from orchmode.model.budget import BudgetExhausted, SessionBudget, estimate_input_tokens
+from orchmode.store.sqlite import SQLiteStore
 from orchmode.testing import Reply
 from orchmode.testing.scenario import OrchestrationScenario
 
@@ -114,3 +116,30 @@ async def test_without_caps_nothing_is_reserved_but_use_is_recorded(
     await budget.flush()  # without caps, use reaches the ledger in the background
     assert (await store.budget("s")).tokens == 15
     del server
+
+
+class LedgerWritesCounted(SQLiteStore):
+    """A SQLite store that counts the settlements of the ledger it is asked for."""
+
+    writes = 0
+
+    async def adjust_budget(self, session: str, *, tokens: int, cost: float) -> None:
+        self.writes += 1
+        await super().adjust_budget(session, tokens=tokens, cost=cost)
+
+
+async def test_an_uncapped_ledger_takes_many_requests_use_in_one_update(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    server = await serve(lambda r: Reply.text("fine"))
+    store = LedgerWritesCounted.open(tmp_path / "ledger.db")
+    try:
+        budget = SessionBudget(store, "s", settings_for(server, tmp_path))
+        for _ in range(40):
+            await budget.after_request(None, TokenUsage(10, 5, 0, 0))
+            await asyncio.sleep(0)  # the loop turns between requests, as in a fan-out
+        await budget.flush()
+        assert (await store.budget("s")).tokens == 40 * 15
+        assert store.writes <= 2  # one per request would be 40
+    finally:
+        await store.close()

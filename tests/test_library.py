@@ -7,6 +7,7 @@ come from the server's own request log, not from orchmode's accounting.
 from __future__ import annotations
 
 import asyncio
+import gc
 import io
 import json
 import os
@@ -26,7 +27,7 @@ from conftest import API_KEY, StartServer
 from orchmode import RunRecord
 from orchmode.core.mode import Notice
 from orchmode.core.prompts import NOTICES, VERIFY_MARKER
-from orchmode.testing import LoggedRequest, ScriptedServer
+from orchmode.testing import LoggedRequest, Reply, ScriptedServer
 from orchmode.testing.scenario import OrchestrationScenario, role_of
 from recorded_runs import base_env
 
@@ -540,3 +541,24 @@ def test_a_run_record_is_read_back_leniently_and_refused_clearly() -> None:
     for bad in ({"command": "run"}, {"command": "chat", "task": "t"}, {"task": "t", "phase": 3}):
         with pytest.raises(orchmode.OrchmodeError, match="its run record cannot be read"):
             RunRecord.read(bad)
+
+
+async def test_the_cyclic_collector_runs_slower_only_while_a_session_is_open(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    server = await serve(lambda r: Reply.text("fine"))
+    (tmp_path / "other").mkdir()
+    before = gc.get_threshold()
+    gc.set_threshold(700, *before[1:])  # Python's own pace
+    try:
+        async with opened(tmp_path, server) as first:
+            async with opened(tmp_path / "other", server):
+                assert gc.get_threshold()[0] > 700
+            assert gc.get_threshold()[0] > 700  # the first session is still open
+            await first.run("hello")
+        assert gc.get_threshold() == (700, *before[1:])
+        gc.set_threshold(1234, *before[1:])  # a program that chose its own pace keeps it
+        async with opened(tmp_path, server):
+            assert gc.get_threshold()[0] == 1234
+    finally:
+        gc.set_threshold(*before)

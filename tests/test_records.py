@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import math
@@ -53,6 +54,7 @@ from orchmode.records.codec import UnreadableRecord, event_row, parse_row, read_
 from orchmode.records.history import read_session
 from orchmode.records.recorder import EventRecorder
 from orchmode.store import EventRow, Store
+from orchmode.store.sqlite import SQLiteStore
 from recorded_runs import base_env
 
 EVENT_CLASSES = typing.get_args(events.Event)
@@ -265,6 +267,31 @@ async def test_every_kind_of_event_goes_through_the_store_and_back(store: Store)
     history = read_session(rows, session="s")
     assert history.skipped == 0  # the MCP events too: they were once counted unreadable
     assert history.totals.all.requests == 1
+
+
+class EventWritesCounted(SQLiteStore):
+    """A SQLite store that counts the writes of events it is asked for."""
+
+    writes = 0
+
+    async def append_events(self, session: str, events: typing.Sequence[EventRow]) -> None:
+        self.writes += 1
+        await super().append_events(session, events)
+
+
+async def test_events_emitted_over_many_loop_turns_are_written_together(tmp_path: Path) -> None:
+    store = EventWritesCounted.open(tmp_path / "store.db")
+    try:
+        recorder = await EventRecorder.start(store, "s")
+        emitted = [BashStarted(f"worker 1.{n}", "true") for n in range(50)]
+        for event in emitted:
+            recorder(event)
+            await asyncio.sleep(0)  # the loop turns between events, as in a fan-out
+        await recorder.flush()
+        assert [parse_row(row) for row in await store.events("s")] == emitted
+        assert store.writes <= 2  # one per event's turn of the loop would be 50
+    finally:
+        await store.close()
 
 
 def test_a_value_of_no_json_type_is_recorded_as_its_text_as_before() -> None:

@@ -16,7 +16,7 @@ def test_defaults_are_the_specs() -> None:
     s = load_settings({}, env={}, cwd=Path("/nonexistent"))
     assert (s.model, s.effort, s.max_tokens) == ("claude-opus-5-5", "xhigh", 64000)
     assert (s.request_timeout, s.bash_timeout, s.output_limit) == (600, 60, 8000)
-    assert (s.max_concurrent, s.max_subtasks, s.subagent_turns, s.main_turns) == (10, 200, 15, 30)
+    assert (s.max_concurrent, s.max_subtasks, s.subagent_turns, s.main_turns) == (10, 1000, 15, 30)
     assert s.refresh_every == 10 and s.mode is True
 
 

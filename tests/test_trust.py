@@ -74,7 +74,7 @@ CAPS: dict[str, tuple[Any, Any, Any]] = {
     "min_free_disk_mb": (1024, 0, 4096),
     "change_file_max_mb": (100, 10000, 10),
     "max_concurrent": (10, 1000, 2),
-    "max_subtasks": (200, 5000, 5),
+    "max_subtasks": (1000, 5000, 5),
     "max_depth": (2, 6, 1),
     "subagent_turns": (15, 500, 3),
     "agent_max_tokens": (200000, 10000000, 20000),

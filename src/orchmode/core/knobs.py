@@ -192,8 +192,9 @@ class FanoutKnobs(Knobs):
     max_concurrent: int = cap(10, gt=0)
     """Subagents in flight at once, and the ceiling of model requests in flight (lowered
     automatically while the API answers 429 or 529)."""
-    max_subtasks: int = cap(200, gt=0)
-    """Subtasks run per Workflow call."""
+    max_subtasks: int = cap(1000, gt=0)
+    """Subtasks run per Workflow call; the session's `max_subagents` caps what they launch
+    (a subtask with a verifier is two)."""
     max_depth: int = cap(2, gt=0)
     """How deep a tree of agents may grow: 1 lets only the main agent call Workflow; 2 lets
     its workers fan out once more, and so on. Not on the Ray executor (always 1 there)."""

@@ -4,12 +4,15 @@ With a token or dollar cap, every model request first reserves its worst case â€
 as estimated from the request's size, plus ``max_tokens`` of output, at the dearest input
 price â€” and settles to the real usage when it ends. The reservation is one atomic update
 of the ledger in the store, so requests in flight, in any number of processes, can never
-together spend past a cap. Without caps, requests only add what they used.
+together spend past a cap. Without caps, requests only add what they used, gathered for
+:data:`SETTLE_WINDOW` into one update: nothing waits on an uncapped ledger's exactness, and
+an update per request was a transaction per request.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -24,6 +27,10 @@ from ..store import BudgetCaps, BudgetState, Store
 from .context import estimate_tokens
 
 log = logging.getLogger("orchmode")
+
+#: Seconds an uncapped session's use gathers before it goes into the ledger (``flush``
+#: writes at once).
+SETTLE_WINDOW = 0.025
 
 
 @dataclass(frozen=True)
@@ -46,6 +53,7 @@ class SessionBudget:
     _unsettled_tokens: int = field(default=0, repr=False)
     _unsettled_cost: float = field(default=0.0, repr=False)
     _settler: asyncio.Task[None] | None = field(default=None, repr=False)
+    _hurry: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
     #: Subagents waiting for a place in the ledger, and the task reserving them.
     _waiting: list[asyncio.Future[bool]] = field(default_factory=list, repr=False)
     _reserver: asyncio.Task[None] | None = field(default=None, repr=False)
@@ -164,10 +172,16 @@ class SessionBudget:
 
     async def flush(self) -> None:
         """Wait until every request's use so far is in the ledger."""
-        while self._settler is not None and not self._settler.done():
-            await asyncio.shield(self._settler)
+        self._hurry.set()
+        try:
+            while self._settler is not None and not self._settler.done():
+                await asyncio.shield(self._settler)
+        finally:
+            self._hurry.clear()
 
     async def _settle_unsettled(self) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._hurry.wait(), SETTLE_WINDOW)
         while self._unsettled_tokens or self._unsettled_cost:
             tokens, cost = self._unsettled_tokens, self._unsettled_cost
             self._unsettled_tokens, self._unsettled_cost = 0, 0.0
