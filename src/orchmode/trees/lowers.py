@@ -36,7 +36,14 @@ from pathlib import Path
 from ..core.overlay import Overlay
 from .git import _Work, on_thread
 from .layers import PATCH_FLAGS, PATCH_FORM
-from .runs import remove_tree, write_file
+from .links import SnapshotIndex, link_checkout
+from .runs import remove_index, remove_tree, write_file
+
+#: Beside a checkout's index: the checkout holds links to the working directory's files.
+_LINKED = "orchmode-linked"
+#: Config of the gits that read a checkout: no conversions, and no trust in ctime (a link
+#: to a file changes it).
+_CORE = "[core]\n\trepositoryformatversion = 0\n\ttrustctime = false\n"
 
 #: Attributes that keep checkouts and hashing byte for byte: the agents see the blobs as
 #: they are stored, and what they write is stored as they wrote it.
@@ -163,6 +170,15 @@ class Lowers:
         self._lowers: list[Lower] = []
         self._stubs: dict[frozenset[str], Path] = {}
         self._lock = asyncio.Lock()
+        #: The latest snapshot's index, which says which files a new checkout can link.
+        self._offered: SnapshotIndex | None = None
+
+    def offer(self, index: SnapshotIndex) -> None:
+        """Keep the latest snapshot's index (in place of the one before) for a checkout of
+        its commit."""
+        if self._offered is not None:
+            remove_index(self._offered.path)
+        self._offered = index
 
     def prepare_plain(self, exclude: str) -> None:
         """Make (or refresh) the plain git directory: no conversions, the user's excludes."""
@@ -174,7 +190,7 @@ class Lowers:
             write_file(plain / "HEAD", "ref: refs/heads/orchmode\n")
         write_file(
             plain / "config",
-            "[core]\n\trepositoryformatversion = 0\n\tbare = true\n\tsymlinks = true\n",
+            f"{_CORE}\tbare = true\n\tsymlinks = true\n",
         )
         write_file(plain / "objects" / "info" / "alternates", f"{self.store / 'objects'}\n")
         write_file(plain / "info" / "attributes", _PLAIN_ATTRIBUTES)
@@ -346,18 +362,25 @@ class Lowers:
             (dot_git / "objects" / "info").mkdir(parents=True)
             (dot_git / "refs" / "heads").mkdir(parents=True)
             (dot_git / "info").mkdir()
-            (dot_git / "config").write_text(
-                "[core]\n\trepositoryformatversion = 0\n\tfilemode = true\n\tbare = false\n"
-            )
+            (dot_git / "config").write_text(f"{_CORE}\tfilemode = true\n\tbare = false\n")
             (dot_git / "objects" / "info" / "alternates").write_text(f"{self.store / 'objects'}\n")
         env = self.plain_env(GIT_INDEX_FILE=str(dot_git / "index"), GIT_WORK_TREE=str(path))
+        linked = dot_git / _LINKED
         code = 1
-        if before is not None and not fresh:
+        if fresh:
+            offered = self._offered
+            if offered is not None and offered.commit == commit:
+                code = 0 if link_checkout(work, offered, path, env) >= 0 else 1
+                if code == 0:
+                    linked.touch()
+        elif before is not None and not linked.exists():
             # From one tree to the other: only the entries that differ are looked at.
             code, _ = work.git(
                 "read-tree", "-m", "-u", before, commit, env=env, cwd=path, ok=(0, 1, 128)
             )
-        if code != 0:  # fresh, or a stand-in where a file now goes: every entry is checked
+        if code != 0:
+            # Fresh, or a stand-in where a file now goes, or links (a file edited in place
+            # since is no longer what the index says): every entry is checked, by its stat.
             work.git("read-tree", "--reset", "-u", commit, env=env, cwd=path)
         shutil.copyfile(self.plain / "info" / "exclude", dot_git / "info" / "exclude")
         (dot_git / "HEAD").write_text(f"{commit}\n")
