@@ -34,7 +34,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..core.overlay import Overlay
-from .git import _Work, on_thread
+from .git import _Work, copy_index, on_thread
 from .layers import PATCH_FLAGS, PATCH_FORM
 from .links import SnapshotIndex, link_checkout
 from .runs import remove_index, remove_tree, write_file
@@ -387,6 +387,8 @@ class Lowers:
 
     async def _delta(self, lower: Lower, commit: str) -> Path:
         """A layer that turns ``lower``'s checkout into ``commit``'s."""
+        if (lower.path / ".git" / _LINKED).exists():
+            return await self._layer_of_commit(lower, commit)
         _, out = await on_thread(
             lambda work: work.git(
                 *PATCH_FORM, "diff-tree", "-p", *PATCH_FLAGS, lower.commit, commit,
@@ -394,6 +396,34 @@ class Lowers:
             )
         )  # fmt: skip
         return await self.layer_from_patch((lower.path,), out)
+
+    async def _layer_of_commit(self, lower: Lower, commit: str) -> Path:
+        """A layer of every file where ``lower``'s links differ from ``commit``, by each
+        entry's stat rather than a patch: a file the user edited in place since is no
+        longer what the checkout's commit says, and a patch would not apply to it."""
+        stem = self._name("layer")
+        layer, scratch, target = (self.run / f"{stem}{part}" for part in ("", "-work", "-mnt"))
+        for directory in (layer, scratch, target):
+            directory.mkdir(parents=True)
+        index = self.run / f"{stem}.index"
+        overlay = Overlay((lower.path,), target, upper=layer, work=scratch)
+        # the namespace maps the owner to root: owners and inodes are not compared
+        argv = overlay.wrap(
+            ["git", "-c", "core.checkStat=minimal", "read-tree", "--reset", "-u", commit]
+        )
+        env = self.plain_env(GIT_INDEX_FILE=str(index), GIT_WORK_TREE=str(target))
+        try:
+            copy_index(lower.path / ".git" / "index", index)
+            await on_thread(lambda work: work.run(argv, env=env, cwd=self.run))
+        except BaseException:
+            remove_tree(layer)
+            raise
+        finally:
+            remove_index(index)
+            remove_tree(scratch)
+            with contextlib.suppress(OSError):
+                target.rmdir()
+        return layer
 
     async def layer_from_patch(self, stack: tuple[Path, ...], patch: bytes) -> Path:
         """A new layer holding ``patch`` applied over ``stack``: written by ``git apply``
