@@ -416,6 +416,9 @@ class Makespan:
     #: from the fan-out's end to the last change settled (merged or kept)
     merging: float
     fates: list[str]
+    #: bytes the working directory took on disk after the turn beyond what it took before
+    #: the session (``du``: a file linked twice counts once)
+    disk: int = 0
 
 
 @dataclass
@@ -464,7 +467,9 @@ KINDS: dict[str, dict[str, str]] = {
 CALLS = ("first", "later", "next session")
 
 
-async def three_turns(url: str, workdir: Path, store_path: Path, kind: str) -> list[Makespan]:
+async def three_turns(
+    url: str, workdir: Path, store_path: Path, kind: str, base: int
+) -> list[Makespan]:
     """Two orchestrated turns in one session, then one in a new session: the first pays
     for checking the tree out (under overlays), the second only for what changed since,
     and so does the new session, which finds the checkout the first one kept."""
@@ -498,7 +503,7 @@ async def three_turns(url: str, workdir: Path, store_path: Path, kind: str) -> l
                     wall = time.perf_counter() - started
                     if result.error is not None:
                         raise SystemExit(f"{kind}: the turn failed: {result.error}")
-                    spans.append(tally.span(kind, wall))
+                    spans.append(replace(tally.span(kind, wall), disk=disk_bytes(workdir) - base))
         finally:
             await store.close()
     return spans
@@ -512,8 +517,9 @@ def makespan(template: Path, names: list[str], kind: str, where: Path) -> list[M
     where.mkdir()
     workdir = where / "repo"
     clone(template, workdir)
+    base = disk_bytes(workdir)
     with server.in_thread():
-        spans = asyncio.run(three_turns(server.url, workdir, where / "store.db", kind))
+        spans = asyncio.run(three_turns(server.url, workdir, where / "store.db", kind, base))
     for i, name in enumerate(names[:SUBTASKS], start=1):
         if (workdir / name).read_text().count(f"# edited by worker {i}\n") != len(CALLS):
             raise SystemExit(f"{kind}: worker {i}'s edits are not all in the working directory")
@@ -524,7 +530,7 @@ def makespan(template: Path, names: list[str], kind: str, where: Path) -> list[M
 def makespan_header() -> None:
     print(
         f"  {'files':>7}  {'kind':<7} {'call':<12} {'turn s':>7} {'/ bound':>7} {'before':>7} "
-        f"{'fan-out':>7} {'merging':>7} {'after':>6}  runs (turn s)"
+        f"{'fan-out':>7} {'merging':>7} {'after':>6} {'disk MB':>8}  runs (turn s)"
     )
 
 
@@ -545,10 +551,11 @@ def report_makespans(files: int, runs: dict[str, list[list[Makespan]]]) -> dict[
             fanout = med([s.fanout for s in spans])
             merging = med([s.merging for s in spans])
             after = med([s.turn - s.before - s.fanout - s.merging for s in spans])
+            disk = max(s.disk for s in spans) / 1e6
             medians[kind, call] = turn
             print(
                 f"  {files:>7,}  {kind:<7} {label:<12} {turn:7.3f} {turn / ideal:6.3f}x "
-                f"{before:7.3f} {fanout:7.3f} {merging:7.3f} {after:6.3f}  "
+                f"{before:7.3f} {fanout:7.3f} {merging:7.3f} {after:6.3f} {disk:8.1f}  "
                 f"{', '.join(f'{s.turn:.3f}' for s in spans)}"
             )
         fates = Counter(f for turns in sessions for s in turns for f in s.fates)

@@ -149,4 +149,3 @@ def parse_debug(out: bytes) -> list[_Entry] | None:
             )
         )
     return entries
-
