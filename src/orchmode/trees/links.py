@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from .git import _Work, copy_index
 
@@ -41,10 +43,16 @@ class SnapshotIndex:
     top: Path
 
 
-@dataclass(frozen=True)
-class _Entry:
+#: One entry of ``git ls-files -s --debug -z``: mode, blob, stage, path, then its stat.
+_ENTRY = re.compile(
+    rb"([0-7]+) ([0-9a-f]+) ([0-3])\t([^\0]*)\0"
+    rb"  ctime: [0-9]+:[0-9]+\n  mtime: ([0-9]+):([0-9]+)\n  dev: [0-9]+\tino: ([0-9]+)\n"
+    rb"  uid: [0-9]+\tgid: [0-9]+\n  size: ([0-9]+)\tflags: [0-9a-f]+\n"
+)
+
+
+class _Entry(NamedTuple):
     mode: int
-    blob: str
     path: str
     mtime_ns: int
     ino: int
@@ -75,11 +83,12 @@ def link_checkout(work: _Work, index: SnapshotIndex, path: Path, env: dict[str, 
     rest: list[str] = []
     linked = 0
     linking = True
+    top, checkout = f"{index.top}/", f"{path}/"
     made: set[str] = set()
     for entry in entries:
-        if linking and _same_file(index.top, entry, indexed_at):
+        if linking and _same_file(top + entry.path, entry, indexed_at):
             try:
-                _link(index.top / entry.path, path, entry.path, made)
+                _link(top, checkout, entry.path, made)
                 linked += 1
                 continue
             except OSError as exc:
@@ -91,13 +100,13 @@ def link_checkout(work: _Work, index: SnapshotIndex, path: Path, env: dict[str, 
     return linked
 
 
-def _same_file(top: Path, entry: _Entry, indexed_at: int) -> bool:
+def _same_file(name: str, entry: _Entry, indexed_at: int) -> bool:
     """Whether the working directory's file is still the one the index recorded, and the
     record trustworthy (not racily clean: modified before the index was written)."""
     if not stat.S_ISREG(entry.mode) or entry.mtime_ns >= indexed_at:
         return False
     try:
-        now = os.lstat(top / entry.path)
+        now = os.lstat(name)
     except OSError:
         return False
     return (
@@ -109,43 +118,32 @@ def _same_file(top: Path, entry: _Entry, indexed_at: int) -> bool:
     )
 
 
-def _link(source: Path, checkout: Path, name: str, made: set[str]) -> None:
+def _link(top: str, checkout: str, name: str, made: set[str]) -> None:
+    """Link ``top``'s file ``name`` into ``checkout`` (both paths end in ``/``)."""
     parent = os.path.dirname(name)
     if parent and parent not in made:
-        (checkout / parent).mkdir(parents=True, exist_ok=True)
+        os.makedirs(checkout + parent, exist_ok=True)
         made.add(parent)
-    os.link(source, checkout / name, follow_symlinks=False)
+    os.link(top + name, checkout + name, follow_symlinks=False)
 
 
 def parse_debug(out: bytes) -> list[_Entry] | None:
-    """The entries of ``git ls-files -s --debug -z``; None for an index with an entry not
-    merged (its files are then checked out as usual)."""
+    """The entries of ``git ls-files -s --debug -z``; None for an index this cannot read
+    whole, or with an entry not merged (its files are then checked out as usual)."""
     entries: list[_Entry] = []
     at = 0
-    end = len(out)
-    while at < end:
-        stop = out.index(b"\0", at)
-        head, _, name = out[at:stop].partition(b"\t")
-        mode, blob, stage = head.split(b" ")
-        if stage != b"0":
+    for match in _ENTRY.finditer(out):
+        mode, _, stage, name, seconds, nanos, ino, size = match.groups()
+        if match.start() != at or stage != b"0":
             return None
-        fields: dict[bytes, int] = {}
-        at = stop + 1
-        for _ in range(5):  # ctime, mtime, dev+ino, uid+gid, size+flags
-            line_end = out.index(b"\n", at)
-            for part in out[at:line_end].split(b"\t"):
-                key, _, value = part.strip().partition(b": ")
-                seconds, _, nanos = value.partition(b":")
-                fields[key] = int(seconds) * 1_000_000_000 + int(nanos) if nanos else int(value)
-            at = line_end + 1
+        at = match.end()
         entries.append(
             _Entry(
                 int(mode, 8),
-                blob.decode(),
                 name.decode(errors="surrogateescape"),
-                fields[b"mtime"],
-                fields[b"ino"],
-                fields[b"size"],
+                int(seconds) * 1_000_000_000 + int(nanos),
+                int(ino),
+                int(size),
             )
         )
-    return entries
+    return entries if at == len(out) else None
