@@ -26,8 +26,13 @@ from typing import NamedTuple
 
 from .git import _Work, copy_index
 
-#: The config that lets git ignore the ctime a link changes (modification times still count).
-NO_CTIME = ("-c", "core.trustctime=false")
+#: Variables that tell git not to trust ctime, which a link changes (modification times,
+#: inodes and sizes still count).
+NO_CTIME = {
+    "GIT_CONFIG_COUNT": "1",
+    "GIT_CONFIG_KEY_0": "core.trustctime",
+    "GIT_CONFIG_VALUE_0": "false",
+}
 #: What a link refused for the whole tree looks like: the checkout is written instead.
 #: An index keeps the low 32 bits of an inode number and a size.
 _INDEXED = 0xFFFFFFFF

@@ -20,7 +20,7 @@ from pathlib import Path
 from ..core.secrets import Secrets
 from .checkout import Checkout
 from .git import TreeError, _Work, copy_index, on_thread
-from .links import NO_CTIME, SnapshotIndex
+from .links import SnapshotIndex
 from .runs import remove_index
 from .store import TreeStore
 
@@ -39,7 +39,7 @@ SNAPSHOT_ATTEMPTS = 8
 SNAPSHOT_PAUSE = 0.01
 
 _STATUS = (
-    *NO_CTIME, "status", "--porcelain=v2", "-z", "--no-renames", "--untracked-files=all",
+    "status", "--porcelain=v2", "-z", "--no-renames", "--untracked-files=all",
     "--ignored=matching", "--ignore-submodules=all", "--", ".",
 )  # fmt: skip
 
