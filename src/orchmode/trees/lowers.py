@@ -4,10 +4,11 @@ The tree is checked out once: the first Workflow call's snapshot is materialised
 links to the working directory's files that hold it where the snapshot's index says they
 do (:mod:`.links`), else in full; each later call's snapshot is the same directory brought
 up to date by git, which replaces only the files that differ (a checkout of links is
-checked by every entry's stat: a file the user edited in place since is replaced too). A commit
-that is not the materialised one (a resolver's tree, with the changes merged so far and
-conflict markers in it) is a thin layer over it: the difference, applied once by
-``git apply`` inside an overlay, so it costs what differs.
+checked by every entry's stat: a file the user edited in place since is replaced too). A
+commit that is not the materialised one (a resolver's tree, with the changes merged so far
+and conflict markers in it) is a thin layer over it: the difference, applied once by
+``git apply`` inside an overlay (over links, the files that differ, written by git), so it
+costs what differs.
 
 The checkout is kept between sessions, in ``.orchmode/trees/checkout`` (see
 :class:`KeptCheckout`): the next session in this directory brings it up to date instead
