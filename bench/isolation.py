@@ -81,6 +81,10 @@ DELAY = 1.0
 #: synthesis.
 SERIAL_REQUESTS = 6
 TARGET = 1.05
+#: The first call ever in a directory, which makes the session's checkout (of links where
+#: the working directory's files can be linked), and the disk it may add at most.
+FIRST_TARGET = 1.5
+FIRST_DISK_MB = 64
 #: Seconds one turn may take before the benchmark gives up on it.
 TURN_DEADLINE = 120.0
 #: An hour ago: the committed files were written long before the index (none racy).
@@ -574,7 +578,8 @@ def report_ratios(ratios: dict[int, dict[str, float]]) -> None:
     for files, by_kind in ratios.items():
         for name, ratio in by_kind.items():
             kind, call = name.split("|")
-            verdict = "met" if ratio <= TARGET else "MISSED"
+            target = FIRST_TARGET if call == "first" else TARGET
+            verdict = "met" if ratio <= target else "MISSED"
             what = {
                 "first": "the session's first call",
                 "later": "a later call",
@@ -582,7 +587,7 @@ def report_ratios(ratios: dict[int, dict[str, float]]) -> None:
             }[call]
             print(
                 f"  {files:,} files, {kind} workspaces, {what}: makespan / shared "
-                f"{ratio:.3f}x (target <= {TARGET:.2f}x) {verdict}"
+                f"{ratio:.3f}x (target <= {target:.2f}x) {verdict}"
             )
 
 
