@@ -260,6 +260,7 @@ class Lowers:
     def close(self) -> None:
         self._lowers.clear()
         self._stubs.clear()
+        self._offered = None  # its file goes with the run's directory
         if self.kept is not None:
             self.kept.close()
 
