@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-from .git import _Work, copy_index
+from .git import _Work
 
 #: Variables that tell git not to trust ctime, which a link changes (modification times,
 #: inodes and sizes still count).
@@ -66,7 +66,8 @@ class _Entry(NamedTuple):
 
 def link_checkout(work: _Work, index: SnapshotIndex, path: Path, env: dict[str, str]) -> int:
     """Fill the empty checkout ``path`` (its ``.git`` made) with ``index.commit``: links
-    where they can be made, the rest written from the store; the links made.
+    where they can be made, the rest written from the store; the links made. The index
+    becomes the checkout's own.
 
     ``env`` reaches the store with the checkout's index and work tree. Returns -1, having
     written nothing, when the index does not hold the commit's tree exactly (the caller
@@ -74,7 +75,7 @@ def link_checkout(work: _Work, index: SnapshotIndex, path: Path, env: dict[str, 
     """
     target = Path(env["GIT_INDEX_FILE"])
     try:
-        copy_index(index.path, target)
+        os.replace(index.path, target)  # moved, not copied: its time kept, no second copy
     except OSError:
         return -1  # a later snapshot's took its place
     _, out = work.git("ls-files", "-s", "--debug", "-z", env=env, cwd=path)

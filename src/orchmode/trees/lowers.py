@@ -181,7 +181,11 @@ class Lowers:
         its commit."""
         if self._offered is not None:
             remove_index(self._offered.path)
-        self._offered = index
+        self._offered = None
+        if self._lowers:
+            remove_index(index.path)  # a checkout is made: it is only ever brought up to date
+        else:
+            self._offered = index
 
     def prepare_plain(self, exclude: str) -> None:
         """Make (or refresh) the plain git directory: no conversions, the user's excludes."""
@@ -374,6 +378,7 @@ class Lowers:
         if fresh:
             offered = self._offered
             if offered is not None and offered.commit == commit:
+                self._offered = None  # the checkout takes its file
                 code = 0 if link_checkout(work, offered, path, env) >= 0 else 1
                 if code == 0:
                     linked.touch()
