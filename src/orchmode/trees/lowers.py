@@ -179,9 +179,7 @@ class Lowers:
     def offer(self, index: SnapshotIndex) -> None:
         """Keep the latest snapshot's index (in place of the one before) for a checkout of
         its commit."""
-        if self._offered is not None:
-            remove_index(self._offered.path)
-        self._offered = None
+        self._forget_offered()
         if self._lowers:
             remove_index(index.path)  # a checkout is made: it is only ever brought up to date
         else:
@@ -261,6 +259,11 @@ class Lowers:
             self._stubs[wanted] = layer
         return layer
 
+    def _forget_offered(self) -> None:
+        if self._offered is not None:
+            remove_index(self._offered.path)
+            self._offered = None
+
     def close(self) -> None:
         self._lowers.clear()
         self._stubs.clear()
@@ -277,6 +280,7 @@ class Lowers:
         if self.kept is not None:
             kept = await self._adopt(self.kept, commit, wanted)
             if kept is not None:
+                self._forget_offered()  # brought up to date, never made anew here
                 self._lowers.append(kept)
                 return kept
         path = self.run / self._name("lower")
