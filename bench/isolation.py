@@ -27,7 +27,10 @@ repository's is.
    call pays for checking the tree out; later calls, and the next session (which finds
    the checkout kept), only for what changed. Where a turn went: before the fan-out (the
    scout's and the Workflow call's requests, and the snapshot), the fan-out, merging (from
-   the fan-out's end to the last change merged) and after (the synthesis). Every worker's
+   the fan-out's end to the last change merged) and after (the synthesis); and the disk
+   the working directory takes after each call beyond what it took before (``du``, which
+   counts a file linked twice once; the first call's targets: <= 64 MB, and <= 1.5x
+   ``shared``). Every worker's
    lines must be in the working directory at the end.
 
     .venv/bin/python bench/isolation.py [--sizes 1000,10000,100000] [--repeats 5]
@@ -81,6 +84,10 @@ DELAY = 1.0
 #: synthesis.
 SERIAL_REQUESTS = 6
 TARGET = 1.05
+#: The first call ever in a directory, which makes the session's checkout (of links where
+#: the working directory's files can be linked), and the disk it may add at most.
+FIRST_TARGET = 1.5
+FIRST_DISK_MB = 64
 #: Seconds one turn may take before the benchmark gives up on it.
 TURN_DEADLINE = 120.0
 #: An hour ago: the committed files were written long before the index (none racy).
@@ -416,6 +423,9 @@ class Makespan:
     #: from the fan-out's end to the last change settled (merged or kept)
     merging: float
     fates: list[str]
+    #: bytes the working directory took on disk after the turn beyond what it took before
+    #: the session (``du``: a file linked twice counts once)
+    disk: int = 0
 
 
 @dataclass
@@ -464,7 +474,9 @@ KINDS: dict[str, dict[str, str]] = {
 CALLS = ("first", "later", "next session")
 
 
-async def three_turns(url: str, workdir: Path, store_path: Path, kind: str) -> list[Makespan]:
+async def three_turns(
+    url: str, workdir: Path, store_path: Path, kind: str, base: int
+) -> list[Makespan]:
     """Two orchestrated turns in one session, then one in a new session: the first pays
     for checking the tree out (under overlays), the second only for what changed since,
     and so does the new session, which finds the checkout the first one kept."""
@@ -498,7 +510,7 @@ async def three_turns(url: str, workdir: Path, store_path: Path, kind: str) -> l
                     wall = time.perf_counter() - started
                     if result.error is not None:
                         raise SystemExit(f"{kind}: the turn failed: {result.error}")
-                    spans.append(tally.span(kind, wall))
+                    spans.append(replace(tally.span(kind, wall), disk=disk_bytes(workdir) - base))
         finally:
             await store.close()
     return spans
@@ -512,8 +524,9 @@ def makespan(template: Path, names: list[str], kind: str, where: Path) -> list[M
     where.mkdir()
     workdir = where / "repo"
     clone(template, workdir)
+    base = disk_bytes(workdir)
     with server.in_thread():
-        spans = asyncio.run(three_turns(server.url, workdir, where / "store.db", kind))
+        spans = asyncio.run(three_turns(server.url, workdir, where / "store.db", kind, base))
     for i, name in enumerate(names[:SUBTASKS], start=1):
         if (workdir / name).read_text().count(f"# edited by worker {i}\n") != len(CALLS):
             raise SystemExit(f"{kind}: worker {i}'s edits are not all in the working directory")
@@ -524,7 +537,7 @@ def makespan(template: Path, names: list[str], kind: str, where: Path) -> list[M
 def makespan_header() -> None:
     print(
         f"  {'files':>7}  {'kind':<7} {'call':<12} {'turn s':>7} {'/ bound':>7} {'before':>7} "
-        f"{'fan-out':>7} {'merging':>7} {'after':>6}  runs (turn s)"
+        f"{'fan-out':>7} {'merging':>7} {'after':>6} {'disk MB':>8}  runs (turn s)"
     )
 
 
@@ -533,6 +546,7 @@ def report_makespans(files: int, runs: dict[str, list[list[Makespan]]]) -> dict[
     call (``first``, ``later``)."""
     ideal = SERIAL_REQUESTS * DELAY
     medians: dict[tuple[str, int], float] = {}
+    verdicts: list[str] = []
 
     def med(values: list[float]) -> float:
         return statistics.median(values)
@@ -545,16 +559,24 @@ def report_makespans(files: int, runs: dict[str, list[list[Makespan]]]) -> dict[
             fanout = med([s.fanout for s in spans])
             merging = med([s.merging for s in spans])
             after = med([s.turn - s.before - s.fanout - s.merging for s in spans])
+            disk = max(s.disk for s in spans) / 1e6
             medians[kind, call] = turn
             print(
                 f"  {files:>7,}  {kind:<7} {label:<12} {turn:7.3f} {turn / ideal:6.3f}x "
-                f"{before:7.3f} {fanout:7.3f} {merging:7.3f} {after:6.3f}  "
+                f"{before:7.3f} {fanout:7.3f} {merging:7.3f} {after:6.3f} {disk:8.1f}  "
                 f"{', '.join(f'{s.turn:.3f}' for s in spans)}"
             )
+            if kind != "shared" and label == "first":
+                verdict = "met" if disk <= FIRST_DISK_MB else "MISSED"
+                verdicts.append(
+                    f"  {files:,} files, {kind} workspaces, the first call's extra disk "
+                    f"{disk:.1f} MB (target <= {FIRST_DISK_MB} MB) {verdict}"
+                )
         fates = Counter(f for turns in sessions for s in turns for f in s.fates)
         expected = len(CALLS) * SUBTASKS * len(sessions) if kind != "shared" else 0
         if fates.get("merged", 0) != expected:
             print(f"  WARNING: {kind}: changes {dict(fates)}, expected {expected} merged")
+    print("\n".join(verdicts))
     return {
         f"{kind}|{label}": medians[kind, call] / medians["shared", call]
         for kind in runs
@@ -567,7 +589,8 @@ def report_ratios(ratios: dict[int, dict[str, float]]) -> None:
     for files, by_kind in ratios.items():
         for name, ratio in by_kind.items():
             kind, call = name.split("|")
-            verdict = "met" if ratio <= TARGET else "MISSED"
+            target = FIRST_TARGET if call == "first" else TARGET
+            verdict = "met" if ratio <= target else "MISSED"
             what = {
                 "first": "the session's first call",
                 "later": "a later call",
@@ -575,7 +598,7 @@ def report_ratios(ratios: dict[int, dict[str, float]]) -> None:
             }[call]
             print(
                 f"  {files:,} files, {kind} workspaces, {what}: makespan / shared "
-                f"{ratio:.3f}x (target <= {TARGET:.2f}x) {verdict}"
+                f"{ratio:.3f}x (target <= {target:.2f}x) {verdict}"
             )
 
 

@@ -130,6 +130,13 @@ def agents_in() -> Iterator[type[Agents]]:
         agents.close()
 
 
+def save(path: Path, text: str) -> None:
+    """Write ``path`` as git and most editors do: a new file renamed over the old one."""
+    new = path.with_name(f".{path.name}.new")
+    new.write_text(text)
+    new.replace(path)
+
+
 def changed_files(change: Change) -> dict[str, str]:
     return {f.label: f.kind for f in summarise(change.patch).files}
 
@@ -229,7 +236,8 @@ async def test_two_sessions_at_once_share_the_kept_checkout_and_neither_changes_
     spec = await first.snapshot()
     held = first.workspaces.workspace("held", spec)
     await held.open()  # the first session is still using the checkout
-    (workdir / "a.txt").write_text("second\n")
+    save(workdir / "a.txt", "second\n")  # as git and most editors save (an in-place edit:
+    # test_a_file_edited_in_place_during_a_call_shows_through_and_its_merge_loses_nothing)
     second = agents_in(workdir)
     result, change, _ = await second.run(await second.snapshot(), "cat a.txt; echo c > c.txt")
     assert result.output == "second"  # its own snapshot, layered over the other's
@@ -248,7 +256,9 @@ async def test_a_kept_checkout_left_half_changed_is_checked_out_anew(
     await first.run(await first.snapshot(), "true")
     first.close()
     kept = workdir / ".orchmode" / "trees" / "checkout"
-    (kept / "a.txt").write_text("half written\n")  # killed while changing it: no commit left
+    half = kept / "a.txt.half"  # git replaces a file it writes, never writes it in place
+    half.write_text("half written\n")
+    half.replace(kept / "a.txt")  # killed while changing it: no commit left
     (workdir / ".orchmode" / "trees" / "checkout.commit").unlink()
     second = agents_in(workdir)
     result, _, _ = await second.run(await second.snapshot(), "cat a.txt")

@@ -1,11 +1,14 @@
 """Read-only checkouts of snapshots, which the agents' overlays are layered on.
 
-The tree is checked out once: the first Workflow call's snapshot is materialised in full
-(the one cost that grows with the repository), and each later call's snapshot is the same
-directory brought up to date by git, which rewrites only the files that differ. A commit
-that is not the materialised one (a resolver's tree, with the changes merged so far and
-conflict markers in it) is a thin layer over it: the difference, applied once by
-``git apply`` inside an overlay, so it costs what differs.
+The tree is checked out once: the first Workflow call's snapshot is materialised, as hard
+links to the working directory's files that hold it where the snapshot's index says they
+do (:mod:`.links`), else in full; each later call's snapshot is the same directory brought
+up to date by git, which replaces only the files that differ (a checkout of links is
+checked by every entry's stat: a file the user edited in place since is replaced too). A
+commit that is not the materialised one (a resolver's tree, with the changes merged so far
+and conflict markers in it) is a thin layer over it: the difference, applied once by
+``git apply`` inside an overlay (over links, the files that differ, written by git), so it
+costs what differs.
 
 The checkout is kept between sessions, in ``.orchmode/trees/checkout`` (see
 :class:`KeptCheckout`): the next session in this directory brings it up to date instead
@@ -34,9 +37,16 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..core.overlay import Overlay
-from .git import _Work, on_thread
+from .git import _Work, copy_index, on_thread
 from .layers import PATCH_FLAGS, PATCH_FORM
-from .runs import remove_tree, write_file
+from .links import SnapshotIndex, link_checkout
+from .runs import remove_index, remove_tree, write_file
+
+#: Beside a checkout's index: the checkout holds links to the working directory's files.
+_LINKED = "orchmode-linked"
+#: Config of the gits that read a checkout: no conversions, and no trust in ctime (a link
+#: to a file changes it).
+_CORE = "[core]\n\trepositoryformatversion = 0\n\ttrustctime = false\n"
 
 #: Attributes that keep checkouts and hashing byte for byte: the agents see the blobs as
 #: they are stored, and what they write is stored as they wrote it.
@@ -163,6 +173,17 @@ class Lowers:
         self._lowers: list[Lower] = []
         self._stubs: dict[frozenset[str], Path] = {}
         self._lock = asyncio.Lock()
+        #: The latest snapshot's index, which says which files a new checkout can link.
+        self._offered: SnapshotIndex | None = None
+
+    def offer(self, index: SnapshotIndex) -> None:
+        """Keep the latest snapshot's index (in place of the one before) for a checkout of
+        its commit."""
+        self._forget_offered()
+        if self._lowers:
+            remove_index(index.path)  # a checkout is made: it is only ever brought up to date
+        else:
+            self._offered = index
 
     def prepare_plain(self, exclude: str) -> None:
         """Make (or refresh) the plain git directory: no conversions, the user's excludes."""
@@ -174,7 +195,7 @@ class Lowers:
             write_file(plain / "HEAD", "ref: refs/heads/orchmode\n")
         write_file(
             plain / "config",
-            "[core]\n\trepositoryformatversion = 0\n\tbare = true\n\tsymlinks = true\n",
+            f"{_CORE}\tbare = true\n\tsymlinks = true\n",
         )
         write_file(plain / "objects" / "info" / "alternates", f"{self.store / 'objects'}\n")
         write_file(plain / "info" / "attributes", _PLAIN_ATTRIBUTES)
@@ -238,9 +259,15 @@ class Lowers:
             self._stubs[wanted] = layer
         return layer
 
+    def _forget_offered(self) -> None:
+        if self._offered is not None:
+            remove_index(self._offered.path)
+            self._offered = None
+
     def close(self) -> None:
         self._lowers.clear()
         self._stubs.clear()
+        self._offered = None  # its file goes with the run's directory
         if self.kept is not None:
             self.kept.close()
 
@@ -253,6 +280,7 @@ class Lowers:
         if self.kept is not None:
             kept = await self._adopt(self.kept, commit, wanted)
             if kept is not None:
+                self._forget_offered()  # brought up to date, never made anew here
                 self._lowers.append(kept)
                 return kept
         path = self.run / self._name("lower")
@@ -346,24 +374,34 @@ class Lowers:
             (dot_git / "objects" / "info").mkdir(parents=True)
             (dot_git / "refs" / "heads").mkdir(parents=True)
             (dot_git / "info").mkdir()
-            (dot_git / "config").write_text(
-                "[core]\n\trepositoryformatversion = 0\n\tfilemode = true\n\tbare = false\n"
-            )
+            (dot_git / "config").write_text(f"{_CORE}\tfilemode = true\n\tbare = false\n")
             (dot_git / "objects" / "info" / "alternates").write_text(f"{self.store / 'objects'}\n")
         env = self.plain_env(GIT_INDEX_FILE=str(dot_git / "index"), GIT_WORK_TREE=str(path))
+        linked = dot_git / _LINKED
         code = 1
-        if before is not None and not fresh:
+        if fresh:
+            offered = self._offered
+            if offered is not None and offered.commit == commit:
+                self._offered = None  # the checkout takes its file
+                code = 0 if link_checkout(work, offered, path, env) >= 0 else 1
+                if code == 0:
+                    linked.touch()
+        elif before is not None and not linked.exists():
             # From one tree to the other: only the entries that differ are looked at.
             code, _ = work.git(
                 "read-tree", "-m", "-u", before, commit, env=env, cwd=path, ok=(0, 1, 128)
             )
-        if code != 0:  # fresh, or a stand-in where a file now goes: every entry is checked
+        if code != 0:
+            # Fresh, or a stand-in where a file now goes, or links (a file edited in place
+            # since is no longer what the index says): every entry is checked, by its stat.
             work.git("read-tree", "--reset", "-u", commit, env=env, cwd=path)
         shutil.copyfile(self.plain / "info" / "exclude", dot_git / "info" / "exclude")
         (dot_git / "HEAD").write_text(f"{commit}\n")
 
     async def _delta(self, lower: Lower, commit: str) -> Path:
         """A layer that turns ``lower``'s checkout into ``commit``'s."""
+        if (lower.path / ".git" / _LINKED).exists():
+            return await self._layer_of_commit(lower, commit)
         _, out = await on_thread(
             lambda work: work.git(
                 *PATCH_FORM, "diff-tree", "-p", *PATCH_FLAGS, lower.commit, commit,
@@ -371,6 +409,34 @@ class Lowers:
             )
         )  # fmt: skip
         return await self.layer_from_patch((lower.path,), out)
+
+    async def _layer_of_commit(self, lower: Lower, commit: str) -> Path:
+        """A layer of every file where ``lower``'s links differ from ``commit``, by each
+        entry's stat rather than a patch: a file the user edited in place since is no
+        longer what the checkout's commit says, and a patch would not apply to it."""
+        stem = self._name("layer")
+        layer, scratch, target = (self.run / f"{stem}{part}" for part in ("", "-work", "-mnt"))
+        for directory in (layer, scratch, target):
+            directory.mkdir(parents=True)
+        index = self.run / f"{stem}.index"
+        overlay = Overlay((lower.path,), target, upper=layer, work=scratch)
+        # the namespace maps the owner to root: owners and inodes are not compared
+        argv = overlay.wrap(
+            ["git", "-c", "core.checkStat=minimal", "read-tree", "--reset", "-u", commit]
+        )
+        env = self.plain_env(GIT_INDEX_FILE=str(index), GIT_WORK_TREE=str(target))
+        try:
+            copy_index(lower.path / ".git" / "index", index)
+            await on_thread(lambda work: work.run(argv, env=env, cwd=self.run))
+        except BaseException:
+            remove_tree(layer)
+            raise
+        finally:
+            remove_index(index)
+            remove_tree(scratch)
+            with contextlib.suppress(OSError):
+                target.rmdir()
+        return layer
 
     async def layer_from_patch(self, stack: tuple[Path, ...], patch: bytes) -> Path:
         """A new layer holding ``patch`` applied over ``stack``: written by ``git apply``

@@ -59,7 +59,8 @@ def remove_tree(path: Path) -> None:
     def writable(function: object, name: str, _exc: object) -> None:
         with contextlib.suppress(OSError):
             os.chmod(os.path.dirname(name), 0o700)
-            if not os.path.islink(name):  # a link an agent left may lead out of the copy
+            # only a directory: a file may be a hard link to the user's own (a checkout's)
+            if os.path.isdir(name) and not os.path.islink(name):
                 os.chmod(name, 0o700)
             if os.path.isdir(name) and not os.path.islink(name):
                 shutil.rmtree(name, ignore_errors=True)

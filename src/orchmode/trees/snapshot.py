@@ -20,6 +20,7 @@ from pathlib import Path
 from ..core.secrets import Secrets
 from .checkout import Checkout
 from .git import TreeError, _Work, copy_index, on_thread
+from .links import SnapshotIndex
 from .runs import remove_index
 from .store import TreeStore
 
@@ -98,11 +99,24 @@ class Snapshots:
                     await asyncio.sleep(SNAPSHOT_PAUSE * 2 ** (attempt - 1))
             _, out = await store.git("commit-tree", tree, "-m", "orchmode snapshot")
             commit = out.decode().strip()
-        finally:
+        except BaseException:
             remove_index(index)
+            raise
+        self._offer(commit, index)
         store.remember(commit, tree)
         self.checkout.presumed = tree
         return Snapshot(commit, ignored)
+
+    def _offer(self, commit: str, index: Path) -> None:
+        """Hand the index the snapshot was hashed with to the checkouts: its stat data says
+        which of the working directory's files a checkout can link (paths from the top
+        only: a subdirectory's snapshot is a subtree, which the index does not match)."""
+        repo = self.store.repo
+        if repo is not None and repo.prefix:
+            remove_index(index)
+            return
+        top = repo.toplevel if repo is not None else self.store.workdir
+        self.store.lowers.offer(SnapshotIndex(commit, index, top))
 
     def _walk(self, work: _Work, index: Path) -> tuple[str, tuple[str, ...]]:
         """The working directory's tree, and its ignored entries."""

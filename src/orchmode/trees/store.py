@@ -18,6 +18,7 @@ from pathlib import Path
 
 from .git import TreeError, _Work, git, on_thread
 from .layers import PATCH_FLAGS, PATCH_FORM
+from .links import NO_CTIME
 from .lowers import KeptCheckout, Lowers
 from .runs import held_lock, run_name, sweep_dead_runs, write_file
 
@@ -104,7 +105,12 @@ class TreeStore:
         """Git variables that read the working directory as the user's git sees it, with a
         private index and every new object going to the private store."""
         repo = self.repo
-        env = {"GIT_INDEX_FILE": str(index), "GIT_OBJECT_DIRECTORY": str(self.objects)}
+        env = {
+            "GIT_INDEX_FILE": str(index),
+            "GIT_OBJECT_DIRECTORY": str(self.objects),
+            # the checkout's links change the files' ctimes: modification times still count
+            **NO_CTIME,
+        }
         if repo is None:
             env.update(GIT_DIR=str(self.git_dir), GIT_WORK_TREE=str(self.workdir))
         else:
