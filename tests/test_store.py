@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -143,13 +146,18 @@ async def test_migrations_are_recorded_once(store_url: str) -> None:
 
 RACER = textwrap.dedent(
     """
-    import asyncio, json, random, sys, time
+    import asyncio, json, os, random, sys, time
+    from pathlib import Path
     from orchmode.store import BudgetCaps, open_store
 
     async def main(url, holder, what, n):
         store = await open_store(url)
         print("ready", flush=True)
         sys.stdin.readline()  # the starting gun: every racer is ready
+        line = Path(sys.argv[5])  # and the start line: each waits there for all four
+        (line / holder).touch()
+        while len(os.listdir(line)) < 4:
+            time.sleep(0.001)  # polls the condition; a loaded machine starts racers late
         started = time.monotonic()
         won = []
         order = list(range(n))
@@ -171,16 +179,21 @@ RACER = textwrap.dedent(
 
 
 def race(url: str, what: str, n: int) -> list[list[int]]:
-    """Four processes doing the same thing to the same store at the same time.
+    """Four processes doing the same thing to the same store at the same time; what each
+    one won (a lock need not be fair, so one racer may win everything)."""
+    return [r["won"] for r in run_racers(RACER, lambda i: [url, f"racer-{i}", what, str(n)])]
 
-    Returns what each one won, after checking that all four really were at work
-    at once (CLOCK_MONOTONIC is one clock for every process on the machine): a
-    lock need not be fair, so one racer may win everything, but never by
-    running alone.
-    """
+
+def run_racers(script: str, argv: Callable[[int], list[str]]) -> list[dict[str, Any]]:
+    """Four processes of ``script`` (each given ``argv(i)`` and then the start line's
+    directory) started together: each says "ready", hears the starting gun on its stdin,
+    then waits at the start line for all four. Their JSON reports, after checking that all
+    four really were at work at once (CLOCK_MONOTONIC is one clock for every process on the
+    machine)."""
+    start_line = Path(tempfile.mkdtemp(prefix="orchmode-race-"))
     racers = [
         subprocess.Popen(
-            [sys.executable, "-c", RACER, url, f"racer-{i}", what, str(n)],
+            [sys.executable, "-c", script, *argv(i), str(start_line)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -194,10 +207,11 @@ def race(url: str, what: str, n: int) -> list[list[int]]:
         racer.stdin.write("go\n")
         racer.stdin.flush()
     outputs = [racer.communicate(timeout=120)[0] for racer in racers]
+    shutil.rmtree(start_line)
     assert all(racer.returncode == 0 for racer in racers)
     reports = [json.loads(output) for output in outputs]
     assert max(r["started"] for r in reports) < min(r["finished"] for r in reports)
-    return [r["won"] for r in reports]
+    return reports
 
 
 async def test_four_processes_racing_on_a_thousand_claims_win_each_exactly_once(
@@ -427,13 +441,18 @@ async def test_an_approval_survives_reopening_the_store(store_url: str) -> None:
 
 APPROVAL_RACER = textwrap.dedent(
     """
-    import asyncio, json, sys, time
+    import asyncio, json, os, sys, time
+    from pathlib import Path
     from orchmode.store import ApprovalRequest, open_store
 
     async def main(url, racer, n):
         store = await open_store(url)
         print("ready", flush=True)
         sys.stdin.readline()  # the starting gun: every racer is ready
+        line = Path(sys.argv[4])  # and the start line: each waits there for all four
+        (line / racer).touch()
+        while len(os.listdir(line)) < 4:
+            time.sleep(0.001)  # polls the condition; a loaded machine starts racers late
         started = time.monotonic()
         ids, won = {}, []
         for i in range(n):  # every racer asks the same n questions, then answers them all
@@ -459,24 +478,7 @@ async def test_four_processes_asking_and_answering_the_same_approvals_agree(
 ) -> None:
     """Asked at once, a question gets one id for everyone; answered at once, one answer wins."""
     await (await open_store(store_url)).close()
-    racers = [
-        subprocess.Popen(
-            [sys.executable, "-c", APPROVAL_RACER, store_url, f"racer-{i}", "50"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        for i in range(4)
-    ]
-    for racer in racers:
-        assert racer.stdout is not None and racer.stdout.readline().strip() == "ready"
-    for racer in racers:
-        assert racer.stdin is not None
-        racer.stdin.write("go\n")
-        racer.stdin.flush()
-    reports = [json.loads(racer.communicate(timeout=120)[0]) for racer in racers]
-    assert all(racer.returncode == 0 for racer in racers)
-    assert max(r["started"] for r in reports) < min(r["finished"] for r in reports)
+    reports = run_racers(APPROVAL_RACER, lambda i: [store_url, f"racer-{i}", "50"])
     assert all(r["ids"] == reports[0]["ids"] for r in reports)
     assert sorted(reports[0]["ids"].values()) == list(range(1, 51))
     winners = {approval_id: i for i, r in enumerate(reports) for approval_id in r["won"]}
