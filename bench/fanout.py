@@ -36,6 +36,7 @@ from collections import Counter
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from orchmode.core.events import Event, EventBus, FanoutDone, ModelRequestDone
 from orchmode.core.settings import Settings
@@ -203,15 +204,19 @@ async def one_turn(
     return session.gateway, (pool.hits, pool.hits + pool.misses) if pool else (0, 0)
 
 
-async def bare_sdk_fanout(url: str, concurrent: int, chains: list[int]) -> tuple[float, float]:
+async def bare_sdk_fanout(
+    url: str, concurrent: int, chains: list[list[dict[str, object]]]
+) -> tuple[float, float]:
     """The same requests sent by a bare SDK loop: no tools run, no journal, no verification.
 
-    The simple baseline: what any Python harness on the SDK pays for the same traffic. Its
+    The simple baseline: what any Python harness on the SDK pays for the same traffic. Each
+    chain's request bodies are sent again as orchmode sent them (system prompt, tools and
+    the conversation so far), one chain to a slot, each response streamed to its end. Its
     makespan, and its CPU per request in milliseconds.
     """
     import anthropic
 
-    from orchmode.core.prompts import SUBAGENT_TOOLS
+    from orchmode.model.request_form import CONTEXT_BETA
 
     client = anthropic.AsyncAnthropic(
         base_url=url,
@@ -221,25 +226,43 @@ async def bare_sdk_fanout(url: str, concurrent: int, chains: list[int]) -> tuple
     )
     slots = asyncio.Semaphore(concurrent)
 
-    async def chain(n: int, requests: int) -> None:
+    async def send(body: dict[str, object]) -> None:
+        params: dict[str, Any] = {k: v for k, v in body.items() if k != "stream"}
+        if "context_management" in params:
+            create: Any = client.beta.messages.create(**params, betas=[CONTEXT_BETA], stream=True)
+        else:
+            create = client.messages.create(**params, stream=True)
+        stream = await create
+        async with stream:
+            async for _event in stream:
+                pass
+
+    async def chain(bodies: list[dict[str, object]]) -> None:
         async with slots:
-            for _ in range(requests):
-                stream = await client.messages.create(
-                    model="claude-opus-5-5",
-                    max_tokens=64000,
-                    messages=[{"role": "user", "content": f"Check item {n}"}],
-                    tools=SUBAGENT_TOOLS,  # type: ignore[arg-type]
-                    stream=True,
-                )
-                async with stream:
-                    async for _event in stream:
-                        pass
+            for body in bodies:
+                await send(body)
 
     started, cpu = time.monotonic(), time.process_time()
-    await asyncio.gather(*(chain(n, r) for n, r in enumerate(chains)))
+    await asyncio.gather(*(chain(bodies) for bodies in chains))
     elapsed, cpu = time.monotonic() - started, time.process_time() - cpu
     await client.close()
-    return elapsed, cpu / max(sum(chains), 1) * 1000
+    return elapsed, cpu / max(sum(len(c) for c in chains), 1) * 1000
+
+
+def chain_bodies(url: str) -> list[list[dict[str, object]]]:
+    """Each subtask's requests, as sent (worker, then verifier), from the server's log."""
+    import urllib.request
+
+    from orchmode.testing.server import LOG_PATH
+
+    with urllib.request.urlopen(url + LOG_PATH + "?bodies=1") as response:
+        entries = json.load(response)
+    chains: dict[str, list[dict[str, object]]] = {}
+    for entry in entries:
+        found = re.search(r"Check item \d+", entry["first_user_text"] or "")
+        if found and entry["path"].startswith("/v1/messages") and entry["status"] == 200:
+            chains.setdefault(found.group(0), []).append(entry["body"])
+    return list(chains.values())
 
 
 def server_chain_times(url: str) -> list[float]:
@@ -316,9 +339,10 @@ def run_one(
         measured = server_chain_times(url)
         server_cpu = process_cpu(server.pid) - server_cpu_at_start
         chains = list(per_chain.values())
+        replayed = chain_bodies(url) if bare else []
         server_cpu_before_bare = process_cpu(server.pid)
         bare_time, bare_cpu = (
-            asyncio.run(bare_sdk_fanout(url, concurrent, chains)) if bare else (0.0, 0.0)
+            asyncio.run(bare_sdk_fanout(url, concurrent, replayed)) if bare else (0.0, 0.0)
         )
         bare_server_cpu = process_cpu(server.pid) - server_cpu_before_bare
     finally:
@@ -346,7 +370,7 @@ def run_one(
         "agents": pooled[1],
         "bare": bare_time,
         "bare_cpu_ms": bare_cpu,
-        "bare_server_cpu_ms": bare_server_cpu / max(sum(chains), 1) * 1000,
+        "bare_server_cpu_ms": bare_server_cpu / max(sum(len(c) for c in replayed), 1) * 1000,
         "children_cpu_ms": children / requests * 1000,
         "peak_mb": peak_mb,
         "cpu_ms": cpu / requests * 1000,

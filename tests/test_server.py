@@ -1122,11 +1122,16 @@ async def test_the_request_log_is_served_as_json_for_other_processes() -> None:
             model="m", max_tokens=5, messages=[{"role": "user", "content": "first words"}]
         )
         await client.close()
-        async with aiohttp.ClientSession() as http, http.get(server.url + LOG_PATH) as response:
-            entries = await response.json()
-    assert len(entries) == 1
+        async with aiohttp.ClientSession() as http:
+            async with http.get(server.url + LOG_PATH) as response:
+                entries = await response.json()
+            async with http.get(server.url + LOG_PATH, params={"bodies": "1"}) as response:
+                with_bodies = await response.json()
+    assert len(entries) == 1 and "body" not in entries[0]
     assert entries[0]["first_user_text"] == "first words" and entries[0]["status"] == 200
     assert entries[0]["finished"] >= entries[0]["started"]
+    assert with_bodies[0]["body"] == server.log[0].body
+    assert with_bodies[0]["body"]["messages"][0]["content"] == "first words"
 
 
 # -------------------------------------------------------------------- fault schedules

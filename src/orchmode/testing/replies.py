@@ -13,7 +13,7 @@ import secrets
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal, Required, TypeAlias, TypedDict, cast, get_args
+from typing import Any, Literal, NotRequired, Required, TypeAlias, TypedDict, cast, get_args
 
 from ..core.events import TokenUsage
 from ..core.wire import (
@@ -397,6 +397,8 @@ class RequestSummary(TypedDict):
     first_user_text: str | None
     usage: dict[str, int] | None
     prompt_tokens: int | None
+    #: The whole body as sent, only when the log was asked for bodies.
+    body: NotRequired[UncheckedJson]
 
 
 @dataclass(frozen=True)

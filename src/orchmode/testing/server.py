@@ -233,8 +233,13 @@ class ScriptedServer:
             return self._responder_calls
 
     async def _serve_log(self, request: web.Request) -> web.StreamResponse:
-        """The request log as JSON, for a benchmark or test in another process."""
-        return web.json_response([entry.summary() for entry in self.log])
+        """The request log as JSON, for a benchmark or test in another process; with
+        ``?bodies=1``, each request's whole body too (a benchmark replays them)."""
+        summaries = [entry.summary() for entry in self.log]
+        if request.query.get("bodies") == "1":
+            for summary, entry in zip(summaries, self.log, strict=True):
+                summary["body"] = entry.body
+        return web.json_response(summaries)
 
     # ----------------------------------------------------------------- lifecycle
 
