@@ -166,6 +166,23 @@ async def test_a_stream_that_keeps_breaking_fails_after_the_retries(
     assert len(server.log) == 3
 
 
+async def test_a_stream_that_goes_silent_part_way_is_a_broken_stream_not_a_lost_endpoint(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    # Each event comes after longer than the read timeout: the response opened, then stalled.
+    stalled = Reply.text("slow " * 4, event_delay=0.6)
+    server = await serve(lambda r: stalled if r.index == 0 else Reply.text("whole at last"))
+    settings = settings_for(server, tmp_path, request_timeout=0.3, stream_retries=1, max_retries=0)
+    gateway = gateway_for(settings)
+    reply = await gateway.complete(agent="main", system="s", messages=USER, tools=MAIN_TOOLS)
+    assert reply.text == "whole at last" and len(server.log) == 2
+    with pytest.raises(EndpointError, match="broke off") as caught:
+        server.responder = lambda r: stalled
+        await gateway.complete(agent="main", system="s", messages=USER, tools=MAIN_TOOLS)
+    assert "cannot reach" not in str(caught.value)
+    await gateway.close()
+
+
 async def test_a_rate_limited_request_waits_as_told_and_finishes(
     serve: StartServer, tmp_path: Path
 ) -> None:

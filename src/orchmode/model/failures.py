@@ -83,9 +83,15 @@ class FailureWords:
     def who(self) -> str:
         return "the API" if self.settings.provider == "anthropic" else self.caps.label
 
-    def translate(self, exc: Exception) -> Exception | None:
+    def translate(self, exc: Exception, *, opened: bool = False) -> Exception | None:
         """``exc`` as orchmode's error for it; None for one that is not the SDK's or the
-        transport's (it goes up as it is)."""
+        transport's (it goes up as it is).
+
+        ``opened``: the response had begun, so a lost connection or a read that timed out
+        is a stream broken part-way (the SDK reports it as a connection error since 2.17,
+        as the transport's own error before), not an endpoint that cannot be reached."""
+        if opened and isinstance(exc, anthropic.APIConnectionError):
+            return self._broke_off(exc.__cause__ or exc)
         if isinstance(exc, anthropic.AuthenticationError | anthropic.PermissionDeniedError):
             return self._auth(exc)
         if isinstance(exc, auth_failures(self.settings.provider)):
@@ -105,10 +111,13 @@ class FailureWords:
                 f"cannot reach {where} at {self.endpoint} — {self.caps.endpoint_hint}"
             )
         if isinstance(exc, anthropic.AnthropicError | httpx2.HTTPError):
-            return StreamInterrupted(
-                f"the response stream from {self.endpoint} broke off: {exc or type(exc).__name__}"
-            )
+            return self._broke_off(exc)
         return None
+
+    def _broke_off(self, cause: BaseException) -> StreamInterrupted:
+        return StreamInterrupted(
+            f"the response stream from {self.endpoint} broke off: {cause or type(cause).__name__}"
+        )
 
     def _auth(self, exc: anthropic.APIStatusError) -> AuthError:
         if isinstance(exc, anthropic.AuthenticationError):

@@ -358,6 +358,7 @@ class ModelGateway:
         # Typed loosely: the platform clients' resources are the first-party ones re-bound,
         # which the SDK's own annotations do not express.
         client: Any = self.client
+        opened = False
         try:
             create: Any = client.messages.create
             beta: dict[str, object] = {}
@@ -371,6 +372,7 @@ class ModelGateway:
             stream = await create(
                 **beta, **body, timeout=self.settings.request_timeout, stream=True
             )
+            opened = True
             async with stream:
                 async for event in stream:
                     text = builder.feed(event)
@@ -380,7 +382,7 @@ class ModelGateway:
             words = FailureWords(
                 self.settings, self.capabilities, self.endpoint, bool(context_edits)
             )
-            error = words.translate(exc)
+            error = words.translate(exc, opened=opened)
             if error is None:
                 raise
             raise error from exc
