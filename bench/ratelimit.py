@@ -10,6 +10,10 @@ that run measures the machine, not the limit.
 
     .venv/bin/python bench/ratelimit.py [--subtasks 400] [--ceiling 100] [--server-limit 20]
                                         [--latency 0.2] [--timeline 0.5]
+                                        [--isolation shared] [--sandbox off]
+
+``--isolation shared --sandbox off`` takes the workspaces and sandboxed shells out, so that
+on a slow machine the figure is the limit's and not the CPU's.
 """
 
 from __future__ import annotations
@@ -28,13 +32,17 @@ from orchmode.core.settings import Settings
 from orchmode.testing.server import LOG_PATH
 
 
-async def run(url: str, ceiling: int, subtasks: int, workdir: Path) -> tuple[int, int]:
+async def run(
+    url: str, ceiling: int, subtasks: int, workdir: Path, isolation: str, sandbox: str
+) -> tuple[int, int]:
     settings = Settings(
         base_url=url,
         max_concurrent=ceiling,
         workdir=workdir,
         max_subtasks=subtasks,
         max_subagents=2 * subtasks + 10,
+        isolation=isolation,  # type: ignore[arg-type]
+        sandbox=sandbox,  # type: ignore[arg-type]
     )
     events = EventBus()
     failed: list[SubagentDone] = []
@@ -93,13 +101,17 @@ def main() -> None:
     parser.add_argument("--server-limit", type=int, default=20)
     parser.add_argument("--latency", type=float, default=0.2)
     parser.add_argument("--timeline", type=float, help="print a timeline in steps of this many s")
+    parser.add_argument("--isolation", default="worktree", choices=("worktree", "shared"))
+    parser.add_argument("--sandbox", default="workspace-write", choices=("workspace-write", "off"))
     args = parser.parse_args()
     server, url = start_server(
         args.subtasks, args.latency, "--max-in-flight", str(args.server_limit)
     )
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            failed, peak = asyncio.run(run(url, args.ceiling, args.subtasks, Path(tmp)))
+            failed, peak = asyncio.run(
+                run(url, args.ceiling, args.subtasks, Path(tmp), args.isolation, args.sandbox)
+            )
         entries = server_log(url)
         average, refused, served = average_in_flight(entries)
     finally:
@@ -107,7 +119,7 @@ def main() -> None:
         server.wait()
     print(
         f"subtasks {args.subtasks}, ceiling {args.ceiling}, server limit {args.server_limit}, "
-        f"latency {args.latency * 1000:g} ms"
+        f"latency {args.latency * 1000:g} ms, isolation {args.isolation}, sandbox {args.sandbox}"
     )
     print(f"requests served {served}, refused with 429 {refused}; most in flight {peak}")
     print(

@@ -268,6 +268,34 @@ async def test_a_storm_of_refusals_drops_the_limit_to_what_was_in_flight() -> No
     assert limit.limit == pytest.approx(35)
 
 
+async def test_a_probe_refused_at_the_wall_found_before_drops_below_it_without_the_cut() -> None:
+    loop = asyncio.get_running_loop()
+
+    def later() -> float:
+        """A start after the last cut: the refusal is a new round's signal."""
+        return loop.time() + 1
+
+    limit = AdaptiveLimit(40)
+    for _ in range(21):
+        await limit.acquire()
+    limit.overloaded(later())  # refused with 20 others out: the wall is at 21
+    limit.release()
+    assert limit.limit == 20
+    for _ in range(3):
+        while limit.allowed < 21:  # successes, 20 at a time, until a 21st may go out
+            limit.release()
+            limit.succeeded()
+            await limit.acquire()
+        await limit.acquire()  # the probe, refused at the same wall
+        limit.overloaded(later())
+        limit.release()
+        assert limit.limit == 20  # just below the wall again, not cut to 18
+    while limit.in_flight > 15:
+        limit.release()
+    limit.overloaded(later())  # refused with 14 others out: the wall moved in
+    assert limit.limit == 14
+
+
 async def test_adaptive_limit_queues_beyond_the_limit() -> None:
     limit = AdaptiveLimit(2)
     await limit.acquire()

@@ -4,7 +4,8 @@ One limit is shared by every agent of a session. It starts at the configured cei
 never passes it. When the API answers 429 or 529 it is cut to 90 % (once per round of
 requests: only a request that started after the last cut can cut again, so one burst of
 refusals is one signal), and never left above the number of other requests that were in
-flight when one was refused. Successes grow it quickly back to just under the level that was
+flight when one was refused. A refusal at as many in flight as the last one (a probe past
+the wall found before) is not cut: the limit just drops below that wall again. Successes grow it quickly back to just under the level that was
 refused, then slowly (about one request per round) to probe for more. The refused request
 itself waits its ``retry-after`` and goes back in the queue, not started.
 """
@@ -29,6 +30,8 @@ class AdaptiveLimit:
         self.peak = 0
         self._last_cut = float("-inf")
         self._overload_level = float(ceiling)
+        #: How many were in flight, the refused one among them, at the latest refusal.
+        self._wall = ceiling + 1
         self._waiters: deque[asyncio.Future[None]] = deque()
 
     @property
@@ -76,9 +79,16 @@ class AdaptiveLimit:
         one burst of refusals instead of a dozen rounds of cuts.
         """
         if started > self._last_cut:
-            self._overload_level = self.limit
-            self.limit = max(1.0, self.limit * CUT)
+            if self.in_flight >= self._wall:
+                # A probe past the wall found before, refused there again: the wall has not
+                # moved in, so back to just below it, without the cut (which would leave a
+                # tenth of the slots idle for the rounds it takes to climb back).
+                self._overload_level = float(self.in_flight)
+            else:
+                self._overload_level = self.limit
+                self.limit = max(1.0, self.limit * CUT)
             self._last_cut = asyncio.get_running_loop().time()
+        self._wall = self.in_flight
         # The level to climb back to quickly stays the round's: after a storm of refusals
         # that left next to nothing in flight (a per-minute quota running out), the limit
         # recovers in a few dozen successes rather than probing up one by one.

@@ -154,17 +154,18 @@ class _RunningLoopPidfdWatcher(asyncio.AbstractChildWatcher):
 
 
 def has_ended(pid: int) -> bool:
-    """Whether process ``pid`` has ended (gone, or a zombie not yet reaped), as the kernel
-    says now: the event loop hears of a death only when it next polls."""
+    """Whether our child ``pid`` has ended (reaped, or a zombie not yet reaped), as the
+    kernel says now: the event loop hears of a death only when it next polls.
+
+    One ``waitid`` that peeks (``WNOWAIT`` leaves the child for the loop's watcher to reap):
+    no file opened in /proc, and a PID reused after the reap is not taken for our child."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            stat = handle.read()
-    except FileNotFoundError:
-        return True
+        state = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return True  # reaped already (or never ours): it is gone
     except OSError:
         return False
-    fields = stat.rpartition(b")")[2].split()
-    return bool(fields) and fields[0] in (b"Z", b"X")
+    return state is not None
 
 
 def _signal_name(number: int) -> str:

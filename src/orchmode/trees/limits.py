@@ -123,12 +123,16 @@ def free_disk(path: Path) -> int:
     return 1 << 62
 
 
-def floor_problem(path: Path, limits: DiskLimits, what: str) -> str | None:
+def floor_problem(
+    path: Path, limits: DiskLimits, what: str, free: int | None = None
+) -> str | None:
     """Why writing agents must stop now: the disk holding ``path`` (``what`` names it) has
-    less free than the floor; None while it has enough."""
+    less free than the floor; None while it has enough. ``free``: its free bytes, when
+    the caller has just read them."""
     if limits.floor <= 0:
         return None
-    free = free_disk(path)
+    if free is None:
+        free = free_disk(path)
     if free >= limits.floor:
         return None
     return (
@@ -197,7 +201,7 @@ class WriteWatch:
             if self._free_at and now > self._free_at:
                 self._falling = max(0.0, (self._free - free) / (now - self._free_at))
             self._free, self._free_at = free, now
-            problem = floor_problem(self.disk, self.limits, self._where)
+            problem = floor_problem(self.disk, self.limits, self._where, free)
             if problem is None and self.measure is not None:
                 started = time.perf_counter()
                 written = await asyncio.to_thread(self.measure)
