@@ -5,9 +5,10 @@ never passes it. When the API answers 429 or 529 it is cut to 90 % (once per rou
 requests: only a request that started after the last cut can cut again, so one burst of
 refusals is one signal), and never left above the number of other requests that were in
 flight when one was refused. A refusal at as many in flight as the last one (a probe past
-the wall found before) is not cut: the limit just drops below that wall again. Successes grow it quickly back to just under the level that was
-refused, then slowly (about one request per round) to probe for more. The refused request
-itself waits its ``retry-after`` and goes back in the queue, not started.
+the wall found before) is not cut: the limit just drops below that wall again. Successes
+grow it quickly back to just under the level that was refused, then slowly (about one
+request per round) to probe for more. The refused request itself waits its
+``retry-after`` and goes back in the queue, not started.
 """
 
 from __future__ import annotations

@@ -123,9 +123,7 @@ def free_disk(path: Path) -> int:
     return 1 << 62
 
 
-def floor_problem(
-    path: Path, limits: DiskLimits, what: str, free: int | None = None
-) -> str | None:
+def floor_problem(path: Path, limits: DiskLimits, what: str, free: int | None = None) -> str | None:
     """Why writing agents must stop now: the disk holding ``path`` (``what`` names it) has
     less free than the floor; None while it has enough. ``free``: its free bytes, when
     the caller has just read them."""
