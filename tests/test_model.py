@@ -170,9 +170,11 @@ async def test_a_stream_that_goes_silent_part_way_is_a_broken_stream_not_a_lost_
     serve: StartServer, tmp_path: Path
 ) -> None:
     # Each event comes after longer than the read timeout: the response opened, then stalled.
-    stalled = Reply.text("slow " * 4, event_delay=0.6)
+    # Margins wide enough for a loaded machine: a whole reply well within the timeout,
+    # each stalled event well past it.
+    stalled = Reply.text("slow " * 4, event_delay=3.0)
     server = await serve(lambda r: stalled if r.index == 0 else Reply.text("whole at last"))
-    settings = settings_for(server, tmp_path, request_timeout=0.3, stream_retries=1, max_retries=0)
+    settings = settings_for(server, tmp_path, request_timeout=1.0, stream_retries=1, max_retries=0)
     gateway = gateway_for(settings)
     reply = await gateway.complete(agent="main", system="s", messages=USER, tools=MAIN_TOOLS)
     assert reply.text == "whole at last" and len(server.log) == 2
