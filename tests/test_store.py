@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import shutil
@@ -15,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from both_stores import DONE, execute
 from orchmode.core.errors import StoreError
@@ -41,6 +44,52 @@ BASE: dict[str, Any] = dict(
 def test_the_key_covers_everything_that_determines_a_result(change: dict[str, Any]) -> None:
     assert content_key(**{**BASE, **change}) != content_key(**BASE)
     assert content_key(**BASE) == content_key(**dict(BASE))
+
+
+def reference_key(**parts: Any) -> str:
+    """The journal key as every earlier version made it: one json.dumps of the whole."""
+    whole = {k: v for k, v in parts.items() if v is not None}
+    whole["tools"] = list(whole["tools"])
+    if whole.get("isolation") == "shared":
+        del whole["isolation"]
+    text = json.dumps(whole, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+_text = st.text(max_size=40)
+_schemas = st.dictionaries(
+    st.text(max_size=8),
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | _text,
+        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_text, inner, max_size=3),
+        max_leaves=8,
+    ),
+    max_size=4,
+)
+
+
+@given(
+    role=st.sampled_from(["worker", "verifier", "resolver"]),
+    model=_text,
+    effort=_text,
+    system=_text,
+    tools=st.lists(_schemas, max_size=4),
+    prompt=_text,
+    isolation=st.sampled_from(["shared", "worktree"]),
+    agent=st.none() | _text,
+)
+def test_the_key_is_the_one_earlier_versions_made(**parts: Any) -> None:
+    """Journals written before keep their results: the key's text never changes, whether
+    its tools list is encoded afresh or taken from the encodings kept."""
+    expected = reference_key(**parts)
+    assert content_key(**parts) == expected
+    assert content_key(**parts) == expected  # the same schemas again: their kept encodings
+    grown = parts["tools"]
+    grown.append({"name": "added later"})  # the same list, one schema more
+    assert content_key(**parts) == reference_key(**parts) != expected
+    assert content_key(**{**parts, "tools": grown[::-1]}) == reference_key(
+        **{**parts, "tools": grown[::-1]}
+    )
 
 
 async def test_a_finished_result_survives_reopening(store_url: str) -> None:
