@@ -9,9 +9,11 @@ taken direct and through the proxy in the same run, the two interleaved:
    median's extra and the ratio. Target: <= 2 ms median extra.
 2. **Throughput**: 100 ``curl`` processes at once, each downloading ``--size`` MB; the wall
    time until all are done, direct and through the proxy, and the ratio.
-3. **A sandboxed shell's start-up** until its first command answers, with the listener
-   step (``python3 -I -S``, making the proxy's socket inside and sending it out) and
-   without it (the same sandbox, no proxy).
+3. **A sandboxed shell's start-up** until its first command answers, and the whole
+   machine's CPU for each shell (from /proc/stat, the kernel's own threads included, from
+   its start to its close): without the listener step (the same sandbox, no proxy), with
+   perl's step (the socket made inside, copied out with pidfd_getfd) and with Python's
+   (``python3 -I -S``, the socket sent out over the socket pair), interleaved.
 
     .venv/bin/python bench/proxy.py [--requests 400] [--size 1] [--shells 30]
 """
@@ -129,14 +131,27 @@ async def downloads(origin: int, proxy: int | None, count: int) -> float:
     return elapsed
 
 
-async def shell_start(sandbox: Sandbox, work: Path) -> float:
-    started = time.perf_counter()
+async def shell_start(
+    sandbox: Sandbox, work: Path, python_step: bool = False
+) -> tuple[float, float]:
+    """One shell's start-up until ``true`` answers, and the machine's CPU seconds from its
+    start to its close; ``python_step``: the listener made by Python's step."""
+    if sandbox.proxy is not None:
+        sandbox.proxy.copies_listeners = not python_step
+    cpu, started = machine_cpu(), time.perf_counter()
     shell = BashSession(work, sandbox=sandbox.for_shell())
     result = await shell.run("true")
     elapsed = time.perf_counter() - started
     assert not result.is_error, result.output
     await shell.close()
-    return elapsed
+    return elapsed, machine_cpu() - cpu
+
+
+def machine_cpu() -> float:
+    """CPU seconds the whole machine has been busy, every process and the kernel's threads."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, fields[:8])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -191,18 +206,30 @@ async def main(args: argparse.Namespace) -> None:
         with_proxy = Sandbox.from_settings(Settings(), work)
         assert with_proxy is not None and with_proxy.proxy is not None
         without = Sandbox(with_proxy.policy, None)
-        starts: dict[str, list[float]] = {"with": [], "without": []}
+        ways = {"without the listener step": (without, False), "perl's step": (with_proxy, False)}
+        ways["Python's step"] = (with_proxy, True)
+        starts: dict[str, list[float]] = {way: [] for way in ways}
+        cpus: dict[str, list[float]] = {way: [] for way in ways}
         for _ in range(3):
-            await shell_start(with_proxy, work)
-            await shell_start(without, work)
-        for _ in range(args.shells):
-            starts["with"].append(await shell_start(with_proxy, work))
-            starts["without"].append(await shell_start(without, work))
+            for sandbox, python_step in ways.values():
+                await shell_start(sandbox, work, python_step)
+        order = list(ways)
+        for round_ in range(args.shells):
+            # each way first in turn: what one shell's teardown leaves the next is shared
+            for way in order[round_ % 3 :] + order[: round_ % 3]:
+                sandbox, python_step = ways[way]
+                elapsed, cpu = await shell_start(sandbox, work, python_step)
+                starts[way].append(elapsed)
+                cpus[way].append(cpu)
         with_proxy.proxy.close()
-    mw, mo = statistics.median(starts["with"]), statistics.median(starts["without"])
-    print(f"   without the listener step  median {ms(mo)}   p90 {ms(p90(starts['without']))}")
-    print(f"   with it                    median {ms(mw)}   p90 {ms(p90(starts['with']))}")
-    print(f"   extra                      median {ms(mw - mo)}   ratio {mw / mo:.2f}x")
+    bare = statistics.median(starts["without the listener step"])
+    bare_cpu = statistics.mean(cpus["without the listener step"])
+    for way in ways:
+        median, cpu = statistics.median(starts[way]), statistics.mean(cpus[way])
+        print(
+            f"   {way:26} median {ms(median)}   p90 {ms(p90(starts[way]))}   extra "
+            f"{ms(median - bare)}   machine CPU {ms(cpu)} a shell (extra {ms(cpu - bare_cpu)})"
+        )
 
 
 if __name__ == "__main__":

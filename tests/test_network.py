@@ -27,6 +27,7 @@ from orchmode.core.results import Status
 from orchmode.core.settings import Settings
 from orchmode.executors import Job
 from orchmode.executors.host import AgentHost, ShellFactory
+from orchmode.shell import processes
 from orchmode.shell.bash import BashSession
 from orchmode.shell.bwrap import probe
 from orchmode.shell.policy import SandboxPolicy, system_python
@@ -97,8 +98,20 @@ class Shell:
         return ended()
 
 
-@pytest.fixture
-async def shell(tmp_path: Path, www: tuple[Path, int]) -> AsyncIterator[Shell]:
+@pytest.fixture(params=["perl", "python", "copy-refused"])
+async def shell(
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    www: tuple[Path, int],
+    monkeypatch: pytest.MonkeyPatch,
+) -> AsyncIterator[Shell]:
+    """A sandboxed shell whose listener is made by perl's step (copied out with
+    pidfd_getfd), by Python's, or by perl's where the kernel refuses the copy: an old
+    kernel, stood in for by a system call number that has none (ENOSYS), after which the
+    step becomes Python's."""
+    step = request.param
+    if step == "copy-refused":
+        monkeypatch.setattr(processes, "PIDFD_GETFD", 100_000)
     root, port = www
     work = tmp_path / "work"
     work.mkdir()
@@ -111,10 +124,13 @@ async def shell(tmp_path: Path, www: tuple[Path, int]) -> AsyncIterator[Shell]:
     made = factory()
     assert factory.sandbox is not None and factory.sandbox.proxy is not None
     found = Shell(made, port, root, factory.sandbox.proxy)
+    found.proxy.copies_listeners = step != "python"
     made.seat.agent = "worker-1"
     made.seat.emit = found.emit
     try:
         yield found
+        # perl's listener was copied out (or, refused, no copy is tried again)
+        assert found.proxy.copies_listeners is (step == "perl")
     finally:
         await made.close()
         factory.abandon_all()
@@ -270,9 +286,12 @@ def test_the_proxy_is_on_only_in_a_sandbox_without_allow_network(tmp_path: Path)
     assert everything is not None and everything.proxy is None
     assert everything.policy.proxy_env() == {}
     assert Sandbox.from_settings(Settings(sandbox="off"), tmp_path) is None
-    # without a Python to make the listener, no proxy (and no network), not a broken shell
-    policy = SandboxPolicy(mode="workspace-write", workdir=tmp_path, python=None)
+    # without a perl or a Python to make the listener, no proxy (and no network), not a
+    # broken shell; with either, the proxy
+    policy = SandboxPolicy(mode="workspace-write", workdir=tmp_path, python=None, perl=None)
     assert not policy.proxied
+    assert SandboxPolicy(mode="workspace-write", workdir=tmp_path, python=None).proxied
+    assert SandboxPolicy(mode="workspace-write", workdir=tmp_path, perl=None).proxied
 
 
 async def test_the_proxy_variables_point_inside_and_exempt_loopback(shell: Shell) -> None:
@@ -290,8 +309,9 @@ async def test_the_proxy_variables_point_inside_and_exempt_loopback(shell: Shell
 
 
 async def test_the_listener_step_leaves_no_signal_ignored(shell: Shell) -> None:
-    """The step before the shell is a Python, which ignores SIGPIPE and SIGXFSZ: the shell
-    and what it runs get them back at their defaults, as a shell without the step has."""
+    """The step before the shell may be a Python, which ignores SIGPIPE and SIGXFSZ: the
+    shell and what it runs get them back at their defaults, as a shell without the step
+    has."""
     ignored = await shell.run("grep SigIgn /proc/self/status")
     assert int(ignored.split()[-1], 16) & (1 << 12 | 1 << 24) == 0  # SIGPIPE 13, SIGXFSZ 25
     piped = await shell.run("yes | head -n 1")

@@ -65,7 +65,7 @@ class ShellSandbox(Protocol):
 
     def newly_withheld(self) -> tuple[str, ...]: ...
 
-    def started(self, seat: Seat) -> None: ...
+    def started(self, seat: Seat, pid: int | None = None) -> None: ...
 
     def release(self) -> None: ...
 
@@ -311,7 +311,7 @@ class BashSession:
                 with contextlib.suppress(OSError):
                     os.close(fd)
         if self._sandbox is not None:
-            self._sandbox.started(self.seat)
+            self._sandbox.started(self.seat, transport.get_pid())
         shell = ShellProcess(
             transport,
             protocol,

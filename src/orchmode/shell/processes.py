@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import functools
 import os
 import signal
 import sys
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["use_pidfd_child_watcher"]
+__all__ = ["copy_descriptor", "use_pidfd_child_watcher"]
 
 
 def _group_members(leader: int) -> list[int]:
@@ -166,6 +168,45 @@ def has_ended(pid: int) -> bool:
     except OSError:
         return False
     return state is not None
+
+
+#: pidfd_getfd(2)'s number: one table for every architecture since Linux 5.6 (alpha aside,
+#: where the call fails and the listener step falls back to Python's).
+PIDFD_GETFD = 438
+
+
+def copy_descriptor(shell_pid: int, number: int, command: str) -> int | None:
+    """A copy of descriptor ``number`` of the process at the end of ``shell_pid``'s chain of
+    only children (the sandbox's wrappers exec one another; bubblewrap forks), if that
+    process runs ``command``; None where there is no such process or the kernel refuses
+    (before Linux 5.6, or a ptrace policy that forbids it)."""
+    pid = shell_pid
+    while True:
+        try:
+            with open(f"/proc/{pid}/task/{pid}/children", "rb") as fh:
+                children = fh.read().split()
+        except OSError:
+            return None
+        if len(children) != 1:
+            break
+        pid = int(children[0])
+    try:
+        with open(f"/proc/{pid}/comm", "rb") as fh:
+            if fh.read().strip() != command.encode()[:15]:  # comm keeps 15 bytes
+                return None
+        pidfd = os.pidfd_open(pid)
+    except OSError:
+        return None
+    try:
+        copied = _libc().syscall(PIDFD_GETFD, pidfd, number, 0)
+    finally:
+        os.close(pidfd)
+    return copied if copied >= 0 else None
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
 
 
 def _signal_name(number: int) -> str:

@@ -37,6 +37,7 @@ from ..core.events import Event, NetworkConnection
 from ..core.permissions import Verdict
 from ..core.settings import Settings
 from .connections import Connection, Seat
+from .processes import copy_descriptor
 from .relay import (
     CHUNK,
     HEAD_LIMIT,
@@ -127,6 +128,9 @@ class Proxy:
     connect_timeout: float = 10.0
     #: How long a client has to send its request's head (or its SOCKS5 greeting).
     head_timeout: float = 30.0
+    #: Whether a listener can be copied out of a sandbox (see :meth:`adopt`): false once
+    #: the kernel refused, and the shells that start after use Python's listener step.
+    copies_listeners: bool = True
     _attachments: set[Attachment] = field(default_factory=set, repr=False)
     _tasks: Background = field(default_factory=Background, repr=False)
     _writers: set[asyncio.StreamWriter] = field(default_factory=set, repr=False)
@@ -143,11 +147,15 @@ class Proxy:
 
     # ------------------------------------------------------------------ listeners
 
-    def adopt(self, channel: socket.socket, seat: Seat) -> Attachment:
+    def adopt(self, channel: socket.socket, seat: Seat, shell_pid: int | None = None) -> Attachment:
         """Serve the listener that arrives on ``channel`` (an AF_UNIX socket whose other
-        end the sandbox's start sends it over), for ``seat``. Called on the event loop;
-        nothing waits for the listener: connections made before it is served wait in its
-        backlog."""
+        end the sandbox's start holds), for ``seat``. Called on the event loop; nothing
+        waits for the listener: connections made before it is served wait in its backlog.
+
+        Python's listener step sends the listener itself. Perl's says which of its
+        descriptors holds it, and the listener is copied out of that process (found below
+        ``shell_pid``); where the kernel will not, the step is told so and becomes
+        Python's, which sends it on the same channel."""
         loop = asyncio.get_running_loop()
         attachment = Attachment(self, seat, loop, channel)
         self._attachments.add(attachment)
@@ -155,12 +163,19 @@ class Proxy:
 
         def arrived() -> None:
             try:
-                _, fds, _, _ = socket.recv_fds(channel, 16, 4)
+                data, fds, _, _ = socket.recv_fds(channel, 16, 4)
             except BlockingIOError:
                 return
             except OSError as exc:
                 log.warning("orchmode: the proxy's listener did not arrive: %s", exc)
-                fds = []
+                data, fds = b"", []
+            if data.startswith(b"L") and not fds and not attachment.closed:
+                copied = self._copy_listener(shell_pid, data)
+                with contextlib.suppress(OSError):  # a step gone already has no shell
+                    channel.send(b"A" if copied is not None else b"N")
+                if copied is None:
+                    return  # Python's step sends it on this channel next
+                fds = [copied]
             loop.remove_reader(channel.fileno())
             channel.close()
             attachment.channel = None
@@ -178,6 +193,24 @@ class Proxy:
 
         loop.add_reader(channel.fileno(), arrived)
         return attachment
+
+    def _copy_listener(self, shell_pid: int | None, message: bytes) -> int | None:
+        """The listener perl's step named in ``message`` ("L<fd>"), copied out of it; None
+        (and Python's step from now on) where the kernel would not copy it."""
+        try:
+            number = int(message[1:].strip())
+        except ValueError:
+            number = -1
+        copied = None
+        if shell_pid is not None and number >= 0:
+            copied = copy_descriptor(shell_pid, number, "perl")
+        if copied is None and self.copies_listeners:
+            self.copies_listeners = False
+            log.info(
+                "orchmode: the proxy's listener could not be copied out of a sandbox; "
+                "shells make it with Python from now on"
+            )
+        return copied
 
     async def _serve(self, attachment: Attachment, listener: socket.socket) -> None:
         listener.setblocking(False)

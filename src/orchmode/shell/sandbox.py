@@ -100,9 +100,9 @@ class Sandbox:
         if settings.sandbox == "off":
             return None
         policy = SandboxPolicy.from_settings(settings, workdir, readable=readable, secrets=secrets)
-        if not policy.allow_network and policy.python is None:
+        if not policy.allow_network and policy.python is None and policy.perl is None:
             log.warning(
-                "orchmode: no python3 found for the network proxy's listener — sandboxed "
+                "orchmode: no perl or python3 found for the network proxy's listener — sandboxed "
                 "commands reach no network at all"
             )
         return cls(policy, Proxy.from_settings(settings) if policy.proxied else None)
@@ -171,7 +171,8 @@ class Sandbox:
         wrapper, inner = _limits_steps(policy, cgroup_dirs)
         if channel_fd is not None:
             # First thing inside: the listener made in the sandbox's network namespace.
-            inner = [*policy.listener_step(channel_fd), *inner]
+            copied = self.proxy is None or self.proxy.copies_listeners
+            inner = [*policy.listener_step(channel_fd, copied=copied), *inner]
         sandboxed = [
             *prefix,
             *policy.socket_masks(),
@@ -303,16 +304,17 @@ class ShellSandboxing:
         self._fds = tuple(fds)
         return argv
 
-    def started(self, seat: Seat) -> None:
-        """The shell the last :meth:`argv` names has started (on the event loop): the
-        proxy serves its listener, for ``seat``, once the listener step sends it."""
+    def started(self, seat: Seat, pid: int | None = None) -> None:
+        """The shell the last :meth:`argv` names has started as ``pid`` (on the event
+        loop): the proxy serves its listener, for ``seat``, once the listener step hands
+        it out."""
         channel, self._channel = self._channel, None
         if self._attachment is not None:  # the previous shell's
             self._attachment.close()
             self._attachment = None
         proxy = self._sandbox.proxy
         if channel is not None and proxy is not None:
-            self._attachment = proxy.adopt(channel, seat)
+            self._attachment = proxy.adopt(channel, seat, pid)
         elif channel is not None:
             channel.close()
 
