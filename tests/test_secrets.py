@@ -5,6 +5,7 @@ real HTTP to the scripted model, the real CLI and its SQLite journal."""
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -509,3 +510,53 @@ def test_the_event_bus_masks_every_event_before_any_subscriber_sees_it() -> None
     )
     bus.emit(event)
     assert DB_PASSWORD not in repr(seen) and f"echo {MASK}" in repr(seen)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Carrier:
+    """An event of any shape: a text, a number and nested data."""
+
+    text: str
+    count: int
+    data: object
+
+
+_SECRETS = ("hunter2-secret", "AKIAEXAMPLEKEY99")
+_pieces = st.sampled_from(["", "plain", "x\0y", *_SECRETS, "hunter2-", "secret", "AKIA"])
+_texts = st.lists(_pieces, max_size=4).map("".join)
+_nested = st.recursive(
+    _texts | st.integers() | st.none(),
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.lists(inner, max_size=3).map(tuple)
+        | st.dictionaries(st.text(max_size=3), inner, max_size=3)
+    ),
+    max_leaves=12,
+)
+
+
+def _masked_by_hand(data: object) -> object:
+    """Every string with each secret replaced: what an event's fields must become."""
+    if isinstance(data, str):
+        for secret in sorted(_SECRETS, key=len, reverse=True):
+            data = data.replace(secret, MASK)
+        return data
+    if isinstance(data, dict):
+        return {k: _masked_by_hand(v) for k, v in data.items()}
+    if isinstance(data, list):
+        return [_masked_by_hand(v) for v in data]
+    if isinstance(data, tuple):
+        return tuple(_masked_by_hand(v) for v in data)
+    return data
+
+
+@given(_texts, st.integers(), _nested)
+def test_an_event_is_masked_wherever_its_texts_hold_a_secret_and_kept_where_none_do(
+    text: str, count: int, data: object
+) -> None:
+    masker = Masker(_SECRETS)
+    event = _Carrier(text, count, data)
+    masked = masker.mask_event(event)
+    assert masked == _Carrier(_masked_by_hand(text), count, _masked_by_hand(data))  # type: ignore[arg-type]
+    if masked == event:
+        assert masked is event  # nothing secret: the event itself, not a copy

@@ -337,19 +337,50 @@ class Masker:
         return data
 
     def mask_event(self, event: T) -> T:
-        """A dataclass event with its text fields masked; itself when nothing is secret."""
-        if self._pattern is None or not dataclasses.is_dataclass(event):
+        """A dataclass event with its text fields masked; itself when nothing is secret.
+
+        Nearly every event holds no secret: its texts are looked through in one pass (one
+        scan of them joined), and only an event where that finds one is copied, masked."""
+        pattern = self._pattern
+        if pattern is None or not dataclasses.is_dataclass(event):
+            return event
+        names = _FIELD_NAMES.get(type(event))
+        if names is None:  # the fields of each event type, asked once
+            names = _FIELD_NAMES[type(event)] = tuple(f.name for f in dataclasses.fields(event))
+        texts: list[str] = []
+        for name in names:
+            _gather_texts(getattr(event, name), texts)
+        # Each text whole in the joined one: a secret in any of them is found (one spanning
+        # two of them, a false alarm, only sends the event the slow way).
+        if not texts or not pattern.find_matches_as_indexes("\0".join(texts)):
             return event
         changes: dict[str, object] = {}
-        for item in dataclasses.fields(event):
-            value = getattr(event, item.name)
+        for name in names:
+            value = getattr(event, name)
             if isinstance(value, str | tuple | list | dict):
                 masked = self._masked(value)
                 if masked != value:
-                    changes[item.name] = masked
+                    changes[name] = masked
         if not changes:
             return event
         return dataclasses.replace(event, **changes)  # type: ignore[type-var]
+
+
+#: Each event type's fields, by name.
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _gather_texts(data: object, texts: list[str]) -> None:
+    """Append to ``texts`` every string in ``data``: the values :meth:`Masker._masked` masks."""
+    if isinstance(data, str):
+        if data:
+            texts.append(data)
+    elif isinstance(data, dict):
+        for value in data.values():
+            _gather_texts(value, texts)
+    elif isinstance(data, list | tuple):
+        for value in data:
+            _gather_texts(value, texts)
 
 
 class Secrets:

@@ -181,19 +181,11 @@ def copy_descriptor(shell_pid: int, number: int, command: str) -> int | None:
     process runs ``command``; None where there is no such process or the kernel refuses
     (before Linux 5.6, or a ptrace policy that forbids it)."""
     pid = shell_pid
-    while True:
-        try:
-            with open(f"/proc/{pid}/task/{pid}/children", "rb") as fh:
-                children = fh.read().split()
-        except OSError:
-            return None
-        if len(children) != 1:
-            break
-        pid = int(children[0])
     try:
-        with open(f"/proc/{pid}/comm", "rb") as fh:
-            if fh.read().strip() != command.encode()[:15]:  # comm keeps 15 bytes
-                return None
+        while len(children := _read(f"/proc/{pid}/task/{pid}/children").split()) == 1:
+            pid = int(children[0])
+        if _read(f"/proc/{pid}/comm").strip() != command.encode()[:15]:  # comm: 15 bytes
+            return None
         pidfd = os.pidfd_open(pid)
     except OSError:
         return None
@@ -202,6 +194,15 @@ def copy_descriptor(shell_pid: int, number: int, command: str) -> int | None:
     finally:
         os.close(pidfd)
     return copied if copied >= 0 else None
+
+
+def _read(path: str) -> bytes:
+    """A small /proc file's content (os.open and os.read: no buffered file object)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return os.read(fd, 4096)
+    finally:
+        os.close(fd)
 
 
 @functools.cache
