@@ -11,6 +11,8 @@ where a chain's time is its number of model requests times the latency. Harness 
 uses the server's own measured time for each request, which separates the harness's
 overhead from the test server's; a bare SDK loop sending the same requests is the simple
 baseline. The suite runs 10, 200 and 1,000 subagents in flight, each in a fresh process.
+CPU is counted per process and for the whole machine (/proc/stat), the only count that
+sees a sandbox's own processes; a small untimed fan-out warms the process up first.
 
     .venv/bin/python bench/fanout.py                  # the suite
     .venv/bin/python bench/fanout.py --subtasks 200 --concurrent 10 --latency 0.05
