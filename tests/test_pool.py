@@ -13,15 +13,19 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conftest import StartServer, conversation_for, settings_for
-from orchmode.executors.host import AgentHost
+from conftest import StartServer, conversation_for, gateway_for, settings_for, store_for
+from orchmode.core.agents import AgentDefinition
+from orchmode.core.events import EventBus
+from orchmode.core.results import Status
+from orchmode.executors import Job
+from orchmode.executors.host import AgentHost, ShellFactory
 from orchmode.executors.local import LocalExecutor
 from orchmode.executors.pool import Pace, Ready, SandboxPool
 from orchmode.shell.bash import BashSession
 from orchmode.shell.bwrap import probe
 from orchmode.store.sqlite import SQLiteStore
-from orchmode.testing import ScriptedServer
-from orchmode.testing.scenario import OrchestrationScenario, role_of
+from orchmode.testing import Reply, ScriptedRequest, ScriptedServer
+from orchmode.testing.scenario import OrchestrationScenario, report, role_of
 
 needs_sandbox = pytest.mark.skipif(
     not probe().ok, reason=f"bubblewrap cannot run here: {probe().problem}"
@@ -226,3 +230,37 @@ async def test_the_first_waves_burst_does_not_size_the_pool(tmp_path: Path) -> N
     for shell in taken:
         await shell.close()
     await pool.drain()
+
+
+@needs_sandbox
+@pytest.mark.parametrize(("tools", "bash"), [(("WebSearch",), False), (("Bash",), True)])
+async def test_an_agent_whose_role_has_no_bash_starts_no_shell(
+    serve: StartServer, tmp_path: Path, tools: tuple[str, ...], bash: bool
+) -> None:
+    """A sandbox costs a shell's start-up (bubblewrap, its namespaces, the proxy's listener):
+    an agent that cannot run bash is not given a started one, nor one from the pool."""
+    work = tmp_path / "work"
+    work.mkdir()
+    seen: list[BashSession] = []
+
+    def respond(request: ScriptedRequest) -> Reply:
+        seen.extend(factory.made)  # the agent's shell, held while it runs
+        if request.index == 0 and "bash" in request.tool_names:
+            return Reply.tool_use("bash", {"command": "true"})
+        return report("done", [])
+
+    server = await serve(respond)
+    settings = settings_for(server, work)
+    factory = ShellFactory.build(settings, work, ())
+    host = AgentHost(settings, gateway_for(settings), store_for(tmp_path), factory)
+    role = AgentDefinition("role", "", tools, None, None, None, "", work / "role.md")
+    job = Job("k1", "me", "s1", "worker", "worker 1.1", "do it", agent=role)
+    try:
+        result = await host.run(job, EventBus())
+        await host.finish_housekeeping()
+        assert result.status is Status.FINISHED
+        # with bash: its own shell, and the pool's refills for the agents after it
+        assert (sum(shell.starts for shell in set(seen)) > 0) is bash
+        assert (host.pool.hits, host.pool.misses) == (0, int(bash))
+    finally:
+        factory.abandon_all()

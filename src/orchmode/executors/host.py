@@ -79,6 +79,11 @@ def _reads_only(job: Job) -> bool:
     return job.agent is not None and job.agent.shell == "read"
 
 
+def _shell_less(job: Job) -> bool:
+    """Whether ``job`` runs in a role that has no bash: its shell is never started."""
+    return job.agent is not None and job.agent.shell == "none"
+
+
 async def _fetch(bundle: object) -> bytes:
     """A snapshot's bundle: the bytes themselves, or a Ray object ref to them."""
     if isinstance(bundle, bytes):
@@ -409,9 +414,9 @@ class AgentHost:
 
     def _pool_kind(self, job: Job) -> Hashable | None:
         """Which pooled shells suit ``job``: any shell for a shared tree, one in a fresh
-        workspace of its snapshot for a worker; None for any other workspace, and for a
-        role whose bash only reads the tree."""
-        if _reads_only(job):
+        workspace of its snapshot for a worker; None for any other workspace, for a role
+        whose bash only reads the tree, and for one that has no bash."""
+        if _reads_only(job) or _shell_less(job):
             return None
         if not self._in_copy(job):
             return SHARED
@@ -464,7 +469,7 @@ class AgentHost:
         return Ready(self.make_shell.in_workspace(workspace, _awaiting(made)), workspace, made)
 
     def _first_request_sent(self, job: Job, kind: Hashable | None, shell: BashSession) -> None:
-        if not shell.running:
+        if not shell.running and not _shell_less(job):
             self.background(self._prewarm(shell))
         if kind is not None:
             self.pool.refill(kind, lambda: self._fresh(job, "ready"))

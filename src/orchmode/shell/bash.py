@@ -143,6 +143,8 @@ class BashSession:
         #: Who is behind this shell's network connections (the agent that holds it, how
         #: to ask its user, where its events go): set when the shell is given to an agent.
         self.seat = Seat()
+        #: How many times a bash process was started for it (restarts included).
+        self.starts = 0
 
     @property
     def pid(self) -> int | None:
@@ -284,6 +286,7 @@ class BashSession:
     async def _spawn(self) -> ShellProcess:
         """Start bash in its own session, with a private dir for command files."""
         use_pidfd_child_watcher()
+        self.starts += 1
         if self._before_start is not None:
             await self._before_start()
         # A private dir and, sandboxed, the shell's cgroups (mkdir and writes in cgroupfs):
