@@ -75,6 +75,24 @@ def test_the_meter_starts_from_the_apis_count_and_estimates_only_what_is_new() -
     assert meter.size(history) == meter.estimate(history)
 
 
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner),
+    max_leaves=10,
+)
+
+
+@given(st.text(max_size=50), st.lists(st.dictionaries(st.text(max_size=5), _json_values)))
+def test_the_meters_fixed_part_is_what_estimate_tokens_gives_it_whole(
+    system: str, tools: list[dict[str, Any]]
+) -> None:
+    # The tool schemas are measured one at a time (and each kept): the sum must be the
+    # estimate of the list whole, asked of the same schemas again or of others.
+    expected = estimate_tokens(system) + estimate_tokens(tools)
+    assert Meter([system, tools]).fixed_tokens == expected
+    assert Meter([system, list(tools)]).fixed_tokens == expected
+
+
 def test_a_target_shrinks_when_the_api_counted_more_than_estimated() -> None:
     meter = Meter([])
     history: list[Message] = [{"role": "user", "content": "x" * 3000}]

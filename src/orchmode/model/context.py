@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import cast
 
+from ..core.kept import KeptByIdentity
 from ..core.settings import Settings
 from ..core.wire import Block, Message, ToolResultBlock, has_block, is_block, joined_text
 
@@ -42,6 +43,24 @@ def estimate_tokens(*values: object) -> int:
         len(v if isinstance(v, str) else json.dumps(v, ensure_ascii=False, default=str))
         for v in values
     )
+    return size // CHARS_PER_TOKEN + 1
+
+
+def _json_size(value: object) -> int:
+    """The length of the JSON :func:`estimate_tokens` makes of ``value``."""
+    return len(json.dumps(value, ensure_ascii=False, default=str))
+
+
+#: Each tool schema's JSON size: every agent of a fan-out is sent the same schemas.
+_schema_size = KeptByIdentity(_json_size)
+
+
+def _fixed_tokens(part: object) -> int:
+    """``estimate_tokens(part)`` for a system prompt or a list of tool schemas, each schema
+    measured once: a list's JSON is its items' joined by ", " in brackets."""
+    if not isinstance(part, list | tuple) or not part:
+        return estimate_tokens(part)
+    size = 2 * len(part) + sum(_schema_size(item) for item in part)
     return size // CHARS_PER_TOKEN + 1
 
 
@@ -94,7 +113,7 @@ class Meter:
 
     def __init__(self, fixed: Sequence[object]) -> None:
         #: System prompt and tool schemas: sent with every request, counted once here.
-        self.fixed_tokens = sum(estimate_tokens(part) for part in fixed)
+        self.fixed_tokens = sum(_fixed_tokens(part) for part in fixed)
         self._sent = 0  # messages in the last request the API counted
         self._counted = 0  # the API's input tokens for that request
         self._known = False

@@ -16,6 +16,7 @@ from typing import Literal, Protocol
 
 from ..core.errors import StoreError
 from ..core.events import Role
+from ..core.kept import KeptByIdentity
 from ..core.results import AgentResult
 
 
@@ -59,28 +60,15 @@ def canonical_json(value: object) -> str:
     return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
 
 
-#: The encodings of the tool schemas and system prompts seen last, by identity (each is
-#: kept, so its id is not reused while it is here). A fan-out's agents share them (a
-#: schema is never changed once made), and encoding them was most of a key's cost:
-#: 0.15 ms an agent, paid by every agent of a wave before the first of them could start.
-_ENCODED: dict[int, tuple[object, str]] = {}
-_ENCODED_KEPT = 256
-
-
 def _tools_json(tools: Sequence[Mapping[str, object]]) -> str:
     """``canonical_json(list(tools))``, each schema's part encoded once."""
     return "[" + ",".join(_kept_json(tool) for tool in tools) + "]"
 
 
-def _kept_json(value: object) -> str:
-    kept = _ENCODED.get(id(value))
-    if kept is not None and kept[0] is value:
-        return kept[1]
-    encoded = canonical_json(value)
-    if len(_ENCODED) >= _ENCODED_KEPT:
-        _ENCODED.clear()
-    _ENCODED[id(value)] = (value, encoded)
-    return encoded
+#: The encodings of the tool schemas and system prompts seen last: a fan-out's agents share
+#: them, and encoding them was most of a key's cost (0.15 ms an agent, paid by every agent
+#: of a wave before the first of them could start).
+_kept_json = KeptByIdentity(canonical_json)
 
 
 @dataclass(frozen=True)
