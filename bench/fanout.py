@@ -50,6 +50,7 @@ from orchmode.session.agent import open_conversation
 from orchmode.store.sqlite import SQLiteStore
 from orchmode.telemetry.tracing import start_tracing
 from orchmode.testing.scenario import OrchestrationScenario
+from support.machine import machine_cpu
 
 #: What the server process answers with (imported there as ``fanout:responder``).
 responder = OrchestrationScenario(
@@ -64,16 +65,6 @@ def children_cpu() -> float:
     """CPU seconds of this process's reaped children: the shells, sandboxes and git."""
     times = os.times()
     return times.children_user + times.children_system
-
-
-def machine_cpu() -> float:
-    """CPU seconds the whole machine has been busy (every process and the kernel's own
-    threads), from /proc/stat: the only count that sees a sandboxed shell's processes,
-    which die in their PID namespace unreaped by us, and the kernel's work of tearing
-    namespaces and mounts down, done in its worker threads."""
-    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
-    user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, fields[:8])
-    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
 def process_cpu(pid: int) -> float:

@@ -37,6 +37,7 @@ from orchmode.core.settings import Settings
 from orchmode.shell.bash import BashSession
 from orchmode.shell.proxy import Proxy
 from orchmode.shell.sandbox import Sandbox
+from support.machine import machine_cpu
 
 NAME = "origin.bench"
 
@@ -145,13 +146,6 @@ async def shell_start(
     assert not result.is_error, result.output
     await shell.close()
     return elapsed, machine_cpu() - cpu
-
-
-def machine_cpu() -> float:
-    """CPU seconds the whole machine has been busy, every process and the kernel's threads."""
-    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
-    user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, fields[:8])
-    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
 async def main(args: argparse.Namespace) -> None:
