@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import socket
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -368,3 +369,32 @@ async def test_a_hundred_concurrent_downloads_of_a_megabyte_all_complete(setup: 
     assert all(body == BIG for body in bodies)
     events = await settled(setup, 100)
     assert all(e.decision == "allowed" and e.bytes_received > MB for e in events)
+
+
+@pytest.mark.parametrize("kind", ["udp", "tcp-not-listening", "listening"])
+async def test_only_a_listening_tcp_socket_handed_in_is_served(kind: str) -> None:
+    """What a listener step hands out is checked: any other descriptor is closed, and
+    the shell goes without a network rather than the proxy serving something else."""
+    rules = DomainRules([Pattern("x.test", "test")], [], [])
+    proxy = Proxy(rules.decide, rules.address)
+    ours, theirs = socket.socketpair()
+    if kind == "udp":
+        handed = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    else:
+        handed = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        handed.bind(("127.0.0.1", 0))
+        if kind == "listening":
+            handed.listen()
+    attachment = proxy.adopt(ours, Seat())
+    socket.send_fds(theirs, [b"L"], [handed.fileno()])
+    async with asyncio.timeout(5):
+        while attachment.channel is not None:  # the channel is closed once it arrived
+            await asyncio.sleep(0.01)
+        if kind == "listening":
+            while attachment.server is None:
+                await asyncio.sleep(0.01)
+    assert (attachment.server is not None) is (kind == "listening")
+    attachment.close()
+    proxy.close()
+    handed.close()
+    theirs.close()

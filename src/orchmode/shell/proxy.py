@@ -90,6 +90,34 @@ class _Refused(Exception):
         self.status, self.socks, self.line, self.decision = status, socks, line, decision
 
 
+def _as_listener(fd: int) -> socket.socket | None:
+    """``fd`` as a socket, if it is what a listener step hands out (a TCP socket that
+    listens); else it is closed, with a warning, and None."""
+    try:
+        sock = socket.socket(fileno=fd)
+    except OSError:  # not a socket at all
+        os.close(fd)
+        sock = None
+    try:
+        listening = (
+            sock is not None
+            and sock.family == socket.AF_INET
+            and sock.type == socket.SOCK_STREAM
+            and sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN) == 1
+        )
+    except OSError:
+        listening = False
+    if sock is not None and listening:
+        return sock
+    if sock is not None:
+        sock.close()
+    log.warning(
+        "orchmode: the shell's listener step handed out no listening socket; its "
+        "commands reach no network"
+    )
+    return None
+
+
 @dataclass(eq=False)
 class Attachment:
     """One shell's listener, served by the proxy until :meth:`close`."""
@@ -179,12 +207,9 @@ class Proxy:
             loop.remove_reader(channel.fileno())
             channel.close()
             attachment.channel = None
-            listener = None
-            for fd in fds:
-                if listener is None:
-                    listener = socket.socket(fileno=fd)
-                else:
-                    os.close(fd)
+            for extra in fds[1:]:
+                os.close(extra)
+            listener = _as_listener(fds[0]) if fds else None
             if listener is None or attachment.closed:
                 if listener is not None:
                     listener.close()
