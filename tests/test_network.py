@@ -401,3 +401,18 @@ async def test_twenty_sandboxed_shells_download_at_once_each_under_its_agent(
     ended = [e for e in events if isinstance(e, NetworkConnection)]
     assert sorted(e.agent for e in ended) == sorted(f"worker {n}" for n in range(20))
     assert all(e.decision == "allowed" and e.bytes_received > 1048576 for e in ended)
+
+
+@pytest.mark.parametrize("copied", [True, False], ids=["perl", "python"])
+def test_a_listener_step_without_its_channel_warns_and_still_starts_the_shell(
+    tmp_path: Path, copied: bool
+) -> None:
+    """Either step, handed a channel that is not open, says the shell has no network and
+    becomes the shell all the same: a broken proxy never costs the agent its shell."""
+    policy = SandboxPolicy(mode="workspace-write", workdir=tmp_path)
+    step = policy.listener_step(99, copied=copied)  # descriptor 99 is not open
+    assert Path(step[0]).name.startswith("perl" if copied else "python")
+    done = subprocess.run([*step, "echo", "the shell ran"], capture_output=True, text=True)
+    assert (done.returncode, done.stdout) == (0, "the shell ran\n")
+    assert done.stderr.startswith("orchmode: this shell has no network proxy (")
+    assert "commands reach no network; restart the shell" in done.stderr

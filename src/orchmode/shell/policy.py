@@ -79,9 +79,9 @@ _LISTENER_STEP = (
 # listener is close-on-exec (perl's descriptors above 2 are): the shell holds neither.
 _PERL_LISTENER_STEP = r"""
 my ($c, $af, $st, $sol, $reuse, $py, $code) = splice(@ARGV, 0, 7);
-open(my $ch, "+<&=", $c) or die "orchmode: the proxy's channel: $!\n";
 my $l;
-my $ok = socket($l, $af, $st, 0) && setsockopt($l, $sol, $reuse, 1)
+my $opened = open(my $ch, "+<&=", $c);
+my $ok = $opened && socket($l, $af, $st, 0) && setsockopt($l, $sol, $reuse, 1)
   && bind($l, pack("S n a4 x8", $af, {port}, pack("C4", 127, 0, 0, 1))) && listen($l, 4096);
 my $why = "$!";
 my $answer = "";
@@ -93,7 +93,7 @@ if ($answer eq "N" && $py ne "") {{  # the channel kept open across exec (F_SETF
 $why = "its listener could not be handed out" if $ok && $answer ne "A";
 syswrite(STDERR, "orchmode: this shell has no network proxy ($why) \xe2\x80\x94 commands "
   . "reach no network; restart the shell\n") if $answer ne "A";
-close($ch);
+close($ch) if $opened;
 exec {{ $ARGV[0] }} @ARGV or die "orchmode: could not start $ARGV[0]: $!\n";
 """
 
