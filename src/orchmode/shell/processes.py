@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import errno
 import functools
 import os
 import signal
@@ -178,8 +179,9 @@ PIDFD_GETFD = 438
 def copy_descriptor(shell_pid: int, number: int, command: str) -> int | None:
     """A copy of descriptor ``number`` of the process at the end of ``shell_pid``'s chain of
     only children (the sandbox's wrappers exec one another; bubblewrap forks), if that
-    process runs ``command``; None where there is no such process or the kernel refuses
-    (before Linux 5.6, or a ptrace policy that forbids it)."""
+    process runs ``command``; None where there is no such process (any more). Raises
+    ``OSError`` where the kernel refuses the copy (before Linux 5.6, or a ptrace policy
+    that forbids it)."""
     pid = shell_pid
     try:
         while len(children := _read(f"/proc/{pid}/task/{pid}/children").split()) == 1:
@@ -190,10 +192,15 @@ def copy_descriptor(shell_pid: int, number: int, command: str) -> int | None:
     except OSError:
         return None
     try:
-        copied = _libc().syscall(PIDFD_GETFD, pidfd, number, 0)
+        copied: int = _libc().syscall(PIDFD_GETFD, pidfd, number, 0)
+        error = ctypes.get_errno()
     finally:
         os.close(pidfd)
-    return copied if copied >= 0 else None
+    if copied >= 0:
+        return copied
+    if error in (errno.ESRCH, errno.EBADF):
+        return None  # it ended, or no longer holds the descriptor: its shell is going
+    raise OSError(error, os.strerror(error))
 
 
 def _read(path: str) -> bytes:

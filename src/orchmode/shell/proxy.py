@@ -194,6 +194,8 @@ class Proxy:
                 data, fds, _, _ = socket.recv_fds(channel, 16, 4)
             except BlockingIOError:
                 return
+            except ConnectionResetError:  # the step ended with our answer unread: its
+                data, fds = b"", []  # shell was closed, as one that ended before it sent
             except OSError as exc:
                 log.warning("orchmode: the proxy's listener did not arrive: %s", exc)
                 data, fds = b"", []
@@ -221,21 +223,25 @@ class Proxy:
 
     def _copy_listener(self, shell_pid: int | None, message: bytes) -> int | None:
         """The listener perl's step named in ``message`` ("L<fd>"), copied out of it; None
-        (and Python's step from now on) where the kernel would not copy it."""
+        where it cannot be (the step then becomes Python's), and where the kernel refused,
+        Python's step from now on."""
         try:
             number = int(message[1:].strip())
         except ValueError:
-            number = -1
-        copied = None
-        if shell_pid is not None and number >= 0:
-            copied = copy_descriptor(shell_pid, number, "perl")
-        if copied is None and self.copies_listeners:
-            self.copies_listeners = False
-            log.info(
-                "orchmode: the proxy's listener could not be copied out of a sandbox; "
-                "shells make it with Python from now on"
-            )
-        return copied
+            return None
+        if shell_pid is None or number < 0:
+            return None
+        try:
+            return copy_descriptor(shell_pid, number, "perl")
+        except OSError as exc:
+            if self.copies_listeners:
+                self.copies_listeners = False
+                log.info(
+                    "orchmode: the kernel would not copy the proxy's listener out of a "
+                    "sandbox (%s); shells make it with Python from now on",
+                    exc,
+                )
+            return None
 
     async def _serve(self, attachment: Attachment, listener: socket.socket) -> None:
         listener.setblocking(False)
