@@ -32,7 +32,7 @@ import statistics
 import subprocess
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 
 from orchmode.core.settings import Settings
@@ -49,8 +49,8 @@ STORM_CALLS = 400_000
 class Unfiltered(ShellSandboxing):
     """The same shell's sandbox without ``--seccomp``: the baseline."""
 
-    def argv(self, tmpdir: str) -> list[str]:
-        argv = super().argv(tmpdir)
+    def argv(self, tmpdir: str, env: Mapping[str, str]) -> list[str]:
+        argv = super().argv(tmpdir, env)
         at = argv.index("--seccomp")
         del argv[at : at + 2]
         for fd in self.take_fds():
@@ -74,8 +74,8 @@ def one_rule() -> bytes:
 class OneRule(ShellSandboxing):
     """The same shell's sandbox under a filter of one rule."""
 
-    def argv(self, tmpdir: str) -> list[str]:
-        argv = super().argv(tmpdir)
+    def argv(self, tmpdir: str, env: Mapping[str, str]) -> list[str]:
+        argv = super().argv(tmpdir, env)
         for fd in self.take_fds():
             os.close(fd)
         fd = os.memfd_create("bench-one-rule", os.MFD_CLOEXEC)

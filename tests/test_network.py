@@ -410,9 +410,57 @@ def test_a_listener_step_without_its_channel_warns_and_still_starts_the_shell(
     """Either step, handed a channel that is not open, says the shell has no network and
     becomes the shell all the same: a broken proxy never costs the agent its shell."""
     policy = SandboxPolicy(mode="workspace-write", workdir=tmp_path)
-    step = policy.listener_step(99, copied=copied)  # descriptor 99 is not open
+    step = policy.listener_step(99, copied=copied).command  # descriptor 99 is not open
     assert Path(step[0]).name.startswith("perl" if copied else "python")
     done = subprocess.run([*step, "echo", "the shell ran"], capture_output=True, text=True)
     assert (done.returncode, done.stdout) == (0, "the shell ran\n")
     assert done.stderr.startswith("orchmode: this shell has no network proxy (")
     assert "commands reach no network; restart the shell" in done.stderr
+
+
+#: A user's perl settings that would stop a perl started with them from making the listener:
+#: a module the sandbox cannot load (local::lib's, say, under the hidden home), and :utf8
+#: layers on every handle, on which syswrite dies.
+PERL_SETTINGS = {
+    "PERL5OPT": "-Mnot::installed::Here",
+    "PERL5LIB": "/nowhere/perl5/lib",
+    "PERL_UNICODE": "SDA",
+    "PERLIO": ":utf8",
+}
+
+
+@pytest.mark.parametrize("copied", [True, False], ids=["perl", "python"])
+async def test_the_users_perl_settings_neither_break_the_step_nor_leave_the_shell(
+    tmp_path: Path, www: tuple[Path, int], monkeypatch: pytest.MonkeyPatch, copied: bool
+) -> None:
+    """Perl's step starts without the user's PERL* variables and with no complaint about
+    a locale that is not installed; the shell gets them back, as it would without the
+    step, and its network works."""
+    for name, value in PERL_SETTINGS.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("LC_ALL", "xx_YY.UTF-8")  # installed nowhere
+    monkeypatch.delenv("PERL_BADLANG", raising=False)
+    root, port = www
+    work = tmp_path / "work"
+    work.mkdir()
+    settings = Settings(
+        network_allow=NAMES, network_resolve=("files.test=127.0.0.1",), bash_timeout=60
+    )
+    factory = ShellFactory.build(settings, work, ())
+    made = factory()
+    assert factory.sandbox is not None and factory.sandbox.proxy is not None
+    found = Shell(made, port, root, factory.sandbox.proxy)
+    found.proxy.copies_listeners = copied
+    try:
+        first = await found.run("env | grep ^PERL | sort")
+        fetched = await found.run("curl -sS http://files.test:PORT/hello.txt")
+        assert found.proxy.copies_listeners is copied  # perl's listener was copied out
+    finally:
+        await made.close()
+        factory.abandon_all()
+    for trouble in ("perl: warning", "orchmode:", "the shell exited", "syswrite", "Can't locate"):
+        assert trouble not in first, first
+    assert [line for line in first.splitlines() if line.startswith("PERL")] == [
+        f"{name}={value}" for name, value in sorted(PERL_SETTINGS.items())
+    ]
+    assert fetched == "hello from the host"

@@ -46,7 +46,8 @@ class ShellSandbox(Protocol):
     """What runs bash inside a sandbox (see :mod:`orchmode.shell.sandbox`) for one session.
 
     ``argv`` is asked anew for every shell started, because the shell's private dir for
-    command files (``tmpdir``) must be visible inside; an ``OSError`` it raises becomes
+    command files (``tmpdir``) must be visible inside (``env`` is the environment the shell
+    is started with); an ``OSError`` it raises becomes
     the command's error result. ``take_fds`` hands over the descriptors that command line
     names (the seccomp filter's): passed to the shell's process, then closed here.
     ``newly_withheld`` names the secret files found since the
@@ -59,7 +60,7 @@ class ShellSandbox(Protocol):
     @property
     def mode(self) -> str: ...
 
-    def argv(self, tmpdir: str) -> Sequence[str]: ...
+    def argv(self, tmpdir: str, env: Mapping[str, str]) -> Sequence[str]: ...
 
     def take_fds(self) -> tuple[int, ...]: ...
 
@@ -331,7 +332,7 @@ class BashSession:
             self._tmpdir = tempfile.mkdtemp(prefix="orchmode-shell-")
         if self._sandbox is None:
             return list(self._argv)
-        return [*self._sandbox.argv(self._tmpdir), *self._argv]
+        return [*self._sandbox.argv(self._tmpdir, self._env), *self._argv]
 
     def _remove_files(self) -> None:
         """The temp dir and the sandbox's cgroups, once the shell's processes are gone."""

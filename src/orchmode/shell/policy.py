@@ -16,7 +16,7 @@ import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from ..core.overlay import Overlay
 from ..core.secrets import WITHHELD_NOTE, Secrets
@@ -77,8 +77,16 @@ _LISTENER_STEP = (
 # orchmode answers "N" and the step becomes the Python one (argv: its path and code, or two
 # empty strings), which sends the listener itself. Perl ignores no signal, and the
 # listener is close-on-exec (perl's descriptors above 2 are): the shell holds neither.
+# Perl starts without the user's PERL* variables (PERL5OPT, PERL_UNICODE, PERLIO and the like
+# can load modules the sandbox does not show, or put a :utf8 layer on the channel, which
+# syswrite refuses), and with PERL_BADLANG=0 (no warning about a locale that is not
+# installed): argv then holds their count and NAME VALUE pairs, put back before the exec,
+# so the shell gets the environment it would have had.
 _PERL_LISTENER_STEP = r"""
-my ($c, $af, $st, $sol, $reuse, $py, $code) = splice(@ARGV, 0, 7);
+my ($c, $af, $st, $sol, $reuse, $py, $code, $n) = splice(@ARGV, 0, 8);
+my %kept = splice(@ARGV, 0, 2 * $n);
+delete $ENV{{PERL_BADLANG}};
+@ENV{{keys %kept}} = values %kept;
 my $l;
 my $opened = open(my $ch, "+<&=", $c);
 my $ok = $opened && socket($l, $af, $st, 0) && setsockopt($l, $sol, $reuse, 1)
@@ -96,6 +104,14 @@ syswrite(STDERR, "orchmode: this shell has no network proxy ($why) \xe2\x80\x94 
 close($ch) if $opened;
 exec {{ $ARGV[0] }} @ARGV or die "orchmode: could not start $ARGV[0]: $!\n";
 """
+
+
+class ListenerStep(NamedTuple):
+    """The proxy's listener step: bubblewrap's options for it (the environment it starts
+    with), and its command, which the shell's follows."""
+
+    options: list[str]
+    command: list[str]
 
 
 @functools.cache
@@ -217,18 +233,26 @@ class SandboxPolicy:
         """The proxy variables the sandbox's commands get (none when not :attr:`proxied`)."""
         return proxy_environment(self.proxy_port) if self.proxied else {}
 
-    def listener_step(self, channel_fd: int, *, copied: bool = True) -> list[str]:
+    def listener_step(
+        self, channel_fd: int, *, copied: bool = True, env: Mapping[str, str] | None = None
+    ) -> ListenerStep:
         """The command that makes the proxy's listener inside the sandbox and hands it out
         on ``channel_fd``, then runs what follows it: perl's step while orchmode can copy
-        the listener out (``copied``), else Python's (see ``_PERL_LISTENER_STEP``)."""
+        the listener out (``copied``), else Python's (see ``_PERL_LISTENER_STEP``). ``env``
+        is the shell's environment: perl's step starts without its PERL* variables and
+        gives them back to the shell."""
         python_code = _LISTENER_STEP.format(port=self.proxy_port)
         if self.perl is not None and (copied or self.python is None):
             perl_code = _PERL_LISTENER_STEP.format(port=self.proxy_port)
             constants = (socket.AF_INET, socket.SOCK_STREAM, socket.SOL_SOCKET, socket.SO_REUSEADDR)
             fallback = (self.python, python_code) if self.python is not None else ("", "")
-            return [self.perl, "-e", perl_code, str(channel_fd), *map(str, constants), *fallback]
+            kept = sorted((k, v) for k, v in (env or {}).items() if k.startswith("PERL"))
+            options = [arg for name, _ in kept for arg in ("--unsetenv", name)]
+            command = [self.perl, "-e", perl_code, str(channel_fd), *map(str, constants)]
+            command += [*fallback, str(len(kept)), *itertools.chain.from_iterable(kept)]
+            return ListenerStep([*options, "--setenv", "PERL_BADLANG", "0"], command)
         assert self.python is not None
-        return [self.python, "-I", "-S", "-c", python_code, str(channel_fd)]
+        return ListenerStep([], [self.python, "-I", "-S", "-c", python_code, str(channel_fd)])
 
     @property
     def blocks_unix_sockets(self) -> bool:

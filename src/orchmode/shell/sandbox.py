@@ -154,8 +154,10 @@ class Sandbox:
         *,
         seccomp_fd: int,
         channel_fd: int | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> list[str]:
-        """The command line that runs what follows it (bash) in the sandbox.
+        """The command line that runs what follows it (bash, with environment ``env``) in
+        the sandbox.
 
         ``seccomp_fd`` holds the filter's program (:func:`orchmode.shell.seccomp.open_program`),
         and must reach bubblewrap open, at that number: through the wrappers (which keep
@@ -169,15 +171,18 @@ class Sandbox:
         policy = self.policy
         prefix, suffix = self._fixed_parts(found)
         wrapper, inner = _limits_steps(policy, cgroup_dirs)
+        step_options: list[str] = []
         if channel_fd is not None:
             # First thing inside: the listener made in the sandbox's network namespace.
             copied = self.proxy is None or self.proxy.copies_listeners
-            inner = [*policy.listener_step(channel_fd, copied=copied), *inner]
+            step = policy.listener_step(channel_fd, copied=copied, env=env)
+            step_options, inner = step.options, [*step.command, *inner]
         sandboxed = [
             *prefix,
             *policy.socket_masks(),
             *["--ro-bind", tmpdir, tmpdir],  # the shell's command files, last: on top
             *["--seccomp", str(seccomp_fd)],
+            *step_options,
             *suffix,
             *inner,
         ]
@@ -270,7 +275,7 @@ class ShellSandboxing:
     def mode(self) -> str:
         return self._mode
 
-    def argv(self, tmpdir: str) -> list[str]:
+    def argv(self, tmpdir: str, env: Mapping[str, str]) -> list[str]:
         found = self._sandbox.probe()
         if found.problem is not None:
             raise SandboxUnavailable(found.problem)
@@ -294,7 +299,7 @@ class ShellSandboxing:
                 channel_fd = theirs.detach()
                 fds.append(channel_fd)
             argv = self._sandbox.argv(
-                tmpdir, self._cgroup_dirs, seccomp_fd=fd, channel_fd=channel_fd
+                tmpdir, self._cgroup_dirs, seccomp_fd=fd, channel_fd=channel_fd, env=env
             )
         except BaseException:
             for opened in fds:
