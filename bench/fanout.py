@@ -456,10 +456,13 @@ def report(r: dict[str, float], target: float | None) -> None:
         mine = r["cpu_ms"] + r["children_cpu_ms"]
         served = mine + r["server_cpu_ms"]
         bare_served = r["bare_cpu_ms"] + r["bare_server_cpu_ms"]
+        # Issue 37's targets: 1.10 at 10 in flight, 1.3 at 100 (where two cores saturate).
+        makespan_goal = 1.3 if r["concurrent"] >= 100 else 1.10
         print(
             f"  against the bare SDK loop, in the same run: makespan "
-            f"{r['makespan'] / r['bare']:.3f}x (target <= 1.10); CPU per request, the "
-            f"process and its children, {mine:.2f} ms against {r['bare_cpu_ms']:.2f} ms "
+            f"{r['makespan'] / r['bare']:.3f}x (target <= {makespan_goal:.2f}); CPU per "
+            f"request, the process and its children, {mine:.2f} ms against "
+            f"{r['bare_cpu_ms']:.2f} ms "
             f"({mine / r['bare_cpu_ms']:.2f}x); with the scripted server's on both sides, "
             f"{served:.2f} ms against {bare_served:.2f} ms ({served / bare_served:.2f}x, "
             f"target <= 1.5)"
