@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from conftest import StartServer, conversation_for, settings_for, store_for
+from orchmode.core import programs
 from orchmode.core.events import ChangeSettled, Event, EventBus, WorkspacesChosen
 from orchmode.core.prompts import RESOLVE_MARKER
 from orchmode.session.agent import Conversation as Session
@@ -222,6 +223,37 @@ async def test_each_verifier_checks_its_own_workers_change_in_a_read_only_copy(
     # merge = none: nothing applied, both patches kept.
     assert not (workdir / "note.txt").exists()
     assert all(Path(e.path).is_file() for e in settled)
+
+
+async def test_a_repositorys_own_git_unshare_mount_and_bash_never_run_in_their_place(
+    serve: StartServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A PATH whose first entry is empty (``PATH=$UNSET:$PATH`` leaves one) names the
+    current directory, and orchmode runs in the repository: one that ships executables
+    named after the programs orchmode runs for its own work gets none of them run, neither
+    on the host (git, the overlay's unshare and mount, bubblewrap) nor as the agent's
+    shell. Each fake leaves a mark where only a process on the host could write it."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    names = ("git", "unshare", "mount", "bash", "bwrap", "true", "sh")
+    fakes = {name: f"#!/bin/sh\necho {name} >> {marks}/{name}\nexit 97\n" for name in names}
+    workdir = repo(tmp_path / "work", {"README": "x\n", **fakes})
+    for name in names:
+        (workdir / name).chmod(0o755)
+    subprocess.run([*GIT, "commit", "-qam", "the repository's own programs"], cwd=workdir)
+    monkeypatch.chdir(workdir)
+    monkeypatch.setenv("PATH", os.pathsep + os.environ["PATH"])
+    programs.program.cache_clear()
+    programs.system_program.cache_clear()
+    try:
+        server = await serve(editing(["Make a file $ echo made > made.txt"], delay=0.05))
+        settled, _ = await run(server, tmp_path, workdir)
+    finally:
+        programs.program.cache_clear()
+        programs.system_program.cache_clear()
+    assert sorted(p.name for p in marks.iterdir()) == []
+    assert [e.fate for e in settled] == ["merged"]
+    assert (workdir / "made.txt").read_text() == "made\n"
 
 
 async def test_binary_deletion_rename_and_mode_change_reach_the_tree(

@@ -86,7 +86,8 @@ async def test_shell_starts_lazily_in_its_own_session(
     pid = sess.pid
     assert pid is not None
     cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    assert cmdline[:3] == [b"bash", b"--noprofile", b"--norc"]
+    assert cmdline[1:3] == [b"--noprofile", b"--norc"]
+    assert os.path.isabs(cmdline[0]) and os.path.basename(cmdline[0]) == b"bash"  # not looked up
     fields = _proc_stat(pid)
     assert fields is not None
     assert int(fields[2]) == pid  # process group leader

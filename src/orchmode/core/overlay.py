@@ -17,11 +17,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-#: Mounts the overlay given as $1 (options) on $2, goes there, then becomes the rest of the
-#: command line.
+from .programs import program
+
+#: With mount(8) as $1, mounts the overlay given as $2 (options) on $3, goes there, then
+#: becomes the rest of the command line.
 _MOUNT_SCRIPT = (
-    'mount -t overlay overlay -o "$1" "$2" || { echo "orchmode: the agent\'s workspace '
-    'could not be mounted" >&2; exit 125; }; cd "$2" || exit 125; shift 2; exec "$@"'
+    '"$1" -t overlay overlay -o "$2" "$3" || { echo "orchmode: the agent\'s workspace '
+    'could not be mounted" >&2; exit 125; }; cd "$3" || exit 125; shift 3; exec "$@"'
 )
 #: Characters the mount options cannot carry unescaped: a path holding one is not layered.
 UNSAFE = frozenset(",:\\\n\t \"'=")
@@ -63,7 +65,7 @@ class Overlay:
         follows maps it back to the user's own ids.
         """
         return [
-            "unshare",
+            program("unshare"),
             "--user",
             "--map-root-user",
             "--mount",
@@ -71,6 +73,7 @@ class Overlay:
             "-c",
             _MOUNT_SCRIPT,
             "orchmode-overlay",
+            program("mount"),
             self.options(),
             str(self.target),
             *argv,

@@ -27,6 +27,8 @@ from typing import Any, TypeVar
 
 from ahocorasick_rs import AhoCorasick, MatchKind
 
+from .programs import program
+
 __all__ = [
     "DEFAULT_SECRET_FILES",
     "MASK",
@@ -420,7 +422,7 @@ class Secrets:
         would cost seconds in a large repository); the docs say so."""
         try:
             listed = subprocess.run(
-                ["git", "-C", str(self.workdir), "ls-files", "-z", "--cached"],
+                [program("git"), "-C", str(self.workdir), "ls-files", "-z", "--cached"],
                 capture_output=True,
                 timeout=60,
                 check=True,
@@ -434,7 +436,7 @@ class Secrets:
         wanted = "".join(f":{name}\n" for name in tracked if "\n" not in name)
         try:
             blobs = subprocess.run(
-                ["git", "-C", str(self.workdir), "cat-file", "--batch"],
+                [program("git"), "-C", str(self.workdir), "cat-file", "--batch"],
                 input=wanted.encode("utf-8", "surrogateescape"),
                 capture_output=True,
                 timeout=60,

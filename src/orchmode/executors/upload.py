@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.errors import ConfigError
+from ..core.programs import program
 from ..core.secrets import SecretFiles
 
 #: Never shipped: the local journal and state, and git's own database.
@@ -106,7 +107,7 @@ def _within(path: Path, root: Path) -> bool:
 def _git(workdir: Path, *args: str) -> str:
     try:
         done = subprocess.run(
-            ["git", *args],
+            [program("git"), *args],
             cwd=workdir,
             capture_output=True,
             text=True,

@@ -16,6 +16,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Protocol
 
+from ..core.programs import program, system_program
 from ..core.secrets import Masker
 from ..core.wording import listed
 from .bash_process import OUT_FD, ShellProcess, ShellProtocol, wait_event
@@ -119,7 +120,10 @@ class BashSession:
         self._timeout = float(timeout)
         self._output_limit = output_limit
         self._env = dict(os.environ if env is None else env)
-        self._argv = [*argv_prefix, "bash", "--noprofile", "--norc"]
+        # By absolute path: a repository's own `bash` never becomes the shell (see
+        # orchmode.core.programs); in a sandbox, one the sandbox shows.
+        bash = system_program("bash") if sandbox is not None else program("bash")
+        self._argv = [*argv_prefix, bash, "--noprofile", "--norc"]
         self._sandbox = sandbox
         #: Awaited before the first shell starts: the agent's copy of the tree being made.
         self._before_start = before_start

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..core.overlay import Overlay, unsafe_path
+from ..core.programs import find, system_program
 from . import seccomp
 from .cgroups import _cgroups
 from .policy import _MIB
@@ -73,7 +74,9 @@ def probe(bwrap: str = "bwrap", allow_network: bool = False) -> Probe:
     shells must not each pay it. The empty sandbox runs under the seccomp filter, so a
     filter that cannot be applied is found here too, and named.
     """
-    found = shutil.which(bwrap)
+    # A bare name is looked up on PATH's absolute directories only (a relative one would
+    # find the repository's own `bwrap`); a path the user gave is taken as it is.
+    found = shutil.which(bwrap) if os.sep in bwrap else find(bwrap)
     if found is None:
         where = f"at {bwrap}" if os.sep in bwrap else f"({bwrap!r} is not on PATH)"
         return Probe(
@@ -92,10 +95,10 @@ def probe(bwrap: str = "bwrap", allow_network: bool = False) -> Probe:
     mounts = ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", *tmpfs]
     choices = _flag_choices(options, allow_network)
     for flags in choices:
-        ok, reason = _try_filtered([found, *flags, *mounts], ["true"])
+        ok, reason = _try_filtered([found, *flags, *mounts], [system_program("true")])
         if ok:
             return Probe(found, None, flags, sizes, _limit_methods())
-    if _try([found, *choices[0], *mounts, "--", "true"])[0]:
+    if _try([found, *choices[0], *mounts, "--", system_program("true")])[0]:
         return Probe(
             found,
             f"the bash sandbox is unavailable: bubblewrap could not apply its seccomp filter "
@@ -120,7 +123,7 @@ def overlay_problem(bwrap: str, allow_network: bool, where: Path) -> str | None:
     if found.problem is not None or found.bwrap is None:
         return found.problem or "bubblewrap is not available"
     for tool in ("unshare", "mount"):
-        if shutil.which(tool) is None:
+        if find(tool) is None:
             return f"{tool} (util-linux) is not installed"
     if unsafe_path(where):
         return f"the path {where} holds a character overlay mount options cannot carry"

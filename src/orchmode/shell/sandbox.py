@@ -50,6 +50,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..core.overlay import Overlay
+from ..core.programs import system_program
 from ..core.secrets import Secrets
 from ..core.settings import Settings
 from . import seccomp
@@ -229,7 +230,7 @@ def _limits_steps(
         cgroups = _cgroups()
         bases = cgroups.bases if cgroups is not None else {}
     script = policy.limits_script(cgroup_pids="pids" in bases, cgroup_memory="memory" in bases)
-    inner = ["bash", "--noprofile", "--norc", "-c", script, "orchmode-sandbox"]
+    inner = [system_program("bash"), "--noprofile", "--norc", "-c", script, "orchmode-sandbox"]
     if cgroup_dirs:
         joins = _CGROUP_SCRIPT
         if "pids" in bases and "memory" in bases:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from ..core.errors import TreeError as TreeError  # where the rooms of trees/ catch it
+from ..core.programs import program
 
 #: Fixed names and dates: a snapshot's commit id depends on its tree alone.
 _IDENTITY = {
@@ -91,8 +92,10 @@ T = TypeVar("T")
 
 def _name(argv: Sequence[str]) -> str:
     """``git add`` for a git command line (past its ``-c`` settings), else the program."""
-    if "git" in argv:
-        rest = list(argv[argv.index("git") + 1 :])
+    git = program("git")
+    at = next((i for i, arg in enumerate(argv) if arg in (git, "git")), None)
+    if at is not None:
+        rest = list(argv[at + 1 :])
         while rest and rest[0] == "-c":
             rest = rest[2:]
         return f"git {rest[0]}" if rest else "git"
@@ -133,7 +136,7 @@ class _Work:
         data: bytes | None = None,
         ok: Sequence[int] = (0,),
     ) -> tuple[int, bytes]:
-        return self.run(("git", *_QUIET, *args), env=env, cwd=cwd, data=data, ok=ok)
+        return self.run((program("git"), *_QUIET, *args), env=env, cwd=cwd, data=data, ok=ok)
 
     def run(
         self,
@@ -157,7 +160,7 @@ class _Work:
 
     def start(self, *args: str, env: Mapping[str, str], cwd: Path) -> subprocess.Popen[bytes]:
         """A git that this work talks to through its pipes (``cat-file --batch``)."""
-        return self._popen(("git", *_QUIET, *args), env, cwd, stdin=True, stderr=False)
+        return self._popen((program("git"), *_QUIET, *args), env, cwd, stdin=True, stderr=False)
 
     def _popen(
         self,

@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..core.programs import program
 from .git import TreeError, _Work
 from .limits import DiskLimits, left_out_of
 
@@ -379,7 +380,8 @@ def check_ignore(
     if wrap is None:
         code, out = work.git(*args, env=env, cwd=cwd, data=listing, ok=(0, 1))
     else:
-        code, out = work.run([*wrap, "git", *args], env=env, cwd=cwd, data=listing, ok=(0, 1))
+        argv = [*wrap, program("git"), *args]
+        code, out = work.run(argv, env=env, cwd=cwd, data=listing, ok=(0, 1))
     return {p for p in out.split(b"\0") if p} if code == 0 else set()
 
 

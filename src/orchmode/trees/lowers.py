@@ -37,6 +37,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..core.overlay import Overlay
+from ..core.programs import program
 from .git import _Work, copy_index, on_thread
 from .layers import PATCH_FLAGS, PATCH_FORM
 from .links import SnapshotIndex, link_checkout
@@ -422,7 +423,7 @@ class Lowers:
         overlay = Overlay((lower.path,), target, upper=layer, work=scratch)
         # the namespace maps the owner to root: owners and inodes are not compared
         argv = overlay.wrap(
-            ["git", "-c", "core.checkStat=minimal", "read-tree", "--reset", "-u", commit]
+            [program("git"), "-c", "core.checkStat=minimal", "read-tree", "--reset", "-u", commit]
         )
         env = self.plain_env(GIT_INDEX_FILE=str(index), GIT_WORK_TREE=str(target))
         try:
@@ -446,7 +447,7 @@ class Lowers:
         for directory in (layer, scratch, target):
             directory.mkdir(parents=True)
         overlay = Overlay(stack, target, upper=layer, work=scratch)
-        argv = overlay.wrap(["git", "apply", "--binary", "--whitespace=nowarn", "-"])
+        argv = overlay.wrap([program("git"), "apply", "--binary", "--whitespace=nowarn", "-"])
         try:
             if patch.strip():
                 await on_thread(

@@ -1,0 +1,59 @@
+"""The programs orchmode runs for its own work (git, unshare, mount, bash), by absolute path.
+
+An empty or relative entry in ``PATH`` (``PATH=:/usr/bin``, left by ``PATH=$UNSET:$PATH``,
+or ``.``) names the current directory, and orchmode's is usually the repository: looked up
+that way, a repository that ships an executable named ``git``, ``unshare`` or ``mount``
+would run in its place, on the host, before any sandbox. So orchmode finds its programs on
+the absolute directories of ``PATH`` alone, once per process. The agents' own commands
+still use ``PATH`` as it is, inside their sandbox.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+#: Where a system's own programs are: shown in every sandbox (a home directory is not).
+SYSTEM_DIRS = ("/usr/local/bin", "/usr/bin", "/bin")
+
+
+def _executable(directory: str, name: str) -> str | None:
+    candidate = os.path.join(directory, name)
+    if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+        return candidate
+    return None
+
+
+def absolute_path_dirs(path: str | None) -> list[str]:
+    """``path``'s directories that are absolute, in order: an empty or relative one names
+    whatever directory the program happens to run in."""
+    return [d for d in (path or "").split(os.pathsep) if os.path.isabs(d)]
+
+
+def find(name: str) -> str | None:
+    """``name``'s absolute path, on ``PATH``'s absolute directories or else in the
+    system's own; None where there is none."""
+    for directory in [*absolute_path_dirs(os.environ.get("PATH")), *SYSTEM_DIRS]:
+        found = _executable(directory, name)
+        if found is not None:
+            return found
+    return None
+
+
+@functools.cache
+def program(name: str) -> str:
+    """What :func:`find` finds, once per process; ``/usr/bin/<name>`` when there is none,
+    so that running it fails with that path named rather than finding a file of that name
+    in the current directory."""
+    return find(name) or os.path.join("/usr/bin", name)
+
+
+@functools.cache
+def system_program(name: str) -> str:
+    """``name`` in the system's own directories first, which every sandbox shows (a
+    ``PATH`` directory under the home, hidden there, is not), else as :func:`program`."""
+    for directory in SYSTEM_DIRS:
+        found = _executable(directory, name)
+        if found is not None:
+            return found
+    return program(name)
