@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -52,3 +53,32 @@ def test_a_program_found_nowhere_is_named_by_an_absolute_path(
         assert programs.program("no-such-program-anywhere") == "/usr/bin/no-such-program-anywhere"
     finally:
         programs.program.cache_clear()
+
+
+def test_finding_libseccomp_where_ldconfig_does_not_know_it_runs_no_compiler_of_the_repository(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the ldconfig cache does not know libseccomp, ctypes looks for it with gcc, cc,
+    objdump and ld, by name: under a PATH whose first entry is empty, the repository's own
+    would run. orchmode imports pyseccomp with the relative entries left out."""
+    import ctypes.util
+    import sys
+
+    from orchmode.shell import seccomp
+
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    repository = tmp_path / "repository"
+    repository.mkdir()
+    for name in ("gcc", "cc", "objdump", "ld"):
+        fake = repository / name
+        fake.write_text(f"#!/bin/sh\necho {name} >> {marks}/{name}\nexit 1\n")
+        fake.chmod(0o755)
+    monkeypatch.chdir(repository)
+    monkeypatch.setenv("PATH", os.pathsep + os.environ["PATH"])
+    monkeypatch.setattr(ctypes.util, "_findSoname_ldconfig", lambda name: None)
+    monkeypatch.delitem(sys.modules, "pyseccomp", raising=False)  # imported as on a first start
+    with contextlib.suppress(seccomp.SeccompUnavailable):
+        seccomp._libseccomp()
+    assert sorted(p.name for p in marks.iterdir()) == []
+    assert os.environ["PATH"].startswith(os.pathsep)  # the user's PATH is left as it was

@@ -10,8 +10,10 @@ still use ``PATH`` as it is, inside their sandbox.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+from collections.abc import Iterator
 
 #: Where a system's own programs are: shown in every sandbox (a home directory is not).
 SYSTEM_DIRS = ("/usr/local/bin", "/usr/bin", "/bin")
@@ -57,3 +59,19 @@ def system_program(name: str) -> str:
         if found is not None:
             return found
     return program(name)
+
+
+@contextlib.contextmanager
+def absolute_path_only() -> Iterator[None]:
+    """``PATH`` without its empty and relative entries while the block runs: for a library
+    that looks programs up itself (ctypes' ``find_library``, where the ldconfig cache does
+    not know a library, runs ``gcc``, ``objdump`` and ``ld`` by name)."""
+    before = os.environ.get("PATH")
+    os.environ["PATH"] = os.pathsep.join(absolute_path_dirs(before)) or os.pathsep.join(SYSTEM_DIRS)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("PATH", None)
+        else:
+            os.environ["PATH"] = before

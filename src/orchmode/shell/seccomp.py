@@ -55,6 +55,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from ..core.programs import absolute_path_only
 from .cgroups import SandboxUnavailable
 
 __all__ = [
@@ -197,9 +198,13 @@ class SeccompUnavailable(SandboxUnavailable):
 
 
 def _libseccomp() -> Any:
-    """pyseccomp, which loads libseccomp.so.2 when imported (and raises if it is missing)."""
+    """pyseccomp, which loads libseccomp.so.2 when imported (and raises if it is missing).
+
+    Imported with PATH's relative entries left out: finding the library may run a
+    compiler by name, which must not be one the repository ships."""
     try:
-        import pyseccomp
+        with absolute_path_only():
+            import pyseccomp
     except (ImportError, RuntimeError, OSError) as exc:
         raise SeccompUnavailable(
             f"the bash sandbox is unavailable: its seccomp filter needs libseccomp ({exc}) — "
