@@ -82,3 +82,33 @@ def test_finding_libseccomp_where_ldconfig_does_not_know_it_runs_no_compiler_of_
         seccomp._libseccomp()
     assert sorted(p.name for p in marks.iterdir()) == []
     assert os.environ["PATH"].startswith(os.pathsep)  # the user's PATH is left as it was
+
+
+def test_the_sandboxs_bash_is_one_the_sandbox_shows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bash found only under the home (which every sandbox hides) is taken where it
+    really is, as a Nix profile's link into the store; one on a PATH directory outside the
+    home comes first."""
+    home, store = tmp_path / "home", tmp_path / "store" / "bash-5.2" / "bin"
+    store.mkdir(parents=True)
+    (store / "bash").write_text("#!/bin/sh\n")
+    (store / "bash").chmod(0o755)
+    profile = home / ".nix-profile" / "bin"
+    profile.mkdir(parents=True)
+    (profile / "bash").symlink_to(store / "bash")
+    monkeypatch.setattr(programs, "SYSTEM_DIRS", ())
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("PATH", f"{profile}{os.pathsep}/nowhere")
+    programs.system_program.cache_clear()
+    try:
+        assert programs.system_program("bash") == str(store / "bash")
+        other = tmp_path / "opt" / "bin"
+        other.mkdir(parents=True)
+        (other / "bash").write_text("#!/bin/sh\n")
+        (other / "bash").chmod(0o755)
+        programs.system_program.cache_clear()
+        monkeypatch.setenv("PATH", f"{profile}{os.pathsep}{other}")
+        assert programs.system_program("bash") == str(other / "bash")
+    finally:
+        programs.system_program.cache_clear()

@@ -52,13 +52,22 @@ def program(name: str) -> str:
 
 @functools.cache
 def system_program(name: str) -> str:
-    """``name`` in the system's own directories first, which every sandbox shows (a
-    ``PATH`` directory under the home, hidden there, is not), else as :func:`program`."""
-    for directory in SYSTEM_DIRS:
+    """``name`` where every sandbox shows it: in the system's own directories, else on a
+    ``PATH`` directory outside the home (which a sandbox hides), else where the one
+    :func:`program` finds really is (a home's ``~/.nix-profile/bin/bash`` is a link into
+    ``/nix/store``)."""
+    home = os.path.realpath(os.path.expanduser("~"))
+    outside_home = [
+        d
+        for d in absolute_path_dirs(os.environ.get("PATH"))
+        if home == "/" or os.path.commonpath([os.path.realpath(d), home]) != home
+    ]
+    for directory in [*SYSTEM_DIRS, *outside_home]:
         found = _executable(directory, name)
         if found is not None:
             return found
-    return program(name)
+    found = find(name)
+    return os.path.realpath(found) if found is not None else program(name)
 
 
 @contextlib.contextmanager
