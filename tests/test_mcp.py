@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -341,6 +342,26 @@ async def test_a_server_that_fails_to_start_gives_one_warning_and_the_run_goes_o
     assert "could not start" in warnings[0] and "cannot open the index" in warnings[0]
     assert len([e for e in events if isinstance(e, McpServerFailed)]) == 1
     assert sum(value_of(s) in result_texts(server, "worker") for s in scenario.subtask_list()) == 3
+
+
+async def test_a_server_named_by_command_is_never_the_repositorys_program_of_that_name(
+    serve: StartServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server configured as ``python …`` starts in the working directory: under a PATH
+    whose first entry is empty, the repository's own ``python`` would be the one run, on
+    the host. It is looked up on PATH's absolute directories instead."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    fake = tmp_path / "python"  # the working directory is tmp_path
+    fake.write_text(f"#!/bin/sh\necho python >> {marks}/python\nexit 97\n")
+    fake.chmod(0o755)
+    here = os.path.dirname(sys.executable)  # the Python the test server needs
+    monkeypatch.setenv("PATH", os.pathsep.join(["", here, os.environ["PATH"]]))
+    scenario = OrchestrationScenario(subtasks=1, scout_call=("mcp__demo__lookup", {"key": "k"}))
+    demo = {"command": "python", "args": [str(SERVERS), "demo"], "agents": ["main"]}
+    server, _, _ = await run_session(serve, tmp_path, scenario, {"demo": demo})
+    assert result_texts(server, "main")[0] == value_of("k").strip()
+    assert list(marks.iterdir()) == []
 
 
 @pytest.mark.slow

@@ -32,22 +32,28 @@ def absolute_path_dirs(path: str | None) -> list[str]:
     return [d for d in (path or "").split(os.pathsep) if os.path.isabs(d)]
 
 
-def find(name: str) -> str | None:
-    """``name``'s absolute path, on ``PATH``'s absolute directories or else in the
-    system's own; None where there is none."""
-    for directory in [*absolute_path_dirs(os.environ.get("PATH")), *SYSTEM_DIRS]:
+def find(name: str, path: str | None = None) -> str | None:
+    """``name``'s absolute path, on the absolute directories of ``path`` (default: this
+    process's ``PATH``) or else in the system's own; None where there is none."""
+    path = os.environ.get("PATH") if path is None else path
+    for directory in [*absolute_path_dirs(path), *SYSTEM_DIRS]:
         found = _executable(directory, name)
         if found is not None:
             return found
     return None
 
 
+def resolved(name: str, path: str | None = None) -> str:
+    """What :func:`find` finds; ``/usr/bin/<name>`` when there is none, so that running it
+    fails with that path named rather than finding a file of that name in the current
+    directory."""
+    return find(name, path) or os.path.join("/usr/bin", name)
+
+
 @functools.cache
 def program(name: str) -> str:
-    """What :func:`find` finds, once per process; ``/usr/bin/<name>`` when there is none,
-    so that running it fails with that path named rather than finding a file of that name
-    in the current directory."""
-    return find(name) or os.path.join("/usr/bin", name)
+    """:func:`resolved` on this process's ``PATH``, once per process."""
+    return resolved(name)
 
 
 @functools.cache

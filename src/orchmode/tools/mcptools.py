@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from ..core.events import EventBus, McpCallDone, McpCallStarted, McpServerFailed, Role
+from ..core.programs import resolved
 from ..core.secrets import Masker
 from ..core.settings import Settings
 from ..core.wire import ToolInput, ToolResultBlock, ToolSchema, ToolUseBlock
@@ -150,7 +151,10 @@ class _Server:
         # when the server fails.
         self._stderr = tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace")  # noqa: SIM115
         params = StdioServerParameters(
-            command=entry.command, args=list(entry.args), env=dict(entry.env), cwd=cwd
+            command=_command(entry.command, entry.env),
+            args=list(entry.args),
+            env=dict(entry.env),
+            cwd=cwd,
         )
         return stdio_client(params, errlog=self._stderr)
 
@@ -488,3 +492,14 @@ async def _traceparent_header(request: Any) -> None:
         return  # not a call with one (or a streamed body): nothing to add
     if isinstance(parent, str):
         request.headers["traceparent"] = parent
+
+
+def _command(command: str, env: Mapping[str, str]) -> str:
+    """A command given by name, found on the absolute directories of the server's PATH:
+    started in the working directory, it would otherwise be the repository's own program
+    of that name wherever PATH has an empty or relative entry (see
+    :mod:`orchmode.core.programs`). One found nowhere is named by an absolute path, so its
+    failure to start says where it was looked for."""
+    if os.sep in command:
+        return command
+    return resolved(command, env.get("PATH", os.environ.get("PATH")))
