@@ -19,10 +19,12 @@ from collections.abc import Iterator
 SYSTEM_DIRS = ("/usr/local/bin", "/usr/bin", "/bin")
 
 
-def _executable(directory: str, name: str) -> str | None:
-    candidate = os.path.join(directory, name)
-    if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
-        return candidate
+def _first_in(directories: list[str] | tuple[str, ...], name: str) -> str | None:
+    """The first executable file called ``name`` in ``directories``."""
+    for directory in directories:
+        candidate = os.path.join(directory, name)
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
     return None
 
 
@@ -36,11 +38,7 @@ def find(name: str, path: str | None = None) -> str | None:
     """``name``'s absolute path, on the absolute directories of ``path`` (default: this
     process's ``PATH``) or else in the system's own; None where there is none."""
     path = os.environ.get("PATH") if path is None else path
-    for directory in [*absolute_path_dirs(path), *SYSTEM_DIRS]:
-        found = _executable(directory, name)
-        if found is not None:
-            return found
-    return None
+    return _first_in([*absolute_path_dirs(path), *SYSTEM_DIRS], name)
 
 
 def resolved(name: str, path: str | None = None) -> str:
@@ -68,10 +66,9 @@ def system_program(name: str) -> str:
         for d in absolute_path_dirs(os.environ.get("PATH"))
         if home == "/" or os.path.commonpath([os.path.realpath(d), home]) != home
     ]
-    for directory in [*SYSTEM_DIRS, *outside_home]:
-        found = _executable(directory, name)
-        if found is not None:
-            return found
+    found = _first_in([*SYSTEM_DIRS, *outside_home], name)
+    if found is not None:
+        return found
     found = find(name)
     return os.path.realpath(found) if found is not None else program(name)
 
