@@ -21,7 +21,7 @@ from orchmode.core.events import ContextCompacted, EventBus, ResultCondensed, Su
 from orchmode.core.prompts import VERIFY_MARKER
 from orchmode.model.context import estimate_tokens
 from orchmode.session.agent import Conversation as Session
-from orchmode.testing import Reply, ScriptedRequest, ScriptedServer
+from orchmode.testing import Fault, Reply, ScriptedRequest, ScriptedServer
 from orchmode.testing.cache import prompt_tokens as prompt_tokens_of
 from orchmode.testing.scenario import (
     OrchestrationScenario,
@@ -326,6 +326,35 @@ async def test_a_condensed_result_is_byte_identical_on_a_journal_rerun(
     assert "condensed to fit its budget of 8,000 tokens" in first
     # the last line is the live budget status; everything before it is the same bytes
     assert first.rsplit("\n\n", 1)[0] == second.rsplit("\n\n", 1)[0]
+
+
+async def test_a_condensed_result_names_only_report_files_that_were_written(
+    serve: StartServer, tmp_path: Path
+) -> None:
+    """Subtask 2's worker fails, so its verifier never runs: the result names no file for
+    it, and every file it names for the others is there."""
+    scenario = OrchestrationScenario(subtasks=12, report_bytes=6000)
+
+    def respond(request: ScriptedRequest) -> Reply | Fault:
+        if first_user_text(request) == "Check item 2":
+            return Fault("server_error")
+        return scenario(request)
+
+    server = await serve(respond)
+    session = await session_for(server, tmp_path, workflow_result_tokens=4000, max_retries=0)
+    await session.turn("go")
+    result = next(text for text in tool_results(session) if "[agent 1:" in text)
+    assert "condensed to fit its budget" in result
+    named = re.findall(r"^\[(agent|verify) (\d+)[^\n]*?(?: \(report: ([^)]+)\))?$", result, re.M)
+    assert len(named) == 24
+    directory = session.results.directory
+    for label, index, file in named:
+        if (label, index) == ("verify", "2"):
+            assert file == ""
+            continue
+        assert file, f"{label} {index} names no report"
+        record = json.loads((directory / file).read_text())
+        assert record["role"] == ("worker" if label == "agent" else "verifier")
 
 
 async def test_a_verify_prompt_of_a_100kb_worker_result_stays_within_its_budget(

@@ -78,6 +78,10 @@ class AgentResult:
     usage: TokenUsage = field(default_factory=TokenUsage)
     #: A worker's change to its copy of the tree (``worktree`` isolation), else None.
     change: Change | None = None
+    #: The journal key it is recorded under, set by the fan-out engine: its report file
+    #: is found from it, and a merge names its change by it. Empty for a result no agent
+    #: gave, such as a verifier's "not verified"; never stored, never compared.
+    key: str = field(default="", compare=False)
 
     @property
     def finished(self) -> bool:

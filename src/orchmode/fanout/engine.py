@@ -193,18 +193,19 @@ class FanoutEngine:
             )
         )
 
-    def report_path(self, role: Role, task: Subtask, isolation: str = "shared") -> str:
-        """Where the agent given ``task`` has its full result, or "" with no results dir."""
-        if self.results is None:
+    def report_path(self, role: Role, result: AgentResult) -> str:
+        """Where the agent that gave ``result`` has its full result: "" with no results dir,
+        and for a result no agent gave (a verifier's "not verified" has no file)."""
+        if self.results is None or not result.key:
             return ""
-        return str(self.results.agent_path(role, self.key_of(role, task, isolation)))
+        return str(self.results.agent_path(role, result.key))
 
-    def verify_prompt(self, task: Subtask, worker: AgentResult, isolation: str = "shared") -> str:
+    def verify_prompt(self, task: Subtask, worker: AgentResult) -> str:
         """The verifier's prompt for the worker given ``task``: its result quoted within its
         budget (its ``data`` with it), its change named when it made one, and the schema
         the data had to follow."""
         limit = self.window.quote_tokens * 3
-        path = self.report_path("worker", task, isolation) or None
+        path = self.report_path("worker", worker) or None
         change = worker.change
         note = ""
         if change is not None and not change.empty:
@@ -348,7 +349,7 @@ class FanoutEngine:
         taken = await self._claim(key, relay.drop)
         if isinstance(taken, AgentResult):  # recorded, perhaps by another agent just now
             self._journal_hit(call, index, role, prompt, key, taken)
-            return taken
+            return replace(taken, key=key)
         job = Job(
             key,
             taken.holder,
@@ -371,7 +372,7 @@ class FanoutEngine:
         finally:
             taken.hand_over()
         if outcome is None:
-            result = AgentResult(self._refusal(), SKIPPED)
+            result = AgentResult(self._refusal(), SKIPPED, key=key)
             self._done(call, index, role, prompt, key, result, 0.0)
             return result
         self._done(
@@ -386,7 +387,7 @@ class FanoutEngine:
             node=outcome.node,
             model=ModelChoice.of(self.settings, role, agent).model,
         )
-        return outcome.result
+        return replace(outcome.result, key=key)
 
     def _refusal(self) -> str:
         limit = self.settings.max_subagents

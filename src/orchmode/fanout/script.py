@@ -363,8 +363,7 @@ class ScriptRun:
         self.asked[subtask.prompt] = subtask
         if tree is None:
             return answer
-        key = self.engine.key_of("worker", subtask, "worktree")
-        self.workers.append(_Isolated(index, key, result, tree, subtask))
+        self.workers.append(_Isolated(index, result.key, result, tree, subtask))
         change = result.change
         if change is not None and not change.empty:
             answer["change"] = {"agent": index, "files": describe_change(change)}
@@ -396,7 +395,7 @@ class ScriptRun:
         if worker is not None:
             tree = self.engine.verifier_tree(worker.tree, worker.result)
             checked = replace(worker.subtask, prompt=subtask)  # as verify() names it
-            prompt_text = self.engine.verify_prompt(checked, worker.result, "worktree")
+            prompt_text = self.engine.verify_prompt(checked, worker.result)
         else:
             text = (
                 result if isinstance(result, str) else json.dumps(plain(result), ensure_ascii=False)

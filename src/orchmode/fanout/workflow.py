@@ -120,7 +120,7 @@ class Workflow(FanoutEngine):
         ]
         if skipped or unverified:
             head.append(self._budget_note(skipped, unverified, budget))
-        entries = self._entries(subtasks, pairs, changes, trees)
+        entries = self._entries(subtasks, pairs, changes)
         tail = [self.budget_status(budget)]
         return self.fit(call, head, entries, tail, tokens, tool_input), False
 
@@ -141,11 +141,7 @@ class Workflow(FanoutEngine):
             self,
             call,
             tree,
-            [
-                (i, self.key_of("worker", s, "worktree"), s.prompt, *pairs[i - 1])
-                for i in isolated
-                for s in [subtasks[i - 1]]
-            ],
+            [(i, pairs[i - 1][0].key, subtasks[i - 1].prompt, *pairs[i - 1]) for i in isolated],
         )
         for i, line in zip(isolated, lines, strict=True):
             changes[i - 1] = line
@@ -156,32 +152,18 @@ class Workflow(FanoutEngine):
         subtasks: list[Subtask],
         pairs: list[tuple[AgentResult, AgentResult | None]],
         changes: list[str],
-        trees: list[TreeJob | None],
     ) -> list[SubtaskEntry]:
         """Each subtask's part of the tool result: its worker's, its verifier's, its change."""
-        where = ["worktree" if own is not None else "shared" for own in trees]
         return [
             SubtaskEntry(
                 title(s.prompt),
-                AgentEntry(
-                    worker.text,
-                    self.report_path("worker", s, isolated_in),
-                ),
+                AgentEntry(worker.text, self.report_path("worker", worker)),
                 None
                 if verifier is None
-                else AgentEntry(
-                    verifier.text,
-                    self.report_path(
-                        "verifier",
-                        Subtask(self.verify_prompt(s, worker, isolated_in)),
-                        isolated_in,
-                    ),
-                ),
+                else AgentEntry(verifier.text, self.report_path("verifier", verifier)),
                 change,
             )
-            for s, (worker, verifier), change, isolated_in in zip(
-                subtasks, pairs, changes, where, strict=True
-            )
+            for s, (worker, verifier), change in zip(subtasks, pairs, changes, strict=True)
         ]
 
     def _budget_note(self, skipped: list[int], unverified: list[int], budget: BudgetState) -> str:
@@ -236,12 +218,11 @@ class Workflow(FanoutEngine):
                     "there is nothing to verify]",
                     Status.REFUSAL,
                 )
-            isolation = "worktree" if tree is not None else "shared"
             if tree is not None:
                 tree = await tree.with_snapshot()
             if self.trees is not None and worker.change is not None and not worker.change.empty:
                 self.trees.merges.merge_ahead(worker.change)  # merged ahead, while it is verified
-            prompt = self.verify_prompt(subtask, worker, isolation)
+            prompt = self.verify_prompt(subtask, worker)
             verifier = await self.run_subagent(
                 call,
                 index,
