@@ -41,9 +41,10 @@ async def merge_workers(
     engine: FanoutEngine,
     call: int,
     tree: TreeJob,
-    done: list[tuple[int, str, str, AgentResult, AgentResult | None]],
+    done: list[tuple[int, str, AgentResult, AgentResult | None]],
 ) -> list[str]:
-    """Merge the workers' changes in order (see :mod:`.changes`); a line per subtask."""
+    """Merge the workers' changes in order (see :mod:`.changes`); a line per subtask.
+    ``done``: each subtask's index, prompt, worker and verifier."""
     return await merge_verdicts(
         engine,
         call,
@@ -51,12 +52,11 @@ async def merge_workers(
         [
             (
                 index,
-                key,
                 subtask,
                 worker,
                 verdict_of(verifier.text) if verifier is not None and verifier.finished else None,
             )
-            for index, key, subtask, worker, verifier in done
+            for index, subtask, worker, verifier in done
         ],
     )
 
@@ -65,14 +65,15 @@ async def merge_verdicts(
     engine: FanoutEngine,
     call: int,
     tree: TreeJob,
-    done: list[tuple[int, str, str, AgentResult, str | None]],
+    done: list[tuple[int, str, AgentResult, str | None]],
 ) -> list[str]:
-    """The same, given each worker's verdict (None: not verified)."""
+    """The same, given each worker's verdict (None: not verified). A change is named by
+    its worker's journal key."""
     if engine.trees is None:
         return []
     candidates = [
-        Candidate(index, key, worker.change, worker.finished, verdict, subtask, worker.text)
-        for index, key, subtask, worker, verdict in done
+        Candidate(index, worker.key, worker.change, worker.finished, verdict, subtask, worker.text)
+        for index, subtask, worker, verdict in done
     ]
     if LEVEL.get().nested:
         return await _merge_into_parent(engine, call, candidates)

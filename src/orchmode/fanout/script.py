@@ -363,7 +363,7 @@ class ScriptRun:
         self.asked[subtask.prompt] = subtask
         if tree is None:
             return answer
-        self.workers.append(_Isolated(index, result.key, result, tree, subtask))
+        self.workers.append(_Isolated(index, result, tree, subtask))
         change = result.change
         if change is not None and not change.empty:
             answer["change"] = {"agent": index, "files": describe_change(change)}
@@ -426,7 +426,7 @@ class ScriptRun:
         """Merge the isolated workers' changes in the order they were started."""
         if not self.workers:
             return []
-        done = [(w.index, w.key, w.subtask.prompt, w.result, w.verdict) for w in self.workers]
+        done = [(w.index, w.subtask.prompt, w.result, w.verdict) for w in self.workers]
         return await merge_verdicts(self.engine, self.call, self.workers[0].tree, done)
 
     async def _budget(self) -> BudgetAnswer:
@@ -507,7 +507,6 @@ class _Isolated:
     """A script's worker that ran in a copy of the tree."""
 
     index: int
-    key: str
     result: AgentResult
     tree: TreeJob
     #: What it was asked: its prompt, its result's schema, its role.

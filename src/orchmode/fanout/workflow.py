@@ -141,7 +141,7 @@ class Workflow(FanoutEngine):
             self,
             call,
             tree,
-            [(i, pairs[i - 1][0].key, subtasks[i - 1].prompt, *pairs[i - 1]) for i in isolated],
+            [(i, subtasks[i - 1].prompt, *pairs[i - 1]) for i in isolated],
         )
         for i, line in zip(isolated, lines, strict=True):
             changes[i - 1] = line
